@@ -1,0 +1,828 @@
+/*
+ * libgpxclient: the client side of the gpx protocol (proto/gpx.proto).
+ *
+ * Requests that expect an answer (Hello, Register, Export, Import, Cancel, Query, Admin) are
+ * sent with a sequence number and the call blocks until the Reply with that number arrives.
+ * Transfers are fire-and-forget: the daemon answers them in the completion ring it shares with
+ * us, or, if it refuses one before it runs, with a Reply carrying the transfer's tag, which is
+ * turned into a completion here.  Either way each transfer yields exactly one completion.
+ *
+ * Completions that were read but not yet handed to the caller (refusals, or records set aside
+ * by gpx_wait_tag) wait in a small backlog that gpx_poll empties first.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include "client-lib/gpx.h"
+#include "proto/gpx.pb-c.h"
+#include "proto/ring.h"
+#include "proto/wire.h"
+
+#define API __attribute__((visibility("default")))
+#define SYNC_TAG_BIT (1ULL << 63)    /* tags of gpx_copy_sync; reserved for the library */
+
+_Static_assert(sizeof(struct gpx_seg) == sizeof(struct gpx_wire_seg), "segment layout");
+
+struct gpx_conn {
+	int sock;
+	int efd;
+	bool own_efd;
+	int epfd;
+	bool dead;
+	struct gpx_ring_hdr *ring;
+	size_t ring_len;
+	uint32_t entries;
+	uint64_t tail;
+	uint64_t client_id;
+	uint32_t seq;
+	uint32_t max_inline;
+	uint32_t max_segs;
+	unsigned outstanding;
+	uint64_t sync_tags;
+	struct gpx_completion *back;   /* backlog, FIFO */
+	size_t nback, capback;
+	struct wire_arena *arena;
+	uint8_t buf[GPX_MSG_MAX];
+	char last_error[256];
+};
+
+static const char *errnames[] = {
+	[GPX_OK] = "success",
+	[GPX_EPROTO] = "protocol error",
+	[GPX_EVERSION] = "protocol version not supported by the daemon",
+	[GPX_EINVAL] = "invalid argument",
+	[GPX_ENOENT] = "no such region, export or transfer",
+	[GPX_EACCES] = "permission denied",
+	[GPX_ERANGE] = "segment out of the region's bounds",
+	[GPX_EBUSY] = "too many outstanding transfers",
+	[GPX_EQUOTA] = "per-user limit reached",
+	[GPX_EBADFD] = "file descriptor of the wrong kind",
+	[GPX_ENOMEM] = "out of memory",
+	[GPX_ECANCELED] = "transfer cancelled",
+	[GPX_EREVOKED] = "region withdrawn by its owner",
+	[GPX_EEXIST] = "export name already in use",
+	[GPX_ENOTSUP] = "memory kind or path not supported here",
+	[GPX_EIO] = "copy failed",
+	[GPX_ESHUTDOWN] = "daemon shutting down",
+	[GPX_EDRAINING] = "client is being drained",
+	[GPX_EPERM] = "administrative request not permitted",
+};
+
+API const char *
+gpx_strerror(int err)
+{
+	int e = err < 0 ? -err : err;
+
+	if (e < (int)(sizeof(errnames) / sizeof(errnames[0])) && errnames[e] != NULL)
+		return errnames[e];
+	switch (e) {
+	case GPX_ECONN: return "cannot reach gpxd, or the connection was lost";
+	case GPX_ETIMEDOUT: return "timed out";
+	case GPX_ESYS: return "system call failed";
+	}
+	return "unknown error";
+}
+
+API const char *
+gpx_last_error(const gpx_conn *c)
+{
+	return c->last_error;
+}
+
+API uint64_t
+gpx_client_id(const gpx_conn *c)
+{
+	return c->client_id;
+}
+
+API int
+gpx_fd(const gpx_conn *c)
+{
+	return c->epfd;
+}
+
+API unsigned
+gpx_outstanding(const gpx_conn *c)
+{
+	return c->outstanding;
+}
+
+API uint64_t
+gpx_dropped(const gpx_conn *c)
+{
+	return c->ring ? __atomic_load_n(&c->ring->dropped, __ATOMIC_RELAXED) : 0;
+}
+
+static int
+set_err(gpx_conn *c, int code, const char *msg)
+{
+	snprintf(c->last_error, sizeof(c->last_error), "%s", msg ? msg : gpx_strerror(code));
+	return -code;
+}
+
+static void
+backlog_push(gpx_conn *c, const struct gpx_completion *e)
+{
+	if (c->nback == c->capback) {
+		size_t n = c->capback ? c->capback * 2 : 16;
+		struct gpx_completion *b = realloc(c->back, n * sizeof(*b));
+		if (b == NULL)
+			return;    /* cannot happen in practice; the completion is lost, not the process */
+		c->back = b;
+		c->capback = n;
+	}
+	c->back[c->nback++] = *e;
+}
+
+static int
+send_msg(gpx_conn *c, Gpx__ClientMsg *m, const int *fds, int nfds)
+{
+	if (c->dead)
+		return set_err(c, GPX_ECONN, "the connection to gpxd was lost");
+	int r = wire_send_msg(c->sock, &m->base, fds, nfds);
+	if (r == -EMSGSIZE)
+		return set_err(c, GPX_EINVAL, "request too large for one message");
+	if (r < 0) {
+		c->dead = true;
+		return set_err(c, GPX_ECONN, "the connection to gpxd was lost");
+	}
+	return 0;
+}
+
+/*
+ * Receives one message.  Replies that answer a transfer (they carry a tag and no request is
+ * waiting for them) become completions.  Returns the Reply (valid until the next receive),
+ * NULL with *err = 0 if nothing was there (non-blocking), or NULL with a negative *err.
+ */
+static Gpx__Reply *
+recv_one(gpx_conn *c, bool block, int *fds, int *nfds, int *err)
+{
+	int lfds[GPX_MAX_FDS], lnfds;
+	ssize_t n = wire_recv(c->sock, c->buf, fds ? fds : lfds, nfds ? nfds : &lnfds, GPX_MAX_FDS,
+	    block ? 0 : MSG_DONTWAIT);
+
+	*err = 0;
+	if (n == -EAGAIN)
+		return NULL;
+	if (n <= 0) {
+		c->dead = true;
+		*err = set_err(c, GPX_ECONN, n == 0 ? "gpxd closed the connection" : "receive failed");
+		return NULL;
+	}
+	if (fds == NULL)
+		wire_close_fds(lfds, lnfds);
+	wire_arena_reset(c->arena);
+	Gpx__DaemonMsg *m = gpx__daemon_msg__unpack(&c->arena->pa, n, c->buf);
+	if (m == NULL || m->body_case != GPX__DAEMON_MSG__BODY_REPLY) {
+		if (fds != NULL)
+			wire_close_fds(fds, *nfds);
+		*err = set_err(c, GPX_EPROTO, "undecodable message from gpxd");
+		return NULL;
+	}
+	return m->reply;
+}
+
+/* A Reply that is no request's answer: a refused transfer, or a warning about a bad message. */
+static void
+async_reply(gpx_conn *c, const Gpx__Reply *r)
+{
+	if (r->status != 0 && r->message && r->message[0])
+		snprintf(c->last_error, sizeof(c->last_error), "%s", r->message);
+	if (r->seq == 0 && r->tag == 0)
+		return;
+	struct gpx_completion e = { .tag = r->tag, .bytes = 0, .status = -(int)r->status };
+	if (c->outstanding > 0)
+		c->outstanding--;
+	backlog_push(c, &e);
+}
+
+/* Sends m and waits for its Reply; fds of the reply (if any) land in rfds. */
+static int
+rpc(gpx_conn *c, Gpx__ClientMsg *m, const int *fds, int nfds, Gpx__Reply **out, int *rfds, int *rnfds)
+{
+	int err;
+
+	m->seq = ++c->seq ? c->seq : ++c->seq;
+	if ((err = send_msg(c, m, fds, nfds)) < 0)
+		return err;
+	for (;;) {
+		int lfds[GPX_MAX_FDS], lnfds = 0;
+		Gpx__Reply *r = recv_one(c, true, lfds, &lnfds, &err);
+		if (r == NULL)
+			return err;
+		if (r->seq != m->seq) {
+			wire_close_fds(lfds, lnfds);
+			async_reply(c, r);
+			continue;
+		}
+		if (rfds != NULL) {
+			memcpy(rfds, lfds, lnfds * sizeof(int));
+			*rnfds = lnfds;
+		} else
+			wire_close_fds(lfds, lnfds);
+		if (r->status != 0) {
+			if (rfds != NULL)
+				wire_close_fds(rfds, *rnfds);
+			return set_err(c, r->status, r->message && r->message[0] ? r->message : NULL);
+		}
+		c->last_error[0] = '\0';
+		if (out != NULL)
+			*out = r;
+		return 0;
+	}
+}
+
+static int
+connect_sock(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -GPX_EINVAL;
+	strcpy(sa.sun_path, path);
+	if ((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0)
+		return -GPX_ESYS;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		close(fd);
+		return -GPX_ECONN;
+	}
+	return fd;
+}
+
+static int
+map_ring(gpx_conn *c, int fd, uint32_t entries)
+{
+	struct stat st;
+	size_t len = gpx_ring_size(entries);
+
+	if (entries == 0 || (entries & (entries - 1)) || fstat(fd, &st) < 0 || (size_t)st.st_size < len)
+		return -GPX_EPROTO;
+	c->ring = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (c->ring == MAP_FAILED) {
+		c->ring = NULL;
+		return -GPX_ENOMEM;
+	}
+	if (c->ring->magic != GPX_RING_MAGIC || c->ring->entries != entries ||
+	    c->ring->entry_size != sizeof(struct gpx_cqe)) {
+		munmap(c->ring, len);
+		c->ring = NULL;
+		return -GPX_EPROTO;
+	}
+	c->ring_len = len;
+	c->entries = entries;
+	c->tail = __atomic_load_n(&c->ring->tail, __ATOMIC_ACQUIRE);
+	return 0;
+}
+
+API int
+gpx_connect_opts(const struct gpx_connect_opts *o, gpx_conn **out)
+{
+	const char *path = o->socket;
+	gpx_conn *c;
+	int r;
+
+	*out = NULL;
+	if (path == NULL && (path = getenv("GPX_SOCKET")) == NULL)
+		path = GPX_DEFAULT_SOCKET;
+	if ((c = calloc(1, sizeof(*c))) == NULL)
+		return -GPX_ENOMEM;
+	c->efd = c->epfd = -1;
+	if ((c->arena = wire_arena_new(GPX_ARENA_SIZE)) == NULL) {
+		free(c);
+		return -GPX_ENOMEM;
+	}
+	if ((c->sock = connect_sock(path)) < 0) {
+		r = c->sock;
+		c->sock = -1;
+		gpx_close(c);
+		return r;
+	}
+	if (!o->no_ring) {
+		if (o->eventfd >= 0)
+			c->efd = fcntl(o->eventfd, F_DUPFD_CLOEXEC, 0);
+		else {
+			c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+			c->own_efd = true;
+		}
+		if (c->efd < 0) {
+			gpx_close(c);
+			return -GPX_ESYS;
+		}
+	}
+
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Hello h = GPX__HELLO__INIT;
+	Gpx__Reply *rep;
+	int rfds[GPX_MAX_FDS], rnfds = 0;
+	h.version = GPX_PROTO_VERSION;
+	h.name = (char *)(o->name ? o->name : "");
+	h.no_ring = o->no_ring != 0;
+	m.body_case = GPX__CLIENT_MSG__BODY_HELLO;
+	m.hello = &h;
+	if ((r = rpc(c, &m, c->efd >= 0 ? &c->efd : NULL, c->efd >= 0, &rep, rfds, &rnfds)) < 0) {
+		gpx_close(c);
+		return r;
+	}
+	if (rep->body_case != GPX__REPLY__BODY_WELCOME || rnfds != (o->no_ring ? 0 : 1)) {
+		wire_close_fds(rfds, rnfds);
+		gpx_close(c);
+		return -GPX_EPROTO;
+	}
+	c->client_id = rep->welcome->client_id;
+	c->max_inline = rep->welcome->max_inline_segs;
+	c->max_segs = rep->welcome->max_segs;
+	if (!o->no_ring) {
+		r = map_ring(c, rfds[0], rep->welcome->ring_entries);
+		close(rfds[0]);
+		if (r < 0) {
+			gpx_close(c);
+			return r;
+		}
+	}
+	struct epoll_event ev = { .events = EPOLLIN };
+	if ((c->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+	    epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->sock, &ev) < 0 ||
+	    (c->efd >= 0 && epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->efd, &ev) < 0)) {
+		gpx_close(c);
+		return -GPX_ESYS;
+	}
+	*out = c;
+	return 0;
+}
+
+API int
+gpx_connect(const char *socket, const char *name, gpx_conn **out)
+{
+	struct gpx_connect_opts o = { .socket = socket, .name = name, .eventfd = -1 };
+
+	return gpx_connect_opts(&o, out);
+}
+
+API void
+gpx_close(gpx_conn *c)
+{
+	if (c == NULL)
+		return;
+	if (c->sock >= 0)
+		close(c->sock);
+	if (c->efd >= 0)
+		close(c->efd);
+	if (c->epfd >= 0)
+		close(c->epfd);
+	if (c->ring != NULL)
+		munmap(c->ring, c->ring_len);
+	free(c->back);
+	free(c->arena);
+	free(c);
+}
+
+/* ---- memory ---- */
+
+API int
+gpx_host_alloc(size_t len, int *fd, void **ptr)
+{
+	int f = memfd_create("gpx-host", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	if (f < 0)
+		return -GPX_ESYS;
+	if (ftruncate(f, len) < 0 || fcntl(f, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+		close(f);
+		return -GPX_ESYS;
+	}
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+	if (p == MAP_FAILED) {
+		close(f);
+		return -GPX_ENOMEM;
+	}
+	*fd = f;
+	*ptr = p;
+	return 0;
+}
+
+API void
+gpx_host_free(int fd, void *ptr, size_t len)
+{
+	if (ptr != NULL)
+		munmap(ptr, len);
+	if (fd >= 0)
+		close(fd);
+}
+
+API int
+gpx_register_host(gpx_conn *c, int fd, uint64_t offset, uint64_t length, unsigned flags, gpx_region *out)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Register reg = GPX__REGISTER__INIT;
+	Gpx__Reply *rep;
+	int r;
+
+	reg.kind = GPX__MEM_KIND__MEM_HOST;
+	reg.offset = offset;
+	reg.length = length;
+	reg.access = (flags & GPX_REG_READONLY) ? GPX__ACCESS__ACCESS_RO : GPX__ACCESS__ACCESS_RW;
+	m.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
+	m.register_ = &reg;
+	if ((r = rpc(c, &m, &fd, 1, &rep, NULL, NULL)) < 0)
+		return r;
+	if (rep->body_case != GPX__REPLY__BODY_REGISTERED)
+		return set_err(c, GPX_EPROTO, "unexpected reply to Register");
+	*out = rep->registered->region;
+	return 0;
+}
+
+API int
+gpx_deregister(gpx_conn *c, gpx_region region)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Deregister d = GPX__DEREGISTER__INIT;
+
+	d.region = region;
+	m.body_case = GPX__CLIENT_MSG__BODY_DEREGISTER;
+	m.deregister = &d;
+	return rpc(c, &m, NULL, 0, NULL, NULL, NULL);
+}
+
+/* ---- sharing ---- */
+
+API int
+gpx_export(gpx_conn *c, gpx_region region, const char *name, const struct gpx_export_opts *o)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Export e = GPX__EXPORT__INIT;
+
+	e.region = region;
+	e.name = (char *)name;
+	if (o != NULL) {
+		e.rule = (Gpx__ExportRule)o->rule;
+		e.gid = o->gid;
+		e.read_only = o->read_only != 0;
+		e.notify = o->notify != 0;
+		e.notify_tag = o->notify_tag;
+	}
+	m.body_case = GPX__CLIENT_MSG__BODY_EXPORT;
+	m.export = &e;
+	return rpc(c, &m, NULL, 0, NULL, NULL, NULL);
+}
+
+API int
+gpx_unexport(gpx_conn *c, const char *name)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Unexport u = GPX__UNEXPORT__INIT;
+
+	u.name = (char *)name;
+	m.body_case = GPX__CLIENT_MSG__BODY_UNEXPORT;
+	m.unexport = &u;
+	return rpc(c, &m, NULL, 0, NULL, NULL, NULL);
+}
+
+API int
+gpx_import(gpx_conn *c, const char *name, gpx_region *out, uint64_t *length)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Import i = GPX__IMPORT__INIT;
+	Gpx__Reply *rep;
+	int r;
+
+	i.name = (char *)name;
+	m.body_case = GPX__CLIENT_MSG__BODY_IMPORT;
+	m.import = &i;
+	if ((r = rpc(c, &m, NULL, 0, &rep, NULL, NULL)) < 0)
+		return r;
+	if (rep->body_case != GPX__REPLY__BODY_REGISTERED)
+		return set_err(c, GPX_EPROTO, "unexpected reply to Import");
+	*out = rep->registered->region;
+	if (length != NULL)
+		*length = rep->registered->length;
+	return 0;
+}
+
+/* ---- transfers ---- */
+
+static int
+submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, size_t n, uint64_t tag)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Transfer t = GPX__TRANSFER__INIT;
+	Gpx__Segment one = GPX__SEGMENT__INIT, *onep = &one;
+	Gpx__Segment *arr = NULL, **ptrs = NULL;
+	int fd = -1, r;
+
+	if (c->ring == NULL)
+		return set_err(c, GPX_EINVAL, "this connection has no completion queue");
+	if (n == 0 || n > c->max_segs)
+		return set_err(c, GPX_EINVAL, "segment count out of range");
+	if (c->outstanding >= c->entries)
+		return set_err(c, GPX_EBUSY, "no credit left: collect completions first");
+	t.tag = tag;
+	t.src_region = src;
+	t.dst_region = dst;
+	if (n == 1) {
+		one.src_offset = segs[0].src_offset;
+		one.dst_offset = segs[0].dst_offset;
+		one.length = segs[0].length;
+		t.n_segments = 1;
+		t.segments = &onep;
+	} else if (n <= c->max_inline) {
+		arr = malloc(n * sizeof(*arr));
+		ptrs = malloc(n * sizeof(*ptrs));
+		if (arr == NULL || ptrs == NULL) {
+			free(arr);
+			free(ptrs);
+			return set_err(c, GPX_ENOMEM, NULL);
+		}
+		for (size_t i = 0; i < n; i++) {
+			gpx__segment__init(&arr[i]);
+			arr[i].src_offset = segs[i].src_offset;
+			arr[i].dst_offset = segs[i].dst_offset;
+			arr[i].length = segs[i].length;
+			ptrs[i] = &arr[i];
+		}
+		t.n_segments = n;
+		t.segments = ptrs;
+	} else {
+		/* Too many for one datagram: the list travels in a memfd the daemon copies out. */
+		size_t len = n * sizeof(*segs);
+		fd = memfd_create("gpx-segs", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		if (fd < 0 || write(fd, segs, len) != (ssize_t)len) {
+			if (fd >= 0)
+				close(fd);
+			return set_err(c, GPX_ESYS, "cannot build the segment table");
+		}
+		t.seg_count = n;
+	}
+	m.seq = ++c->seq ? c->seq : ++c->seq;
+	m.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
+	m.transfer = &t;
+	r = send_msg(c, &m, fd >= 0 ? &fd : NULL, fd >= 0);
+	if (fd >= 0)
+		close(fd);
+	free(arr);
+	free(ptrs);
+	if (r == 0)
+		c->outstanding++;
+	return r;
+}
+
+API int
+gpx_copy(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,
+    uint64_t len, uint64_t tag)
+{
+	struct gpx_seg s = { src_off, dst_off, len };
+
+	return submit(c, src, dst, &s, 1, tag);
+}
+
+API int
+gpx_copyv(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, size_t n, uint64_t tag)
+{
+	return submit(c, src, dst, segs, n, tag);
+}
+
+API int
+gpx_cancel(gpx_conn *c, uint64_t tag)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Cancel x = GPX__CANCEL__INIT;
+
+	x.tag = tag;
+	m.body_case = GPX__CLIENT_MSG__BODY_CANCEL;
+	m.cancel = &x;
+	return rpc(c, &m, NULL, 0, NULL, NULL, NULL);
+}
+
+/* ---- completions ---- */
+
+static void
+drain_socket(gpx_conn *c)
+{
+	int err;
+	Gpx__Reply *r;
+
+	while ((r = recv_one(c, false, NULL, NULL, &err)) != NULL)
+		async_reply(c, r);
+}
+
+static int
+take_ring(gpx_conn *c, struct gpx_completion *out, int max)
+{
+	uint64_t head = __atomic_load_n(&c->ring->head, __ATOMIC_ACQUIRE);
+	int n = 0;
+
+	if (head - c->tail > c->entries)
+		return -GPX_EPROTO;
+	while (c->tail != head && n < max) {
+		const struct gpx_cqe *e = gpx_ring_slot(c->ring, c->tail);
+		out[n].tag = e->tag;
+		out[n].bytes = e->bytes;
+		out[n].status = -e->status;
+		out[n].flags = e->flags;
+		if (!(e->flags & GPX_CQE_NOTIFY) && c->outstanding > 0)
+			c->outstanding--;
+		c->tail++;
+		n++;
+	}
+	if (n > 0)
+		__atomic_store_n(&c->ring->tail, c->tail, __ATOMIC_RELEASE);
+	return n;
+}
+
+API int
+gpx_poll(gpx_conn *c, struct gpx_completion *out, int max)
+{
+	int n = 0;
+
+	if (max <= 0)
+		return 0;
+	if (c->nback == 0 && !c->dead)
+		drain_socket(c);
+	if (c->nback > 0) {
+		n = c->nback < (size_t)max ? (int)c->nback : max;
+		memcpy(out, c->back, n * sizeof(*out));
+		memmove(c->back, c->back + n, (c->nback - n) * sizeof(*out));
+		c->nback -= n;
+	}
+	if (n < max && c->ring != NULL) {
+		int k = take_ring(c, out + n, max - n);
+		if (k < 0)
+			return k;
+		n += k;
+	}
+	if (n == 0 && c->dead)
+		return -GPX_ECONN;
+	return n;
+}
+
+static int
+sleep_once(gpx_conn *c, int timeout_ms)
+{
+	struct epoll_event ev[2];
+	int k;
+
+	do
+		k = epoll_wait(c->epfd, ev, 2, timeout_ms);
+	while (k < 0 && errno == EINTR);
+	if (k < 0)
+		return -GPX_ESYS;
+	if (k == 0)
+		return -GPX_ETIMEDOUT;
+	return 0;
+}
+
+static void
+clear_doorbell(gpx_conn *c)
+{
+	uint64_t v;
+
+	if (c->own_efd)
+		(void)!read(c->efd, &v, sizeof(v));
+}
+
+API int
+gpx_wait(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms)
+{
+	for (;;) {
+		clear_doorbell(c);
+		int n = gpx_poll(c, out, max);
+		if (n != 0)
+			return n;
+		if (!c->own_efd && c->efd >= 0) {
+			/* The caller's eventfd: consume one doorbell only (it may be a semaphore). */
+			uint64_t v;
+			(void)!read(c->efd, &v, sizeof(v));
+			if ((n = gpx_poll(c, out, max)) != 0)
+				return n;
+		}
+		int r = sleep_once(c, timeout_ms);
+		if (r < 0)
+			return r;
+	}
+}
+
+API int
+gpx_wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_ms)
+{
+	struct gpx_completion tmp[64];
+
+	for (;;) {
+		for (size_t i = 0; i < c->nback; i++)
+			if (c->back[i].tag == tag && !(c->back[i].flags & GPX_COMP_NOTIFY)) {
+				*out = c->back[i];
+				memmove(&c->back[i], &c->back[i + 1], (c->nback - i - 1) * sizeof(*out));
+				c->nback--;
+				return 0;
+			}
+		clear_doorbell(c);
+		drain_socket(c);
+		int k = c->ring ? take_ring(c, tmp, 64) : 0;
+		if (k < 0)
+			return k;
+		for (int i = 0; i < k; i++)
+			backlog_push(c, &tmp[i]);
+		if (k > 0 || c->nback > 0) {
+			bool found = false;
+			for (size_t i = 0; i < c->nback && !found; i++)
+				found = c->back[i].tag == tag;
+			if (found)
+				continue;
+		}
+		if (c->dead)
+			return -GPX_ECONN;
+		if (k == 64)
+			continue;
+		int r = sleep_once(c, timeout_ms);
+		if (r < 0)
+			return r;
+	}
+}
+
+API int
+gpx_copy_sync(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off, uint64_t len)
+{
+	uint64_t tag = SYNC_TAG_BIT | ++c->sync_tags;
+	struct gpx_completion done;
+	int r;
+
+	if ((r = gpx_copy(c, src, src_off, dst, dst_off, len, tag)) < 0)
+		return r;
+	if ((r = gpx_wait_tag(c, tag, &done, -1)) < 0)
+		return r;
+	if (done.status < 0)
+		set_err(c, -done.status, c->last_error[0] ? c->last_error : NULL);
+	return done.status;
+}
+
+/* ---- introspection and administration ---- */
+
+API int
+gpx_query(gpx_conn *c, enum gpx_query what, void **buf, size_t *len)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Query q = GPX__QUERY__INIT;
+	Gpx__Reply *rep;
+	int rfds[GPX_MAX_FDS], rnfds = 0, r;
+
+	q.what = (Gpx__QueryWhat)what;
+	m.body_case = GPX__CLIENT_MSG__BODY_QUERY;
+	m.query = &q;
+	if ((r = rpc(c, &m, NULL, 0, &rep, rfds, &rnfds)) < 0)
+		return r;
+	if (rep->query_in_fd) {
+		struct stat st;
+		if (rnfds != 1 || fstat(rfds[0], &st) < 0 || st.st_size <= 0 || st.st_size > (256 << 20)) {
+			wire_close_fds(rfds, rnfds);
+			return set_err(c, GPX_EPROTO, "bad query reply");
+		}
+		*len = st.st_size;
+		*buf = malloc(*len);
+		ssize_t got = *buf ? pread(rfds[0], *buf, *len, 0) : -1;
+		close(rfds[0]);
+		if (got != (ssize_t)*len) {
+			free(*buf);
+			return set_err(c, GPX_ESYS, "reading the query reply");
+		}
+		return 0;
+	}
+	wire_close_fds(rfds, rnfds);
+	if (rep->body_case != GPX__REPLY__BODY_QUERY)
+		return set_err(c, GPX_EPROTO, "unexpected reply to Query");
+	*len = gpx__query_reply__get_packed_size(rep->query);
+	if ((*buf = malloc(*len ? *len : 1)) == NULL)
+		return -GPX_ENOMEM;
+	gpx__query_reply__pack(rep->query, *buf);
+	return 0;
+}
+
+API int
+gpx_admin(gpx_conn *c, enum gpx_admin op, uint64_t arg, const char *text, char *reply, size_t replylen)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Admin a = GPX__ADMIN__INIT;
+	Gpx__Reply *rep;
+	int r;
+
+	a.op = (Gpx__Admin__Op)op;
+	a.arg = arg;
+	a.text = (char *)(text ? text : "");
+	m.body_case = GPX__CLIENT_MSG__BODY_ADMIN;
+	m.admin = &a;
+	if ((r = rpc(c, &m, NULL, 0, &rep, NULL, NULL)) < 0)
+		return r;
+	if (reply != NULL && replylen > 0)
+		snprintf(reply, replylen, "%s", rep->message ? rep->message : "");
+	return 0;
+}

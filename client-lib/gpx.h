@@ -1,0 +1,148 @@
+/*
+ * libgpxclient: hand memory to gpxd once, then ask it to copy between buffers of this and
+ * other processes, and learn of each copy's end through a completion queue and an eventfd.
+ *
+ * Error contract: every function that returns int returns 0 (or a count, where it says so) on
+ * success and a negative GPX_E* code on failure; gpx_strerror() names it, and
+ * gpx_last_error() gives the daemon's own explanation of the last refusal on a connection.
+ * The library never exits, never prints and never raises signals (it sends with MSG_NOSIGNAL).
+ *
+ * Threads: a gpx_conn is not thread-safe; use one per thread or serialise calls to it.
+ * Different connections are independent.
+ */
+#ifndef GPX_GPX_H
+#define GPX_GPX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GPX_API_VERSION 1
+
+/* Error codes (returned negated).  The values equal gpx.Status on the wire. */
+enum {
+	GPX_OK = 0,
+	GPX_EPROTO = 1,     /* malformed or unexpected message */
+	GPX_EVERSION = 2,   /* protocol version not spoken by the daemon */
+	GPX_EINVAL = 3,     /* an argument is out of range */
+	GPX_ENOENT = 4,     /* no such region, export or transfer */
+	GPX_EACCES = 5,     /* not allowed (ownership, export rule, trust domain) */
+	GPX_ERANGE = 6,     /* a segment leaves its region */
+	GPX_EBUSY = 7,      /* out of credits: too many outstanding transfers */
+	GPX_EQUOTA = 8,     /* a per-uid limit is reached */
+	GPX_EBADFD = 9,     /* a passed fd is not what it should be */
+	GPX_ENOMEM = 10,    /* out of memory (here or in the daemon) */
+	GPX_ECANCELED = 11, /* the transfer was cancelled */
+	GPX_EREVOKED = 12,  /* the region's owner withdrew it */
+	GPX_EEXIST = 13,    /* an export of that name exists */
+	GPX_ENOTSUP = 14,   /* memory kind or path not available */
+	GPX_EIO = 15,       /* the copy failed */
+	GPX_ESHUTDOWN = 16, /* the daemon is stopping */
+	GPX_EDRAINING = 17, /* an operator drains this client */
+	GPX_EPERM = 18,     /* administrative request from a non-administrator */
+	GPX_ECONN = 100,    /* cannot reach the daemon, or the connection was lost */
+	GPX_ETIMEDOUT = 101,/* the wait timed out */
+	GPX_ESYS = 102,     /* a system call failed; errno tells which */
+};
+
+typedef struct gpx_conn gpx_conn;
+typedef uint64_t gpx_region;
+
+/* One finished transfer (or, with GPX_COMP_NOTIFY, a peer's copy into an exported region). */
+struct gpx_completion {
+	uint64_t tag;
+	uint64_t bytes;        /* bytes moved */
+	int status;            /* 0 or a negative GPX_E* code */
+	uint32_t flags;        /* GPX_COMP_* */
+};
+#define GPX_COMP_NOTIFY 0x1u
+
+struct gpx_seg {
+	uint64_t src_offset;
+	uint64_t dst_offset;
+	uint64_t length;
+};
+
+struct gpx_connect_opts {
+	const char *socket;    /* NULL: $GPX_SOCKET, else /run/gpx/gpxd.sock */
+	const char *name;      /* shown by gpxctl */
+	int eventfd;           /* -1: the library makes one; else yours (it is duplicated) */
+	int no_ring;           /* query-only connection (gpxctl): no transfers */
+};
+
+/* ---- connections ---- */
+int gpx_connect(const char *socket, const char *name, gpx_conn **out);
+int gpx_connect_opts(const struct gpx_connect_opts *opts, gpx_conn **out);
+void gpx_close(gpx_conn *c);
+uint64_t gpx_client_id(const gpx_conn *c);
+/* The daemon's explanation of the last refused request on c (never NULL). */
+const char *gpx_last_error(const gpx_conn *c);
+const char *gpx_strerror(int err);
+
+/* ---- memory ---- */
+/* Makes a memfd of len bytes sealed against shrinking and maps it: memory gpxd accepts. */
+int gpx_host_alloc(size_t len, int *fd, void **ptr);
+void gpx_host_free(int fd, void *ptr, size_t len);
+
+#define GPX_REG_READONLY 0x1u   /* the region may only be a source */
+/* Registers [offset, offset+length) of a memfd (sealed with F_SEAL_SHRINK).  The fd is not taken. */
+int gpx_register_host(gpx_conn *c, int fd, uint64_t offset, uint64_t length, unsigned flags,
+    gpx_region *out);
+int gpx_deregister(gpx_conn *c, gpx_region r);
+
+/* ---- sharing ---- */
+enum gpx_export_rule { GPX_EXPORT_UID = 0, GPX_EXPORT_GID = 1, GPX_EXPORT_ANY = 2 };
+struct gpx_export_opts {
+	enum gpx_export_rule rule;  /* who may import: same uid (default), a gid, anyone */
+	uint32_t gid;
+	int read_only;              /* importers may only read */
+	int notify;                 /* post a GPX_COMP_NOTIFY record here when a peer's copy in ends */
+	uint64_t notify_tag;
+};
+int gpx_export(gpx_conn *c, gpx_region r, const char *name, const struct gpx_export_opts *opts);
+int gpx_unexport(gpx_conn *c, const char *name);
+int gpx_import(gpx_conn *c, const char *name, gpx_region *out, uint64_t *length);
+
+/* ---- transfers: asynchronous; each ends in exactly one completion ---- */
+int gpx_copy(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,
+    uint64_t len, uint64_t tag);
+int gpx_copyv(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, size_t n,
+    uint64_t tag);
+int gpx_cancel(gpx_conn *c, uint64_t tag);
+/* Blocking: submits and waits for this transfer's own completion; returns its status. */
+int gpx_copy_sync(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,
+    uint64_t len);
+
+/* ---- completions ---- */
+/* Non-blocking: up to max completions into out; returns how many (0 if none). */
+int gpx_poll(gpx_conn *c, struct gpx_completion *out, int max);
+/* Waits up to timeout_ms (-1: forever) for at least one; returns how many. */
+int gpx_wait(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms);
+/* Waits for the completion of one tag; others stay queued for gpx_poll. */
+int gpx_wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_ms);
+/* An fd for the caller's own poll/epoll: readable when gpx_poll may return something. */
+int gpx_fd(const gpx_conn *c);
+/* Transfers submitted and not yet returned by gpx_poll/gpx_wait. */
+unsigned gpx_outstanding(const gpx_conn *c);
+/* Notifications the daemon dropped because this connection's queue was full. */
+uint64_t gpx_dropped(const gpx_conn *c);
+
+/* ---- introspection, for gpxctl: the raw packed QueryReply of gpx.proto ---- */
+enum gpx_query {
+	GPX_Q_STATUS = 0, GPX_Q_CLIENTS, GPX_Q_REGIONS, GPX_Q_EXPORTS, GPX_Q_TRANSFERS,
+	GPX_Q_STATS, GPX_Q_TOPO,
+};
+/* *buf is malloc'ed; the caller frees it and unpacks it with the generated gpx.pb-c code. */
+int gpx_query(gpx_conn *c, enum gpx_query what, void **buf, size_t *len);
+enum gpx_admin { GPX_ADMIN_RELOAD = 0, GPX_ADMIN_DRAIN = 1, GPX_ADMIN_LOG_LEVEL = 2 };
+/* Administrative request; reply (may be NULL) receives the daemon's message, e.g. the log level. */
+int gpx_admin(gpx_conn *c, enum gpx_admin op, uint64_t arg, const char *text, char *reply,
+    size_t replylen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,522 @@
+/*
+ * gpxctl: look inside a running gpxd and steer it.  Shaped like iproute2: `gpxctl [-j] [-s PATH]
+ * OBJECT [COMMAND]`.  Every object prints a text table, or JSON with -j (built with json-c).
+ * Query objects are open to every client of the daemon; drain, log-level and reload need root
+ * or the daemon's admin group, which the daemon checks from the connection's credentials.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <json-c/json.h>
+
+#include "client-lib/gpx.h"
+#include "proto/gpx.pb-c.h"
+
+static bool json;
+static gpx_conn *conn;
+
+static void
+usage(FILE *f)
+{
+	fprintf(f,
+	    "usage: gpxctl [-j] [-s socket] OBJECT [COMMAND]\n"
+	    "objects:\n"
+	    "  status                 daemon version, uptime, counts, CUDA availability\n"
+	    "  topo                   GPUs and the path gpxd uses between each pair\n"
+	    "  clients                connected clients\n"
+	    "  regions                registered and imported regions\n"
+	    "  exports                exported regions and their access rules\n"
+	    "  transfers              transfers in flight\n"
+	    "  stats                  counters per path\n"
+	    "  drain CLIENT           refuse new transfers from CLIENT, let its queue finish\n"
+	    "  log-level [LEVEL [SUBSYSTEMS]]  show or set the daemon's log level\n"
+	    "  reload                 reread the configuration file\n"
+	    "options:\n"
+	    "  -j, --json             JSON output\n"
+	    "  -s, --socket PATH      daemon socket (default: $GPX_SOCKET or /run/gpx/gpxd.sock)\n"
+	    "  -h, --help             this text\n"
+	    "  -V, --version          print the version\n");
+}
+
+static void
+fail(int err, const char *what)
+{
+	const char *detail = conn ? gpx_last_error(conn) : "";
+
+	fprintf(stderr, "gpxctl: %s: %s%s%s\n", what, gpx_strerror(err),
+	    detail[0] && strcmp(detail, gpx_strerror(err)) ? ": " : "", detail);
+	exit(1);
+}
+
+static Gpx__QueryReply *
+query(enum gpx_query what)
+{
+	void *buf;
+	size_t len;
+	int r = gpx_query(conn, what, &buf, &len);
+
+	if (r < 0)
+		fail(r, "query");
+	Gpx__QueryReply *q = gpx__query_reply__unpack(NULL, len, buf);
+	free(buf);
+	if (q == NULL) {
+		fprintf(stderr, "gpxctl: cannot decode the daemon's reply\n");
+		exit(1);
+	}
+	return q;
+}
+
+static void
+print_json(json_object *o)
+{
+	puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_NOSLASHESCAPE));
+	json_object_put(o);
+}
+
+static const char *
+human(double v, char *buf, size_t len)
+{
+	static const char *u[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
+	int i = 0;
+
+	while (v >= 1024 && i < 5) {
+		v /= 1024;
+		i++;
+	}
+	snprintf(buf, len, i ? "%.1f %s" : "%.0f %s", v, u[i]);
+	return buf;
+}
+
+#define J_ADD(o, k, v) json_object_object_add(o, k, v)
+#define J_U64(v) json_object_new_uint64(v)
+#define J_INT(v) json_object_new_int64(v)
+static json_object *J_STR(const char *v) { return json_object_new_string(v ? v : ""); }
+#define J_BOOL(v) json_object_new_boolean(v)
+#define J_DBL(v) json_object_new_double(v)
+
+static int
+do_status(int argc, char **argv)
+{
+	Gpx__QueryReply *q = query(GPX_Q_STATUS);
+	Gpx__DaemonStatus *s = q->status;
+	char b1[32];
+
+	if (s == NULL)
+		return 1;
+	if (json) {
+		json_object *o = json_object_new_object();
+		J_ADD(o, "version", J_STR(s->version));
+		J_ADD(o, "protocol", J_U64(s->proto));
+		J_ADD(o, "pid", J_INT(s->pid));
+		J_ADD(o, "uptime_s", J_DBL(s->uptime_s));
+		J_ADD(o, "socket", J_STR(s->socket));
+		J_ADD(o, "config", J_STR(s->config));
+		J_ADD(o, "clients", J_U64(s->clients));
+		J_ADD(o, "regions", J_U64(s->regions));
+		J_ADD(o, "exports", J_U64(s->exports));
+		J_ADD(o, "inflight", J_U64(s->inflight));
+		J_ADD(o, "workers", J_U64(s->workers));
+		J_ADD(o, "transfers", J_U64(s->transfers));
+		J_ADD(o, "bytes", J_U64(s->bytes));
+		J_ADD(o, "cuda", J_STR(s->cuda));
+		J_ADD(o, "trust_legacy_ipc", J_BOOL(s->trust_legacy));
+		print_json(o);
+	} else {
+		printf("gpxd %s (protocol %u), pid %d, up %.0f s\n", s->version, s->proto, s->pid, s->uptime_s);
+		printf("socket:     %s\n", s->socket);
+		printf("config:     %s\n", s->config);
+		printf("clients:    %u\n", s->clients);
+		printf("regions:    %u\n", s->regions);
+		printf("exports:    %u\n", s->exports);
+		printf("in flight:  %u transfers\n", s->inflight);
+		printf("moved:      %llu transfers, %s\n", (unsigned long long)s->transfers,
+		    human(s->bytes, b1, sizeof(b1)));
+		printf("workers:    %u host copy threads\n", s->workers);
+		printf("cuda:       %s\n", s->cuda);
+		printf("legacy IPC: %s\n", s->trust_legacy ? "accepted (one trust domain)" : "refused (multi-tenant)");
+	}
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
+}
+
+static int
+do_clients(int argc, char **argv)
+{
+	Gpx__QueryReply *q = query(GPX_Q_CLIENTS);
+	json_object *a = json ? json_object_new_array() : NULL;
+	char b1[32];
+
+	if (!json)
+		printf("%-6s %-6s %-6s %-8s %-16s %-9s %7s %8s %10s %10s %6s\n", "ID", "UID", "GID", "PID",
+		    "NAME", "STATE", "REGIONS", "INFLIGHT", "TRANSFERS", "BYTES", "ERRORS");
+	for (size_t i = 0; i < q->n_clients; i++) {
+		Gpx__ClientInfo *c = q->clients[i];
+		if (json) {
+			json_object *o = json_object_new_object();
+			J_ADD(o, "id", J_U64(c->id));
+			J_ADD(o, "uid", J_U64(c->uid));
+			J_ADD(o, "gid", J_U64(c->gid));
+			J_ADD(o, "pid", J_INT(c->pid));
+			J_ADD(o, "name", J_STR(c->name));
+			J_ADD(o, "state", J_STR(c->state));
+			J_ADD(o, "regions", J_U64(c->regions));
+			J_ADD(o, "inflight", J_U64(c->inflight));
+			J_ADD(o, "transfers", J_U64(c->transfers));
+			J_ADD(o, "bytes", J_U64(c->bytes));
+			J_ADD(o, "errors", J_U64(c->errors));
+			J_ADD(o, "connected_s", J_DBL(c->connected_s));
+			json_object_array_add(a, o);
+		} else
+			printf("%-6llu %-6u %-6u %-8d %-16.16s %-9s %7u %8u %10llu %10s %6llu\n",
+			    (unsigned long long)c->id, c->uid, c->gid, c->pid, c->name[0] ? c->name : "-",
+			    c->state, c->regions, c->inflight, (unsigned long long)c->transfers,
+			    human(c->bytes, b1, sizeof(b1)), (unsigned long long)c->errors);
+	}
+	if (json)
+		print_json(a);
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
+}
+
+static int
+do_regions(int argc, char **argv)
+{
+	Gpx__QueryReply *q = query(GPX_Q_REGIONS);
+	json_object *a = json ? json_object_new_array() : NULL;
+	char b1[32];
+
+	if (!json)
+		printf("%-18s %-6s %-9s %-6s %12s %-8s %-4s %s\n", "REGION", "CLIENT", "KIND", "DEVICE",
+		    "LENGTH", "IMPORTED", "MODE", "EXPORT");
+	for (size_t i = 0; i < q->n_regions; i++) {
+		Gpx__RegionInfo *r = q->regions[i];
+		if (json) {
+			json_object *o = json_object_new_object();
+			char id[32];
+			snprintf(id, sizeof(id), "%#llx", (unsigned long long)r->id);
+			J_ADD(o, "id", J_STR(id));
+			J_ADD(o, "client", J_U64(r->client));
+			J_ADD(o, "kind", J_STR(r->kind));
+			J_ADD(o, "device", J_STR(r->device));
+			J_ADD(o, "length", J_U64(r->length));
+			J_ADD(o, "imported", J_BOOL(r->imported));
+			J_ADD(o, "read_only", J_BOOL(r->read_only));
+			J_ADD(o, "export", J_STR(r->export_name));
+			json_object_array_add(a, o);
+		} else
+			printf("%#-18llx %-6llu %-9s %-6s %12s %-8s %-4s %s\n", (unsigned long long)r->id,
+			    (unsigned long long)r->client, r->kind, r->device, human(r->length, b1, sizeof(b1)),
+			    r->imported ? "yes" : "no", r->read_only ? "ro" : "rw",
+			    r->export_name[0] ? r->export_name : "-");
+	}
+	if (json)
+		print_json(a);
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
+}
+
+static int
+do_exports(int argc, char **argv)
+{
+	Gpx__QueryReply *q = query(GPX_Q_EXPORTS);
+	json_object *a = json ? json_object_new_array() : NULL;
+
+	if (!json)
+		printf("%-24s %-6s %-18s %-5s %-6s %-6s %9s %-6s %s\n", "NAME", "CLIENT", "REGION", "RULE",
+		    "UID", "GID", "IMPORTERS", "NOTIFY", "MODE");
+	for (size_t i = 0; i < q->n_exports; i++) {
+		Gpx__ExportInfo *e = q->exports[i];
+		if (json) {
+			json_object *o = json_object_new_object();
+			char id[32];
+			snprintf(id, sizeof(id), "%#llx", (unsigned long long)e->region);
+			J_ADD(o, "name", J_STR(e->name));
+			J_ADD(o, "client", J_U64(e->client));
+			J_ADD(o, "region", J_STR(id));
+			J_ADD(o, "rule", J_STR(e->rule));
+			J_ADD(o, "uid", J_U64(e->uid));
+			J_ADD(o, "gid", J_U64(e->gid));
+			J_ADD(o, "importers", J_U64(e->importers));
+			J_ADD(o, "notify", J_BOOL(e->notify));
+			J_ADD(o, "read_only", J_BOOL(e->read_only));
+			json_object_array_add(a, o);
+		} else
+			printf("%-24s %-6llu %#-18llx %-5s %-6u %-6u %9u %-6s %s\n", e->name,
+			    (unsigned long long)e->client, (unsigned long long)e->region, e->rule, e->uid, e->gid,
+			    e->importers, e->notify ? "yes" : "no", e->read_only ? "ro" : "rw");
+	}
+	if (json)
+		print_json(a);
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
+}
+
+static int
+do_transfers(int argc, char **argv)
+{
+	Gpx__QueryReply *q = query(GPX_Q_TRANSFERS);
+	json_object *a = json ? json_object_new_array() : NULL;
+	char b1[32], b2[32];
+
+	if (!json)
+		printf("%-6s %-20s %-5s %8s %12s %12s %8s\n", "CLIENT", "TAG", "PATH", "SEGMENTS", "BYTES",
+		    "DONE", "AGE");
+	for (size_t i = 0; i < q->n_transfers; i++) {
+		Gpx__TransferInfo *t = q->transfers[i];
+		if (json) {
+			json_object *o = json_object_new_object();
+			J_ADD(o, "client", J_U64(t->client));
+			J_ADD(o, "tag", J_U64(t->tag));
+			J_ADD(o, "path", J_STR(t->path));
+			J_ADD(o, "segments", J_U64(t->segments));
+			J_ADD(o, "bytes", J_U64(t->bytes));
+			J_ADD(o, "done", J_U64(t->done));
+			J_ADD(o, "age_s", J_DBL(t->age_s));
+			json_object_array_add(a, o);
+		} else
+			printf("%-6llu %-20llu %-5s %8u %12s %12s %7.3fs\n", (unsigned long long)t->client,
+			    (unsigned long long)t->tag, t->path, t->segments, human(t->bytes, b1, sizeof(b1)),
+			    human(t->done, b2, sizeof(b2)), t->age_s);
+	}
+	if (json)
+		print_json(a);
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
+}
+
+static int
+do_stats(int argc, char **argv)
+{
+	Gpx__QueryReply *q = query(GPX_Q_STATS);
+	json_object *a = json ? json_object_new_array() : NULL;
+	char b1[32];
+
+	if (!json)
+		printf("%-8s %12s %14s %8s\n", "PATH", "TRANSFERS", "BYTES", "ERRORS");
+	for (size_t i = 0; i < q->n_paths; i++) {
+		Gpx__PathStats *p = q->paths[i];
+		if (json) {
+			json_object *o = json_object_new_object();
+			J_ADD(o, "path", J_STR(p->path));
+			J_ADD(o, "transfers", J_U64(p->transfers));
+			J_ADD(o, "bytes", J_U64(p->bytes));
+			J_ADD(o, "errors", J_U64(p->errors));
+			json_object_array_add(a, o);
+		} else
+			printf("%-8s %12llu %14s %8llu\n", p->path, (unsigned long long)p->transfers,
+			    human(p->bytes, b1, sizeof(b1)), (unsigned long long)p->errors);
+	}
+	if (json)
+		print_json(a);
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
+}
+
+static int
+do_topo(int argc, char **argv)
+{
+	Gpx__QueryReply *q = query(GPX_Q_TOPO);
+	char b1[32];
+
+	if (json) {
+		json_object *o = json_object_new_object(), *d = json_object_new_array(),
+		    *l = json_object_new_array();
+		for (size_t i = 0; i < q->n_devices; i++) {
+			Gpx__DeviceInfo *g = q->devices[i];
+			json_object *x = json_object_new_object();
+			J_ADD(x, "index", J_U64(g->index));
+			J_ADD(x, "uuid", J_STR(g->uuid));
+			J_ADD(x, "name", J_STR(g->name));
+			J_ADD(x, "pci", J_STR(g->pci));
+			J_ADD(x, "memory", J_U64(g->memory));
+			J_ADD(x, "copy_engines", J_U64(g->copy_engines));
+			J_ADD(x, "sms", J_U64(g->sms));
+			json_object_array_add(d, x);
+		}
+		for (size_t i = 0; i < q->n_links; i++) {
+			Gpx__PeerLink *p = q->links[i];
+			json_object *x = json_object_new_object();
+			J_ADD(x, "src", J_U64(p->src));
+			J_ADD(x, "dst", J_U64(p->dst));
+			J_ADD(x, "access", J_BOOL(p->access));
+			J_ADD(x, "rank", J_INT(p->rank));
+			J_ADD(x, "atomics", J_BOOL(p->atomics));
+			J_ADD(x, "path", J_STR(p->path));
+			json_object_array_add(l, x);
+		}
+		J_ADD(o, "devices", d);
+		J_ADD(o, "links", l);
+		print_json(o);
+		gpx__query_reply__free_unpacked(q, NULL);
+		return 0;
+	}
+	if (q->n_devices == 0) {
+		Gpx__QueryReply *s = query(GPX_Q_STATUS);
+		printf("no GPU: %s\n", s->status ? s->status->cuda : "?");
+		gpx__query_reply__free_unpacked(s, NULL);
+	}
+	for (size_t i = 0; i < q->n_devices; i++) {
+		Gpx__DeviceInfo *g = q->devices[i];
+		printf("GPU%u  %s  %s  pci %s  %s  %u copy engines  %u SMs\n", g->index, g->uuid, g->name,
+		    g->pci, human(g->memory, b1, sizeof(b1)), g->copy_engines, g->sms);
+	}
+	if (q->n_devices > 0) {
+		printf("\n%-6s", "");
+		for (size_t j = 0; j < q->n_devices; j++)
+			printf(" GPU%-8u", q->devices[j]->index);
+		printf("\n");
+		for (size_t i = 0; i < q->n_devices; i++) {
+			printf("GPU%-3u", q->devices[i]->index);
+			for (size_t j = 0; j < q->n_devices; j++) {
+				const char *cell = i == j ? "X" : "-";
+				char buf[32];
+				for (size_t k = 0; k < q->n_links; k++) {
+					Gpx__PeerLink *p = q->links[k];
+					if (p->src == q->devices[i]->index && p->dst == q->devices[j]->index) {
+						snprintf(buf, sizeof(buf), "%s/r%d%s", p->path, p->rank, p->atomics ? "/a" : "");
+						cell = buf;
+					}
+				}
+				printf(" %-11s", cell);
+			}
+			printf("\n");
+		}
+		printf("\np2p: direct peer copies (rN: performance rank, a: native atomics); staged: through host memory\n");
+	}
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
+}
+
+static int
+do_drain(int argc, char **argv)
+{
+	char *end;
+	int r;
+
+	if (argc != 2) {
+		fprintf(stderr, "usage: gpxctl drain CLIENT\n");
+		return 2;
+	}
+	unsigned long long id = strtoull(argv[1], &end, 10);
+	if (*end != '\0') {
+		fprintf(stderr, "gpxctl: drain: '%s' is not a client id\n", argv[1]);
+		return 2;
+	}
+	if ((r = gpx_admin(conn, GPX_ADMIN_DRAIN, id, NULL, NULL, 0)) < 0)
+		fail(r, "drain");
+	if (json)
+		print_json(json_object_new_object());
+	else
+		printf("client %llu drained: new transfers are refused\n", id);
+	return 0;
+}
+
+static int
+do_log_level(int argc, char **argv)
+{
+	char spec[256] = "", reply[256];
+	int r;
+
+	for (int i = 1; i < argc; i++) {
+		strncat(spec, argv[i], sizeof(spec) - strlen(spec) - 2);
+		if (i + 1 < argc)
+			strcat(spec, " ");
+	}
+	if ((r = gpx_admin(conn, GPX_ADMIN_LOG_LEVEL, 0, spec, reply, sizeof(reply))) < 0)
+		fail(r, "log-level");
+	if (json) {
+		json_object *o = json_object_new_object();
+		J_ADD(o, "log_level", J_STR(reply));
+		print_json(o);
+	} else
+		printf("%s\n", reply);
+	return 0;
+}
+
+static int
+do_reload(int argc, char **argv)
+{
+	int r = gpx_admin(conn, GPX_ADMIN_RELOAD, 0, NULL, NULL, 0);
+
+	if (r < 0)
+		fail(r, "reload");
+	if (json)
+		print_json(json_object_new_object());
+	else
+		printf("configuration reloaded\n");
+	return 0;
+}
+
+static const struct object {
+	const char *name;
+	int (*fn)(int, char **);
+	int max_args;
+} objects[] = {
+	{ "status", do_status, 0 },
+	{ "topo", do_topo, 0 },
+	{ "clients", do_clients, 0 },
+	{ "regions", do_regions, 0 },
+	{ "exports", do_exports, 0 },
+	{ "transfers", do_transfers, 0 },
+	{ "stats", do_stats, 0 },
+	{ "drain", do_drain, 1 },
+	{ "log-level", do_log_level, 2 },
+	{ "reload", do_reload, 0 },
+};
+
+int
+main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "json", no_argument, NULL, 'j' },
+		{ "socket", required_argument, NULL, 's' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *sock = NULL;
+	int ch;
+
+	while ((ch = getopt_long(argc, argv, "+js:hV", longopts, NULL)) != -1) {
+		switch (ch) {
+		case 'j': json = true; break;
+		case 's': sock = optarg; break;
+		case 'h': usage(stdout); return 0;
+		case 'V': printf("gpxctl %s\n", PACKAGE_VERSION); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	argc -= optind;
+	argv += optind;
+	if (argc < 1) {
+		usage(stderr);
+		return 2;
+	}
+	for (size_t i = 0; i < sizeof(objects) / sizeof(objects[0]); i++) {
+		const struct object *o = &objects[i];
+		/* Unambiguous prefixes work, as in iproute2 ("gpxctl cl" is clients). */
+		if (strncmp(argv[0], o->name, strlen(argv[0])) != 0)
+			continue;
+		if (argc - 1 > o->max_args) {
+			fprintf(stderr, "gpxctl: %s: too many arguments\n", o->name);
+			return 2;
+		}
+		struct gpx_connect_opts co = { .socket = sock, .name = "gpxctl", .eventfd = -1, .no_ring = 1 };
+		int r = gpx_connect_opts(&co, &conn);
+		if (r < 0) {
+			const char *p = sock ? sock : getenv("GPX_SOCKET") ? getenv("GPX_SOCKET") : "/run/gpx/gpxd.sock";
+			fprintf(stderr, "gpxctl: cannot talk to gpxd at %s: %s (is gpxd running?)\n", p, gpx_strerror(r));
+			return 1;
+		}
+		r = o->fn(argc, argv);
+		gpx_close(conn);
+		return r;
+	}
+	fprintf(stderr, "gpxctl: unknown object '%s'; try gpxctl -h\n", argv[0]);
+	return 2;
+}

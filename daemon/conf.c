@@ -1,0 +1,218 @@
+/*
+ * gpxd.conf: an ini file parsed with inih.  Every key has a default here; unknown sections or
+ * keys and malformed values are errors that name the line, so a typo never silently changes
+ * behaviour.  Loading fills a fresh struct conf; the caller swaps it in only when it parsed.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <ini.h>
+
+#include "gpxd.h"
+
+struct conf *cfg;
+
+void
+conf_defaults(struct conf *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->socket_path = strdup(GPX_DEFAULT_SOCKET);
+	c->socket_mode = 0660;
+	c->socket_group = NULL;
+	c->admin_group = strdup("gpx-admin");
+	c->workers = 2;
+	c->blocking_threads = 2;
+	c->chunk_size = 2 << 20;
+	c->ring_entries = 4096;
+	c->max_segs = 1 << 20;
+	c->trust_legacy_ipc = false;
+	c->cuda = true;
+	c->sm_copy = true;
+	c->sm_copy_blocks = 64;
+	c->max_conns_per_uid = 256;
+	c->max_regions_per_uid = 65536;
+	c->max_region_bytes_per_uid = 0;
+	c->max_exports_per_uid = 4096;
+	c->max_inflight_per_uid = 65536;
+	c->idle_timeout_s = 0;
+	c->log_level = strdup("info");
+	c->metrics_listen = NULL;
+}
+
+void
+conf_free(struct conf *c)
+{
+	free(c->socket_path);
+	free(c->socket_group);
+	free(c->admin_group);
+	free(c->log_level);
+	free(c->metrics_listen);
+	free(c->path);
+	memset(c, 0, sizeof(*c));
+}
+
+struct parse {
+	struct conf *c;
+	char *err;
+	size_t errlen;
+};
+
+static int
+parse_bool(const char *v, bool *out)
+{
+	if (!strcasecmp(v, "yes") || !strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "on"))
+		*out = true;
+	else if (!strcasecmp(v, "no") || !strcasecmp(v, "false") || !strcmp(v, "0") || !strcasecmp(v, "off"))
+		*out = false;
+	else
+		return -1;
+	return 0;
+}
+
+/* A count or size with an optional K, M or G suffix (powers of 1024). */
+static int
+parse_u64(const char *v, uint64_t max, uint64_t *out)
+{
+	char *end;
+	unsigned long long n;
+
+	errno = 0;
+	if (*v == '-' || *v == '\0')
+		return -1;
+	n = strtoull(v, &end, 0);
+	if (errno != 0)
+		return -1;
+	int shift = 0;
+	switch (*end) {
+	case 'k': case 'K': shift = 10; end++; break;
+	case 'm': case 'M': shift = 20; end++; break;
+	case 'g': case 'G': shift = 30; end++; break;
+	}
+	if (*end != '\0' || (shift && n > (~0ULL >> shift)))
+		return -1;
+	n <<= shift;
+	if (n > max)
+		return -1;
+	*out = n;
+	return 0;
+}
+
+static int
+set_str(char **dst, const char *v)
+{
+	free(*dst);
+	*dst = strdup(v);
+	return *dst != NULL ? 0 : -1;
+}
+
+/* Sets *field from v when it lies in [lo, hi]; -1 otherwise. */
+static int
+num(const char *v, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+	uint64_t n;
+
+	if (parse_u64(v, hi, &n) < 0 || n < lo)
+		return -1;
+	*out = n;
+	return 0;
+}
+
+/* inih calls this for every key; returning 0 makes ini_parse_file report the line. */
+static int
+on_key(void *user, const char *sec, const char *key, const char *v)
+{
+	struct parse *p = user;
+	struct conf *c = p->c;
+	uint64_t n;
+	int bad = 0;
+
+#define KEY(s, k) (!strcmp(sec, s) && !strcmp(key, k))
+#define NUM(field, lo, hi) (num(v, lo, hi, &n) == 0 ? (field = n, 0) : -1)
+	if (KEY("daemon", "socket"))
+		bad = v[0] != '/' || set_str(&c->socket_path, v);
+	else if (KEY("daemon", "socket_mode")) {
+		char *end;
+		unsigned long m = strtoul(v, &end, 8);
+		bad = *end != '\0' || m > 0777;
+		c->socket_mode = m;
+	} else if (KEY("daemon", "socket_group"))
+		bad = set_str(&c->socket_group, v);
+	else if (KEY("daemon", "admin_group"))
+		bad = set_str(&c->admin_group, v);
+	else if (KEY("daemon", "workers"))
+		bad = NUM(c->workers, 1, 256);
+	else if (KEY("daemon", "blocking_threads"))
+		bad = NUM(c->blocking_threads, 1, 64);
+	else if (KEY("daemon", "chunk_size"))
+		bad = NUM(c->chunk_size, 4096, 1ULL << 30);
+	else if (KEY("daemon", "ring_entries")) {
+		bad = NUM(c->ring_entries, 8, 1 << 20);
+		bad |= (c->ring_entries & (c->ring_entries - 1)) != 0;
+	} else if (KEY("daemon", "max_segments"))
+		bad = NUM(c->max_segs, 1, 1 << 24);
+	else if (KEY("daemon", "log_level"))
+		bad = set_str(&c->log_level, v);
+	else if (KEY("daemon", "idle_timeout"))
+		bad = NUM(c->idle_timeout_s, 0, 86400 * 365);
+	else if (KEY("daemon", "metrics"))
+		bad = set_str(&c->metrics_listen, v);
+	else if (KEY("cuda", "enable"))
+		bad = parse_bool(v, &c->cuda);
+	else if (KEY("cuda", "trust_legacy_ipc"))
+		bad = parse_bool(v, &c->trust_legacy_ipc);
+	else if (KEY("cuda", "sm_copy"))
+		bad = parse_bool(v, &c->sm_copy);
+	else if (KEY("cuda", "sm_copy_blocks"))
+		bad = NUM(c->sm_copy_blocks, 1, 65535);
+	else if (KEY("limits", "connections_per_uid"))
+		bad = NUM(c->max_conns_per_uid, 1, 1 << 20);
+	else if (KEY("limits", "regions_per_uid"))
+		bad = NUM(c->max_regions_per_uid, 1, 1 << 24);
+	else if (KEY("limits", "region_bytes_per_uid"))
+		bad = NUM(c->max_region_bytes_per_uid, 0, ~0ULL);
+	else if (KEY("limits", "exports_per_uid"))
+		bad = NUM(c->max_exports_per_uid, 0, 1 << 20);
+	else if (KEY("limits", "inflight_per_uid"))
+		bad = NUM(c->max_inflight_per_uid, 1, 1 << 24);
+	else {
+		if (p->err[0] == '\0')
+			snprintf(p->err, p->errlen, "unknown key '%s' in [%s]", key, sec);
+		return 0;
+	}
+#undef KEY
+#undef NUM
+	if (bad) {
+		if (p->err[0] == '\0')
+			snprintf(p->err, p->errlen, "bad value '%s' for %s.%s", v, sec, key);
+		return 0;
+	}
+	return 1;
+}
+
+int
+conf_load(struct conf *c, const char *path, char *err, size_t errlen)
+{
+	struct parse p = { .c = c, .err = err, .errlen = errlen };
+	FILE *f;
+	int r;
+
+	err[0] = '\0';
+	if ((f = fopen(path, "re")) == NULL) {
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return -1;
+	}
+	r = ini_parse_file(f, on_key, &p);
+	fclose(f);
+	if (r != 0) {
+		char tmp[512];
+		snprintf(tmp, sizeof(tmp), "%s:%d: %s", path, r, err[0] ? err : "syntax error");
+		snprintf(err, errlen, "%s", tmp);
+		return -1;
+	}
+	set_str(&c->path, path);
+	return 0;
+}

@@ -1,0 +1,824 @@
+/*
+ * Client connections: credentials at accept, the Hello state machine, the message dispatcher
+ * and the handlers for regions, exports and transfers.
+ *
+ * The dispatcher checks the cheap invariants first (datagram size and control data in
+ * wire_recv, then decoding into a bounded arena, then connection state and the number of fds
+ * the message type takes) and only then calls a handler.  Handlers borrow the message; any fd
+ * a handler does not take is closed by the dispatcher.  A connection is never freed inside its
+ * own callback: conn_kill() releases what it holds and marks it dead, conn_reap() frees it
+ * once no deferred operation refers to it any more.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+
+#include "gpxd.h"
+
+struct conn_list conns = TAILQ_HEAD_INITIALIZER(conns);
+static struct conn_list dead = TAILQ_HEAD_INITIALIZER(dead);
+static uint64_t next_client_id;
+static uint32_t next_epoch;
+static uint32_t nconns;
+static uint8_t msgbuf[GPX_MSG_MAX];
+static struct wire_arena *arena;
+
+#define MSGS_PER_WAKE 64
+
+uint32_t
+conn_count(void)
+{
+	return nconns;
+}
+
+struct conn *
+conn_by_id(uint64_t id)
+{
+	struct conn *c;
+
+	TAILQ_FOREACH(c, &conns, entry)
+		if (c->id == id)
+			return c;
+	return NULL;
+}
+
+bool
+conn_in_group(const struct conn *c, gid_t g)
+{
+	if (c->gid == g)
+		return true;
+	for (int i = 0; i < c->ngroups; i++)
+		if (c->groups[i] == g)
+			return true;
+	return false;
+}
+
+/* Reads who is on the other end from the kernel; nothing the client sends can change it. */
+struct conn *
+conn_new(int fd)
+{
+	struct ucred cr;
+	socklen_t len = sizeof(cr);
+	struct conn *c;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
+		log_warn("SO_PEERCRED");
+		return NULL;
+	}
+	if ((c = calloc(1, sizeof(*c))) == NULL)
+		return NULL;
+	if (next_epoch == 0) {
+		if (getrandom(&next_epoch, sizeof(next_epoch), 0) != sizeof(next_epoch))
+			next_epoch = (uint32_t)time(NULL) ^ ((uint32_t)getpid() << 16);
+		next_epoch |= 1;
+	}
+	if (arena == NULL && (arena = wire_arena_new(GPX_ARENA_SIZE)) == NULL)
+		fatalx("out of memory");
+	c->fd = fd;
+	c->id = ++next_client_id;
+	c->epoch = next_epoch++;
+	if (c->epoch == 0)
+		c->epoch = next_epoch++;
+	c->uid = cr.uid;
+	c->gid = cr.gid;
+	c->pid = cr.pid;
+	len = sizeof(c->groups);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, c->groups, &len) == 0)
+		c->ngroups = len / sizeof(gid_t);
+	c->pidfd = (int)syscall(SYS_pidfd_open, cr.pid, 0);
+	c->state = CONN_HELLO;
+	c->user = user_get(cr.uid);
+	c->user->conns++;
+	c->t_connect = c->t_last = now_s();
+	if (c->uid == 0)
+		c->admin = true;
+	else if (cfg->admin_group != NULL) {
+		struct group *g = getgrnam(cfg->admin_group);
+		c->admin = g != NULL && conn_in_group(c, g->gr_gid);
+	}
+	TAILQ_INSERT_TAIL(&conns, c, entry);
+	nconns++;
+	log_debug("conn", "client %llu connected: uid %u gid %u pid %d", (unsigned long long)c->id,
+	    (unsigned)c->uid, (unsigned)c->gid, (int)c->pid);
+	return c;
+}
+
+/* ---- handle tables ---- */
+
+static uint32_t
+hslot(const struct conn *c, uint64_t id)
+{
+	return (uint32_t)(id * 0x9e3779b97f4a7c15ULL >> 32) & (c->hcap - 1);
+}
+
+struct rhandle *
+conn_handle(struct conn *c, uint64_t id)
+{
+	if (c->hcap == 0 || (uint32_t)(id >> 32) != c->epoch)
+		return NULL;
+	for (struct rhandle *h = c->htab[hslot(c, id)]; h != NULL; h = h->next)
+		if (h->id == id)
+			return h;
+	return NULL;
+}
+
+static struct rhandle *
+handle_add(struct conn *c, struct region *r, bool imported, bool read_only)
+{
+	struct rhandle *h;
+
+	if (c->nhandles + 1 > c->hcap / 2) {
+		uint32_t ncap = c->hcap ? c->hcap * 2 : 16;
+		struct rhandle **nt = calloc(ncap, sizeof(*nt));
+		if (nt == NULL)
+			return NULL;
+		uint32_t ocap = c->hcap;
+		struct rhandle **ot = c->htab;
+		c->htab = nt;
+		c->hcap = ncap;
+		for (uint32_t i = 0; i < ocap; i++)
+			while (ot[i] != NULL) {
+				struct rhandle *m = ot[i];
+				ot[i] = m->next;
+				uint32_t s = hslot(c, m->id);
+				m->next = nt[s];
+				nt[s] = m;
+			}
+		free(ot);
+	}
+	if ((h = calloc(1, sizeof(*h))) == NULL)
+		return NULL;
+	h->id = (uint64_t)c->epoch << 32 | ++c->next_serial;
+	h->r = r;
+	h->imported = imported;
+	h->read_only = read_only;
+	uint32_t s = hslot(c, h->id);
+	h->next = c->htab[s];
+	c->htab[s] = h;
+	c->nhandles++;
+	return h;
+}
+
+static void
+handle_unlink(struct conn *c, struct rhandle *h)
+{
+	struct rhandle **p = &c->htab[hslot(c, h->id)];
+
+	while (*p != h)
+		p = &(*p)->next;
+	*p = h->next;
+	c->nhandles--;
+}
+
+/* Lets go of one handle: the owner's withdraws the region from everyone. */
+static void
+handle_release(struct conn *c, struct rhandle *h)
+{
+	struct region *r = h->r;
+
+	c->user->regions--;
+	if (!h->imported) {
+		c->user->region_bytes -= r->length;
+		export_remove_region(r);
+		region_revoke(r);
+	} else {
+		struct export *e;
+		TAILQ_FOREACH(e, &exports, entry)
+			if (e->r == r && e->importers > 0) {
+				e->importers--;
+				break;
+			}
+	}
+	region_unref(r);
+	free(h);
+}
+
+/* ---- replies ---- */
+
+int
+conn_reply(struct conn *c, uint32_t seq, int status, const char *msg, Gpx__Reply *body,
+    const int *fds, int nfds)
+{
+	Gpx__Reply local = GPX__REPLY__INIT;
+	Gpx__DaemonMsg m = GPX__DAEMON_MSG__INIT;
+	Gpx__Reply *r = body != NULL ? body : &local;
+	int e;
+
+	if (c->state == CONN_DEAD)
+		return -EPIPE;
+	r->seq = seq;
+	r->status = status;
+	r->message = (char *)(msg != NULL ? msg : "");
+	m.body_case = GPX__DAEMON_MSG__BODY_REPLY;
+	m.reply = r;
+	e = wire_send_msg(c->fd, &m.base, fds, nfds);
+	if (e == -EAGAIN)
+		/* A client that does not read its socket while it keeps writing to it. */
+		conn_kill(c, "socket send buffer full: the client does not read its replies");
+	else if (e < 0 && e != -EPIPE && e != -ECONNRESET)
+		log_debug("conn", "client %llu: reply: %s", (unsigned long long)c->id, strerror(-e));
+	return e;
+}
+
+static void
+reply_err(struct conn *c, uint32_t seq, int status, const char *msg)
+{
+	conn_reply(c, seq, status, msg, NULL, NULL, 0);
+}
+
+/* ---- Hello ---- */
+
+static bool
+is_eventfd(int fd)
+{
+	char path[64], target[64];
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, target, sizeof(target) - 1);
+	if (n < 0)
+		return false;
+	target[n] = '\0';
+	return strcmp(target, "anon_inode:[eventfd]") == 0;
+}
+
+static void
+on_hello(struct conn *c, uint32_t seq, const Gpx__Hello *h, int *fds, int nfds)
+{
+	Gpx__Reply r = GPX__REPLY__INIT;
+	Gpx__Welcome w = GPX__WELCOME__INIT;
+	char err[256];
+
+	snprintf(c->name, sizeof(c->name), "%s", h->name ? h->name : "");
+	for (char *p = c->name; *p; p++)
+		if (*p < 0x20 || *p > 0x7e)
+			*p = '?';
+	if (h->version != GPX_PROTO_VERSION) {
+		snprintf(err, sizeof(err), "protocol version %u is not spoken here (this daemon speaks %u)",
+		    h->version, GPX_PROTO_VERSION);
+		reply_err(c, seq, GPX__STATUS__EVERSION, err);
+		conn_kill(c, err);
+		return;
+	}
+	if (c->user->conns > cfg->max_conns_per_uid) {
+		snprintf(err, sizeof(err), "uid %u has %u connections (limit %u)", (unsigned)c->uid,
+		    c->user->conns - 1, cfg->max_conns_per_uid);
+		log_audit(c, "%s", err);
+		reply_err(c, seq, GPX__STATUS__EQUOTA, err);
+		conn_kill(c, err);
+		return;
+	}
+	if (nfds != (h->no_ring ? 0 : 1) || (!h->no_ring && !is_eventfd(fds[0]))) {
+		snprintf(err, sizeof(err), "Hello takes exactly one eventfd (or none with no_ring)");
+		reply_err(c, seq, GPX__STATUS__EBADFD, err);
+		conn_kill(c, err);
+		return;
+	}
+	if (!h->no_ring) {
+		int efd = fds[0];
+		fds[0] = -1;
+		if ((c->cq = cq_new(cfg->ring_entries, efd, c->id, err, sizeof(err))) == NULL) {
+			close(efd);
+			reply_err(c, seq, GPX__STATUS__ENOMEM, err);
+			conn_kill(c, err);
+			return;
+		}
+		c->cq->user = c->user;
+	}
+	w.version = GPX_PROTO_VERSION;
+	w.client_id = c->id;
+	w.ring_entries = c->cq ? c->cq->entries : 0;
+	w.max_segs = cfg->max_segs;
+	w.max_inline_segs = (GPX_MSG_MAX - 256) / 40;
+	w.cuda = gpu_count() > 0;
+	w.trust_legacy = cfg->trust_legacy_ipc;
+	r.body_case = GPX__REPLY__BODY_WELCOME;
+	r.welcome = &w;
+	c->state = CONN_READY;
+	if (c->cq != NULL) {
+		conn_reply(c, seq, 0, NULL, &r, &c->cq->ring_fd, 1);
+		close(c->cq->ring_fd);      /* the client has its copy; ours is the mapping */
+		c->cq->ring_fd = -1;
+	} else
+		conn_reply(c, seq, 0, NULL, &r, NULL, 0);
+	log_info("client %llu: %s (uid %u pid %d)", (unsigned long long)c->id,
+	    c->name[0] ? c->name : "-", (unsigned)c->uid, (int)c->pid);
+}
+
+/* ---- Register ---- */
+
+struct reg_op {
+	struct conn *c;
+	uint32_t seq;
+	struct region *r;
+	int status;
+	char err[256];
+};
+
+static void
+reg_work(void *arg)
+{
+	struct reg_op *op = arg;
+
+	op->status = op->r->ops->open(op->r, op->err, sizeof(op->err));
+}
+
+static void
+reg_done(void *arg)
+{
+	struct reg_op *op = arg;
+	struct conn *c = op->c;
+	struct region *r = op->r;
+
+	c->pending--;
+	if (op->status == 0 && c->state != CONN_DEAD) {
+		struct rhandle *h = handle_add(c, r, false, r->read_only);
+		if (h != NULL) {
+			Gpx__Reply rep = GPX__REPLY__INIT;
+			Gpx__Registered reg = GPX__REGISTERED__INIT;
+			reg.region = h->id;
+			reg.length = r->length;
+			reg.kind = r->kind;
+			reg.read_only = r->read_only;
+			rep.body_case = GPX__REPLY__BODY_REGISTERED;
+			rep.registered = &reg;
+			log_debug("region", "client %llu: %s region %#llx, %llu bytes",
+			    (unsigned long long)c->id, r->ops->name, (unsigned long long)h->id,
+			    (unsigned long long)r->length);
+			conn_reply(c, op->seq, 0, NULL, &rep, NULL, 0);
+			free(op);
+			return;
+		}
+		op->status = -GPX__STATUS__ENOMEM;
+		snprintf(op->err, sizeof(op->err), "out of memory");
+	}
+	if (op->status < 0)
+		reply_err(c, op->seq, -op->status, op->err);
+	/* Failed, or the client left meanwhile: give back what was opened and accounted. */
+	c->user->regions--;
+	c->user->region_bytes -= r->length;
+	if (op->status == 0)
+		region_revoke(r);
+	else if (r->fd >= 0)
+		close(r->fd);
+	region_unref(r);
+	free(op);
+}
+
+static void
+on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int nfds)
+{
+	const struct mem_ops *ops;
+	char err[256];
+	int want = m->kind == GPX__MEM_KIND__MEM_CUDA_IPC ? 0 : 1;
+
+	if (nfds != want) {
+		snprintf(err, sizeof(err), "Register of this kind takes %d fd(s), got %d", want, nfds);
+		reply_err(c, seq, GPX__STATUS__EPROTO, err);
+		return;
+	}
+	if (m->kind == GPX__MEM_KIND__MEM_CUDA_IPC && !cfg->trust_legacy_ipc) {
+		log_audit(c, "legacy CUDA IPC handle while the node is multi-tenant");
+		reply_err(c, seq, GPX__STATUS__EACCES,
+		    "legacy CUDA IPC handles are forgeable and refused: this node is not configured as "
+		    "one trust domain (cuda.trust_legacy_ipc); register VMM memory instead");
+		return;
+	}
+	if ((ops = mem_ops_for(m->kind)) == NULL) {
+		snprintf(err, sizeof(err), "memory kind %d is not available here: %s", m->kind,
+		    m->kind == GPX__MEM_KIND__MEM_HOST ? "unknown" : gpu_status());
+		reply_err(c, seq, GPX__STATUS__ENOTSUP, err);
+		return;
+	}
+	if (m->length == 0 || m->offset + m->length < m->offset) {
+		reply_err(c, seq, GPX__STATUS__EINVAL, "length must be > 0 and offset + length must not overflow");
+		return;
+	}
+	if (m->kind == GPX__MEM_KIND__MEM_HOST && !mem_host_fd_ok(fds[0], err, sizeof(err))) {
+		log_audit(c, "%s", err);
+		reply_err(c, seq, GPX__STATUS__EBADFD, err);
+		return;
+	}
+	if (m->kind != GPX__MEM_KIND__MEM_HOST &&
+	    (m->device_uuid.len != 16 || (m->kind == GPX__MEM_KIND__MEM_CUDA_IPC && m->handle.len != 64))) {
+		reply_err(c, seq, GPX__STATUS__EINVAL, "a CUDA region needs a 16-byte device UUID (and a 64-byte IPC handle)");
+		return;
+	}
+	struct user *u = c->user;
+	if (u->regions >= cfg->max_regions_per_uid ||
+	    (cfg->max_region_bytes_per_uid &&
+	     (m->length > cfg->max_region_bytes_per_uid || u->region_bytes > cfg->max_region_bytes_per_uid - m->length))) {
+		snprintf(err, sizeof(err), "uid %u is at its registration limit (%u regions, %llu bytes)",
+		    (unsigned)c->uid, u->regions, (unsigned long long)u->region_bytes);
+		log_audit(c, "%s", err);
+		reply_err(c, seq, GPX__STATUS__EQUOTA, err);
+		return;
+	}
+
+	struct reg_op *op = calloc(1, sizeof(*op));
+	struct region *r = region_new();
+	if (op == NULL || r == NULL) {
+		free(op);
+		free(r);
+		reply_err(c, seq, GPX__STATUS__ENOMEM, "out of memory");
+		return;
+	}
+	r->ops = ops;
+	r->kind = m->kind;
+	r->offset = m->offset;
+	r->length = m->length;
+	r->read_only = m->access == GPX__ACCESS__ACCESS_RO;
+	r->owner = c->id;
+	r->uid = c->uid;
+	r->alloc_size = m->alloc_size;
+	if (m->handle.len == 64)
+		memcpy(r->handle, m->handle.data, 64);
+	if (m->device_uuid.len == 16)
+		memcpy(r->uuid, m->device_uuid.data, 16);
+	if (want) {
+		r->fd = fds[0];
+		fds[0] = -1;
+	}
+	u->regions++;
+	u->region_bytes += m->length;
+	op->c = c;
+	op->seq = seq;
+	op->r = r;
+	c->pending++;
+	defer_run(reg_work, reg_done, op);
+}
+
+static void
+on_deregister(struct conn *c, uint32_t seq, const Gpx__Deregister *m)
+{
+	struct rhandle *h = conn_handle(c, m->region);
+
+	if (h == NULL) {
+		reply_err(c, seq, GPX__STATUS__ENOENT, "no such region on this connection");
+		return;
+	}
+	handle_unlink(c, h);
+	handle_release(c, h);
+	reply_err(c, seq, 0, NULL);
+}
+
+/* ---- exports ---- */
+
+static void
+on_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
+{
+	struct rhandle *h = conn_handle(c, m->region);
+	struct export *e;
+
+	if (h == NULL || h->imported) {
+		reply_err(c, seq, h ? GPX__STATUS__EACCES : GPX__STATUS__ENOENT,
+		    h ? "only a region's owner can export it" : "no such region on this connection");
+		return;
+	}
+	if (m->name == NULL || !export_name_ok(m->name)) {
+		reply_err(c, seq, GPX__STATUS__EINVAL, "export names are 1..64 bytes of [A-Za-z0-9._:/-]");
+		return;
+	}
+	if (export_find(m->name) != NULL) {
+		reply_err(c, seq, GPX__STATUS__EEXIST, "an export of that name exists");
+		return;
+	}
+	if (m->rule > GPX__EXPORT_RULE__EXPORT_ANY) {
+		reply_err(c, seq, GPX__STATUS__EINVAL, "unknown export rule");
+		return;
+	}
+	if (c->user->exports >= cfg->max_exports_per_uid) {
+		log_audit(c, "export limit reached");
+		reply_err(c, seq, GPX__STATUS__EQUOTA, "uid is at its export limit");
+		return;
+	}
+	if (m->notify && h->r->notify_cq != NULL) {
+		reply_err(c, seq, GPX__STATUS__EEXIST, "the region already notifies through another export");
+		return;
+	}
+	if (m->notify && c->cq == NULL) {
+		reply_err(c, seq, GPX__STATUS__EINVAL, "notifications need a completion ring");
+		return;
+	}
+	if ((e = calloc(1, sizeof(*e))) == NULL) {
+		reply_err(c, seq, GPX__STATUS__ENOMEM, "out of memory");
+		return;
+	}
+	snprintf(e->name, sizeof(e->name), "%s", m->name);
+	e->r = h->r;
+	region_ref(h->r);
+	e->owner = c->id;
+	e->owner_region = h->id;
+	e->uid = c->uid;
+	e->rule = m->rule;
+	e->gid = m->gid;
+	e->read_only = m->read_only || h->r->read_only;
+	e->notify = m->notify;
+	if (m->notify) {
+		h->r->notify_tag = m->notify_tag;
+		cq_ref(c->cq);
+		h->r->notify_cq = c->cq;    /* set once: copy workers read it without a lock */
+	}
+	c->user->exports++;
+	TAILQ_INSERT_TAIL(&exports, e, entry);
+	log_debug("export", "client %llu exports %#llx as %s", (unsigned long long)c->id,
+	    (unsigned long long)h->id, e->name);
+	reply_err(c, seq, 0, NULL);
+}
+
+static void
+on_unexport(struct conn *c, uint32_t seq, const Gpx__Unexport *m)
+{
+	struct export *e = m->name ? export_find(m->name) : NULL;
+
+	if (e == NULL) {
+		reply_err(c, seq, GPX__STATUS__ENOENT, "no such export");
+		return;
+	}
+	if (e->owner != c->id) {
+		log_audit(c, "unexport of %s, which it does not own", e->name);
+		reply_err(c, seq, GPX__STATUS__EACCES, "only the exporting connection can withdraw an export");
+		return;
+	}
+	export_remove(e);
+	reply_err(c, seq, 0, NULL);
+}
+
+static void
+on_import(struct conn *c, uint32_t seq, const Gpx__Import *m)
+{
+	struct export *e = m->name ? export_find(m->name) : NULL;
+	struct rhandle *h;
+
+	if (e == NULL) {
+		reply_err(c, seq, GPX__STATUS__ENOENT, "no such export");
+		return;
+	}
+	if (!export_allows(e, c)) {
+		log_audit(c, "import of %s denied by its rule", e->name);
+		reply_err(c, seq, GPX__STATUS__EACCES, "the export's access rule does not admit this client");
+		return;
+	}
+	if (c->user->regions >= cfg->max_regions_per_uid) {
+		log_audit(c, "region limit reached on import");
+		reply_err(c, seq, GPX__STATUS__EQUOTA, "uid is at its region limit");
+		return;
+	}
+	if ((h = handle_add(c, e->r, true, e->read_only)) == NULL) {
+		reply_err(c, seq, GPX__STATUS__ENOMEM, "out of memory");
+		return;
+	}
+	region_ref(e->r);
+	c->user->regions++;
+	e->importers++;
+
+	Gpx__Reply rep = GPX__REPLY__INIT;
+	Gpx__Registered reg = GPX__REGISTERED__INIT;
+	reg.region = h->id;
+	reg.length = e->r->length;
+	reg.kind = e->r->kind;
+	reg.read_only = h->read_only;
+	rep.body_case = GPX__REPLY__BODY_REGISTERED;
+	rep.registered = &reg;
+	conn_reply(c, seq, 0, NULL, &rep, NULL, 0);
+}
+
+/* ---- transfers ---- */
+
+static void
+on_transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfds)
+{
+	Gpx__Reply rep = GPX__REPLY__INIT;
+	struct job *j;
+	char err[512];
+	int r;
+
+	rep.tag = m->tag;
+	if (c->cq == NULL) {
+		conn_reply(c, seq, GPX__STATUS__EINVAL, "transfers need a completion ring", &rep, NULL, 0);
+		return;
+	}
+	if (nfds > 1) {
+		conn_reply(c, seq, GPX__STATUS__EPROTO, "Transfer takes at most one fd", &rep, NULL, 0);
+		return;
+	}
+	if (c->state == CONN_DRAINING) {
+		conn_reply(c, seq, GPX__STATUS__EDRAINING, "this client is being drained", &rep, NULL, 0);
+		return;
+	}
+	if (atomic_load(&c->user->inflight) >= cfg->max_inflight_per_uid) {
+		conn_reply(c, seq, GPX__STATUS__EBUSY, "uid has its limit of outstanding transfers", &rep, NULL, 0);
+		return;
+	}
+	if ((r = cq_reserve(c->cq)) < 0) {
+		conn_reply(c, seq, -r, r == -GPX__STATUS__EBUSY ? "no credit: completion ring would overflow" :
+		    "completion ring broken", &rep, NULL, 0);
+		return;
+	}
+	if ((r = xfer_build(c, m, nfds ? fds[0] : -1, &j, err, sizeof(err))) < 0) {
+		cq_unreserve(c->cq);
+		atomic_fetch_add(&c->cq->errors, 1);
+		conn_reply(c, seq, -r, err, &rep, NULL, 0);
+		return;
+	}
+	cq_ref(c->cq);
+	j->cq = c->cq;
+	j->user = c->user;
+	atomic_fetch_add(&c->user->inflight, 1);
+	engine_submit(j);
+}
+
+static void
+on_cancel(struct conn *c, uint32_t seq, const Gpx__Cancel *m)
+{
+	int n = engine_cancel(c->id, m->tag);
+
+	reply_err(c, seq, n > 0 ? 0 : GPX__STATUS__ENOENT, n > 0 ? NULL : "no transfer with that tag in flight");
+}
+
+/* ---- dispatch ---- */
+
+static int
+fds_for(const Gpx__ClientMsg *m)
+{
+	switch (m->body_case) {
+	case GPX__CLIENT_MSG__BODY_HELLO:
+	case GPX__CLIENT_MSG__BODY_REGISTER:
+	case GPX__CLIENT_MSG__BODY_TRANSFER:
+		return -1;    /* checked by the handler: depends on the fields */
+	default:
+		return 0;
+	}
+}
+
+static void
+dispatch(struct conn *c, const Gpx__ClientMsg *m, int *fds, int nfds)
+{
+	uint32_t seq = m->seq;
+	int want = fds_for(m);
+
+	if (want >= 0 && nfds != want) {
+		reply_err(c, seq, GPX__STATUS__EPROTO, "this message takes no file descriptors");
+		return;
+	}
+	if (c->state == CONN_HELLO) {
+		if (m->body_case != GPX__CLIENT_MSG__BODY_HELLO) {
+			reply_err(c, seq, GPX__STATUS__EPROTO, "the first message must be Hello");
+			conn_kill(c, "first message was not Hello");
+			return;
+		}
+		on_hello(c, seq, m->hello, fds, nfds);
+		return;
+	}
+	switch (m->body_case) {
+	case GPX__CLIENT_MSG__BODY_HELLO:
+		reply_err(c, seq, GPX__STATUS__EPROTO, "Hello was already received");
+		break;
+	case GPX__CLIENT_MSG__BODY_REGISTER:
+		on_register(c, seq, m->register_, fds, nfds);
+		break;
+	case GPX__CLIENT_MSG__BODY_DEREGISTER:
+		on_deregister(c, seq, m->deregister);
+		break;
+	case GPX__CLIENT_MSG__BODY_EXPORT:
+		on_export(c, seq, m->export);
+		break;
+	case GPX__CLIENT_MSG__BODY_UNEXPORT:
+		on_unexport(c, seq, m->unexport);
+		break;
+	case GPX__CLIENT_MSG__BODY_IMPORT:
+		on_import(c, seq, m->import);
+		break;
+	case GPX__CLIENT_MSG__BODY_TRANSFER:
+		on_transfer(c, seq, m->transfer, fds, nfds);
+		break;
+	case GPX__CLIENT_MSG__BODY_CANCEL:
+		on_cancel(c, seq, m->cancel);
+		break;
+	case GPX__CLIENT_MSG__BODY_QUERY:
+		ctl_query(c, seq, m->query);
+		break;
+	case GPX__CLIENT_MSG__BODY_ADMIN:
+		ctl_admin(c, seq, m->admin);
+		break;
+	default:
+		reply_err(c, seq, GPX__STATUS__EPROTO, "unknown message type");
+		conn_kill(c, "unknown message type");
+		break;
+	}
+}
+
+/* Loop thread: the socket is readable.  Handles a bounded number of messages per wake-up. */
+void
+conn_input(struct conn *c)
+{
+	int fds[GPX_MAX_FDS], nfds;
+
+	for (int i = 0; i < MSGS_PER_WAKE && c->state != CONN_DEAD; i++) {
+		ssize_t n = wire_recv(c->fd, msgbuf, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
+		if (n == -EAGAIN)
+			return;
+		c->t_last = now_s();
+		if (n == 0 || n == -ECONNRESET) {
+			conn_kill(c, "disconnected");
+			return;
+		}
+		if (n == -EMSGSIZE) {
+			log_audit(c, "message larger than %d bytes", GPX_MSG_MAX);
+			conn_kill(c, "message over the size cap");
+			return;
+		}
+		if (n == -EBADMSG || n == -E2BIG) {
+			log_audit(c, "%s", n == -E2BIG ? "too many file descriptors in one message" :
+			    "truncated or foreign control data");
+			reply_err(c, 0, GPX__STATUS__EPROTO, n == -E2BIG ?
+			    "too many file descriptors: the message was dropped and they were closed" :
+			    "truncated control data: the message was dropped");
+			continue;
+		}
+		if (n < 0) {
+			conn_kill(c, strerror((int)-n));
+			return;
+		}
+		wire_arena_reset(arena);
+		Gpx__ClientMsg *m = gpx__client_msg__unpack(&arena->pa, n, msgbuf);
+		if (m == NULL) {
+			wire_close_fds(fds, nfds);
+			log_audit(c, "undecodable message (%zd bytes)", n);
+			reply_err(c, 0, GPX__STATUS__EPROTO, "undecodable message");
+			conn_kill(c, "undecodable message");
+			return;
+		}
+		dispatch(c, m, fds, nfds);
+		wire_close_fds(fds, nfds);
+	}
+}
+
+/* Releases everything the client holds; the struct itself is freed by conn_reap(). */
+void
+conn_kill(struct conn *c, const char *why)
+{
+	struct export *e, *et;
+
+	if (c->state == CONN_DEAD)
+		return;
+	if (c->state != CONN_HELLO || strcmp(why, "disconnected") != 0)
+		log_info("client %llu (%s, uid %u pid %d) gone: %s", (unsigned long long)c->id,
+		    c->name[0] ? c->name : "-", (unsigned)c->uid, (int)c->pid, why);
+	c->state = CONN_DEAD;
+	levent_conn_unwatch(c);
+	close(c->fd);
+	c->fd = -1;
+	if (c->pidfd >= 0)
+		close(c->pidfd);
+	c->pidfd = -1;
+	engine_cancel_client(c->id);
+	TAILQ_FOREACH_SAFE(e, &exports, entry, et)
+		if (e->owner == c->id)
+			export_remove(e);
+	for (uint32_t i = 0; i < c->hcap; i++)
+		while (c->htab[i] != NULL) {
+			struct rhandle *h = c->htab[i];
+			c->htab[i] = h->next;
+			handle_release(c, h);
+		}
+	free(c->htab);
+	c->htab = NULL;
+	c->hcap = c->nhandles = 0;
+	if (c->cq != NULL) {
+		cq_unref(c->cq);
+		c->cq = NULL;
+	}
+	c->user->conns--;
+	TAILQ_REMOVE(&conns, c, entry);
+	nconns--;
+	TAILQ_INSERT_TAIL(&dead, c, entry);
+	levent_request_reap();
+}
+
+/* Frees dead connections that no deferred operation refers to. */
+void
+conn_reap(void)
+{
+	struct conn *c, *t;
+
+	TAILQ_FOREACH_SAFE(c, &conns, entry, t)
+		if (c->cq != NULL && c->cq->broken)
+			conn_kill(c, "completion queue misused");
+	TAILQ_FOREACH_SAFE(c, &dead, entry, t) {
+		if (c->pending > 0)
+			continue;
+		TAILQ_REMOVE(&dead, c, entry);
+		free(c);
+	}
+}

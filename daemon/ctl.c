@@ -1,0 +1,314 @@
+/*
+ * Answers to gpxctl: Query (status, clients, regions, exports, transfers, stats, topology) and
+ * the administrative requests (reload, drain, log level), which only root or members of the
+ * configured admin group may make.  Any client may query; the answers show ids, uids and sizes,
+ * never memory contents or handles.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/mman.h>
+
+#include "gpxd.h"
+
+static const char *state_names[] = { "hello", "ready", "draining", "dead" };
+
+static void
+q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
+{
+	struct conn *c;
+	uint32_t regions = 0;
+
+	TAILQ_FOREACH(c, &conns, entry)
+		regions += c->nhandles;
+	s->version = (char *)GPXD_VERSION;
+	s->proto = GPX_PROTO_VERSION;
+	s->pid = getpid();
+	s->uptime_s = now_s() - gpxd_start_time;
+	s->socket = (char *)gpxd_socket_path;
+	s->clients = conn_count();
+	s->regions = regions;
+	s->exports = export_count();
+	s->inflight = engine_inflight();
+	s->workers = cfg->workers;
+	s->cuda = (char *)gpu_status();
+	s->trust_legacy = cfg->trust_legacy_ipc;
+	s->config = cfg->path ? cfg->path : (char *)"(defaults)";
+	for (int p = 0; p < NPATHS; p++) {
+		uint64_t x, b, e;
+		engine_path_stats(p, &x, &b, &e);
+		s->transfers += x;
+		s->bytes += b;
+	}
+	q->status = s;
+}
+
+static void
+q_clients(Gpx__QueryReply *q)
+{
+	struct conn *c;
+	size_t n = 0;
+
+	q->clients = calloc(conn_count() + 1, sizeof(*q->clients));
+	TAILQ_FOREACH(c, &conns, entry) {
+		Gpx__ClientInfo *i = malloc(sizeof(*i));
+		gpx__client_info__init(i);
+		i->id = c->id;
+		i->uid = c->uid;
+		i->gid = c->gid;
+		i->pid = c->pid;
+		i->name = c->name;
+		i->state = (char *)state_names[c->state];
+		i->regions = c->nhandles;
+		if (c->cq != NULL) {
+			pthread_mutex_lock(&c->cq->lock);
+			i->inflight = c->cq->inflight;
+			pthread_mutex_unlock(&c->cq->lock);
+			i->bytes = atomic_load(&c->cq->bytes);
+			i->transfers = atomic_load(&c->cq->transfers);
+			i->errors = atomic_load(&c->cq->errors);
+		}
+		i->connected_s = now_s() - c->t_connect;
+		q->clients[n++] = i;
+	}
+	q->n_clients = n;
+}
+
+static const char *
+export_of(const struct region *r)
+{
+	struct export *e;
+
+	TAILQ_FOREACH(e, &exports, entry)
+		if (e->r == r)
+			return e->name;
+	return "";
+}
+
+static void
+q_regions(Gpx__QueryReply *q)
+{
+	struct conn *c;
+	size_t n = 0, cap = 16;
+
+	q->regions = malloc(cap * sizeof(*q->regions));
+	TAILQ_FOREACH(c, &conns, entry)
+		for (uint32_t s = 0; s < c->hcap; s++)
+			for (struct rhandle *h = c->htab[s]; h != NULL; h = h->next) {
+				if (n == cap)
+					q->regions = realloc(q->regions, (cap *= 2) * sizeof(*q->regions));
+				Gpx__RegionInfo *i = malloc(sizeof(*i));
+				gpx__region_info__init(i);
+				i->id = h->id;
+				i->client = c->id;
+				i->kind = (char *)(h->r->ops ? h->r->ops->name : "?");
+				i->length = h->r->length;
+				i->imported = h->imported;
+				i->export_name = (char *)export_of(h->r);
+				i->device = (char *)(h->r->dev == DEV_HOST ? "host" : "gpu");
+				i->read_only = h->read_only || h->r->read_only;
+				q->regions[n++] = i;
+			}
+	q->n_regions = n;
+}
+
+static void
+q_exports(Gpx__QueryReply *q)
+{
+	static const char *rules[] = { "uid", "gid", "any" };
+	struct export *e;
+	size_t n = 0;
+
+	q->exports = calloc(export_count() + 1, sizeof(*q->exports));
+	TAILQ_FOREACH(e, &exports, entry) {
+		Gpx__ExportInfo *i = malloc(sizeof(*i));
+		gpx__export_info__init(i);
+		i->name = e->name;
+		i->client = e->owner;
+		i->region = e->owner_region;
+		i->rule = (char *)rules[e->rule];
+		i->uid = e->uid;
+		i->gid = e->gid;
+		i->importers = e->importers;
+		i->notify = e->notify;
+		i->read_only = e->read_only;
+		q->exports[n++] = i;
+	}
+	q->n_exports = n;
+}
+
+struct tvisit {
+	Gpx__QueryReply *q;
+	size_t cap;
+	double now;
+};
+
+static void
+visit_job(const struct job *j, void *arg)
+{
+	struct tvisit *v = arg;
+	Gpx__QueryReply *q = v->q;
+
+	if (q->n_transfers == v->cap)
+		q->transfers = realloc(q->transfers, (v->cap = v->cap * 2 + 16) * sizeof(*q->transfers));
+	Gpx__TransferInfo *i = malloc(sizeof(*i));
+	gpx__transfer_info__init(i);
+	i->client = j->client;
+	i->tag = j->tag;
+	i->path = (char *)engine_path_name(j->path);
+	i->segments = j->nseg;
+	i->bytes = j->total;
+	i->done = j->done;
+	i->age_s = v->now - j->t_submit;
+	q->transfers[q->n_transfers++] = i;
+}
+
+static void
+q_stats(Gpx__QueryReply *q)
+{
+	q->paths = calloc(NPATHS, sizeof(*q->paths));
+	for (int p = 0; p < NPATHS; p++) {
+		Gpx__PathStats *s = malloc(sizeof(*s));
+		gpx__path_stats__init(s);
+		s->path = (char *)engine_path_name(p);
+		engine_path_stats(p, &s->transfers, &s->bytes, &s->errors);
+		q->paths[q->n_paths++] = s;
+	}
+}
+
+static void
+free_list(void **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+/* Sends a reply that may be larger than a datagram: then it travels in a sealed memfd. */
+static void
+send_query_reply(struct conn *c, uint32_t seq, Gpx__QueryReply *q)
+{
+	Gpx__Reply rep = GPX__REPLY__INIT;
+
+	rep.body_case = GPX__REPLY__BODY_QUERY;
+	rep.query = q;
+	if (gpx__query_reply__get_packed_size(q) + 64 <= GPX_MSG_MAX) {
+		conn_reply(c, seq, 0, NULL, &rep, NULL, 0);
+		return;
+	}
+	size_t len = gpx__query_reply__get_packed_size(q);
+	uint8_t *buf = malloc(len);
+	int fd = memfd_create("gpx-query", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	bool ok = buf != NULL && fd >= 0;
+	if (ok) {
+		gpx__query_reply__pack(q, buf);
+		ok = write(fd, buf, len) == (ssize_t)len &&
+		    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) == 0;
+	}
+	free(buf);
+	if (!ok) {
+		if (fd >= 0)
+			close(fd);
+		conn_reply(c, seq, GPX__STATUS__ENOMEM, "cannot build the reply", NULL, NULL, 0);
+		return;
+	}
+	Gpx__Reply small = GPX__REPLY__INIT;
+	small.query_in_fd = true;
+	conn_reply(c, seq, 0, NULL, &small, &fd, 1);
+	close(fd);
+}
+
+void
+ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
+{
+	Gpx__QueryReply q = GPX__QUERY_REPLY__INIT;
+	Gpx__DaemonStatus st = GPX__DAEMON_STATUS__INIT;
+	struct tvisit v = { .q = &q, .now = now_s() };
+
+	switch (m->what) {
+	case GPX__QUERY_WHAT__Q_STATUS:
+		q_status(&q, &st);
+		break;
+	case GPX__QUERY_WHAT__Q_CLIENTS:
+		q_clients(&q);
+		break;
+	case GPX__QUERY_WHAT__Q_REGIONS:
+		q_regions(&q);
+		break;
+	case GPX__QUERY_WHAT__Q_EXPORTS:
+		q_exports(&q);
+		break;
+	case GPX__QUERY_WHAT__Q_TRANSFERS:
+		engine_visit(visit_job, &v);
+		break;
+	case GPX__QUERY_WHAT__Q_STATS:
+		q_stats(&q);
+		break;
+	case GPX__QUERY_WHAT__Q_TOPO:
+		gpu_topo(&q);
+		break;
+	default:
+		conn_reply(c, seq, GPX__STATUS__EINVAL, "unknown query", NULL, NULL, 0);
+		return;
+	}
+	send_query_reply(c, seq, &q);
+	free_list((void **)q.clients, q.n_clients);
+	free_list((void **)q.regions, q.n_regions);
+	free_list((void **)q.exports, q.n_exports);
+	free_list((void **)q.transfers, q.n_transfers);
+	free_list((void **)q.paths, q.n_paths);
+	gpu_topo_free(&q);
+}
+
+void
+ctl_admin(struct conn *c, uint32_t seq, const Gpx__Admin *m)
+{
+	char err[512];
+
+	if (!c->admin) {
+		log_audit(c, "administrative request from a non-administrator");
+		conn_reply(c, seq, GPX__STATUS__EPERM, "administrative requests need root or the admin group",
+		    NULL, NULL, 0);
+		return;
+	}
+	switch (m->op) {
+	case GPX__ADMIN__OP__RELOAD:
+		if (levent_reload(err, sizeof(err)) < 0)
+			conn_reply(c, seq, GPX__STATUS__EINVAL, err, NULL, NULL, 0);
+		else
+			conn_reply(c, seq, 0, NULL, NULL, NULL, 0);
+		return;
+	case GPX__ADMIN__OP__DRAIN: {
+		struct conn *t = conn_by_id(m->arg);
+		if (t == NULL || t->state != CONN_READY) {
+			conn_reply(c, seq, GPX__STATUS__ENOENT, "no such client (or it is not ready)", NULL, NULL, 0);
+			return;
+		}
+		t->state = CONN_DRAINING;
+		log_info("client %llu is drained by uid %u: new transfers are refused",
+		    (unsigned long long)t->id, (unsigned)c->uid);
+		conn_reply(c, seq, 0, NULL, NULL, NULL, 0);
+		return;
+	}
+	case GPX__ADMIN__OP__LOG_LEVEL:
+		if (m->text == NULL || m->text[0] == '\0') {
+			conn_reply(c, seq, 0, log_get_level(), NULL, NULL, 0);
+			return;
+		}
+		if (log_set_level(m->text) < 0) {
+			conn_reply(c, seq, GPX__STATUS__EINVAL, "levels: error, warning, info, debug [subsystems]",
+			    NULL, NULL, 0);
+			return;
+		}
+		log_info("log level set to %s by uid %u", log_get_level(), (unsigned)c->uid);
+		conn_reply(c, seq, 0, log_get_level(), NULL, NULL, 0);
+		return;
+	default:
+		conn_reply(c, seq, GPX__STATUS__EINVAL, "unknown administrative request", NULL, NULL, 0);
+	}
+}

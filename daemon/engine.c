@@ -1,0 +1,334 @@
+/*
+ * The transfer engine.  Every accepted transfer becomes a job on one path (host<->host here;
+ * the GPU back end adds its own).  A path keeps a round-robin list of clients that have work,
+ * and each client a round-robin list of its jobs; workers take one chunk (at most chunk_size
+ * bytes, possibly spanning many small segments) at a time from the next job of the next
+ * client.  So a 4 KiB copy never waits behind more than one chunk of someone's 1 GiB copy,
+ * and two saturating clients share a path evenly.
+ *
+ * A job ends when every byte was handed out and every handed-out chunk came back; the worker
+ * that returns the last chunk posts the completion record itself.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpxd.h"
+
+struct epath {
+	TAILQ_HEAD(, equeue) active;
+	pthread_cond_t cond;
+	atomic_uint_fast64_t transfers, bytes, errors;
+};
+
+static pthread_mutex_t elock = PTHREAD_MUTEX_INITIALIZER;
+static struct epath paths[NPATHS];
+static TAILQ_HEAD(, job) live = TAILQ_HEAD_INITIALIZER(live);
+static uint32_t nlive;
+static uint64_t chunk_size = 2 << 20;
+static bool quit;
+static int cancel_status = GPX__STATUS__ECANCELED;
+static pthread_t *workers;
+static int nworkers;
+
+static const char *path_names[NPATHS] = { "host", "gpu" };
+
+const char *
+engine_path_name(enum path_kind p)
+{
+	return path_names[p];
+}
+
+/* Host path: the copy itself.  Regions are mapped for as long as the job holds them. */
+static void *
+host_worker(void *unused)
+{
+	struct chunk c;
+
+	(void)unused;
+	while (engine_next_chunk(PATH_HOST, &c, true)) {
+		struct job *j = c.job;
+		uint64_t left = c.bytes, off = c.off;
+		for (uint32_t s = c.seg; left > 0; s++, off = 0) {
+			const struct gpx_wire_seg *g = &j->segs[s];
+			uint64_t n = g->length - off < left ? g->length - off : left;
+			memmove((char *)j->dst->host + g->dst_offset + off,
+			    (const char *)j->src->host + g->src_offset + off, n);
+			left -= n;
+		}
+		engine_chunk_done(&c, true);
+	}
+	return NULL;
+}
+
+int
+engine_init(int nthreads, uint64_t chunk)
+{
+	chunk_size = chunk;
+	quit = false;
+	for (int p = 0; p < NPATHS; p++) {
+		TAILQ_INIT(&paths[p].active);
+		pthread_cond_init(&paths[p].cond, NULL);
+	}
+	workers = calloc(nthreads, sizeof(*workers));
+	for (int i = 0; i < nthreads; i++) {
+		if (pthread_create(&workers[i], NULL, host_worker, NULL) != 0)
+			return -EAGAIN;
+		nworkers++;
+	}
+	return 0;
+}
+
+/* Stops the workers once nothing is queued; callers cancel what should not finish first. */
+void
+engine_shutdown(void)
+{
+	pthread_mutex_lock(&elock);
+	quit = true;
+	for (int p = 0; p < NPATHS; p++)
+		pthread_cond_broadcast(&paths[p].cond);
+	pthread_mutex_unlock(&elock);
+	for (int i = 0; i < nworkers; i++)
+		pthread_join(workers[i], NULL);
+	free(workers);
+	workers = NULL;
+	nworkers = 0;
+}
+
+static void
+equeue_link(struct epath *p, struct equeue *q)
+{
+	if (!q->active) {
+		q->active = true;
+		TAILQ_INSERT_TAIL(&p->active, q, rr);
+		pthread_cond_signal(&p->cond);
+	}
+}
+
+void
+engine_submit(struct job *j)
+{
+	struct equeue *q = &j->cq->eq[j->path];
+
+	pthread_mutex_lock(&elock);
+	TAILQ_INSERT_TAIL(&live, j, ae);
+	nlive++;
+	if (j->total == 0) {
+		/* Nothing to move: complete it at once through the normal path. */
+		struct chunk c = { .job = j, .bytes = 0 };
+		j->handed_out = true;
+		j->chunks_out = 1;
+		pthread_mutex_unlock(&elock);
+		engine_chunk_done(&c, true);
+		return;
+	}
+	TAILQ_INSERT_TAIL(&q->jobs, j, qe);
+	equeue_link(&paths[j->path], q);
+	pthread_mutex_unlock(&elock);
+}
+
+bool
+engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait)
+{
+	struct epath *p = &paths[pk];
+	struct equeue *q;
+	struct job *j;
+
+	pthread_mutex_lock(&elock);
+	while ((q = TAILQ_FIRST(&p->active)) == NULL) {
+		if (quit || !wait) {
+			pthread_mutex_unlock(&elock);
+			return false;
+		}
+		pthread_cond_wait(&p->cond, &elock);
+	}
+	j = TAILQ_FIRST(&q->jobs);
+	c->job = j;
+	c->seg = j->cur_seg;
+	c->off = j->cur_off;
+	c->bytes = 0;
+	/* Gather up to chunk_size bytes, across as many segments as that takes. */
+	while (j->cur_seg < j->nseg && c->bytes < chunk_size) {
+		const struct gpx_wire_seg *g = &j->segs[j->cur_seg];
+		uint64_t n = g->length - j->cur_off;
+		if (n > chunk_size - c->bytes)
+			n = chunk_size - c->bytes;
+		c->bytes += n;
+		j->cur_off += n;
+		if (j->cur_off == g->length) {
+			j->cur_seg++;
+			j->cur_off = 0;
+		}
+	}
+	j->chunks_out++;
+	TAILQ_REMOVE(&q->jobs, j, qe);
+	if (j->cur_seg == j->nseg)
+		j->handed_out = true;
+	else
+		TAILQ_INSERT_TAIL(&q->jobs, j, qe);     /* round-robin between a client's jobs */
+	TAILQ_REMOVE(&p->active, q, rr);
+	if (TAILQ_EMPTY(&q->jobs))
+		q->active = false;
+	else
+		TAILQ_INSERT_TAIL(&p->active, q, rr);   /* ... and between clients */
+	if (!TAILQ_EMPTY(&p->active))
+		pthread_cond_signal(&p->cond);
+	pthread_mutex_unlock(&elock);
+	return true;
+}
+
+void
+engine_free_job(struct job *j)
+{
+	if (j->src != NULL) {
+		region_unuse(j->src);
+		region_unref(j->src);
+	}
+	if (j->dst != NULL) {
+		region_unuse(j->dst);
+		region_unref(j->dst);
+	}
+	free(j->segs);
+	free(j);
+}
+
+/* Runs without the engine lock: posts the record, notifies the target's owner, lets go. */
+static void
+job_finish(struct job *j)
+{
+	int status = j->failed ? GPX__STATUS__EIO : j->cancelled ? cancel_status : 0;
+	struct epath *p = &paths[j->path];
+
+	atomic_fetch_add(&p->transfers, 1);
+	atomic_fetch_add(&p->bytes, j->done);
+	atomic_fetch_add(&j->cq->transfers, 1);
+	atomic_fetch_add(&j->cq->bytes, j->done);
+	if (status != 0) {
+		atomic_fetch_add(&p->errors, 1);
+		atomic_fetch_add(&j->cq->errors, 1);
+	}
+	cq_post(j->cq, j->tag, status, j->done);
+	if (status == 0 && j->dst->notify_cq != NULL && j->dst->owner != j->client)
+		cq_notify(j->dst->notify_cq, j->dst->notify_tag, 0, j->done);
+	atomic_fetch_sub(&j->user->inflight, 1);
+	cq_unref(j->cq);
+	engine_free_job(j);
+}
+
+void
+engine_chunk_done(struct chunk *c, bool ok)
+{
+	struct job *j = c->job;
+	bool end;
+
+	pthread_mutex_lock(&elock);
+	j->chunks_out--;
+	if (ok)
+		j->done += c->bytes;
+	else
+		j->failed = true;
+	end = j->handed_out && j->chunks_out == 0;
+	if (end) {
+		TAILQ_REMOVE(&live, j, ae);
+		nlive--;
+	}
+	pthread_mutex_unlock(&elock);
+	if (end)
+		job_finish(j);
+}
+
+/* Under the lock: stop handing out chunks of j; true if it can be finished now. */
+static bool
+job_cancel_locked(struct job *j)
+{
+	if (j->handed_out) {
+		j->cancelled = j->cancelled || j->done < j->total;
+		return false;
+	}
+	j->cancelled = true;
+	j->handed_out = true;
+	struct equeue *q = &j->cq->eq[j->path];
+	TAILQ_REMOVE(&q->jobs, j, qe);
+	if (TAILQ_EMPTY(&q->jobs) && q->active) {
+		q->active = false;
+		TAILQ_REMOVE(&paths[j->path].active, q, rr);
+	}
+	if (j->chunks_out == 0) {
+		TAILQ_REMOVE(&live, j, ae);
+		nlive--;
+		return true;
+	}
+	return false;
+}
+
+static int
+cancel_matching(uint64_t client, bool all, uint64_t tag, bool every_client)
+{
+	TAILQ_HEAD(, job) done = TAILQ_HEAD_INITIALIZER(done);
+	struct job *j, *t;
+	int n = 0;
+
+	pthread_mutex_lock(&elock);
+	TAILQ_FOREACH_SAFE(j, &live, ae, t) {
+		if (!every_client && (j->client != client || (!all && j->tag != tag)))
+			continue;
+		n++;
+		if (job_cancel_locked(j))
+			TAILQ_INSERT_TAIL(&done, j, ae);
+	}
+	pthread_mutex_unlock(&elock);
+	TAILQ_FOREACH_SAFE(j, &done, ae, t)
+		job_finish(j);
+	return n;
+}
+
+int
+engine_cancel(uint64_t client, uint64_t tag)
+{
+	return cancel_matching(client, false, tag, false);
+}
+
+void
+engine_cancel_client(uint64_t client)
+{
+	cancel_matching(client, true, 0, false);
+}
+
+void
+engine_cancel_all(int status)
+{
+	pthread_mutex_lock(&elock);
+	cancel_status = status;
+	pthread_mutex_unlock(&elock);
+	cancel_matching(0, true, 0, true);
+}
+
+uint32_t
+engine_inflight(void)
+{
+	pthread_mutex_lock(&elock);
+	uint32_t n = nlive;
+	pthread_mutex_unlock(&elock);
+	return n;
+}
+
+void
+engine_visit(engine_visit_fn fn, void *arg)
+{
+	struct job *j;
+
+	pthread_mutex_lock(&elock);
+	TAILQ_FOREACH(j, &live, ae)
+		fn(j, arg);
+	pthread_mutex_unlock(&elock);
+}
+
+void
+engine_path_stats(enum path_kind p, uint64_t *xfers, uint64_t *bytes, uint64_t *errors)
+{
+	*xfers = atomic_load(&paths[p].transfers);
+	*bytes = atomic_load(&paths[p].bytes);
+	*errors = atomic_load(&paths[p].errors);
+}

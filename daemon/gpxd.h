@@ -1,0 +1,356 @@
+/*
+ * gpxd internals: the types and functions the daemon's subsystems share.  Each block below
+ * belongs to one file, whose name is the functions' prefix (conn_* in conn.c, engine_* in
+ * engine.c, ...).  The daemon is built as libgpxd.a plus a tiny main.c, so the tests link the
+ * same code.
+ *
+ * Threads: one libevent loop thread owns connections, region tables, exports and users.
+ * Copy workers and blocking-task threads touch only jobs, regions (through atomic reference
+ * counts) and completion queues (struct cq, with its own lock).  Nothing else is shared.
+ */
+#ifndef GPXD_H
+#define GPXD_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <pthread.h>
+#include <sys/queue.h>
+#include <sys/types.h>
+
+#ifndef TAILQ_FOREACH_SAFE
+#define TAILQ_FOREACH_SAFE(var, head, field, tvar) \
+	for ((var) = TAILQ_FIRST(head); (var) && ((tvar) = TAILQ_NEXT(var, field), 1); (var) = (tvar))
+#endif
+
+#include "proto/gpx.pb-c.h"
+#include "proto/ring.h"
+#include "proto/wire.h"
+
+struct event_base;
+struct conn;
+struct region;
+struct job;
+
+#define GPXD_VERSION PACKAGE_VERSION
+
+/* ---- log.c: stderr or the journal, with subsystem tokens for debug filtering ---- */
+enum { LOG_L_ERR, LOG_L_WARN, LOG_L_INFO, LOG_L_DEBUG };
+void log_init(int level, const char *debug_subsys, bool to_journal);
+int log_set_level(const char *spec);
+const char *log_get_level(void);
+void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_debug(const char *sub, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void log_audit(const struct conn *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+void fatalx(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+
+/* ---- conf.c: gpxd.conf (ini), defaults, validation ---- */
+struct conf {
+	char *socket_path;
+	unsigned socket_mode;
+	char *socket_group;
+	char *admin_group;
+	int workers;                 /* host copy threads */
+	int blocking_threads;        /* threads for registrations and handle imports */
+	uint64_t chunk_size;
+	uint32_t ring_entries;       /* completion ring per connection (= credits) */
+	uint32_t max_segs;           /* segments in one vectored transfer */
+	bool trust_legacy_ipc;       /* node is one trust domain: accept cudaIpcMemHandle */
+	bool cuda;                   /* try to load the CUDA driver */
+	bool sm_copy;                /* SM copy kernel for vectored GPU transfers */
+	int sm_copy_blocks;          /* bounded share of the SMs for that kernel */
+	/* per-uid limits */
+	uint32_t max_conns_per_uid;
+	uint32_t max_regions_per_uid;
+	uint64_t max_region_bytes_per_uid;
+	uint32_t max_exports_per_uid;
+	uint32_t max_inflight_per_uid;
+	double idle_timeout_s;       /* a connection that sends nothing for this long is closed */
+	char *log_level;
+	char *metrics_listen;        /* "127.0.0.1:9464", NULL = off */
+	char *path;                  /* the file it came from, or NULL */
+};
+void conf_defaults(struct conf *);
+int conf_load(struct conf *, const char *path, char *err, size_t errlen);
+void conf_free(struct conf *);
+extern struct conf *cfg;
+
+/* ---- sdn.c: everything that talks to systemd (stubbed when built without libsystemd) ---- */
+int sdn_listen_fd(void);            /* the activated socket, or -1 */
+bool sdn_journal_wanted(void);
+void sdn_journal(int level, const char *msg);
+void sdn_ready(const char *status);
+void sdn_status(const char *status);
+void sdn_reloading(void);
+void sdn_stopping(void);
+uint64_t sdn_watchdog_usec(void);   /* 0 = no watchdog */
+void sdn_watchdog(void);
+
+/* ---- defer.c: blocking work off the event loop, finished back on it ---- */
+typedef void (*defer_fn)(void *arg);
+int defer_init(struct event_base *, int threads);
+void defer_shutdown(void);
+/* Runs work(arg) on a task thread, then done(arg) on the loop thread. */
+void defer_run(defer_fn work, defer_fn done, void *arg);
+
+/* ---- user.c: per-uid accounting and limits ---- */
+struct user {
+	uid_t uid;
+	uint32_t conns;
+	uint32_t regions;
+	uint64_t region_bytes;
+	uint32_t exports;
+	atomic_uint inflight;
+	TAILQ_ENTRY(user) entry;
+};
+struct user *user_get(uid_t);
+
+/* ---- mem-*.c: memory kinds behind one interface ---- */
+#define DEV_HOST (-1)
+
+struct mem_ops {
+	const char *name;            /* "host", "cuda-ipc", "cuda-vmm" */
+	/* Runs on a task thread: opens and maps what the request describes into r. */
+	int (*open)(struct region *r, char *err, size_t errlen);
+	/* Undoes open; runs on whichever thread drops the last user. */
+	void (*close)(struct region *r);
+};
+
+struct region {
+	atomic_int refs;             /* lifetime of this struct: handles + jobs */
+	atomic_int users;            /* lifetime of the mapping: owner handle + jobs */
+	atomic_bool revoked;
+	const struct mem_ops *ops;
+	Gpx__MemKind kind;
+	int dev;                     /* DEV_HOST or a gpu index */
+	void *host;                  /* host-addressable pointer (host kind) */
+	uint64_t dptr;               /* device address in the daemon's context (GPU kinds) */
+	uint64_t length;
+	bool read_only;
+	uint64_t owner;              /* client id */
+	uid_t uid;
+	/* kind-private state */
+	int fd;
+	void *map;
+	size_t map_len;
+	uint64_t offset;
+	void *priv;
+	/* set by the request, used by open */
+	uint8_t handle[64];
+	uint8_t uuid[16];
+	uint64_t alloc_size;
+	/* owner notification, set by export: a ref on the owner's completion queue */
+	struct cq *notify_cq;
+	uint64_t notify_tag;
+	char export_name[65];
+};
+
+extern const struct mem_ops mem_host_ops;
+extern const struct mem_ops mem_cuda_ipc_ops;
+extern const struct mem_ops mem_cuda_vmm_ops;
+const struct mem_ops *mem_ops_for(Gpx__MemKind);
+bool mem_host_fd_ok(int fd, char *err, size_t errlen);
+
+/* ---- region.c: regions and the per-connection handle tables ---- */
+struct rhandle {
+	uint64_t id;                 /* epoch << 32 | serial: scoped to one connection */
+	struct region *r;
+	bool imported;
+	bool read_only;              /* this handle may only be a source */
+	struct rhandle *next;        /* hash chain */
+};
+struct region *region_new(void);
+void region_ref(struct region *);
+void region_unref(struct region *);
+bool region_use(struct region *);   /* takes a mapping user; false if revoked */
+void region_unuse(struct region *);
+void region_revoke(struct region *);
+
+/* ---- engine.c: scheduling state kept in each client's completion queue ---- */
+enum path_kind { PATH_HOST, PATH_GPU, NPATHS };
+struct equeue {
+	TAILQ_ENTRY(equeue) rr;      /* in its path's round-robin list while it has work */
+	TAILQ_HEAD(, job) jobs;      /* jobs with bytes not yet handed to a worker */
+	bool active;
+};
+
+/* ---- cq.c: a connection's completion ring and eventfd doorbell ---- */
+struct cq {
+	atomic_int refs;
+	pthread_mutex_t lock;
+	struct gpx_ring_hdr *ring;
+	size_t ring_len;
+	int ring_fd;                 /* sent to the client once, then closed */
+	int efd;                     /* the client's eventfd */
+	uint32_t entries;
+	uint32_t inflight;           /* accepted, not yet posted (under lock) */
+	uint64_t head;               /* our copy of the ring's head: the shared one is never read back */
+	bool broken;                 /* ring or eventfd misused: the loop disconnects the client */
+	uint64_t client;
+	struct user *user;
+	/* per-client counters, read by gpxctl */
+	atomic_uint_fast64_t bytes, transfers, errors;
+	struct equeue eq[NPATHS];  /* engine lock */
+};
+struct cq *cq_new(uint32_t entries, int efd, uint64_t client, char *err, size_t errlen);
+void cq_ref(struct cq *);
+void cq_unref(struct cq *);
+/* Reserves a credit for a new transfer; false if the ring could fill. */
+int cq_reserve(struct cq *);
+void cq_unreserve(struct cq *);
+/* Posts the record of a reserved transfer and rings the doorbell. */
+void cq_post(struct cq *, uint64_t tag, int status, uint64_t bytes);
+/* Posts an unreserved notification if room is left, else counts it as dropped. */
+void cq_notify(struct cq *, uint64_t tag, uint64_t region, uint64_t bytes);
+void cq_set_broken_hook(void (*)(struct cq *));
+
+/* ---- engine.c: transfer jobs, per-path queues, copy workers, round-robin ---- */
+struct job {
+	TAILQ_ENTRY(job) qe;         /* in its client's queue on its path */
+	TAILQ_ENTRY(job) ae;         /* in the engine's list of live jobs */
+	struct cq *cq;
+	struct user *user;
+	uint64_t client;
+	uint64_t tag;
+	uint32_t flags;
+	struct region *src, *dst;    /* mapping users held until the job ends */
+	struct gpx_wire_seg *segs;
+	uint32_t nseg;
+	uint64_t total;
+	enum path_kind path;
+	/* scheduling state, under the engine lock */
+	uint32_t cur_seg;
+	uint64_t cur_off;
+	int chunks_out;
+	bool handed_out;             /* every byte given to a worker */
+	bool cancelled;
+	bool failed;
+	uint64_t done;
+	double t_submit;
+	void *priv;                  /* back end state */
+};
+
+/* A piece of a job handed to one worker: `bytes` from segment `seg` at offset `off` on. */
+struct chunk {
+	struct job *job;
+	uint32_t seg;
+	uint64_t off;
+	uint64_t bytes;
+};
+
+int engine_init(int workers, uint64_t chunk);
+void engine_shutdown(void);
+/* Takes ownership of the job (its segments and region users). */
+void engine_submit(struct job *);
+int engine_cancel(uint64_t client, uint64_t tag);    /* jobs cancelled */
+void engine_cancel_client(uint64_t client);
+void engine_cancel_all(int status);                  /* at shutdown: status for the records */
+uint32_t engine_inflight(void);
+typedef void (*engine_visit_fn)(const struct job *, void *);
+void engine_visit(engine_visit_fn, void *);
+/* For back ends: the next chunk of the path, round-robin over clients and their jobs. */
+bool engine_next_chunk(enum path_kind, struct chunk *, bool wait);
+void engine_chunk_done(struct chunk *, bool ok);
+void engine_free_job(struct job *);
+void engine_path_stats(enum path_kind, uint64_t *xfers, uint64_t *bytes, uint64_t *errors);
+const char *engine_path_name(enum path_kind);
+
+/* ---- conn.c: connections, the Hello state machine and the message dispatcher ---- */
+enum conn_state { CONN_HELLO, CONN_READY, CONN_DRAINING, CONN_DEAD };
+
+struct conn {
+	TAILQ_ENTRY(conn) entry;
+	uint64_t id;
+	uint32_t epoch;
+	int fd;
+	struct event *ev;
+	enum conn_state state;
+	uid_t uid;
+	gid_t gid;
+	pid_t pid;
+	int pidfd;
+	struct event *pidev;
+	gid_t groups[64];            /* supplementary groups (SO_PEERGROUPS) */
+	int ngroups;
+	char name[65];
+	struct user *user;
+	struct cq *cq;
+	bool admin;
+	double t_connect;
+	double t_last;
+	uint32_t next_serial;
+	uint32_t pending;            /* deferred operations still holding this connection */
+	struct rhandle **htab;       /* chained hash of handles by serial */
+	uint32_t nhandles, hcap;
+	uint32_t nseq_errors;
+};
+TAILQ_HEAD(conn_list, conn);
+extern struct conn_list conns;
+struct conn *conn_new(int fd);
+bool conn_in_group(const struct conn *, gid_t);
+void conn_input(struct conn *);
+void conn_kill(struct conn *, const char *why);
+void conn_reap(void);
+uint32_t conn_count(void);
+struct conn *conn_by_id(uint64_t);
+struct rhandle *conn_handle(struct conn *, uint64_t id);
+int conn_reply(struct conn *, uint32_t seq, int status, const char *msg, Gpx__Reply *body, const int *fds, int nfds);
+
+/* ---- export.c: names under which regions are shared ---- */
+struct export {
+	TAILQ_ENTRY(export) entry;
+	char name[65];
+	struct region *r;
+	uint64_t owner;
+	uint64_t owner_region;
+	uid_t uid;
+	Gpx__ExportRule rule;
+	gid_t gid;
+	bool read_only;
+	bool notify;
+	uint32_t importers;
+};
+TAILQ_HEAD(export_list, export);
+extern struct export_list exports;
+struct export *export_find(const char *name);
+bool export_name_ok(const char *name);
+bool export_allows(const struct export *, const struct conn *);
+void export_remove(struct export *);
+void export_remove_region(struct region *);
+uint32_t export_count(void);
+
+/* ---- xfer.c: turning a Transfer message into a checked job ---- */
+int xfer_build(struct conn *, const Gpx__Transfer *, int segfd, struct job **out, char *err, size_t errlen);
+
+/* ---- ctl.c: answers to Query and Admin ---- */
+void ctl_query(struct conn *, uint32_t seq, const Gpx__Query *);
+void ctl_admin(struct conn *, uint32_t seq, const Gpx__Admin *);
+
+/* ---- levent.c: the event loop, listening socket, signals, timers ---- */
+struct event_base *levent_base(void);
+int levent_run(const char *socket_override);
+void levent_conn_watch(struct conn *);
+void levent_conn_unwatch(struct conn *);
+void levent_request_reap(void);
+void levent_stop(int status);
+int levent_reload(char *err, size_t errlen);
+double now_s(void);
+
+/* ---- gpu.c: the GPU back end (CUDA driver API, loaded at run time) ---- */
+int gpu_init(char *why, size_t whylen);
+int gpu_count(void);
+const char *gpu_status(void);
+void gpu_topo(Gpx__QueryReply *);
+void gpu_topo_free(Gpx__QueryReply *);
+void gpu_host_register(struct region *);     /* pins a host mapping for DMA, best effort */
+void gpu_host_unregister(struct region *);
+void gpu_shutdown(void);
+
+extern double gpxd_start_time;
+extern const char *gpxd_socket_path;
+
+#endif

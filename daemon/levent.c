@@ -1,0 +1,396 @@
+/*
+ * All libevent glue: the listening socket (ours or systemd's), per-connection read events and
+ * pidfd exit events, signals (TERM/INT stop, HUP reloads), the watchdog and status timers, the
+ * reaper of dead connections and the graceful shutdown that lets in-flight transfers end with
+ * a "shutting down" status before the daemon exits.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "gpxd.h"
+
+double gpxd_start_time;
+const char *gpxd_socket_path = "";
+
+static struct event_base *base;
+static int listen_fd = -1;
+static bool own_socket;
+static char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+static struct event *listen_ev, *reap_ev, *wd_ev, *status_ev, *stop_ev, *resume_ev;
+static struct event *sig_ev[4];
+static bool stopping;
+static int exit_status;
+static double stop_deadline;
+
+double
+now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+struct event_base *
+levent_base(void)
+{
+	return base;
+}
+
+static void
+conn_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	conn_input(arg);
+}
+
+static void
+pidfd_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	conn_kill(arg, "client process exited");
+}
+
+void
+levent_conn_watch(struct conn *c)
+{
+	c->ev = event_new(base, c->fd, EV_READ | EV_PERSIST, conn_cb, c);
+	event_add(c->ev, NULL);
+	if (c->pidfd >= 0) {
+		c->pidev = event_new(base, c->pidfd, EV_READ, pidfd_cb, c);
+		event_add(c->pidev, NULL);
+	}
+}
+
+void
+levent_conn_unwatch(struct conn *c)
+{
+	if (c->ev != NULL)
+		event_free(c->ev);
+	if (c->pidev != NULL)
+		event_free(c->pidev);
+	c->ev = c->pidev = NULL;
+}
+
+static void
+reap_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	conn_reap();
+}
+
+/* Thread-safe: copy workers call it (through cq.c) when a client misused its queue. */
+void
+levent_request_reap(void)
+{
+	event_active(reap_ev, EV_TIMEOUT, 0);
+}
+
+static void
+cq_broken(struct cq *q)
+{
+	(void)q;
+	levent_request_reap();
+}
+
+static void
+resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	if (!stopping)
+		event_add(listen_ev, NULL);
+}
+
+static void
+accept_cb(evutil_socket_t lfd, short what, void *arg)
+{
+	(void)what;
+	(void)arg;
+	for (int i = 0; i < 64; i++) {
+		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+				/* Out of descriptors: stop accepting for a moment instead of spinning. */
+				struct timeval tv = { 0, 100000 };
+				log_warn("accept");
+				event_del(listen_ev);
+				event_add(resume_ev, &tv);
+			}
+			return;
+		}
+		struct conn *c = conn_new(fd);
+		if (c == NULL) {
+			close(fd);
+			continue;
+		}
+		levent_conn_watch(c);
+	}
+}
+
+/* A stale socket file (no one listening) is replaced; a live one means another gpxd runs. */
+static int
+listen_on(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path) || path[0] != '/') {
+		log_warnx("socket path %s: must be absolute and shorter than %zu bytes", path, sizeof(sa.sun_path));
+		return -1;
+	}
+	strcpy(sa.sun_path, path);
+	if ((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) < 0) {
+		log_warn("socket");
+		return -1;
+	}
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 || errno == EAGAIN) {
+		log_warnx("%s: another gpxd is listening there", path);
+		close(fd);
+		return -1;
+	}
+	close(fd);
+	unlink(path);
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	mode_t old = umask(0177);
+	int r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+	umask(old);
+	if (r < 0) {
+		log_warn("bind %s", path);
+		close(fd);
+		return -1;
+	}
+	if (cfg->socket_group != NULL) {
+		struct group *g = getgrnam(cfg->socket_group);
+		if (g == NULL || chown(path, (uid_t)-1, g->gr_gid) < 0)
+			log_warn("socket group %s", cfg->socket_group);
+	}
+	if (chmod(path, cfg->socket_mode) < 0 || listen(fd, 128) < 0) {
+		log_warn("listen %s", path);
+		close(fd);
+		unlink(path);
+		return -1;
+	}
+	own_socket = true;
+	return fd;
+}
+
+static void
+status_line(char *buf, size_t len)
+{
+	snprintf(buf, len, "%u clients, %u transfers in flight, %u exports; cuda: %s",
+	    conn_count(), engine_inflight(), export_count(), gpu_status());
+}
+
+static void
+status_cb(evutil_socket_t fd, short what, void *arg)
+{
+	char s[256];
+
+	(void)fd;
+	(void)what;
+	(void)arg;
+	status_line(s, sizeof(s));
+	sdn_status(s);
+}
+
+static void
+wd_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	sdn_watchdog();
+	/* Idle connections (nothing received for idle_timeout seconds) are closed here too. */
+	if (cfg->idle_timeout_s > 0) {
+		struct conn *c, *t;
+		double now = now_s();
+		TAILQ_FOREACH_SAFE(c, &conns, entry, t)
+			if (now - c->t_last > cfg->idle_timeout_s)
+				conn_kill(c, "idle timeout");
+	}
+}
+
+int
+levent_reload(char *err, size_t errlen)
+{
+	struct conf *n = calloc(1, sizeof(*n));
+
+	sdn_reloading();
+	conf_defaults(n);
+	if (cfg->path != NULL && conf_load(n, cfg->path, err, errlen) < 0) {
+		log_warnx("reload failed, keeping the running configuration: %s", err);
+		conf_free(n);
+		free(n);
+		sdn_ready("reload failed");
+		return -1;
+	}
+	if (strcmp(n->socket_path, cfg->socket_path) != 0)
+		log_warnx("socket path changes take effect at restart");
+	if (n->workers != cfg->workers || n->ring_entries != cfg->ring_entries)
+		log_warnx("workers and ring_entries changes take effect at restart");
+	n->workers = cfg->workers;
+	n->ring_entries = cfg->ring_entries;
+	n->chunk_size = cfg->chunk_size;
+	log_set_level(n->log_level);
+	conf_free(cfg);
+	free(cfg);
+	cfg = n;
+	log_info("configuration reloaded from %s", cfg->path ? cfg->path : "(defaults)");
+	char s[256];
+	status_line(s, sizeof(s));
+	sdn_ready(s);
+	return 0;
+}
+
+/* Graceful stop, step 2: once nothing is in flight (or after 5 s), close everything. */
+static void
+stop_cb(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	if (engine_inflight() > 0 && now_s() < stop_deadline) {
+		struct timeval tv = { 0, 10000 };
+		event_add(stop_ev, &tv);
+		return;
+	}
+	struct conn *c;
+	while ((c = TAILQ_FIRST(&conns)) != NULL)
+		conn_kill(c, "daemon stopping");
+	event_base_loopexit(base, NULL);
+}
+
+void
+levent_stop(int status)
+{
+	struct timeval tv = { 0, 0 };
+
+	if (stopping)
+		return;
+	stopping = true;
+	exit_status = status;
+	sdn_stopping();
+	log_info("stopping: %u transfers in flight end with ESHUTDOWN", engine_inflight());
+	event_del(listen_ev);
+	engine_cancel_all(GPX__STATUS__ESHUTDOWN);
+	stop_deadline = now_s() + 5;
+	event_add(stop_ev, &tv);
+}
+
+static void
+signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+	char err[512];
+
+	(void)what;
+	(void)arg;
+	if (sig == SIGHUP)
+		levent_reload(err, sizeof(err));
+	else
+		levent_stop(0);
+}
+
+int
+levent_run(const char *socket_override)
+{
+	static const int sigs[] = { SIGTERM, SIGINT, SIGHUP };
+	char why[256], s[256];
+	struct timeval tv;
+
+	gpxd_start_time = now_s();
+	signal(SIGPIPE, SIG_IGN);
+	if (evthread_use_pthreads() < 0)
+		fatalx("libevent without thread support");
+	if ((base = event_base_new()) == NULL)
+		fatalx("event_base_new failed");
+
+	if ((listen_fd = sdn_listen_fd()) >= 0) {
+		struct sockaddr_un sa;
+		socklen_t l = sizeof(sa);
+		if (getsockname(listen_fd, (struct sockaddr *)&sa, &l) == 0 && l > sizeof(sa_family_t))
+			snprintf(socket_path, sizeof(socket_path), "%s", sa.sun_path);
+		evutil_make_socket_nonblocking(listen_fd);
+		log_info("listening on %s (socket activation)", socket_path);
+	} else {
+		const char *p = socket_override ? socket_override : cfg->socket_path;
+		if ((listen_fd = listen_on(p)) < 0)
+			return 1;
+		snprintf(socket_path, sizeof(socket_path), "%s", p);
+		log_info("listening on %s", socket_path);
+	}
+	gpxd_socket_path = socket_path;
+
+	if (cfg->cuda) {
+		if (gpu_init(why, sizeof(why)) < 0)
+			log_info("GPU memory unavailable, serving host memory: %s", why);
+	}
+	if (defer_init(base, cfg->blocking_threads) < 0 || engine_init(cfg->workers, cfg->chunk_size) < 0)
+		fatalx("cannot start worker threads");
+	cq_set_broken_hook(cq_broken);
+
+	listen_ev = event_new(base, listen_fd, EV_READ | EV_PERSIST, accept_cb, NULL);
+	event_add(listen_ev, NULL);
+	resume_ev = evtimer_new(base, resume_cb, NULL);
+	reap_ev = event_new(base, -1, 0, reap_cb, NULL);
+	stop_ev = evtimer_new(base, stop_cb, NULL);
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+		sig_ev[i] = evsignal_new(base, sigs[i], signal_cb, NULL);
+		event_add(sig_ev[i], NULL);
+	}
+	uint64_t wd = sdn_watchdog_usec();
+	uint64_t period = wd ? wd / 2 : 1000000;   /* also drives idle timeouts */
+	wd_ev = event_new(base, -1, EV_PERSIST, wd_cb, NULL);
+	tv.tv_sec = period / 1000000;
+	tv.tv_usec = period % 1000000;
+	event_add(wd_ev, &tv);
+	status_ev = event_new(base, -1, EV_PERSIST, status_cb, NULL);
+	tv.tv_sec = 10;
+	tv.tv_usec = 0;
+	event_add(status_ev, &tv);
+
+	status_line(s, sizeof(s));
+	sdn_ready(s);
+	log_info("gpxd %s ready (protocol %d, %d copy workers)", GPXD_VERSION, GPX_PROTO_VERSION, cfg->workers);
+	event_base_dispatch(base);
+
+	/* Shutdown: everything below runs with no client left. */
+	engine_shutdown();
+	defer_shutdown();
+	conn_reap();
+	gpu_shutdown();
+	if (own_socket)
+		unlink(socket_path);
+	close(listen_fd);
+	event_free(listen_ev);
+	event_free(resume_ev);
+	event_free(reap_ev);
+	event_free(stop_ev);
+	event_free(wd_ev);
+	event_free(status_ev);
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+		event_free(sig_ev[i]);
+	event_base_free(base);
+	base = NULL;
+	log_info("stopped");
+	return exit_status;
+}

@@ -1,0 +1,86 @@
+/*
+ * Regions: one opened and mapped piece of client memory, of any kind, shared by the handles
+ * that name it (its owner's and its importers') and by the jobs that copy to or from it.
+ *
+ * Two counts keep it honest.  `refs` keeps the struct alive (handles and jobs).  `users` keeps
+ * the mapping alive (the owner's handle and jobs).  When the owner withdraws the region it is
+ * revoked: new jobs can no longer take it, importers' handles turn into EREVOKED, and the
+ * mapping is closed as soon as the last running job lets go, even while importers still hold
+ * their handles.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+
+#include "gpxd.h"
+
+struct region *
+region_new(void)
+{
+	struct region *r = calloc(1, sizeof(*r));
+
+	if (r == NULL)
+		return NULL;
+	atomic_init(&r->refs, 1);
+	atomic_init(&r->users, 1);
+	r->fd = -1;
+	r->dev = DEV_HOST;
+	return r;
+}
+
+void
+region_ref(struct region *r)
+{
+	atomic_fetch_add(&r->refs, 1);
+}
+
+void
+region_unref(struct region *r)
+{
+	if (atomic_fetch_sub(&r->refs, 1) != 1)
+		return;
+	if (r->notify_cq != NULL)
+		cq_unref(r->notify_cq);
+	free(r);
+}
+
+bool
+region_use(struct region *r)
+{
+	int u = atomic_load(&r->users);
+
+	do {
+		if (u == 0 || atomic_load(&r->revoked))
+			return false;
+	} while (!atomic_compare_exchange_weak(&r->users, &u, u + 1));
+	return true;
+}
+
+void
+region_unuse(struct region *r)
+{
+	if (atomic_fetch_sub(&r->users, 1) == 1 && r->ops != NULL)
+		r->ops->close(r);
+}
+
+void
+region_revoke(struct region *r)
+{
+	if (!atomic_exchange(&r->revoked, true))
+		region_unuse(r);
+}
+
+const struct mem_ops *
+mem_ops_for(Gpx__MemKind kind)
+{
+	switch (kind) {
+	case GPX__MEM_KIND__MEM_HOST:
+		return &mem_host_ops;
+	case GPX__MEM_KIND__MEM_CUDA_IPC:
+		return gpu_count() > 0 ? &mem_cuda_ipc_ops : NULL;
+	case GPX__MEM_KIND__MEM_CUDA_VMM:
+		return gpu_count() > 0 ? &mem_cuda_vmm_ops : NULL;
+	default:
+		return NULL;
+	}
+}

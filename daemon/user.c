@@ -1,0 +1,28 @@
+/*
+ * Per-uid accounting.  Limits in gpx are per user, not per connection, so that opening more
+ * connections buys a tenant nothing.  Entries are kept for the daemon's lifetime: a node has few
+ * uids, and copy workers may still hold a pointer to one after its last connection closed.
+ * Loop thread only, except the inflight counter, which copy workers decrement.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+
+#include "gpxd.h"
+
+static TAILQ_HEAD(, user) users = TAILQ_HEAD_INITIALIZER(users);
+
+struct user *
+user_get(uid_t uid)
+{
+	struct user *u;
+
+	TAILQ_FOREACH(u, &users, entry)
+		if (u->uid == uid)
+			return u;
+	if ((u = calloc(1, sizeof(*u))) == NULL)
+		fatalx("out of memory");
+	u->uid = uid;
+	TAILQ_INSERT_TAIL(&users, u, entry);
+	return u;
+}

@@ -1,0 +1,64 @@
+/*
+ * Shared-memory layouts between gpxd and libgpxclient.
+ *
+ * The completion ring: a memfd created and sealed by the daemon (it can neither shrink nor
+ * grow), mapped by both sides.  The daemon is the only producer: it fills the record at
+ * head % entries and then publishes head with a release store.  The client is the only
+ * consumer: it reads records up to head (acquire) and publishes tail (release).  Everything the
+ * client writes (tail) is untrusted by the daemon: a tail that runs ahead of head or falls more
+ * than `entries` behind it marks the client as broken and it is disconnected.
+ *
+ * The segment table of a large vectored transfer: a sealed memfd of struct gpx_wire_seg.
+ */
+#ifndef GPX_RING_H
+#define GPX_RING_H
+
+#include <stdint.h>
+
+#define GPX_RING_MAGIC 0x67707872u /* "gpxr" */
+#define GPX_RING_VERSION 1
+
+struct gpx_ring_hdr {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t entries;      /* a power of two */
+	uint32_t entry_size;   /* sizeof(struct gpx_cqe) */
+	uint8_t pad0[48];
+	uint64_t head;         /* daemon: records published */
+	uint8_t pad1[56];
+	uint64_t tail;         /* client: records consumed */
+	uint8_t pad2[56];
+	uint64_t dropped;      /* daemon: notifications dropped because the ring was full */
+	uint8_t pad3[56];
+};
+
+/* One completion (or notification) record. */
+struct gpx_cqe {
+	uint64_t tag;
+	uint64_t bytes;        /* bytes moved */
+	int32_t status;        /* gpx.Status: 0 or a positive code */
+	uint32_t flags;        /* GPX_CQE_* */
+	uint64_t region;       /* notifications: the owner's region that was written */
+};
+
+#define GPX_CQE_NOTIFY 0x1u   /* a copy by another client into an exported region finished */
+
+struct gpx_wire_seg {
+	uint64_t src_offset;
+	uint64_t dst_offset;
+	uint64_t length;
+};
+
+static inline uint64_t
+gpx_ring_size(uint32_t entries)
+{
+	return sizeof(struct gpx_ring_hdr) + (uint64_t)entries * sizeof(struct gpx_cqe);
+}
+
+static inline struct gpx_cqe *
+gpx_ring_slot(struct gpx_ring_hdr *h, uint64_t idx)
+{
+	return (struct gpx_cqe *)(h + 1) + (idx & (h->entries - 1));
+}
+
+#endif

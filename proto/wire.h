@@ -1,0 +1,49 @@
+/*
+ * Framing shared by gpxd and libgpxclient: one protobuf-c envelope per SOCK_SEQPACKET datagram,
+ * file descriptors as SCM_RIGHTS, a hard size cap checked before anything is allocated, and a
+ * bounded arena allocator for unpacking so a message can never make the receiver allocate more
+ * than a fixed multiple of the cap.
+ */
+#ifndef GPX_WIRE_H
+#define GPX_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <protobuf-c/protobuf-c.h>
+
+#define GPX_PROTO_VERSION 1
+#define GPX_MSG_MAX (64 * 1024)        /* largest datagram either side sends or accepts */
+#define GPX_MAX_FDS 2                  /* most fds any message carries */
+#define GPX_ARENA_SIZE (16 * GPX_MSG_MAX)
+#define GPX_DEFAULT_SOCKET "/run/gpx/gpxd.sock"
+
+/* Bounded bump allocator handed to protobuf-c's unpack; free is a no-op, reset between messages. */
+struct wire_arena {
+	ProtobufCAllocator pa;
+	size_t used;
+	size_t cap;
+	int failed;
+	_Alignas(16) unsigned char buf[];
+};
+
+struct wire_arena *wire_arena_new(size_t cap);
+void wire_arena_reset(struct wire_arena *);
+
+/* Sends one datagram with up to GPX_MAX_FDS fds.  Returns 0 or -errno. */
+int wire_send(int sock, const void *buf, size_t len, const int *fds, int nfds);
+
+/* Packs msg and sends it; -EMSGSIZE if it packs larger than GPX_MSG_MAX. */
+int wire_send_msg(int sock, const ProtobufCMessage *msg, const int *fds, int nfds);
+
+/*
+ * Receives one datagram into buf (which must hold GPX_MSG_MAX bytes) and its fds (close-on-exec).
+ * Returns the length, 0 on EOF, or -errno: -EAGAIN, -EMSGSIZE for a truncated datagram,
+ * -EBADMSG for truncated or foreign control data, -E2BIG for more than maxfds fds.  On every
+ * error all received fds are closed and *nfds is 0.
+ */
+ssize_t wire_recv(int sock, void *buf, int *fds, int *nfds, int maxfds, int flags);
+
+void wire_close_fds(int *fds, int nfds);
+
+#endif
