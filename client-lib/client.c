@@ -25,7 +25,9 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 
+#include "client-lib/client.h"
 #include "client-lib/gpx.h"
 #include "proto/gpx.pb-c.h"
 #include "proto/ring.h"
@@ -209,6 +211,17 @@ async_reply(gpx_conn *c, const Gpx__Reply *r)
 	backlog_push(c, &e);
 }
 
+#define RPC_SPIN_S 50e-6
+
+static double
+now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 /* Sends m and waits for its Reply; fds of the reply (if any) land in rfds. */
 static int
 rpc(gpx_conn *c, Gpx__ClientMsg *m, const int *fds, int nfds, Gpx__Reply **out, int *rfds, int *rnfds)
@@ -218,9 +231,14 @@ rpc(gpx_conn *c, Gpx__ClientMsg *m, const int *fds, int nfds, Gpx__Reply **out, 
 	m->seq = ++c->seq ? c->seq : ++c->seq;
 	if ((err = send_msg(c, m, fds, nfds)) < 0)
 		return err;
+	double spin_until = now_s() + RPC_SPIN_S;
 	for (;;) {
 		int lfds[GPX_MAX_FDS], lnfds = 0;
-		Gpx__Reply *r = recv_one(c, true, lfds, &lnfds, &err);
+		/* Most answers come within microseconds: poll for them briefly before sleeping. */
+		bool block = now_s() >= spin_until;
+		Gpx__Reply *r = recv_one(c, block, lfds, &lnfds, &err);
+		if (r == NULL && err == 0 && !block)
+			continue;
 		if (r == NULL)
 			return err;
 		if (r->seq != m->seq) {
@@ -422,26 +440,40 @@ gpx_host_free(int fd, void *ptr, size_t len)
 		close(fd);
 }
 
-API int
-gpx_register_host(gpx_conn *c, int fd, uint64_t offset, uint64_t length, unsigned flags, gpx_region *out)
+/* Sends a filled-in Register (with its fd, if any) and returns the region id. */
+int
+client_register(gpx_conn *c, Gpx__Register *reg, int fd, gpx_region *out)
 {
 	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
-	Gpx__Register reg = GPX__REGISTER__INIT;
 	Gpx__Reply *rep;
 	int r;
 
-	reg.kind = GPX__MEM_KIND__MEM_HOST;
-	reg.offset = offset;
-	reg.length = length;
-	reg.access = (flags & GPX_REG_READONLY) ? GPX__ACCESS__ACCESS_RO : GPX__ACCESS__ACCESS_RW;
 	m.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
-	m.register_ = &reg;
-	if ((r = rpc(c, &m, &fd, 1, &rep, NULL, NULL)) < 0)
+	m.register_ = reg;
+	if ((r = rpc(c, &m, fd >= 0 ? &fd : NULL, fd >= 0, &rep, NULL, NULL)) < 0)
 		return r;
 	if (rep->body_case != GPX__REPLY__BODY_REGISTERED)
 		return set_err(c, GPX_EPROTO, "unexpected reply to Register");
 	*out = rep->registered->region;
 	return 0;
+}
+
+int
+client_error(gpx_conn *c, int code, const char *msg)
+{
+	return set_err(c, code, msg);
+}
+
+API int
+gpx_register_host(gpx_conn *c, int fd, uint64_t offset, uint64_t length, unsigned flags, gpx_region *out)
+{
+	Gpx__Register reg = GPX__REGISTER__INIT;
+
+	reg.kind = GPX__MEM_KIND__MEM_HOST;
+	reg.offset = offset;
+	reg.length = length;
+	reg.access = (flags & GPX_REG_READONLY) ? GPX__ACCESS__ACCESS_RO : GPX__ACCESS__ACCESS_RW;
+	return client_register(c, &reg, fd, out);
 }
 
 API int
@@ -735,8 +767,10 @@ gpx_wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_
 			backlog_push(c, &tmp[i]);
 		if (k > 0 || c->nback > 0) {
 			bool found = false;
+			/* A notification that happens to carry the same tag is not the one (and
+			 * counting it would spin here forever, never sleeping, never timing out). */
 			for (size_t i = 0; i < c->nback && !found; i++)
-				found = c->back[i].tag == tag;
+				found = c->back[i].tag == tag && !(c->back[i].flags & GPX_COMP_NOTIFY);
 			if (found)
 				continue;
 		}

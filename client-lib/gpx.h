@@ -93,6 +93,18 @@ int gpx_register_host(gpx_conn *c, int fd, uint64_t offset, uint64_t length, uns
     gpx_region *out);
 int gpx_deregister(gpx_conn *c, gpx_region r);
 
+/*
+ * Registers [ptr, ptr+length) of CUDA device memory (the caller's current context need not be
+ * set).  The library finds the allocation that holds ptr and picks the kind from it:
+ * cuMemCreate memory exportable as a POSIX fd becomes a `cuda-vmm` region (its fd is passed
+ * to the daemon); cudaMalloc/cuMemAlloc memory becomes a `cuda-ipc` region (a legacy IPC
+ * handle of the allocation base plus the offset), which the daemon accepts only on a node
+ * configured as one trust domain.  Anything else fails with GPX_ENOTSUP and a reason in
+ * gpx_last_error(); nothing is ever silently copied through host memory.  Without a CUDA
+ * driver it fails with GPX_ENOTSUP.
+ */
+int gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags, gpx_region *out);
+
 /* ---- sharing ---- */
 enum gpx_export_rule { GPX_EXPORT_UID = 0, GPX_EXPORT_GID = 1, GPX_EXPORT_ANY = 2 };
 struct gpx_export_opts {

@@ -121,6 +121,7 @@ do_status(int argc, char **argv)
 		J_ADD(o, "exports", J_U64(s->exports));
 		J_ADD(o, "inflight", J_U64(s->inflight));
 		J_ADD(o, "workers", J_U64(s->workers));
+		J_ADD(o, "chunk_size", J_U64(s->chunk_size));
 		J_ADD(o, "transfers", J_U64(s->transfers));
 		J_ADD(o, "bytes", J_U64(s->bytes));
 		J_ADD(o, "cuda", J_STR(s->cuda));
@@ -137,6 +138,7 @@ do_status(int argc, char **argv)
 		printf("moved:      %llu transfers, %s\n", (unsigned long long)s->transfers,
 		    human(s->bytes, b1, sizeof(b1)));
 		printf("workers:    %u host copy threads\n", s->workers);
+		printf("chunk size: %s\n", human(s->chunk_size, b1, sizeof(b1)));
 		printf("cuda:       %s\n", s->cuda);
 		printf("legacy IPC: %s\n", s->trust_legacy ? "accepted (one trust domain)" : "refused (multi-tenant)");
 	}

@@ -137,7 +137,7 @@ on_key(void *user, const char *sec, const char *key, const char *v)
 	else if (KEY("daemon", "socket_mode")) {
 		char *end;
 		unsigned long m = strtoul(v, &end, 8);
-		bad = *end != '\0' || m > 0777;
+		bad = end == v || *end != '\0' || *v == '-' || m > 0777;
 		c->socket_mode = m;
 	} else if (KEY("daemon", "socket_group"))
 		bad = set_str(&c->socket_group, v);
@@ -160,6 +160,8 @@ on_key(void *user, const char *sec, const char *key, const char *v)
 		bad = NUM(c->idle_timeout_s, 0, 86400 * 365);
 	else if (KEY("daemon", "metrics"))
 		bad = set_str(&c->metrics_listen, v);
+	else if (KEY("daemon", "metrics_allow_remote"))
+		bad = parse_bool(v, &c->metrics_allow_remote);
 	else if (KEY("cuda", "enable"))
 		bad = parse_bool(v, &c->cuda);
 	else if (KEY("cuda", "trust_legacy_ipc"))

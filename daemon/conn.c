@@ -26,6 +26,7 @@
 #include "gpxd.h"
 
 struct conn_list conns = TAILQ_HEAD_INITIALIZER(conns);
+double conn_last_input;
 static struct conn_list dead = TAILQ_HEAD_INITIALIZER(dead);
 static uint64_t next_client_id;
 static uint32_t next_epoch;
@@ -306,9 +307,12 @@ on_hello(struct conn *c, uint32_t seq, const Gpx__Hello *h, int *fds, int nfds)
 	r.welcome = &w;
 	c->state = CONN_READY;
 	if (c->cq != NULL) {
-		conn_reply(c, seq, 0, NULL, &r, &c->cq->ring_fd, 1);
-		close(c->cq->ring_fd);      /* the client has its copy; ours is the mapping */
+		/* The client gets its copy; ours is the mapping.  Taken out first: a failed
+		 * send kills the connection, which drops c->cq. */
+		int ring_fd = c->cq->ring_fd;
 		c->cq->ring_fd = -1;
+		conn_reply(c, seq, 0, NULL, &r, &ring_fd, 1);
+		close(ring_fd);
 	} else
 		conn_reply(c, seq, 0, NULL, &r, NULL, 0);
 	log_info("client %llu: %s (uid %u pid %d)", (unsigned long long)c->id,
@@ -380,11 +384,15 @@ on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int 
 {
 	const struct mem_ops *ops;
 	char err[256];
-	int want = m->kind == GPX__MEM_KIND__MEM_CUDA_IPC ? 0 : 1;
+	int want = m->kind == GPX__MEM_KIND__MEM_CUDA_IPC || m->cached_only ? 0 : 1;
 
 	if (nfds != want) {
 		snprintf(err, sizeof(err), "Register of this kind takes %d fd(s), got %d", want, nfds);
 		reply_err(c, seq, GPX__STATUS__EPROTO, err);
+		return;
+	}
+	if (m->cached_only && m->kind != GPX__MEM_KIND__MEM_CUDA_VMM) {
+		reply_err(c, seq, GPX__STATUS__EINVAL, "cached_only applies to cuda-vmm registrations");
 		return;
 	}
 	if (m->kind == GPX__MEM_KIND__MEM_CUDA_IPC && !cfg->trust_legacy_ipc) {
@@ -404,7 +412,8 @@ on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int 
 		reply_err(c, seq, GPX__STATUS__EINVAL, "length must be > 0 and offset + length must not overflow");
 		return;
 	}
-	if (m->kind == GPX__MEM_KIND__MEM_HOST && !mem_host_fd_ok(fds[0], err, sizeof(err))) {
+	if (((m->kind == GPX__MEM_KIND__MEM_HOST && !mem_host_fd_ok(fds[0], err, sizeof(err))) ||
+	    (m->kind == GPX__MEM_KIND__MEM_CUDA_VMM && !m->cached_only && !gpu_vmm_fd_ok(fds[0], err, sizeof(err))))) {
 		log_audit(c, "%s", err);
 		reply_err(c, seq, GPX__STATUS__EBADFD, err);
 		return;
@@ -441,6 +450,7 @@ on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int 
 	r->owner = c->id;
 	r->uid = c->uid;
 	r->alloc_size = m->alloc_size;
+	r->alloc_id = m->alloc_id;
 	if (m->handle.len == 64)
 		memcpy(r->handle, m->handle.data, 64);
 	if (m->device_uuid.len == 16)
@@ -455,6 +465,17 @@ on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int 
 	op->seq = seq;
 	op->r = r;
 	c->pending++;
+	if (ops->try_open != NULL && ops->try_open(r)) {
+		/* Already open on this node: answered from the cache, no driver call. */
+		reg_done(op);
+		return;
+	}
+	if (m->cached_only) {
+		op->status = -GPX__STATUS__ENOENT;
+		snprintf(op->err, sizeof(op->err), "not held by the daemon: register it with its fd");
+		reg_done(op);
+		return;
+	}
 	defer_run(reg_work, reg_done, op);
 }
 
@@ -667,10 +688,7 @@ dispatch(struct conn *c, const Gpx__ClientMsg *m, int *fds, int nfds)
 	uint32_t seq = m->seq;
 	int want = fds_for(m);
 
-	if (want >= 0 && nfds != want) {
-		reply_err(c, seq, GPX__STATUS__EPROTO, "this message takes no file descriptors");
-		return;
-	}
+	/* State first: before Hello, anything else closes the connection, fds or not. */
 	if (c->state == CONN_HELLO) {
 		if (m->body_case != GPX__CLIENT_MSG__BODY_HELLO) {
 			reply_err(c, seq, GPX__STATUS__EPROTO, "the first message must be Hello");
@@ -678,6 +696,10 @@ dispatch(struct conn *c, const Gpx__ClientMsg *m, int *fds, int nfds)
 			return;
 		}
 		on_hello(c, seq, m->hello, fds, nfds);
+		return;
+	}
+	if (want >= 0 && nfds != want) {
+		reply_err(c, seq, GPX__STATUS__EPROTO, "this message takes no file descriptors");
 		return;
 	}
 	switch (m->body_case) {
@@ -728,7 +750,7 @@ conn_input(struct conn *c)
 		ssize_t n = wire_recv(c->fd, msgbuf, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
 		if (n == -EAGAIN)
 			return;
-		c->t_last = now_s();
+		c->t_last = conn_last_input = now_s();
 		if (n == 0 || n == -ECONNRESET) {
 			conn_kill(c, "disconnected");
 			return;

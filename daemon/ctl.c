@@ -36,6 +36,7 @@ q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
 	s->exports = export_count();
 	s->inflight = engine_inflight();
 	s->workers = cfg->workers;
+	s->chunk_size = cfg->chunk_size;
 	s->cuda = (char *)gpu_status();
 	s->trust_legacy = cfg->trust_legacy_ipc;
 	s->config = cfg->path ? cfg->path : (char *)"(defaults)";
@@ -171,8 +172,10 @@ visit_job(const struct job *j, void *arg)
 static void
 q_stats(Gpx__QueryReply *q)
 {
-	q->paths = calloc(NPATHS, sizeof(*q->paths));
-	for (int p = 0; p < NPATHS; p++) {
+	int np = PATH_GPU0 + gpu_count();
+
+	q->paths = calloc(np, sizeof(*q->paths));
+	for (int p = 0; p < np; p++) {
 		Gpx__PathStats *s = malloc(sizeof(*s));
 		gpx__path_stats__init(s);
 		s->path = (char *)engine_path_name(p);

@@ -19,6 +19,7 @@
 
 struct epath {
 	TAILQ_HEAD(, equeue) active;
+	atomic_int nactive;          /* queues in `active`: a lock-free hint for spinning workers */
 	pthread_cond_t cond;
 	atomic_uint_fast64_t transfers, bytes, errors;
 };
@@ -33,12 +34,33 @@ static int cancel_status = GPX__STATUS__ECANCELED;
 static pthread_t *workers;
 static int nworkers;
 
-static const char *path_names[NPATHS] = { "host", "gpu" };
+static const char *path_names[NPATHS] = {
+	"host", "gpu0", "gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6", "gpu7",
+	"gpu8", "gpu9", "gpu10", "gpu11", "gpu12", "gpu13", "gpu14", "gpu15",
+};
 
 const char *
 engine_path_name(enum path_kind p)
 {
 	return path_names[p];
+}
+
+/* Host to host runs on memcpy workers; anything touching a GPU on the source GPU's worker,
+ * or the destination GPU's when the source is host memory. */
+enum path_kind
+engine_path_for(const struct region *src, const struct region *dst)
+{
+	if (src->dev != DEV_HOST)
+		return PATH_GPU0 + src->dev;
+	if (dst->dev != DEV_HOST)
+		return PATH_GPU0 + dst->dev;
+	return PATH_HOST;
+}
+
+bool
+engine_has_work(enum path_kind p)
+{
+	return atomic_load_explicit(&paths[p].nactive, memory_order_relaxed) > 0;
 }
 
 /* Host path: the copy itself.  Regions are mapped for as long as the job holds them. */
@@ -48,7 +70,7 @@ host_worker(void *unused)
 	struct chunk c;
 
 	(void)unused;
-	while (engine_next_chunk(PATH_HOST, &c, true)) {
+	while (engine_next_chunk(PATH_HOST, &c, true, chunk_size, UINT32_MAX)) {
 		struct job *j = c.job;
 		uint64_t left = c.bytes, off = c.off;
 		for (uint32_t s = c.seg; left > 0; s++, off = 0) {
@@ -102,6 +124,7 @@ equeue_link(struct epath *p, struct equeue *q)
 {
 	if (!q->active) {
 		q->active = true;
+		atomic_fetch_add(&p->nactive, 1);
 		TAILQ_INSERT_TAIL(&p->active, q, rr);
 		pthread_cond_signal(&p->cond);
 	}
@@ -130,7 +153,7 @@ engine_submit(struct job *j)
 }
 
 bool
-engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait)
+engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, uint32_t max_segs)
 {
 	struct epath *p = &paths[pk];
 	struct equeue *q;
@@ -149,12 +172,12 @@ engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait)
 	c->seg = j->cur_seg;
 	c->off = j->cur_off;
 	c->bytes = 0;
-	/* Gather up to chunk_size bytes, across as many segments as that takes. */
-	while (j->cur_seg < j->nseg && c->bytes < chunk_size) {
+	/* Gather up to max_bytes in at most max_segs pieces, across as many segments as that takes. */
+	for (uint32_t pieces = 0; j->cur_seg < j->nseg && c->bytes < max_bytes && pieces < max_segs; pieces++) {
 		const struct gpx_wire_seg *g = &j->segs[j->cur_seg];
 		uint64_t n = g->length - j->cur_off;
-		if (n > chunk_size - c->bytes)
-			n = chunk_size - c->bytes;
+		if (n > max_bytes - c->bytes)
+			n = max_bytes - c->bytes;
 		c->bytes += n;
 		j->cur_off += n;
 		if (j->cur_off == g->length) {
@@ -169,9 +192,10 @@ engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait)
 	else
 		TAILQ_INSERT_TAIL(&q->jobs, j, qe);     /* round-robin between a client's jobs */
 	TAILQ_REMOVE(&p->active, q, rr);
-	if (TAILQ_EMPTY(&q->jobs))
+	if (TAILQ_EMPTY(&q->jobs)) {
 		q->active = false;
-	else
+		atomic_fetch_sub(&p->nactive, 1);
+	} else
 		TAILQ_INSERT_TAIL(&p->active, q, rr);   /* ... and between clients */
 	if (!TAILQ_EMPTY(&p->active))
 		pthread_cond_signal(&p->cond);
@@ -209,6 +233,7 @@ job_finish(struct job *j)
 		atomic_fetch_add(&p->errors, 1);
 		atomic_fetch_add(&j->cq->errors, 1);
 	}
+	metrics_job_done(j, status);
 	cq_post(j->cq, j->tag, status, j->done);
 	if (status == 0 && j->dst->notify_cq != NULL && j->dst->owner != j->client)
 		cq_notify(j->dst->notify_cq, j->dst->notify_tag, 0, j->done);
@@ -243,16 +268,19 @@ engine_chunk_done(struct chunk *c, bool ok)
 static bool
 job_cancel_locked(struct job *j)
 {
-	if (j->handed_out) {
-		j->cancelled = j->cancelled || j->done < j->total;
+	/*
+	 * Every byte is already with a worker: nothing can be stopped any more, so the job ends
+	 * as it runs, complete (a cancelled status with every byte moved would say both).
+	 */
+	if (j->handed_out)
 		return false;
-	}
 	j->cancelled = true;
 	j->handed_out = true;
 	struct equeue *q = &j->cq->eq[j->path];
 	TAILQ_REMOVE(&q->jobs, j, qe);
 	if (TAILQ_EMPTY(&q->jobs) && q->active) {
 		q->active = false;
+		atomic_fetch_sub(&paths[j->path].nactive, 1);
 		TAILQ_REMOVE(&paths[j->path].active, q, rr);
 	}
 	if (j->chunks_out == 0) {

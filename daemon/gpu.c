@@ -1,20 +1,656 @@
 /*
- * GPU back end placeholder: this build has no CUDA support, so gpxd serves host memory only.
+ * The GPU back end: devices by UUID, the peer matrix, the node-wide cache of opened GPU
+ * mappings, the two CUDA memory kinds, pinning of host regions, and one copy worker per GPU.
+ *
+ * Mapping cache.  Opening a CUDA IPC handle costs ~120 us and a VMM import about as much, so
+ * each opened allocation is kept once per node, keyed by device and allocation identity (the
+ * IPC handle's bytes; the exported file's inode for VMM), never by address, which is reused
+ * after a free.  Regions hold references; the last one to go closes the mapping on a task
+ * thread.  A registration that hits the cache is answered from the loop without a driver call.
+ *
+ * Copy workers.  The worker of GPU d runs every transfer whose source (or, from host memory,
+ * destination) is on d.  It takes chunks from the engine (round-robin between clients), puts
+ * large ones on a "bulk" stream and small ones on a "quick" stream so that a 4 KiB copy never
+ * queues behind a 1 GiB one, and after each chunk has the stream write a sequence number into
+ * pinned host memory.  The worker polls those words (spinning while work is due soon, sleeping
+ * in proportion otherwise): no host callbacks, no driver lock taken per completion.
+ * Contiguous pieces go to copy engines; chunks of many small segments go to one launch of the
+ * SM copy kernel (copy-kernel.cu), with a bounded grid.
  */
 #include "config.h"
 
+#include <errno.h>
+#include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include "gpxd.h"
+#include "gpu.h"
 
-const struct mem_ops mem_cuda_ipc_ops = { .name = "cuda-ipc" };
-const struct mem_ops mem_cuda_vmm_ops = { .name = "cuda-vmm" };
+#define QUICK_MAX (1u << 20)          /* chunks up to this go to the quick stream */
+#define BULK_CHUNK (1ull << 30)       /* largest chunk a GPU worker takes */
+#define KSEG_MAX 65536                /* segments per kernel launch */
+#define PEND_MAX 16                   /* chunks in flight per GPU */
+#define KERNEL_MIN_SEGS 8
+#define KERNEL_MAX_AVG (256u << 10)
+#define IDLE_SPIN_NS 200000           /* spin this long for new work before sleeping */
+#define SPIN_NS 5000000               /* spin this long for a completion before sleeping */
 
-int gpu_init(char *why, size_t whylen) { snprintf(why, whylen, "gpxd was built without CUDA support"); return -1; }
-int gpu_count(void) { return 0; }
-const char *gpu_status(void) { return "unavailable: gpxd was built without CUDA support"; }
-void gpu_shutdown(void) { }
-void gpu_topo(Gpx__QueryReply *q) { (void)q; }
-void gpu_topo_free(Gpx__QueryReply *q) { (void)q; }
-void gpu_host_register(struct region *r) { (void)r; }
-void gpu_host_unregister(struct region *r) { (void)r; }
+enum { S_BULK, S_QUICK, NSTREAMS };
+
+struct pend {
+	struct chunk c;
+	uint64_t seq;
+	int stream;
+	int slot;
+};
+
+struct gdev {
+	int index;
+	struct gpu_info info;
+	struct gpu_link link[GPX_MAX_GPUS];
+	uint32_t access_mask;               /* devices that can reach this one's memory */
+	void *stream[NSTREAMS];
+	volatile uint64_t *done;            /* pinned: one word per stream */
+	uint64_t issued[NSTREAMS];
+	struct pend pend[NSTREAMS][PEND_MAX];
+	int npend[NSTREAMS], phead[NSTREAMS];
+	struct gpu_kseg *kstage[PEND_MAX];  /* pinned staging of kernel segment lists */
+	uint64_t kdev[PEND_MAX];            /* their device copies */
+	bool slot_busy[PEND_MAX];
+	bool kernel_ok;
+	pthread_t thread;
+};
+
+static struct gdev gpus[GPX_MAX_GPUS];
+static int ngpus;
+static char status_text[256] = "not initialised";
+static volatile bool gpu_quit;
+
+int
+gpu_count(void)
+{
+	return ngpus;
+}
+
+const char *
+gpu_status(void)
+{
+	return status_text;
+}
+
+static int
+gpu_by_uuid(const uint8_t uuid[16])
+{
+	for (int i = 0; i < ngpus; i++)
+		if (memcmp(gpus[i].info.uuid, uuid, 16) == 0)
+			return i;
+	return -1;
+}
+
+static void
+uuid_str(const uint8_t u[16], char *buf, size_t len)
+{
+	snprintf(buf, len, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+	    u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
+/* ---- the mapping cache ---- */
+
+struct gmap {
+	TAILQ_ENTRY(gmap) entry;
+	int refs;
+	Gpx__MemKind kind;
+	int dev;
+	uint8_t key[64];
+	uint64_t base;
+	uint64_t size;
+	uint64_t vmm_handle;
+};
+
+static pthread_mutex_t gmap_lock = PTHREAD_MUTEX_INITIALIZER;
+static TAILQ_HEAD(, gmap) gmaps = TAILQ_HEAD_INITIALIZER(gmaps);
+static atomic_uint_fast64_t gmap_opens, gmap_hits;
+
+static struct gmap *
+gmap_find(Gpx__MemKind kind, int dev, const uint8_t key[64])
+{
+	struct gmap *m;
+
+	TAILQ_FOREACH(m, &gmaps, entry)
+		if (m->kind == kind && m->dev == dev && memcmp(m->key, key, 64) == 0)
+			return m;
+	return NULL;
+}
+
+static void
+gmap_close_work(void *arg)
+{
+	struct gmap *m = arg;
+
+	if (m->kind == GPX__MEM_KIND__MEM_CUDA_IPC)
+		cuda_ipc_close(m->dev, m->base);
+	else
+		cuda_vmm_release(m->base, m->size, m->vmm_handle);
+	log_debug("gpu", "closed %s mapping of %llu bytes on GPU%d",
+	    m->kind == GPX__MEM_KIND__MEM_CUDA_IPC ? "cuda-ipc" : "cuda-vmm",
+	    (unsigned long long)m->size, m->dev);
+	free(m);
+}
+
+static void
+gmap_noop(void *arg)
+{
+	(void)arg;
+}
+
+/* Drops a region's reference; the last one closes the mapping off the calling thread. */
+static void
+gmap_unref(struct gmap *m)
+{
+	pthread_mutex_lock(&gmap_lock);
+	bool last = --m->refs == 0;
+	if (last)
+		TAILQ_REMOVE(&gmaps, m, entry);
+	pthread_mutex_unlock(&gmap_lock);
+	if (last)
+		defer_run(gmap_close_work, gmap_noop, m);
+}
+
+/* Binds r to m after checking the requested window against the allocation. */
+static int
+region_bind(struct region *r, struct gmap *m, char *err, size_t errlen)
+{
+	if (r->offset > m->size || r->length > m->size - r->offset) {
+		if (err != NULL)
+			snprintf(err, errlen, "offset %llu + length %llu exceeds the %llu-byte allocation",
+			    (unsigned long long)r->offset, (unsigned long long)r->length,
+			    (unsigned long long)m->size);
+		return -GPX__STATUS__ERANGE;
+	}
+	r->priv = m;
+	r->dptr = m->base + r->offset;
+	return 0;
+}
+
+/*
+ * Key of a region's allocation.  A legacy IPC handle names its allocation node-wide (and the
+ * node is one trust domain when they are accepted at all).  A VMM export is an anonymous open
+ * of /dev/nvidiactl that names nothing, so a VMM mapping is shared only within the connection
+ * that opened it, keyed by the driver's buffer id the client gives: a client that lies about
+ * it can only confuse its own registrations.
+ */
+static bool
+region_key(struct region *r, uint8_t key[64])
+{
+	memset(key, 0, 64);
+	if (r->kind == GPX__MEM_KIND__MEM_CUDA_IPC) {
+		memcpy(key, r->handle, 64);
+		return true;
+	}
+	if (r->alloc_id == 0)
+		return false;
+	memcpy(key, &r->owner, sizeof(r->owner));
+	memcpy(key + 8, &r->alloc_id, sizeof(r->alloc_id));
+	memcpy(key + 16, &r->alloc_size, sizeof(r->alloc_size));
+	return true;
+}
+
+/* A VMM export is an open file of the NVIDIA control device; anything else is refused. */
+bool
+gpu_vmm_fd_ok(int fd, char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0 || !S_ISCHR(st.st_mode) || major(st.st_rdev) != 195 || minor(st.st_rdev) != 255) {
+		snprintf(err, errlen, "the passed fd is not a CUDA VMM export (an open of /dev/nvidiactl)");
+		return false;
+	}
+	return true;
+}
+
+static bool
+cuda_try_open(struct region *r)
+{
+	uint8_t key[64];
+	struct gmap *m;
+	int dev = gpu_by_uuid(r->uuid);
+
+	if (dev < 0 || !region_key(r, key))
+		return false;
+	/* Without a key the open below reports the error. */
+	pthread_mutex_lock(&gmap_lock);
+	m = gmap_find(r->kind, dev, key);
+	if (m != NULL && region_bind(r, m, NULL, 0) == 0) {
+		m->refs++;
+		r->dev = dev;
+		atomic_fetch_add(&gmap_hits, 1);
+		pthread_mutex_unlock(&gmap_lock);
+		if (r->fd >= 0) {
+			close(r->fd);
+			r->fd = -1;
+		}
+		return true;
+	}
+	pthread_mutex_unlock(&gmap_lock);
+	return false;
+}
+
+/* Task thread.  The lock is held across the driver call so one allocation is opened once. */
+static int
+cuda_open(struct region *r, char *err, size_t errlen)
+{
+	uint8_t key[64];
+	struct gmap *m;
+	int dev = gpu_by_uuid(r->uuid), e;
+
+	if (dev < 0) {
+		snprintf(err, errlen, "no GPU with that UUID on this node");
+		return -GPX__STATUS__EINVAL;
+	}
+	if (!region_key(r, key)) {
+		snprintf(err, errlen, "cannot identify the allocation");
+		return -GPX__STATUS__EBADFD;
+	}
+	r->dev = dev;
+	pthread_mutex_lock(&gmap_lock);
+	if ((m = gmap_find(r->kind, dev, key)) != NULL) {
+		if ((e = region_bind(r, m, err, errlen)) == 0)
+			m->refs++;
+		pthread_mutex_unlock(&gmap_lock);
+		goto out;
+	}
+	if ((m = calloc(1, sizeof(*m))) == NULL) {
+		pthread_mutex_unlock(&gmap_lock);
+		snprintf(err, errlen, "out of memory");
+		e = -GPX__STATUS__ENOMEM;
+		goto out;
+	}
+	m->kind = r->kind;
+	m->dev = dev;
+	memcpy(m->key, key, 64);
+	if (r->kind == GPX__MEM_KIND__MEM_CUDA_IPC) {
+		uint64_t base;
+		if ((e = cuda_ipc_open(dev, r->handle, &m->base)) < 0)
+			snprintf(err, errlen, "the driver refused the IPC handle (forged, stale, or of another device)");
+		else if ((e = cuda_addr_range(m->base, &base, &m->size)) < 0)
+			snprintf(err, errlen, "cannot size the allocation");
+	} else {
+		m->size = r->alloc_size;
+		e = cuda_vmm_import(dev, r->fd, r->alloc_size, gpus[dev].access_mask, &m->base, &m->vmm_handle);
+		if (e < 0)
+			snprintf(err, errlen, "the driver refused the VMM handle or its size (%llu bytes)",
+			    (unsigned long long)r->alloc_size);
+	}
+	if (e == 0 && (e = region_bind(r, m, err, errlen)) < 0) {
+		if (r->kind == GPX__MEM_KIND__MEM_CUDA_IPC)
+			cuda_ipc_close(dev, m->base);
+		else
+			cuda_vmm_release(m->base, m->size, m->vmm_handle);
+	}
+	if (e < 0) {
+		free(m);
+	} else {
+		m->refs = 1;
+		TAILQ_INSERT_TAIL(&gmaps, m, entry);
+		atomic_fetch_add(&gmap_opens, 1);
+	}
+	pthread_mutex_unlock(&gmap_lock);
+out:
+	if (r->fd >= 0) {
+		close(r->fd);
+		r->fd = -1;
+	}
+	return e;
+}
+
+static void
+cuda_close(struct region *r)
+{
+	if (r->priv != NULL)
+		gmap_unref(r->priv);
+	r->priv = NULL;
+}
+
+const struct mem_ops mem_cuda_ipc_ops = {
+	.name = "cuda-ipc", .open = cuda_open, .close = cuda_close, .try_open = cuda_try_open,
+};
+const struct mem_ops mem_cuda_vmm_ops = {
+	.name = "cuda-vmm", .open = cuda_open, .close = cuda_close, .try_open = cuda_try_open,
+};
+
+/* Host regions are pinned for DMA when a GPU is present; failure only costs speed. */
+void
+gpu_host_register(struct region *r)
+{
+	if (cuda_use(0) == 0 && cuda_host_register(r->map, r->map_len, r->read_only) == 0)
+		r->priv = r;          /* marks the mapping as pinned */
+	else
+		log_warnx("could not pin a %llu-byte host region (memlock limit?): host<->GPU copies "
+		    "of it run from pageable memory", (unsigned long long)r->map_len);
+}
+
+void
+gpu_host_unregister(struct region *r)
+{
+	cuda_use(0);
+	cuda_host_unregister(r->map);
+	r->priv = NULL;
+}
+
+uint64_t
+gpu_cache_stats(uint64_t *hits)
+{
+	*hits = atomic_load(&gmap_hits);
+	return atomic_load(&gmap_opens);
+}
+
+/* ---- copy workers ---- */
+
+static uint64_t
+addr_of(const struct region *r)
+{
+	return r->dev == DEV_HOST ? (uint64_t)(uintptr_t)r->host : r->dptr;
+}
+
+/* The kernel can reach GPU memory and pinned (mapped) host memory. */
+static bool
+kernel_reach(const struct region *r)
+{
+	return r->dev != DEV_HOST || r->priv != NULL;
+}
+
+static int
+free_slot(struct gdev *g)
+{
+	for (int i = 0; i < PEND_MAX; i++)
+		if (!g->slot_busy[i])
+			return i;
+	return -1;
+}
+
+static int
+issue(struct gdev *g, struct chunk *c)
+{
+	struct job *j = c->job;
+	uint64_t src = addr_of(j->src), dst = addr_of(j->dst);
+	uint64_t left = c->bytes, off = c->off;
+	uint32_t pieces = 0;
+	int s = c->bytes <= QUICK_MAX ? S_QUICK : S_BULK;
+	int slot = free_slot(g), r = 0;
+
+	for (uint64_t l = c->bytes, o = c->off, i = c->seg; l > 0; i++, o = 0) {
+		uint64_t n = j->segs[i].length - o < l ? j->segs[i].length - o : l;
+		l -= n;
+		pieces++;
+	}
+	bool kernel = g->kernel_ok && cfg->sm_copy && pieces >= KERNEL_MIN_SEGS &&
+	    c->bytes / pieces <= KERNEL_MAX_AVG && kernel_reach(j->src) && kernel_reach(j->dst);
+	if (kernel) {
+		struct gpu_kseg *k = g->kstage[slot];
+		uint32_t n = 0;
+		for (uint32_t i = c->seg; left > 0; i++, off = 0) {
+			const struct gpx_wire_seg *w = &j->segs[i];
+			uint64_t len = w->length - off < left ? w->length - off : left;
+			k[n].src = src + w->src_offset + off;
+			k[n].dst = dst + w->dst_offset + off;
+			k[n].len = len;
+			n++;
+			left -= len;
+		}
+		r = cuda_htod(g->stream[s], g->kdev[slot], k, n * sizeof(*k));
+		if (r == 0)
+			r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], n, cfg->sm_copy_blocks);
+	} else {
+		for (uint32_t i = c->seg; left > 0 && r == 0; i++, off = 0) {
+			const struct gpx_wire_seg *w = &j->segs[i];
+			uint64_t len = w->length - off < left ? w->length - off : left;
+			if (len > 0)
+				r = cuda_copy(g->stream[s], dst + w->dst_offset + off, src + w->src_offset + off, len);
+			left -= len;
+		}
+	}
+	if (r == 0)
+		r = cuda_signal(g->stream[s], (uint64_t)(uintptr_t)&g->done[s], g->issued[s] + 1);
+	if (r < 0) {
+		/* Nothing queued for this chunk can be trusted: wait for the stream, then fail it. */
+		cuda_stream_sync(g->stream[s]);
+		engine_chunk_done(c, false);
+		return r;
+	}
+	int at = (g->phead[s] + g->npend[s]) % PEND_MAX;
+	g->pend[s][at] = (struct pend){ .c = *c, .seq = ++g->issued[s], .stream = s, .slot = slot };
+	g->npend[s]++;
+	g->slot_busy[slot] = true;
+	return 0;
+}
+
+static int
+reap(struct gdev *g)
+{
+	int n = 0;
+
+	for (int s = 0; s < NSTREAMS; s++) {
+		uint64_t done = __atomic_load_n(&g->done[s], __ATOMIC_ACQUIRE);
+		while (g->npend[s] > 0 && g->pend[s][g->phead[s]].seq <= done) {
+			struct pend *p = &g->pend[s][g->phead[s]];
+			g->slot_busy[p->slot] = false;
+			g->phead[s] = (g->phead[s] + 1) % PEND_MAX;
+			g->npend[s]--;
+			engine_chunk_done(&p->c, true);
+			n++;
+		}
+	}
+	return n;
+}
+
+static inline void
+cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+static uint64_t
+mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+static void *
+gpu_worker(void *arg)
+{
+	struct gdev *g = arg;
+	enum path_kind path = PATH_GPU0 + g->index;
+	uint64_t idle_since = mono_ns(), stuck_since = 0;
+
+	cuda_use(g->index);
+	prctl(PR_SET_TIMERSLACK, 1000UL);   /* sleeps of 20 us must not become 70 */
+	while (!gpu_quit) {
+		int progress = reap(g);
+		int pending = g->npend[S_BULK] + g->npend[S_QUICK];
+		struct chunk c;
+
+		while (pending < PEND_MAX && g->npend[S_BULK] < PEND_MAX / 2 &&
+		    (engine_has_work(path) || (pending == 0 && mono_ns() - idle_since > IDLE_SPIN_NS))) {
+			/* Block only when idle for a while: the spin keeps small-copy latency low. */
+			bool wait = pending == 0 && !engine_has_work(path);
+			if (!engine_next_chunk(path, &c, wait, BULK_CHUNK, KSEG_MAX))
+				break;
+			issue(g, &c);
+			pending = g->npend[S_BULK] + g->npend[S_QUICK];
+			progress++;
+			idle_since = mono_ns();
+		}
+		if (progress) {
+			stuck_since = 0;
+			continue;
+		}
+		if (pending == 0) {
+			sched_yield();
+			continue;
+		}
+		/* Work is on the GPU: spin (a completion is seen within ~100 ns), and only after a
+		 * few milliseconds without progress fall back to short sleeps. */
+		uint64_t now = mono_ns();
+		if (stuck_since == 0)
+			stuck_since = now;
+		if (now - stuck_since > SPIN_NS) {
+			struct timespec ts = { 0, 20000 };
+			nanosleep(&ts, NULL);
+		} else
+			cpu_relax();
+		if (now - stuck_since > 1000000000ull) {
+			for (int s = 0; s < NSTREAMS; s++)
+				cuda_stream_busy(g->stream[s]);   /* exits the daemon on a sticky error */
+			stuck_since = now;
+		}
+	}
+	return NULL;
+}
+
+/* ---- setup ---- */
+
+static int
+gdev_start(struct gdev *g)
+{
+	void *words;
+
+	if (cuda_use(g->index) < 0 || cuda_host_alloc(&words, 64 * NSTREAMS) < 0)
+		return -1;
+	memset(words, 0, 64 * NSTREAMS);
+	g->done = words;
+	for (int s = 0; s < NSTREAMS; s++)
+		if (cuda_stream_new(&g->stream[s]) < 0)
+			return -1;
+	g->kernel_ok = cuda_load_kernel(g->index) == 0;
+	for (int i = 0; g->kernel_ok && i < PEND_MAX; i++) {
+		void *h;
+		if (cuda_host_alloc(&h, KSEG_MAX * sizeof(struct gpu_kseg)) < 0 ||
+		    cuda_alloc(&g->kdev[i], KSEG_MAX * sizeof(struct gpu_kseg)) < 0) {
+			g->kernel_ok = false;
+			break;
+		}
+		g->kstage[i] = h;
+	}
+	if (!g->kernel_ok)
+		log_warnx("GPU%d: SM copy kernel unavailable; vectored copies use copy engines", g->index);
+	return pthread_create(&g->thread, NULL, gpu_worker, g) == 0 ? 0 : -1;
+}
+
+int
+gpu_init(char *why, size_t whylen)
+{
+	int n = cuda_load(why, whylen);
+
+	if (n <= 0) {
+		snprintf(status_text, sizeof(status_text), "unavailable: %s", why);
+		return -1;
+	}
+	for (int i = 0; i < n; i++) {
+		gpus[i].index = i;
+		if (cuda_device_info(i, &gpus[i].info) < 0) {
+			snprintf(why, whylen, "cannot query GPU%d", i);
+			snprintf(status_text, sizeof(status_text), "unavailable: %s", why);
+			return -1;
+		}
+		gpus[i].access_mask = 1u << i;
+	}
+	for (int a = 0; a < n; a++)
+		for (int b = 0; b < n; b++)
+			if (a != b) {
+				cuda_peer(a, b, &gpus[a].link[b]);
+				if (gpus[a].link[b].access)
+					gpus[b].access_mask |= 1u << a;   /* a's copies can reach b's memory */
+			}
+	ngpus = n;
+	for (int i = 0; i < n; i++)
+		if (gdev_start(&gpus[i]) < 0) {
+			snprintf(why, whylen, "cannot start the copy worker of GPU%d", i);
+			snprintf(status_text, sizeof(status_text), "unavailable: %s", why);
+			ngpus = 0;
+			return -1;
+		}
+	int v = cuda_driver_version();
+	snprintf(status_text, sizeof(status_text), "available: %d GPU%s, driver API %d.%d", n,
+	    n == 1 ? "" : "s", v / 1000, v % 1000 / 10);
+	for (int i = 0; i < n; i++) {
+		char u[48];
+		uuid_str(gpus[i].info.uuid, u, sizeof(u));
+		log_info("GPU%d: %s %s pci %s, %d copy engines, %d SMs", i, gpus[i].info.name, u,
+		    gpus[i].info.pci, gpus[i].info.copy_engines, gpus[i].info.sms);
+	}
+	return 0;
+}
+
+void
+gpu_shutdown(void)
+{
+	gpu_quit = true;
+	for (int i = 0; i < ngpus; i++) {
+		pthread_join(gpus[i].thread, NULL);
+		for (int s = 0; s < NSTREAMS; s++)
+			cuda_stream_sync(gpus[i].stream[s]);
+	}
+}
+
+/* ---- gpxctl topo ---- */
+
+void
+gpu_topo(Gpx__QueryReply *q)
+{
+	q->devices = calloc(ngpus + 1, sizeof(*q->devices));
+	q->links = calloc(ngpus * ngpus + 1, sizeof(*q->links));
+	for (int i = 0; i < ngpus; i++) {
+		Gpx__DeviceInfo *d = malloc(sizeof(*d));
+		char *u = malloc(48);
+		gpx__device_info__init(d);
+		uuid_str(gpus[i].info.uuid, u, 48);
+		d->index = i;
+		d->uuid = u;
+		d->name = gpus[i].info.name;
+		d->pci = gpus[i].info.pci;
+		d->memory = gpus[i].info.memory;
+		d->copy_engines = gpus[i].info.copy_engines;
+		d->sms = gpus[i].info.sms;
+		q->devices[q->n_devices++] = d;
+		for (int j = 0; j < ngpus; j++) {
+			if (i == j)
+				continue;
+			Gpx__PeerLink *l = malloc(sizeof(*l));
+			gpx__peer_link__init(l);
+			l->src = i;
+			l->dst = j;
+			l->access = gpus[i].link[j].access;
+			l->rank = gpus[i].link[j].rank;
+			l->atomics = gpus[i].link[j].atomics;
+			l->path = (char *)(l->access ? "p2p" : "staged");
+			q->links[q->n_links++] = l;
+		}
+	}
+}
+
+void
+gpu_topo_free(Gpx__QueryReply *q)
+{
+	for (size_t i = 0; i < q->n_devices; i++) {
+		free(q->devices[i]->uuid);
+		free(q->devices[i]);
+	}
+	for (size_t i = 0; i < q->n_links; i++)
+		free(q->links[i]);
+	free(q->devices);
+	free(q->links);
+}

@@ -72,6 +72,7 @@ struct conf {
 	double idle_timeout_s;       /* a connection that sends nothing for this long is closed */
 	char *log_level;
 	char *metrics_listen;        /* "127.0.0.1:9464", NULL = off */
+	bool metrics_allow_remote;   /* serve metrics on a non-loopback address too */
 	char *path;                  /* the file it came from, or NULL */
 };
 void conf_defaults(struct conf *);
@@ -82,6 +83,7 @@ extern struct conf *cfg;
 /* ---- sdn.c: everything that talks to systemd (stubbed when built without libsystemd) ---- */
 int sdn_listen_fd(void);            /* the activated socket, or -1 */
 bool sdn_journal_wanted(void);
+bool sdn_supervised(void);          /* systemd started us: never detach */
 void sdn_journal(int level, const char *msg);
 void sdn_ready(const char *status);
 void sdn_status(const char *status);
@@ -116,6 +118,8 @@ struct mem_ops {
 	const char *name;            /* "host", "cuda-ipc", "cuda-vmm" */
 	/* Runs on a task thread: opens and maps what the request describes into r. */
 	int (*open)(struct region *r, char *err, size_t errlen);
+	/* Optional, loop thread: opens r from a cache without blocking; false if not cached. */
+	bool (*try_open)(struct region *r);
 	/* Undoes open; runs on whichever thread drops the last user. */
 	void (*close)(struct region *r);
 };
@@ -143,6 +147,7 @@ struct region {
 	uint8_t handle[64];
 	uint8_t uuid[16];
 	uint64_t alloc_size;
+	uint64_t alloc_id;
 	/* owner notification, set by export: a ref on the owner's completion queue */
 	struct cq *notify_cq;
 	uint64_t notify_tag;
@@ -171,7 +176,9 @@ void region_unuse(struct region *);
 void region_revoke(struct region *);
 
 /* ---- engine.c: scheduling state kept in each client's completion queue ---- */
-enum path_kind { PATH_HOST, PATH_GPU, NPATHS };
+#define GPX_MAX_GPUS 16
+/* A path is where a copy executes: host memcpy workers, or the copy worker of one GPU. */
+enum path_kind { PATH_HOST = 0, PATH_GPU0 = 1, NPATHS = PATH_GPU0 + GPX_MAX_GPUS };
 struct equeue {
 	TAILQ_ENTRY(equeue) rr;      /* in its path's round-robin list while it has work */
 	TAILQ_HEAD(, job) jobs;      /* jobs with bytes not yet handed to a worker */
@@ -253,7 +260,9 @@ uint32_t engine_inflight(void);
 typedef void (*engine_visit_fn)(const struct job *, void *);
 void engine_visit(engine_visit_fn, void *);
 /* For back ends: the next chunk of the path, round-robin over clients and their jobs. */
-bool engine_next_chunk(enum path_kind, struct chunk *, bool wait);
+bool engine_next_chunk(enum path_kind, struct chunk *, bool wait, uint64_t max_bytes, uint32_t max_segs);
+bool engine_has_work(enum path_kind);
+enum path_kind engine_path_for(const struct region *src, const struct region *dst);
 void engine_chunk_done(struct chunk *, bool ok);
 void engine_free_job(struct job *);
 void engine_path_stats(enum path_kind, uint64_t *xfers, uint64_t *bytes, uint64_t *errors);
@@ -290,6 +299,7 @@ struct conn {
 };
 TAILQ_HEAD(conn_list, conn);
 extern struct conn_list conns;
+extern double conn_last_input;      /* when any client last sent something (now_s) */
 struct conn *conn_new(int fd);
 bool conn_in_group(const struct conn *, gid_t);
 void conn_input(struct conn *);
@@ -330,6 +340,13 @@ int xfer_build(struct conn *, const Gpx__Transfer *, int segfd, struct job **out
 void ctl_query(struct conn *, uint32_t seq, const Gpx__Query *);
 void ctl_admin(struct conn *, uint32_t seq, const Gpx__Admin *);
 
+/* ---- metrics.c: the Prometheus endpoint ([daemon] metrics), off by default ---- */
+/* Loop thread: starts, moves or stops the endpoint to match cfg (at start, a bad address is fatal). */
+int metrics_start(struct event_base *);
+void metrics_stop(void);
+/* Any thread: one finished transfer, reported before its completion is posted. */
+void metrics_job_done(const struct job *, int status);
+
 /* ---- levent.c: the event loop, listening socket, signals, timers ---- */
 struct event_base *levent_base(void);
 int levent_run(const char *socket_override);
@@ -347,6 +364,8 @@ const char *gpu_status(void);
 void gpu_topo(Gpx__QueryReply *);
 void gpu_topo_free(Gpx__QueryReply *);
 void gpu_host_register(struct region *);     /* pins a host mapping for DMA, best effort */
+uint64_t gpu_cache_stats(uint64_t *hits);
+bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen);  /* cheap type check before any driver call */     /* driver opens, and registrations served cached */
 void gpu_host_unregister(struct region *);
 void gpu_shutdown(void);
 

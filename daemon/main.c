@@ -69,7 +69,7 @@ main(int argc, char **argv)
 	}
 	if (!debug && log_set_level(cfg->log_level) < 0)
 		fatalx("log_level '%s': use error, warning, info or debug", cfg->log_level);
-	if (!foreground && !sdn_journal_wanted() && daemon(0, 1) < 0)
+	if (!foreground && !sdn_supervised() && !sdn_journal_wanted() && daemon(0, 1) < 0)
 		fatal("daemon");
 	int r = levent_run(sock);
 	conf_free(cfg);

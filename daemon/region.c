@@ -59,8 +59,19 @@ region_use(struct region *r)
 void
 region_unuse(struct region *r)
 {
-	if (atomic_fetch_sub(&r->users, 1) == 1 && r->ops != NULL)
+	if (atomic_fetch_sub(&r->users, 1) != 1)
+		return;
+	if (r->ops != NULL)
 		r->ops->close(r);
+	/*
+	 * No job holds the region any more and none can take it (it is revoked), so no copy
+	 * worker reads notify_cq again: the owner's queue (and its eventfd) goes now, not when
+	 * the last importer lets go of its handle.
+	 */
+	if (r->notify_cq != NULL) {
+		cq_unref(r->notify_cq);
+		r->notify_cq = NULL;
+	}
 }
 
 void

@@ -5,13 +5,26 @@
  */
 #include "config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "gpxd.h"
+
+/* Started by systemd (or systemd-socket-activate): then gpxd must not fork away. */
+bool
+sdn_supervised(void)
+{
+	const char *pid = getenv("LISTEN_PID");
+
+	if (getenv("NOTIFY_SOCKET") != NULL)
+		return true;
+	return pid != NULL && strtoul(pid, NULL, 10) == (unsigned long)getpid();
+}
 
 #ifdef HAVE_LIBSYSTEMD
 #include <syslog.h>
@@ -35,11 +48,21 @@ sdn_listen_fd(void)
 	return SD_LISTEN_FDS_START;
 }
 
+/*
+ * JOURNAL_STREAM is "DEV:INODE" of the journal stream systemd connected our stderr to.  It is
+ * inherited by everything started from a service, so it counts only while stderr really is
+ * that stream (as sd_journal_stream_fd(3) and systemd.exec(5) advise).
+ */
 bool
 sdn_journal_wanted(void)
 {
-	/* JOURNAL_STREAM names the journal stream our stderr is connected to. */
-	return getenv("JOURNAL_STREAM") != NULL;
+	const char *e = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+
+	if (e == NULL || sscanf(e, "%llu:%llu", &dev, &ino) != 2 || fstat(STDERR_FILENO, &st) < 0)
+		return false;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
 }
 
 void

@@ -159,7 +159,7 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 	j->tag = t->tag;
 	j->flags = t->flags;
 	j->client = c->id;
-	j->path = sh->r->dev == DEV_HOST && dh->r->dev == DEV_HOST ? PATH_HOST : PATH_GPU;
+	j->path = engine_path_for(sh->r, dh->r);
 	j->t_submit = now_s();
 	*out = j;
 	return 0;

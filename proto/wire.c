@@ -153,6 +153,11 @@ wire_recv(int sock, void *buf, int *fds, int *nfds, int maxfds, int flags)
 		wire_close_fds(got, ngot);
 		return -EMSGSIZE;
 	}
+	if (n == 0) {
+		/* An empty datagram reads like EOF, and is handled as one: nothing it carried stays open. */
+		wire_close_fds(got, ngot);
+		return 0;
+	}
 	if ((mh.msg_flags & MSG_CTRUNC) || bad) {
 		wire_close_fds(got, ngot);
 		return -EBADMSG;

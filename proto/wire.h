@@ -38,9 +38,9 @@ int wire_send_msg(int sock, const ProtobufCMessage *msg, const int *fds, int nfd
 
 /*
  * Receives one datagram into buf (which must hold GPX_MSG_MAX bytes) and its fds (close-on-exec).
- * Returns the length, 0 on EOF, or -errno: -EAGAIN, -EMSGSIZE for a truncated datagram,
- * -EBADMSG for truncated or foreign control data, -E2BIG for more than maxfds fds.  On every
- * error all received fds are closed and *nfds is 0.
+ * Returns the length, 0 on EOF (or an empty datagram), or -errno: -EAGAIN, -EMSGSIZE for a
+ * truncated datagram, -EBADMSG for truncated or foreign control data, -E2BIG for more than
+ * maxfds fds.  On 0 and on every error all received fds are closed and *nfds is 0.
  */
 ssize_t wire_recv(int sock, void *buf, int *fds, int *nfds, int maxfds, int flags);
 

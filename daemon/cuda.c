@@ -1,0 +1,451 @@
+/*
+ * The only file of gpxd that includes cuda.h.  It loads libcuda.so.1 at run time (dlopen, then
+ * every entry point through cuGetProcAddress), so one gpxd binary serves host memory on a node
+ * without a driver, and wraps the driver calls the GPU back end (gpu.c) needs behind plain C
+ * types.  Every call goes through CU(): a failure becomes a log line naming the call and the
+ * driver's error, and a gpx status; a sticky error, after which the context can do nothing
+ * right any more, ends the daemon with a clear line so that systemd restarts it.
+ */
+#include "config.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda.h>
+
+#include "gpxd.h"
+#include "gpu.h"
+
+/* Entry points, resolved by name; the types come from this cuda.h. */
+#define CUDA_FUNCS(X) \
+	X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString) \
+	X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetUuid) \
+	X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDeviceGetPCIBusId) \
+	X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) \
+	X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute) X(cuCtxEnablePeerAccess) \
+	X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamQuery) X(cuStreamSynchronize) \
+	X(cuStreamWriteValue64) X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) \
+	X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost) \
+	X(cuMemHostRegister) X(cuMemHostUnregister) \
+	X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) \
+	X(cuMemImportFromShareableHandle) X(cuMemAddressReserve) X(cuMemAddressFree) \
+	X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemRelease) \
+	X(cuMemGetAllocationPropertiesFromHandle) X(cuMemGetAllocationGranularity) \
+	X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel) \
+	X(cuMemGetHandleForAddressRange) X(cuPointerGetAttribute) X(cuMemGetAddressRange)
+
+#define DECL(f) static __typeof__(&f) p_##f;
+CUDA_FUNCS(DECL)
+#undef DECL
+
+extern const unsigned char gpx_copy_fatbin[];
+
+static void *libcuda;
+static int ndev;
+static CUdevice devs[GPX_MAX_GPUS];
+static CUcontext ctxs[GPX_MAX_GPUS];
+static CUfunction kfn[GPX_MAX_GPUS];
+static int driver_version;
+
+static bool
+sticky(CUresult r)
+{
+	switch (r) {
+	case CUDA_ERROR_ILLEGAL_ADDRESS:
+	case CUDA_ERROR_LAUNCH_FAILED:
+	case CUDA_ERROR_HARDWARE_STACK_ERROR:
+	case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+	case CUDA_ERROR_MISALIGNED_ADDRESS:
+	case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+	case CUDA_ERROR_INVALID_PC:
+	case CUDA_ERROR_ASSERT:
+	case CUDA_ERROR_ECC_UNCORRECTABLE:
+	case CUDA_ERROR_UNKNOWN:
+		return true;
+	default:
+		return false;
+	}
+}
+
+const char *
+cuda_errstr(int code)
+{
+	const char *name = NULL;
+
+	if (p_cuGetErrorName == NULL || p_cuGetErrorName((CUresult)code, &name) != CUDA_SUCCESS)
+		return "unknown CUDA error";
+	return name;
+}
+
+/* Logs a failed driver call; exits on a sticky error.  Returns 0 or -GPX status. */
+static int
+cu_check(CUresult r, const char *call, int line)
+{
+	const char *name = "?", *text = "?";
+
+	if (r == CUDA_SUCCESS)
+		return 0;
+	if (p_cuGetErrorName != NULL)
+		p_cuGetErrorName(r, &name);
+	if (p_cuGetErrorString != NULL)
+		p_cuGetErrorString(r, &text);
+	if (sticky(r))
+		fatalx("cuda: %s failed with sticky error %s (%s): the CUDA context is unusable, exiting "
+		    "(cuda.c:%d)", call, name, text, line);
+	log_warnx("cuda: %s failed: %s (%s)", call, name, text);
+	switch (r) {
+	case CUDA_ERROR_OUT_OF_MEMORY:
+		return -GPX__STATUS__ENOMEM;
+	case CUDA_ERROR_INVALID_VALUE:
+	case CUDA_ERROR_INVALID_HANDLE:
+	case CUDA_ERROR_NOT_FOUND:
+		return -GPX__STATUS__EINVAL;
+	case CUDA_ERROR_NOT_SUPPORTED:
+	case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED:
+		return -GPX__STATUS__ENOTSUP;
+	default:
+		return -GPX__STATUS__EIO;
+	}
+}
+#define CU(call) cu_check(p_##call, #call, __LINE__)
+
+int
+cuda_load(char *why, size_t whylen)
+{
+	CUresult (*getproc)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+	CUdriverProcAddressQueryResult st;
+
+	if ((libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) == NULL) {
+		snprintf(why, whylen, "no CUDA driver (%s)", dlerror());
+		return -1;
+	}
+	*(void **)&getproc = dlsym(libcuda, "cuGetProcAddress_v2");
+	if (getproc == NULL) {
+		snprintf(why, whylen, "the CUDA driver is too old (no cuGetProcAddress_v2)");
+		return -1;
+	}
+#define RESOLVE(f) \
+	if (getproc(#f, (void **)&p_##f, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS || \
+	    p_##f == NULL) { \
+		snprintf(why, whylen, "the CUDA driver lacks %s", #f); \
+		return -1; \
+	}
+	CUDA_FUNCS(RESOLVE)
+#undef RESOLVE
+	CUresult r = p_cuInit(0);
+	if (r != CUDA_SUCCESS) {
+		snprintf(why, whylen, "cuInit failed: %s", cuda_errstr(r));
+		return -1;
+	}
+	p_cuDriverGetVersion(&driver_version);
+	if (p_cuDeviceGetCount(&ndev) != CUDA_SUCCESS || ndev == 0) {
+		snprintf(why, whylen, "the CUDA driver sees no device");
+		ndev = 0;
+		return -1;
+	}
+	if (ndev > GPX_MAX_GPUS)
+		ndev = GPX_MAX_GPUS;
+	for (int i = 0; i < ndev; i++) {
+		if (CU(cuDeviceGet(&devs[i], i)) < 0 || CU(cuDevicePrimaryCtxRetain(&ctxs[i], devs[i])) < 0) {
+			snprintf(why, whylen, "cannot open device %d", i);
+			return -1;
+		}
+	}
+	return ndev;
+}
+
+int
+cuda_driver_version(void)
+{
+	return driver_version;
+}
+
+/* Makes dev's primary context current on the calling thread. */
+int
+cuda_use(int dev)
+{
+	return CU(cuCtxSetCurrent(ctxs[dev]));
+}
+
+int
+cuda_device_info(int dev, struct gpu_info *g)
+{
+	CUuuid u;
+	size_t mem;
+	int v;
+
+	memset(g, 0, sizeof(*g));
+	if (CU(cuDeviceGetName(g->name, sizeof(g->name), devs[dev])) < 0 ||
+	    CU(cuDeviceGetUuid(&u, devs[dev])) < 0 || CU(cuDeviceTotalMem(&mem, devs[dev])) < 0 ||
+	    CU(cuDeviceGetPCIBusId(g->pci, sizeof(g->pci), devs[dev])) < 0)
+		return -1;
+	memcpy(g->uuid, u.bytes, 16);
+	g->memory = mem;
+	if (p_cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT, devs[dev]) == CUDA_SUCCESS)
+		g->copy_engines = v;
+	if (p_cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, devs[dev]) == CUDA_SUCCESS)
+		g->sms = v;
+	if (p_cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+	    devs[dev]) == CUDA_SUCCESS)
+		g->vmm_fd = v;
+	return 0;
+}
+
+/* What the driver says about a -> b, and peer access enabled from a's context when possible. */
+int
+cuda_peer(int a, int b, struct gpu_link *l)
+{
+	int v = 0;
+
+	memset(l, 0, sizeof(*l));
+	if (CU(cuDeviceCanAccessPeer(&v, devs[a], devs[b])) < 0)
+		return -1;
+	l->access = v;
+	if (p_cuDeviceGetP2PAttribute(&v, CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK, devs[a], devs[b]) == CUDA_SUCCESS)
+		l->rank = v;
+	if (p_cuDeviceGetP2PAttribute(&v, CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED, devs[a], devs[b]) == CUDA_SUCCESS)
+		l->atomics = v;
+	if (l->access) {
+		CUresult r;
+		cuda_use(a);
+		r = p_cuCtxEnablePeerAccess(ctxs[b], 0);
+		if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+			cu_check(r, "cuCtxEnablePeerAccess", __LINE__);
+			l->access = 0;
+		}
+	}
+	return 0;
+}
+
+int
+cuda_load_kernel(int dev)
+{
+	CUmodule m;
+
+	if (cuda_use(dev) < 0 || CU(cuModuleLoadData(&m, gpx_copy_fatbin)) < 0 ||
+	    CU(cuModuleGetFunction(&kfn[dev], m, "gpx_copy_segments")) < 0)
+		return -1;
+	return 0;
+}
+
+int
+cuda_stream_new(void **s)
+{
+	return CU(cuStreamCreate((CUstream *)s, CU_STREAM_NON_BLOCKING));
+}
+
+void
+cuda_stream_free(void *s)
+{
+	CU(cuStreamDestroy((CUstream)s));
+}
+
+/* 0 when all work on s is done, 1 while it runs, negative on error. */
+int
+cuda_stream_busy(void *s)
+{
+	CUresult r = p_cuStreamQuery((CUstream)s);
+
+	if (r == CUDA_SUCCESS)
+		return 0;
+	if (r == CUDA_ERROR_NOT_READY)
+		return 1;
+	return cu_check(r, "cuStreamQuery", __LINE__);
+}
+
+int
+cuda_stream_sync(void *s)
+{
+	return CU(cuStreamSynchronize((CUstream)s));
+}
+
+int
+cuda_copy(void *s, uint64_t dst, uint64_t src, uint64_t n)
+{
+	return CU(cuMemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, (CUstream)s));
+}
+
+int
+cuda_htod(void *s, uint64_t dst, const void *src, uint64_t n)
+{
+	return CU(cuMemcpyHtoDAsync((CUdeviceptr)dst, src, n, (CUstream)s));
+}
+
+/* The stream stores val into a word of mapped host memory once everything before it is done. */
+int
+cuda_signal(void *s, uint64_t word_dev, uint64_t val)
+{
+	return CU(cuStreamWriteValue64((CUstream)s, (CUdeviceptr)word_dev, val, CU_STREAM_WRITE_VALUE_DEFAULT));
+}
+
+int
+cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t blocks)
+{
+	void *args[] = { &segs_dev, &n };
+
+	uint32_t need = (n + 15) / 16;    /* a warp per segment, 16 warps per block */
+
+	if (blocks > need)
+		blocks = need;
+	return CU(cuLaunchKernel(kfn[dev], blocks, 1, 1, 512, 1, 1, 0, (CUstream)s, args, NULL));
+}
+
+int
+cuda_alloc(uint64_t *p, size_t n)
+{
+	CUdeviceptr d;
+	int r = CU(cuMemAlloc(&d, n));
+
+	*p = d;
+	return r;
+}
+
+void
+cuda_free(uint64_t p)
+{
+	CU(cuMemFree((CUdeviceptr)p));
+}
+
+/* Pinned, mapped host memory, usable from every context (for signal words and staging). */
+int
+cuda_host_alloc(void **p, size_t n)
+{
+	return CU(cuMemHostAlloc(p, n, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+}
+
+void
+cuda_host_free(void *p)
+{
+	CU(cuMemFreeHost(p));
+}
+
+int
+cuda_host_register(void *p, size_t n, bool read_only)
+{
+	unsigned flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
+
+	if (read_only)
+		flags |= CU_MEMHOSTREGISTER_READ_ONLY;
+	return CU(cuMemHostRegister(p, n, flags));
+}
+
+void
+cuda_host_unregister(void *p)
+{
+	CU(cuMemHostUnregister(p));
+}
+
+int
+cuda_ipc_open(int dev, const uint8_t handle[64], uint64_t *dptr)
+{
+	CUipcMemHandle h;
+	CUdeviceptr d;
+	CUresult r;
+
+	memcpy(h.reserved, handle, sizeof(h.reserved));
+	if (cuda_use(dev) < 0)
+		return -GPX__STATUS__EIO;
+	r = p_cuIpcOpenMemHandle(&d, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+	if (r != CUDA_SUCCESS) {
+		/* A forged or stale handle is the client's fault, not the daemon's: no sticky exit. */
+		const char *n = cuda_errstr(r);
+		log_warnx("cuda: cuIpcOpenMemHandle refused a handle: %s", n);
+		return r == CUDA_ERROR_OUT_OF_MEMORY ? -GPX__STATUS__ENOMEM : -GPX__STATUS__EINVAL;
+	}
+	*dptr = d;
+	return 0;
+}
+
+void
+cuda_ipc_close(int dev, uint64_t dptr)
+{
+	cuda_use(dev);
+	CU(cuIpcCloseMemHandle((CUdeviceptr)dptr));
+}
+
+int
+cuda_addr_range(uint64_t dptr, uint64_t *base, uint64_t *size)
+{
+	CUdeviceptr b;
+	size_t n;
+	int r = CU(cuMemGetAddressRange(&b, &n, (CUdeviceptr)dptr));
+
+	*base = b;
+	*size = n;
+	return r;
+}
+
+/*
+ * Imports a POSIX-fd VMM handle of `size` bytes owned by device `owner`, maps it at a fresh
+ * address and grants access to every device in `access_mask`.
+ */
+int
+cuda_vmm_import(int owner, int fd, uint64_t size, uint32_t access_mask, uint64_t *va, uint64_t *handle)
+{
+	CUmemGenericAllocationHandle h;
+	CUmemAllocationProp prop;
+	CUmemAccessDesc acc[GPX_MAX_GPUS];
+	CUdeviceptr d = 0;
+	int n = 0, r;
+
+	cuda_use(owner);
+	r = p_cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+	if (r != CUDA_SUCCESS) {
+		log_warnx("cuda: cuMemImportFromShareableHandle refused the fd: %s", cuda_errstr(r));
+		return -GPX__STATUS__EBADFD;
+	}
+	memset(&prop, 0, sizeof(prop));
+	if (CU(cuMemGetAllocationPropertiesFromHandle(&prop, h)) < 0 ||
+	    prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != devs[owner]) {
+		log_warnx("cuda: the VMM handle is not memory of the device the client named");
+		p_cuMemRelease(h);
+		return -GPX__STATUS__EINVAL;
+	}
+	if ((r = CU(cuMemAddressReserve(&d, size, 0, 0, 0))) < 0) {
+		p_cuMemRelease(h);
+		return r;
+	}
+	if ((r = CU(cuMemMap(d, size, 0, h, 0))) < 0) {
+		p_cuMemAddressFree(d, size);
+		p_cuMemRelease(h);
+		return r == -GPX__STATUS__EIO ? -GPX__STATUS__EINVAL : r;
+	}
+	for (int i = 0; i < ndev; i++)
+		if (access_mask & (1u << i)) {
+			memset(&acc[n], 0, sizeof(acc[n]));
+			acc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+			acc[n].location.id = devs[i];
+			acc[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+			n++;
+		}
+	if ((r = CU(cuMemSetAccess(d, size, acc, n))) < 0) {
+		p_cuMemUnmap(d, size);
+		p_cuMemAddressFree(d, size);
+		p_cuMemRelease(h);
+		return r;
+	}
+	*va = d;
+	*handle = (uint64_t)h;
+	return 0;
+}
+
+void
+cuda_vmm_release(uint64_t va, uint64_t size, uint64_t handle)
+{
+	CU(cuMemUnmap((CUdeviceptr)va, size));
+	CU(cuMemAddressFree((CUdeviceptr)va, size));
+	CU(cuMemRelease((CUmemGenericAllocationHandle)handle));
+}
+
+/* A dma-buf fd for [dptr, dptr+len) of device memory, for RDMA registration; -1 if none. */
+int
+cuda_dmabuf(uint64_t dptr, uint64_t len)
+{
+	int fd = -1;
+
+	if (p_cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)dptr, len,
+	    CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) != CUDA_SUCCESS)
+		return -1;
+	return fd;
+}

@@ -1,0 +1,29 @@
+/*
+ * The GPU back end of a build without CUDA (configure --with-cuda=no, or no toolkit found):
+ * gpxd serves host memory only and says why.
+ */
+#include "config.h"
+
+#include <stdio.h>
+
+#include "gpxd.h"
+
+const struct mem_ops mem_cuda_ipc_ops = { .name = "cuda-ipc" };
+const struct mem_ops mem_cuda_vmm_ops = { .name = "cuda-vmm" };
+
+int
+gpu_init(char *why, size_t whylen)
+{
+	snprintf(why, whylen, "gpxd was built without CUDA support");
+	return -1;
+}
+
+int gpu_count(void) { return 0; }
+const char *gpu_status(void) { return "unavailable: gpxd was built without CUDA support"; }
+void gpu_shutdown(void) { }
+void gpu_topo(Gpx__QueryReply *q) { (void)q; }
+void gpu_topo_free(Gpx__QueryReply *q) { (void)q; }
+void gpu_host_register(struct region *r) { (void)r; }
+void gpu_host_unregister(struct region *r) { (void)r; }
+uint64_t gpu_cache_stats(uint64_t *hits) { *hits = 0; return 0; }
+bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen) { (void)fd; snprintf(err, errlen, "no GPU support"); return false; }

@@ -1,0 +1,62 @@
+/*
+ * Between gpu.c (the GPU back end: devices, mappings, copy workers) and cuda.c (the driver,
+ * behind plain C types).  Nothing here names a CUDA type.
+ */
+#ifndef GPXD_GPU_H
+#define GPXD_GPU_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct gpu_info {
+	char name[128];
+	char pci[32];
+	uint8_t uuid[16];
+	uint64_t memory;
+	int copy_engines;
+	int sms;
+	bool vmm_fd;
+};
+
+struct gpu_link {
+	bool access;
+	int rank;
+	bool atomics;
+};
+
+int cuda_load(char *why, size_t whylen);
+int cuda_driver_version(void);
+const char *cuda_errstr(int code);
+int cuda_use(int dev);
+int cuda_device_info(int dev, struct gpu_info *);
+int cuda_peer(int a, int b, struct gpu_link *);
+int cuda_load_kernel(int dev);
+int cuda_stream_new(void **s);
+void cuda_stream_free(void *s);
+int cuda_stream_busy(void *s);
+int cuda_stream_sync(void *s);
+int cuda_copy(void *s, uint64_t dst, uint64_t src, uint64_t n);
+int cuda_htod(void *s, uint64_t dst, const void *src, uint64_t n);
+int cuda_signal(void *s, uint64_t word, uint64_t val);
+int cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t blocks);
+int cuda_alloc(uint64_t *p, size_t n);
+void cuda_free(uint64_t p);
+int cuda_host_alloc(void **p, size_t n);
+void cuda_host_free(void *p);
+int cuda_host_register(void *p, size_t n, bool read_only);
+void cuda_host_unregister(void *p);
+int cuda_ipc_open(int dev, const uint8_t handle[64], uint64_t *dptr);
+void cuda_ipc_close(int dev, uint64_t dptr);
+int cuda_addr_range(uint64_t dptr, uint64_t *base, uint64_t *size);
+int cuda_vmm_import(int owner, int fd, uint64_t size, uint32_t access_mask, uint64_t *va, uint64_t *handle);
+void cuda_vmm_release(uint64_t va, uint64_t size, uint64_t handle);
+int cuda_dmabuf(uint64_t dptr, uint64_t len);
+
+/* One segment of an SM-kernel copy: absolute addresses (copy-kernel.cu has the same layout). */
+struct gpu_kseg {
+	uint64_t src;
+	uint64_t dst;
+	uint64_t len;
+};
+
+#endif

@@ -1,0 +1,483 @@
+/*
+ * gpx-bench-gpu: the GPU modes of gpx-bench.  Each prints the direct figure (the CUDA driver
+ * API called in this process: cuMemcpyAsync between UVA pointers, which is cuMemcpyPeerAsync
+ * between devices) next to the same work brokered by gpxd, measured in the same run, and
+ * their ratio.  Buffers are cuMemCreate allocations exported as POSIX fds (the `cuda-vmm` kind,
+ * accepted on every node), so direct and brokered copies touch the very same memory.
+ *
+ *   gpu-copy     contiguous copies 4 KiB .. 1 GiB, GPU0 -> GPU1 (or within GPU0 on one GPU)
+ *   gpu-bidir    GPU0 -> GPU1 and GPU1 -> GPU0 at once
+ *   gpu-latency  one 4 KiB copy, submit to completion seen by the client: p50 and p99
+ *   gpu-pages    65,536 scattered 4 KiB and 16 KiB pages in one vectored request
+ *   gpu-host     pinned host <-> GPU0, >= 64 MiB
+ *   gpu-register registering a buffer: the first time (driver import) and again (cached)
+ */
+#include "config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cuda.h>
+
+#include "tests/bench.h"
+
+static CUcontext ctx[8];
+static CUstream stream[8];
+static int ndev = -1;
+
+#define CK(x) cuda_ok((x), #x)
+
+static bool
+cuda_ok(CUresult r, const char *what)
+{
+	const char *n = "?";
+
+	if (r == CUDA_SUCCESS)
+		return true;
+	cuGetErrorName(r, &n);
+	fprintf(stderr, "gpx-bench-gpu: %s: %s\n", what, n);
+	return false;
+}
+
+static int
+cuda_setup(struct bench_ctx *b, const char *mode, int need)
+{
+	if (ndev < 0) {
+		CUdevice d;
+		ndev = 0;
+		if (cuInit(0) != CUDA_SUCCESS || cuDeviceGetCount(&ndev) != CUDA_SUCCESS)
+			ndev = 0;
+		if (ndev > 8)
+			ndev = 8;
+		for (int i = 0; i < ndev; i++)
+			if (!CK(cuDeviceGet(&d, i)) || !CK(cuDevicePrimaryCtxRetain(&ctx[i], d)) ||
+			    !CK(cuCtxSetCurrent(ctx[i])) || !CK(cuStreamCreate(&stream[i], CU_STREAM_NON_BLOCKING)))
+				ndev = 0;
+		for (int i = 0; i < ndev; i++)
+			for (int j = 0; j < ndev; j++)
+				if (i != j) {
+					cuCtxSetCurrent(ctx[i]);
+					cuCtxEnablePeerAccess(ctx[j], 0);
+				}
+	}
+	if (ndev < need) {
+		char why[96];
+		snprintf(why, sizeof(why), "needs %d GPU%s, this machine has %d", need, need > 1 ? "s" : "", ndev);
+		bench_skip(b, mode, why);
+		return BENCH_SKIP;
+	}
+	return 0;
+}
+
+/* A VMM allocation on dev, readable and writable from every device, registered with gpxd. */
+struct gbuf {
+	int dev;
+	CUdeviceptr d;
+	size_t len;
+	CUmemGenericAllocationHandle h;
+	gpx_region region;
+};
+
+static int
+gbuf_alloc(int dev, size_t len, struct gbuf *g)
+{
+	CUmemAllocationProp prop = {
+		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+		.location = { CU_MEM_LOCATION_TYPE_DEVICE, dev },
+		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+	};
+	CUmemAccessDesc acc[8];
+	size_t gran;
+
+	memset(g, 0, sizeof(*g));
+	g->dev = dev;
+	cuCtxSetCurrent(ctx[dev]);
+	if (!CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)))
+		return -1;
+	g->len = (len + gran - 1) / gran * gran;
+	for (int i = 0; i < ndev; i++)
+		acc[i] = (CUmemAccessDesc){ { CU_MEM_LOCATION_TYPE_DEVICE, i }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+	if (!CK(cuMemCreate(&g->h, g->len, &prop, 0)) || !CK(cuMemAddressReserve(&g->d, g->len, 0, 0, 0)) ||
+	    !CK(cuMemMap(g->d, g->len, 0, g->h, 0)) || !CK(cuMemSetAccess(g->d, g->len, acc, ndev)) ||
+	    !CK(cuMemsetD8(g->d, 0x5a, g->len)))
+		return -1;
+	return 0;
+}
+
+static int
+gbuf_new(struct bench_ctx *b, int dev, size_t len, struct gbuf *g)
+{
+	int r;
+
+	if (gbuf_alloc(dev, len, g) < 0)
+		return -1;
+	if ((r = gpx_register_cuda(b->conn, (void *)g->d, g->len, 0, &g->region)) < 0)
+		return bench_fail(b, r, "gpx_register_cuda");
+	return 0;
+}
+
+static void
+gbuf_free(struct bench_ctx *b, struct gbuf *g)
+{
+	gpx_deregister(b->conn, g->region);
+	cuMemUnmap(g->d, g->len);
+	cuMemAddressFree(g->d, g->len);
+	cuMemRelease(g->h);
+}
+
+/* ---- one copy, direct and brokered ---- */
+
+struct op {
+	struct bench_ctx *b;
+	int dev;                 /* whose stream runs the direct copy */
+	uint64_t dst, src, len;
+	gpx_region rdst, rsrc;
+	uint64_t dst_off, src_off;
+	uint64_t tag;
+};
+
+static int
+direct_copy(void *arg)
+{
+	struct op *o = arg;
+
+	cuCtxSetCurrent(ctx[o->dev]);
+	if (cuMemcpyAsync(o->dst, o->src, o->len, stream[o->dev]) != CUDA_SUCCESS ||
+	    cuStreamSynchronize(stream[o->dev]) != CUDA_SUCCESS)
+		return -GPX_EIO;
+	return 0;
+}
+
+/* Submits and spins on the completion queue: the lowest-latency way to use gpx. */
+static int
+gpx_copy_spin(void *arg)
+{
+	struct op *o = arg;
+	struct gpx_completion c;
+	int r = gpx_copy(o->b->conn, o->rsrc, o->src_off, o->rdst, o->dst_off, o->len, ++o->tag);
+
+	if (r < 0)
+		return r;
+	while ((r = gpx_poll(o->b->conn, &c, 1)) == 0)
+		;
+	return r < 0 ? r : c.status;
+}
+
+static void
+row(struct bench_ctx *b, const char *what, const char *metric, double direct, double gpx, bool lower, uint64_t bytes)
+{
+	struct bench_row r = { .what = what, .metric = metric, .direct = direct, .gpx = gpx,
+		.lower_is_better = lower, .bytes = bytes };
+	bench_table_row(b, &r);
+}
+
+static int
+mode_copy(struct bench_ctx *b)
+{
+	int r = cuda_setup(b, "gpu-copy", 1);
+	struct gbuf a, z;
+	uint64_t max = b->max_size < (1ull << 30) ? b->max_size : (1ull << 30);
+	char sz[32];
+
+	if (r)
+		return r;
+	int dd = ndev > 1 ? 1 : 0;
+	if (gbuf_new(b, 0, max, &a) < 0 || gbuf_new(b, dd, max, &z) < 0)
+		return -1;
+	bench_table_begin(b, "gpu-copy", dd ? "contiguous copies GPU0 -> GPU1: cuMemcpyPeerAsync vs gpx"
+	    : "contiguous copies within GPU0: cuMemcpyAsync vs gpx");
+	for (uint64_t len = 4096; len <= max; len *= (len < (1 << 20) ? 16 : 4)) {
+		struct op o = { .b = b, .dev = 0, .dst = z.d, .src = a.d, .len = len, .rdst = z.region, .rsrc = a.region };
+		struct bench_pair p;
+		if (bench_pair_measure(b, direct_copy, gpx_copy_spin, &o, &p) < 0)
+			return -1;
+		row(b, bench_size_str(len, sz, sizeof(sz)), "GB/s", len / p.direct / 1e9, len / p.gpx / 1e9, false, len);
+		bench_pair_free(&p);
+	}
+	bench_table_end(b, "one copy at a time, submit to completion; DESIGN target >= 0.97x at >= 64 MiB");
+	gbuf_free(b, &a);
+	gbuf_free(b, &z);
+	return 0;
+}
+
+struct bidir {
+	struct bench_ctx *b;
+	struct gbuf *x0, *x1, *y0, *y1;   /* x0 (GPU0) -> x1 (GPU1); y1 (GPU1) -> y0 (GPU0) */
+	uint64_t len, tag;
+};
+
+static int
+bidir_direct(void *arg)
+{
+	struct bidir *o = arg;
+
+	cuCtxSetCurrent(ctx[0]);
+	cuMemcpyAsync(o->x1->d, o->x0->d, o->len, stream[0]);
+	cuCtxSetCurrent(ctx[1]);
+	cuMemcpyAsync(o->y0->d, o->y1->d, o->len, stream[1]);
+	if (cuStreamSynchronize(stream[1]) != CUDA_SUCCESS)
+		return -GPX_EIO;
+	cuCtxSetCurrent(ctx[0]);
+	return cuStreamSynchronize(stream[0]) == CUDA_SUCCESS ? 0 : -GPX_EIO;
+}
+
+static int
+bidir_gpx(void *arg)
+{
+	struct bidir *o = arg;
+	struct gpx_completion c[2];
+	int got = 0, r;
+
+	if ((r = gpx_copy(o->b->conn, o->x0->region, 0, o->x1->region, 0, o->len, ++o->tag)) < 0 ||
+	    (r = gpx_copy(o->b->conn, o->y1->region, 0, o->y0->region, 0, o->len, ++o->tag)) < 0)
+		return r;
+	while (got < 2) {
+		if ((r = gpx_poll(o->b->conn, c + got, 2 - got)) < 0)
+			return r;
+		got += r;
+	}
+	return c[0].status ? c[0].status : c[1].status;
+}
+
+static int
+mode_bidir(struct bench_ctx *b)
+{
+	int r = cuda_setup(b, "gpu-bidir", 2);
+	struct gbuf x0, x1, y0, y1;
+	uint64_t len = b->max_size < (256ull << 20) ? b->max_size : (256ull << 20);
+	char sz[32];
+
+	if (r)
+		return r;
+	if (gbuf_new(b, 0, len, &x0) < 0 || gbuf_new(b, 1, len, &x1) < 0 ||
+	    gbuf_new(b, 0, len, &y0) < 0 || gbuf_new(b, 1, len, &y1) < 0)
+		return -1;
+	struct bidir o = { .b = b, .x0 = &x0, .x1 = &x1, .y0 = &y0, .y1 = &y1, .len = len };
+	struct bench_pair p;
+	bench_table_begin(b, "gpu-bidir", "GPU0 -> GPU1 and GPU1 -> GPU0 at once (total of both directions)");
+	if (bench_pair_measure(b, bidir_direct, bidir_gpx, &o, &p) < 0)
+		return -1;
+	row(b, bench_size_str(len, sz, sizeof(sz)), "GB/s", 2 * len / p.direct / 1e9, 2 * len / p.gpx / 1e9, false, 2 * len);
+	bench_pair_free(&p);
+	bench_table_end(b, "DESIGN target >= 0.97x direct");
+	gbuf_free(b, &x0);
+	gbuf_free(b, &x1);
+	gbuf_free(b, &y0);
+	gbuf_free(b, &y1);
+	return 0;
+}
+
+static int
+cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static int
+mode_latency(struct bench_ctx *b)
+{
+	int r = cuda_setup(b, "gpu-latency", 1);
+	struct gbuf a, z;
+	enum { N = 20000 };
+	static double dl[N], gl[N];
+
+	if (r)
+		return r;
+	int dd = ndev > 1 ? 1 : 0;
+	if (gbuf_new(b, 0, 1 << 21, &a) < 0 || gbuf_new(b, dd, 1 << 21, &z) < 0)
+		return -1;
+	struct op o = { .b = b, .dev = 0, .dst = z.d, .src = a.d, .len = 4096, .rdst = z.region, .rsrc = a.region };
+	for (int i = 0; i < 2000; i++) {
+		direct_copy(&o);
+		gpx_copy_spin(&o);
+	}
+	/* Each side in a block of its own: interleaving them would make the GPU switch between
+	 * this process's context and the daemon's for every copy, and time that instead. */
+	for (int i = 0; i < N; i++) {
+		double t0 = bench_now();
+		direct_copy(&o);
+		dl[i] = (bench_now() - t0) * 1e6;
+	}
+	for (int i = 0; i < 2000; i++)
+		gpx_copy_spin(&o);
+	for (int i = 0; i < N; i++) {
+		double t0 = bench_now();
+		if ((r = gpx_copy_spin(&o)) < 0)
+			return bench_fail(b, r, "gpx_copy");
+		gl[i] = (bench_now() - t0) * 1e6;
+	}
+	qsort(dl, N, sizeof(double), cmp_d);
+	qsort(gl, N, sizeof(double), cmp_d);
+	bench_table_begin(b, "gpu-latency", dd ? "one 4 KiB copy GPU0 -> GPU1, submit to completion seen by the client"
+	    : "one 4 KiB copy within GPU0, submit to completion seen by the client");
+	row(b, "p50", "us", dl[N / 2], gl[N / 2], true, 4096);
+	row(b, "p99", "us", dl[N * 99 / 100], gl[N * 99 / 100], true, 4096);
+	bench_table_end(b, "direct: cuMemcpyAsync + cuStreamSynchronize; gpx: gpx_copy + spinning gpx_poll; "
+	    "DESIGN target p50 <= 10 us");
+	gbuf_free(b, &a);
+	gbuf_free(b, &z);
+	return 0;
+}
+
+struct pages {
+	struct bench_ctx *b;
+	struct gbuf *src, *dst;
+	struct gpx_seg *segs;
+	size_t n;
+	uint64_t tag;
+};
+
+static int
+pages_direct(void *arg)
+{
+	struct pages *o = arg;
+
+	cuCtxSetCurrent(ctx[o->src->dev]);
+	for (size_t i = 0; i < o->n; i++)
+		if (cuMemcpyAsync(o->dst->d + o->segs[i].dst_offset, o->src->d + o->segs[i].src_offset,
+		    o->segs[i].length, stream[o->src->dev]) != CUDA_SUCCESS)
+			return -GPX_EIO;
+	return cuStreamSynchronize(stream[o->src->dev]) == CUDA_SUCCESS ? 0 : -GPX_EIO;
+}
+
+static int
+pages_gpx(void *arg)
+{
+	struct pages *o = arg;
+	struct gpx_completion c;
+	int r = gpx_copyv(o->b->conn, o->src->region, o->dst->region, o->segs, o->n, ++o->tag);
+
+	if (r < 0)
+		return r;
+	while ((r = gpx_poll(o->b->conn, &c, 1)) == 0)
+		;
+	return r < 0 ? r : c.status;
+}
+
+static int
+mode_pages(struct bench_ctx *b)
+{
+	int r = cuda_setup(b, "gpu-pages", 1);
+	const size_t n = 65536;
+	struct gbuf a, z;
+	char what[64];
+
+	if (r)
+		return r;
+	int dd = ndev > 1 ? 1 : 0;
+	if (gbuf_new(b, 0, n * 16384 * 2, &a) < 0 || gbuf_new(b, dd, n * 16384 * 2, &z) < 0)
+		return -1;
+	bench_table_begin(b, "gpu-pages", dd ? "65,536 scattered pages GPU0 -> GPU1 in one request: "
+	    "one cuMemcpyAsync per page vs one gpx_copyv" : "65,536 scattered pages within GPU0 in one request");
+	struct gpx_seg *s = malloc(n * sizeof(*s));
+	for (size_t page = 4096; page <= 16384; page *= 4) {
+		size_t slots = a.len / page;
+		for (size_t i = 0; i < n; i++) {
+			/* A stride that visits pages out of order, never the same destination twice. */
+			s[i].src_offset = (i * 7919 % slots) * page;
+			s[i].dst_offset = (i * 104729 % slots) * page;
+			s[i].length = page;
+		}
+		struct pages o = { .b = b, .src = &a, .dst = &z, .segs = s, .n = n };
+		struct bench_pair p;
+		if (bench_pair_measure(b, pages_direct, pages_gpx, &o, &p) < 0)
+			return -1;
+		snprintf(what, sizeof(what), "65536 x %zu KiB", page / 1024);
+		row(b, what, "GB/s", n * page / p.direct / 1e9, n * page / p.gpx / 1e9, false, n * page);
+		bench_pair_free(&p);
+	}
+	bench_table_end(b, "gpx runs them as SM copy kernel launches; DESIGN target >= 330 GB/s for 4 KiB pages");
+	free(s);
+	gbuf_free(b, &a);
+	gbuf_free(b, &z);
+	return 0;
+}
+
+static int
+mode_host(struct bench_ctx *b)
+{
+	int r = cuda_setup(b, "gpu-host", 1);
+	uint64_t len = b->max_size < (256ull << 20) ? b->max_size : (256ull << 20);
+	struct bench_buf h;
+	struct gbuf g;
+	char what[64], sz[32];
+
+	if (r)
+		return r;
+	if (bench_buf_new(b, len, &h) < 0 || gbuf_new(b, 0, len, &g) < 0)
+		return -1;
+	cuCtxSetCurrent(ctx[0]);
+	if (!CK(cuMemHostRegister(h.ptr, h.len, CU_MEMHOSTREGISTER_PORTABLE)))
+		return -1;
+	bench_table_begin(b, "gpu-host", "pinned host memory <-> GPU0: cuMemcpyAsync vs gpx");
+	for (int dir = 0; dir < 2; dir++)
+		for (uint64_t n = 64ull << 20; n <= len; n *= 4) {
+			struct op o = { .b = b, .dev = 0, .len = n };
+			if (dir == 0) {
+				o.src = (uint64_t)(uintptr_t)h.ptr, o.dst = g.d, o.rsrc = h.region, o.rdst = g.region;
+			} else {
+				o.src = g.d, o.dst = (uint64_t)(uintptr_t)h.ptr, o.rsrc = g.region, o.rdst = h.region;
+			}
+			struct bench_pair p;
+			if (bench_pair_measure(b, direct_copy, gpx_copy_spin, &o, &p) < 0)
+				return -1;
+			snprintf(what, sizeof(what), "%s %s", dir == 0 ? "host->GPU" : "GPU->host",
+			    bench_size_str(n, sz, sizeof(sz)));
+			row(b, what, "GB/s", n / p.direct / 1e9, n / p.gpx / 1e9, false, n);
+			bench_pair_free(&p);
+		}
+	bench_table_end(b, "the daemon pins the client's memfd at registration; DESIGN target >= 0.97x");
+	cuMemHostUnregister(h.ptr);
+	gbuf_free(b, &g);
+	bench_buf_free(b, &h);
+	return 0;
+}
+
+static int
+mode_register(struct bench_ctx *b)
+{
+	int r = cuda_setup(b, "gpu-register", 1);
+	enum { N = 200 };
+	double first[N], again[N];
+
+	if (r)
+		return r;
+	for (int i = 0; i < N; i++) {
+		struct gbuf g;
+		gpx_region r2;
+		if (gbuf_alloc(0, 2 << 20, &g) < 0)
+			return -1;
+		double t0 = bench_now();
+		if ((r = gpx_register_cuda(b->conn, (void *)g.d, g.len, 0, &g.region)) < 0)
+			return bench_fail(b, r, "gpx_register_cuda");
+		double t1 = bench_now();
+		if ((r = gpx_register_cuda(b->conn, (void *)g.d, g.len, 0, &r2)) < 0)
+			return bench_fail(b, r, "gpx_register_cuda");
+		double t2 = bench_now();
+		gpx_deregister(b->conn, r2);
+		gbuf_free(b, &g);
+		first[i] = (t1 - t0) * 1e6;
+		again[i] = (t2 - t1) * 1e6;
+	}
+	qsort(first, N, sizeof(double), cmp_d);
+	qsort(again, N, sizeof(double), cmp_d);
+	bench_table_begin(b, "gpu-register", "registering a 2 MiB VMM buffer: first time vs already held by gpxd");
+	row(b, "first (export + daemon import and map), p50", "us", NAN, first[N / 2], true, 0);
+	row(b, "again (served from the mapping cache), p50", "us", NAN, again[N / 2], true, 0);
+	row(b, "again, p99", "us", NAN, again[N * 99 / 100], true, 0);
+	bench_table_end(b, "anchor: cuIpcOpenMemHandle 120 us, VMM import+map 131 us; DESIGN target cached <= 10 us");
+	return 0;
+}
+
+static const struct bench_mode gpu_modes[] = {
+	{ "gpu-copy", "contiguous GPU copies 4 KiB..1 GiB: cuMemcpyPeerAsync vs gpx", mode_copy },
+	{ "gpu-bidir", "GPU0<->GPU1 both directions at once", mode_bidir },
+	{ "gpu-latency", "4 KiB copy latency p50/p99: direct vs gpx", mode_latency },
+	{ "gpu-pages", "65,536 scattered 4/16 KiB pages in one request", mode_pages },
+	{ "gpu-host", "pinned host <-> GPU copies >= 64 MiB", mode_host },
+	{ "gpu-register", "registration cost, first and cached", mode_register },
+};
+BENCH_MODES(gpu_modes)

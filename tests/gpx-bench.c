@@ -1,0 +1,663 @@
+/*
+ * gpx-bench: measures what brokering a copy through gpxd costs, next to the same copy done
+ * in-process, in one run on one machine.  This file holds the command line and the host-memory
+ * modes:
+ *
+ *   host   contiguous copies between two registered memfd buffers, 4 KiB to 1 GiB:
+ *          memcpy GB/s against gpx GB/s (submit to completion seen here)
+ *   small  4 KiB transfers: rate and p50/p99 latency one at a time (blocking on the eventfd,
+ *          and polling the completion ring) and pipelined; vectored requests of 1,024 and
+ *          65,536 scattered 4 KiB segments
+ *
+ * Other files add modes through BENCH_MODES (tests/bench.h); the timing, tables, buffers and
+ * the --spawn daemon live in tests/bench.c.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tests/bench.h"
+
+#define KiB (1ULL << 10)
+#define MiB (1ULL << 20)
+#define GiB (1ULL << 30)
+
+/* Keeps the compiler from treating a copy nobody reads as dead. */
+#define BARRIER() __asm__ __volatile__("" ::: "memory")
+
+/* ==== host: large contiguous copies ==== */
+
+struct host_arg {
+	struct bench_ctx *b;
+	struct bench_buf *src, *dst;
+	uint64_t len;
+};
+
+static int
+host_direct(void *p)
+{
+	struct host_arg *a = p;
+
+	memcpy(a->dst->ptr, a->src->ptr, a->len);
+	BARRIER();
+	return 0;
+}
+
+static int
+host_gpx(void *p)
+{
+	struct host_arg *a = p;
+
+	return gpx_copy_sync(a->b->conn, a->src->region, 0, a->dst->region, 0, a->len);
+}
+
+/* One brokered copy into a cleared destination, compared byte for byte with the source. */
+static int
+host_verify(struct host_arg *a)
+{
+	char s[32];
+	int r;
+
+	memset(a->dst->ptr, 0, a->len);
+	if ((r = host_gpx(a)) < 0)
+		return bench_fail(a->b, r, "gpx_copy_sync");
+	if (memcmp(a->dst->ptr, a->src->ptr, a->len) != 0) {
+		fprintf(stderr, "gpx-bench: host: a %s copy through gpxd did not arrive intact\n",
+		    bench_size_str(a->len, s, sizeof(s)));
+		return -1;
+	}
+	return 0;
+}
+
+static void
+to_gbps(const double *secs, double *out, int n, uint64_t bytes)
+{
+	for (int i = 0; i < n; i++)
+		out[i] = bytes / secs[i] / 1e9;
+}
+
+static int
+mode_host(struct bench_ctx *b)
+{
+	static const uint64_t sizes[] = { 4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1 * GiB };
+	struct bench_buf src = { .fd = -1 }, dst = { .fd = -1 };
+	uint64_t max = 0;
+	double worst = INFINITY;
+	char s[32], title[160], note[200];
+	int ret = 0, r;
+
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+		if (sizes[i] <= b->max_size)
+			max = sizes[i];
+	if (max == 0) {
+		bench_skip(b, "host", "--max-size is below 4 KiB");
+		return BENCH_SKIP;
+	}
+	if (bench_buf_new(b, max, &src) < 0 || bench_buf_new(b, max, &dst) < 0) {
+		bench_buf_free(b, &src);
+		return -1;
+	}
+	bench_fill(src.ptr, max, 1);
+	snprintf(title, sizeof(title), "contiguous copies between two registered memfd buffers of %s "
+	    "(GB/s = 10^9 B/s)", bench_size_str(max, s, sizeof(s)));
+	bench_table_begin(b, "host", title);
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && sizes[i] <= max; i++) {
+		struct host_arg a = { b, &src, &dst, sizes[i] };
+		struct bench_pair p;
+		double dr[b->runs], gr[b->runs];
+
+		if ((ret = host_verify(&a)) < 0)
+			break;
+		if ((r = bench_pair_measure(b, host_direct, host_gpx, &a, &p)) < 0) {
+			ret = bench_fail(b, r, "host copy");
+			break;
+		}
+		to_gbps(p.direct_runs, dr, b->runs, sizes[i]);
+		to_gbps(p.gpx_runs, gr, b->runs, sizes[i]);
+		struct bench_row row = {
+			.what = bench_size_str(sizes[i], s, sizeof(s)), .metric = "GB/s",
+			.direct = sizes[i] / p.direct / 1e9, .gpx = sizes[i] / p.gpx / 1e9,
+			.bytes = sizes[i], .direct_runs = dr, .gpx_runs = gr, .nruns = b->runs,
+		};
+		bench_table_row(b, &row);
+		if (sizes[i] >= 64 * MiB && row.gpx / row.direct < worst)
+			worst = row.gpx / row.direct;
+		bench_pair_free(&p);
+	}
+	if (ret == 0 && isfinite(worst))
+		snprintf(note, sizeof(note), "target gpx >= 0.90x direct at >= 64 MiB: %s (lowest %.2fx)",
+		    worst >= 0.9 ? "met" : "NOT met", worst);
+	else
+		snprintf(note, sizeof(note), "target gpx >= 0.90x direct at >= 64 MiB: not measured "
+		    "(--max-size %s)", bench_size_str(b->max_size, s, sizeof(s)));
+	bench_table_end(b, note);
+	bench_buf_free(b, &dst);
+	bench_buf_free(b, &src);
+	return ret;
+}
+
+/* ==== small: 4 KiB transfers, one at a time, pipelined, vectored ==== */
+
+#define PAGE (4 * KiB)
+#define WINDOW (16 * MiB)       /* single copies cycle through this many bytes of the buffers */
+
+struct small_arg {
+	struct bench_ctx *b;
+	struct bench_buf *src, *dst;
+	uint64_t slots;             /* 4 KiB slots in the window */
+	uint64_t next;              /* slot of the next single copy */
+	struct gpx_seg *segs;       /* vectored requests */
+	size_t nseg;
+};
+
+static int
+one_direct(void *p)
+{
+	struct small_arg *a = p;
+	uint64_t off = (a->next++ % a->slots) * PAGE;
+
+	memcpy(a->dst->ptr + off, a->src->ptr + off, PAGE);
+	BARRIER();
+	return 0;
+}
+
+static int
+one_blocking(void *p)
+{
+	struct small_arg *a = p;
+	uint64_t off = (a->next++ % a->slots) * PAGE;
+
+	return gpx_copy_sync(a->b->conn, a->src->region, off, a->dst->region, off, PAGE);
+}
+
+/* Submits, then spins on the completion ring instead of sleeping on the eventfd. */
+static int
+one_polling(void *p)
+{
+	struct small_arg *a = p;
+	uint64_t off = (a->next++ % a->slots) * PAGE;
+	struct gpx_completion c;
+	int r;
+
+	if ((r = gpx_copy(a->b->conn, a->src->region, off, a->dst->region, off, PAGE, 1)) < 0)
+		return r;
+	while ((r = gpx_poll(a->b->conn, &c, 1)) == 0)
+		;
+	if (r < 0)
+		return r;
+	return c.status;
+}
+
+static int
+vec_direct(void *p)
+{
+	struct small_arg *a = p;
+
+	for (size_t i = 0; i < a->nseg; i++)
+		memcpy(a->dst->ptr + a->segs[i].dst_offset, a->src->ptr + a->segs[i].src_offset,
+		    a->segs[i].length);
+	BARRIER();
+	return 0;
+}
+
+static int
+vec_gpx(void *p)
+{
+	struct small_arg *a = p;
+	struct gpx_completion c;
+	int r;
+
+	if ((r = gpx_copyv(a->b->conn, a->src->region, a->dst->region, a->segs, a->nseg, 2)) < 0 ||
+	    (r = gpx_wait_tag(a->b->conn, 2, &c, -1)) < 0)
+		return r;
+	return c.status;
+}
+
+/* Latency samples of one kind of operation, pooled over the runs, and its rate per run. */
+struct lat {
+	double *v;
+	size_t n, cap;
+	double *rate;
+};
+
+static int
+lat_init(struct lat *l, size_t cap, int runs)
+{
+	l->n = 0;
+	l->cap = cap;
+	l->v = malloc(cap * sizeof(double));
+	l->rate = calloc(runs, sizeof(double));
+	return l->v && l->rate ? 0 : -GPX_ENOMEM;
+}
+
+static void
+lat_free(struct lat *l)
+{
+	free(l->v);
+	free(l->rate);
+}
+
+/* Times each call of op for secs seconds or max_ops calls, whichever comes first. */
+static int
+lat_sample(bench_op op, void *arg, double secs, uint64_t max_ops, struct lat *l, int run)
+{
+	double t0 = bench_now(), t;
+	uint64_t k = 0;
+	int r;
+
+	do {
+		uint64_t a = bench_now_ns();
+		if ((r = op(arg)) < 0)
+			return r;
+		uint64_t z = bench_now_ns();
+		if (l->n < l->cap)
+			l->v[l->n++] = (z - a) * 1e-9;
+		t = bench_now();
+	} while (++k < max_ops && t - t0 < secs);
+	l->rate[run] = k / (t - t0);
+	return 0;
+}
+
+static void
+lat_rows(struct bench_ctx *b, const char *what, double direct_rate, struct lat *d, struct lat *g)
+{
+	double grate = bench_median(g->rate, b->runs);
+	struct bench_row rate = { .what = what, .metric = "transfers/s", .direct = direct_rate,
+	    .gpx = grate, .bytes = PAGE };
+	struct bench_row p50 = { .what = what, .metric = "p50 latency us", .lower_is_better = true,
+	    .direct = d ? bench_percentile(d->v, d->n, 50) * 1e6 : NAN,
+	    .gpx = bench_percentile(g->v, g->n, 50) * 1e6, .bytes = PAGE };
+	struct bench_row p99 = { .what = what, .metric = "p99 latency us", .lower_is_better = true,
+	    .direct = d ? bench_percentile(d->v, d->n, 99) * 1e6 : NAN,
+	    .gpx = bench_percentile(g->v, g->n, 99) * 1e6, .bytes = PAGE };
+
+	bench_table_row(b, &rate);
+	bench_table_row(b, &p50);
+	bench_table_row(b, &p99);
+}
+
+/*
+ * Pipelined: keeps b->depth copies outstanding for b->min_time, reaping with gpx_poll and
+ * sleeping in gpx_wait only when nothing is ready.  Each tag is a slot that remembers its
+ * submit time, so latency is submit -> completion seen here, under load.
+ */
+static int
+pipelined(struct small_arg *a, struct lat *l, int run)
+{
+	struct bench_ctx *b = a->b;
+	unsigned depth = b->depth;
+	uint64_t *t_sub = calloc(depth, sizeof(*t_sub));
+	uint32_t *free_slots = malloc(depth * sizeof(*free_slots));
+	struct gpx_completion c[64];
+	unsigned nfree = depth;
+	uint64_t done = 0;
+	double t0 = bench_now(), end = t0 + b->min_time;
+	int r = 0;
+
+	if (t_sub == NULL || free_slots == NULL) {
+		free(t_sub);
+		free(free_slots);
+		return -GPX_ENOMEM;
+	}
+	for (unsigned i = 0; i < depth; i++)
+		free_slots[i] = i;
+	while (nfree < depth || bench_now() < end) {
+		while (nfree > 0 && bench_now() < end) {
+			uint32_t slot = free_slots[nfree - 1];
+			uint64_t off = (a->next++ % a->slots) * PAGE;
+			t_sub[slot] = bench_now_ns();
+			r = gpx_copy(b->conn, a->src->region, off, a->dst->region, off, PAGE, slot);
+			if (r == -GPX_EBUSY)
+				break;
+			if (r < 0)
+				goto out;
+			nfree--;
+		}
+		int n = gpx_poll(b->conn, c, 64);
+		if (n == 0 && nfree < depth)
+			n = gpx_wait(b->conn, c, 64, 1000);
+		if (n < 0) {
+			r = n;
+			goto out;
+		}
+		uint64_t now = bench_now_ns();
+		for (int i = 0; i < n; i++) {
+			if (c[i].tag >= depth || (c[i].status < 0 && c[i].status != -GPX_EBUSY)) {
+				r = c[i].status < 0 ? c[i].status : -GPX_EPROTO;
+				goto out;
+			}
+			free_slots[nfree++] = (uint32_t)c[i].tag;
+			if (c[i].status == -GPX_EBUSY)
+				continue;       /* refused for lack of credit: the slot is simply reused */
+			if (l->n < l->cap)
+				l->v[l->n++] = (now - t_sub[c[i].tag]) * 1e-9;
+			done++;
+		}
+	}
+	l->rate[run] = done / (bench_now() - t0);
+	r = 0;
+out:
+	free(t_sub);
+	free(free_slots);
+	return r;
+}
+
+static uint64_t
+xorshift(uint64_t *s)
+{
+	*s ^= *s << 13;
+	*s ^= *s >> 7;
+	*s ^= *s << 17;
+	return *s;
+}
+
+/* A random permutation of 0..n-1 (fixed seed: the same pattern every run). */
+static void
+shuffle(uint32_t *v, size_t n, uint64_t seed)
+{
+	for (size_t i = 0; i < n; i++)
+		v[i] = i;
+	for (size_t i = n - 1; i > 0; i--) {
+		size_t j = xorshift(&seed) % (i + 1);
+		uint32_t t = v[i];
+		v[i] = v[j];
+		v[j] = t;
+	}
+}
+
+static int
+vectored(struct small_arg *a, size_t nseg)
+{
+	struct bench_ctx *b = a->b;
+	uint32_t *ps = malloc(nseg * sizeof(*ps)), *pd = malloc(nseg * sizeof(*pd));
+	struct bench_pair p;
+	char what[64];
+	int r = -1;
+
+	a->segs = malloc(nseg * sizeof(*a->segs));
+	a->nseg = nseg;
+	if (ps == NULL || pd == NULL || a->segs == NULL) {
+		bench_fail(b, -GPX_ENOMEM, "segment list");
+		goto out;
+	}
+	shuffle(ps, nseg, 0x1234567 + nseg);
+	shuffle(pd, nseg, 0x7654321 + nseg);
+	for (size_t i = 0; i < nseg; i++)
+		a->segs[i] = (struct gpx_seg){ ps[i] * PAGE, pd[i] * PAGE, PAGE };
+
+	memset(a->dst->ptr, 0, nseg * PAGE);
+	if ((r = vec_gpx(a)) < 0) {
+		r = bench_fail(b, r, "gpx_copyv");
+		goto out;
+	}
+	for (size_t i = 0; i < nseg; i++)
+		if (memcmp(a->dst->ptr + a->segs[i].dst_offset, a->src->ptr + a->segs[i].src_offset,
+		    PAGE) != 0) {
+			fprintf(stderr, "gpx-bench: small: segment %zu of a vectored copy through gpxd did "
+			    "not arrive intact\n", i);
+			r = -1;
+			goto out;
+		}
+	if ((r = bench_pair_measure(b, vec_direct, vec_gpx, a, &p)) < 0) {
+		r = bench_fail(b, r, "vectored copy");
+		goto out;
+	}
+	snprintf(what, sizeof(what), "%zu x 4 KiB scattered, one request", nseg);
+	struct bench_row rows[] = {
+		{ .what = what, .metric = "segments/s", .direct = nseg / p.direct, .gpx = nseg / p.gpx,
+		    .bytes = nseg * PAGE },
+		{ .what = what, .metric = "GB/s", .direct = nseg * PAGE / p.direct / 1e9,
+		    .gpx = nseg * PAGE / p.gpx / 1e9, .bytes = nseg * PAGE },
+		{ .what = what, .metric = "us/request", .direct = p.direct * 1e6, .gpx = p.gpx * 1e6,
+		    .lower_is_better = true, .bytes = nseg * PAGE },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+		bench_table_row(b, &rows[i]);
+	bench_pair_free(&p);
+	r = 0;
+out:
+	free(ps);
+	free(pd);
+	free(a->segs);
+	a->segs = NULL;
+	return r;
+}
+
+static int
+mode_small(struct bench_ctx *b)
+{
+	static const size_t vec_counts[] = { 1024, 65536 };
+	struct bench_buf src = { .fd = -1 }, dst = { .fd = -1 };
+	uint64_t len = b->max_size < 256 * MiB ? b->max_size & ~(PAGE - 1) : 256 * MiB;
+	struct lat ld = { 0 }, lb = { 0 }, lp = { 0 }, lq = { 0 };
+	struct bench_pair p = { 0 };
+	char what[64], s[32];
+	int ret = -1, r;
+
+	if (len < PAGE) {
+		bench_skip(b, "small", "--max-size is below 4 KiB");
+		return BENCH_SKIP;
+	}
+	if (bench_buf_new(b, len, &src) < 0 || bench_buf_new(b, len, &dst) < 0) {
+		bench_buf_free(b, &src);
+		return -1;
+	}
+	bench_fill(src.ptr, len, 2);
+	struct small_arg a = { .b = b, .src = &src, .dst = &dst,
+	    .slots = (len < WINDOW ? len : WINDOW) / PAGE };
+
+	/* One copy first, checked, before anything is timed. */
+	memset(dst.ptr, 0, PAGE);
+	if ((r = one_blocking(&a)) < 0) {
+		bench_fail(b, r, "gpx_copy_sync");
+		goto out;
+	}
+	if (memcmp(dst.ptr, src.ptr, PAGE) != 0) {
+		fprintf(stderr, "gpx-bench: small: a 4 KiB copy through gpxd did not arrive intact\n");
+		goto out;
+	}
+	snprintf(what, sizeof(what), "4 KiB transfers; buffers of %s", bench_size_str(len, s, sizeof(s)));
+	bench_table_begin(b, "small", what);
+
+	/* Rates without a clock read per call: memcpy against gpx_copy_sync. */
+	if ((r = bench_pair_measure(b, one_direct, one_blocking, &a, &p)) < 0) {
+		bench_fail(b, r, "4 KiB copies");
+		goto out_table;
+	}
+	/* Latencies: every call timed; the kinds alternate run by run. */
+	size_t cap = 1 << 20;
+	if (lat_init(&ld, cap, b->runs) < 0 || lat_init(&lb, cap, b->runs) < 0 ||
+	    lat_init(&lp, cap, b->runs) < 0 || lat_init(&lq, cap, b->runs) < 0) {
+		bench_fail(b, -GPX_ENOMEM, "latency samples");
+		goto out_table;
+	}
+	for (int run = 0; run < b->runs; run++) {
+		if ((r = lat_sample(one_direct, &a, b->min_time, 100000, &ld, run)) < 0 ||
+		    (r = lat_sample(one_blocking, &a, b->min_time, UINT64_MAX, &lb, run)) < 0 ||
+		    (r = lat_sample(one_polling, &a, b->min_time, UINT64_MAX, &lp, run)) < 0 ||
+		    (r = pipelined(&a, &lq, run)) < 0) {
+			bench_fail(b, r, "4 KiB copies");
+			goto out_table;
+		}
+	}
+	lat_rows(b, "one at a time, blocking", 1 / p.direct, &ld, &lb);
+	lat_rows(b, "one at a time, polling the ring", 1 / p.direct, &ld, &lp);
+	snprintf(what, sizeof(what), "pipelined, %u outstanding", b->depth);
+	lat_rows(b, what, 1 / p.direct, NULL, &lq);
+
+	ret = 0;
+	for (size_t i = 0; i < sizeof(vec_counts) / sizeof(vec_counts[0]); i++) {
+		if (vec_counts[i] * PAGE > len) {
+			fprintf(stderr, "gpx-bench: small: %zu segments need buffers of %s; raise --max-size\n",
+			    vec_counts[i], bench_size_str(vec_counts[i] * PAGE, s, sizeof(s)));
+			continue;
+		}
+		if ((ret = vectored(&a, vec_counts[i])) < 0)
+			break;
+	}
+out_table:
+	bench_table_end(b, "direct = memcpy of the same 4 KiB segments in this process; latencies "
+	    "include two clock reads");
+out:
+	bench_pair_free(&p);
+	lat_free(&ld);
+	lat_free(&lb);
+	lat_free(&lp);
+	lat_free(&lq);
+	bench_buf_free(b, &dst);
+	bench_buf_free(b, &src);
+	return ret;
+}
+
+static const struct bench_mode host_modes[] = {
+	{ "host", "contiguous host copies 4 KiB .. 1 GiB: memcpy vs gpx GB/s", mode_host },
+	{ "small", "4 KiB transfers: rate, p50/p99 latency, pipelined, vectored", mode_small },
+};
+BENCH_MODES(host_modes)
+
+/* ==== command line ==== */
+
+static void
+usage(FILE *f)
+{
+	fprintf(f,
+	    "usage: gpx-bench [options] [MODE...]\n"
+	    "Measures copies brokered by gpxd next to the same copies done in-process.\n"
+	    "options:\n"
+	    "  -s, --socket PATH     daemon socket (default: $GPX_SOCKET or /run/gpx/gpxd.sock)\n"
+	    "      --spawn           start a private gpxd on a temporary socket for the run\n"
+	    "                        (the binary: $GPXD, else gpxd next to gpx-bench, else PATH)\n"
+	    "      --workers N       with --spawn: host copy workers of that gpxd\n"
+	    "      --chunk-size SIZE with --spawn: its chunk size (e.g. 2M)\n"
+	    "  -j, --json            JSON output\n"
+	    "      --max-size SIZE   largest buffer and copy (default 1G)\n"
+	    "      --runs N          timed runs per figure, median reported (default 5)\n"
+	    "      --min-time MS     least duration of one timed run (default 200)\n"
+	    "      --depth N         outstanding transfers when pipelined (default 64)\n"
+	    "  -l, --list            list the modes\n"
+	    "  -h, --help            this text\n"
+	    "With no MODE, every mode runs.  Modes:\n");
+	for (size_t i = 0; i < bench_mode_count(); i++)
+		fprintf(f, "  %-10s %s\n", bench_mode_at(i)->name, bench_mode_at(i)->help);
+}
+
+static long
+num_arg(const char *opt, const char *v, long lo, long hi)
+{
+	char *end;
+	long n;
+
+	errno = 0;
+	n = strtol(v, &end, 10);
+	if (errno != 0 || *end != '\0' || end == v || n < lo || n > hi) {
+		fprintf(stderr, "gpx-bench: %s wants a number from %ld to %ld, not '%s'\n", opt, lo, hi, v);
+		exit(2);
+	}
+	return n;
+}
+
+int
+main(int argc, char **argv)
+{
+	enum { O_SPAWN = 256, O_WORKERS, O_CHUNK, O_MAX, O_RUNS, O_MINTIME, O_DEPTH };
+	static const struct option longopts[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "spawn", no_argument, NULL, O_SPAWN },
+		{ "workers", required_argument, NULL, O_WORKERS },
+		{ "chunk-size", required_argument, NULL, O_CHUNK },
+		{ "json", no_argument, NULL, 'j' },
+		{ "max-size", required_argument, NULL, O_MAX },
+		{ "runs", required_argument, NULL, O_RUNS },
+		{ "min-time", required_argument, NULL, O_MINTIME },
+		{ "depth", required_argument, NULL, O_DEPTH },
+		{ "list", no_argument, NULL, 'l' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct bench_ctx b = { .max_size = 1 * GiB, .runs = 5, .min_time = 0.2, .depth = 64 };
+	struct bench_daemon d = { .pid = 0 };
+	bool spawn = false;
+	int workers = 0, failed = 0, ch, r;
+	uint64_t chunk = 0;
+
+	while ((ch = getopt_long(argc, argv, "s:jlh", longopts, NULL)) != -1) {
+		switch (ch) {
+		case 's': b.socket = optarg; break;
+		case O_SPAWN: spawn = true; break;
+		case O_WORKERS: workers = num_arg("--workers", optarg, 1, 256); break;
+		case O_CHUNK:
+			if (bench_parse_size(optarg, &chunk) < 0 || chunk < 4096) {
+				fprintf(stderr, "gpx-bench: --chunk-size: bad size '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'j': b.json = true; break;
+		case O_MAX:
+			if (bench_parse_size(optarg, &b.max_size) < 0) {
+				fprintf(stderr, "gpx-bench: --max-size: bad size '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case O_RUNS: b.runs = num_arg("--runs", optarg, 1, 1000); break;
+		case O_MINTIME: b.min_time = num_arg("--min-time", optarg, 1, 600000) / 1e3; break;
+		case O_DEPTH: b.depth = num_arg("--depth", optarg, 1, 1 << 20); break;
+		case 'l':
+			for (size_t i = 0; i < bench_mode_count(); i++)
+				printf("%-10s %s\n", bench_mode_at(i)->name, bench_mode_at(i)->help);
+			return 0;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	for (int i = optind; i < argc; i++)
+		if (bench_mode_find(argv[i]) == NULL) {
+			fprintf(stderr, "gpx-bench: no mode '%s' (gpx-bench --list)\n", argv[i]);
+			return 2;
+		}
+	if ((workers || chunk) && !spawn) {
+		fprintf(stderr, "gpx-bench: --workers and --chunk-size configure a daemon of --spawn\n");
+		return 2;
+	}
+	if (spawn && b.socket != NULL) {
+		fprintf(stderr, "gpx-bench: --spawn and --socket exclude each other\n");
+		return 2;
+	}
+	if (spawn) {
+		if (bench_daemon_start(&d, workers, chunk) < 0)
+			return 1;
+		b.socket = d.socket;
+	} else if (b.socket == NULL && (b.socket = getenv("GPX_SOCKET")) == NULL)
+		b.socket = "/run/gpx/gpxd.sock";
+
+	if ((r = gpx_connect(b.socket, "gpx-bench", &b.conn)) < 0) {
+		fprintf(stderr, "gpx-bench: cannot connect to gpxd at %s: %s%s\n", b.socket,
+		    gpx_strerror(r), spawn ? "" : " (start one, or use --spawn)");
+		if (spawn)
+			bench_daemon_stop(&d);
+		return 1;
+	}
+	if (b.depth >= 4096 && !b.json)
+		fprintf(stderr, "gpx-bench: --depth %u may exceed the daemon's completion ring\n", b.depth);
+	bench_header(&b, spawn ? "spawned by gpx-bench" : "running");
+	for (size_t i = 0; i < bench_mode_count(); i++) {
+		const struct bench_mode *m = bench_mode_at(i);
+		bool wanted = optind == argc;
+		for (int k = optind; k < argc && !wanted; k++)
+			wanted = strcmp(argv[k], m->name) == 0;
+		if (wanted && m->fn(&b) < 0) {
+			fprintf(stderr, "gpx-bench: mode %s failed\n", m->name);
+			failed++;
+		}
+	}
+	bench_footer(&b);
+	gpx_close(b.conn);
+	if (spawn && bench_daemon_stop(&d) < 0)
+		failed++;
+	return failed ? 1 : 0;
+}

@@ -1,0 +1,79 @@
+/*
+ * The integration tests' harness: a real gpxd (the binary named by $GPXD) on a private socket in
+ * a fresh temporary directory, with a configuration file written here, started and stopped like
+ * an operator would (SIGTERM), and its open descriptors counted through /proc/PID/fd so that
+ * tests can check that everything a client brought in is gone again.  Also a few helpers that
+ * speak the wire protocol directly (proto/wire.h and the generated protobuf-c code), for input
+ * that libgpxclient would never produce.
+ */
+#ifndef GPX_TESTS_HARNESS_H
+#define GPX_TESTS_HARNESS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "proto/gpx.pb-c.h"
+#include "proto/wire.h"
+
+struct harness {
+	pid_t pid;
+	char dir[64];           /* the private temporary directory */
+	char sock[100];
+	char conf[100];
+	char log[100];          /* gpxd's stderr */
+	int baseline;           /* gpxd's open fds with no client connected */
+	int ring_entries;       /* as configured */
+};
+
+/*
+ * Writes the test configuration (plus `extra`, ini text appended verbatim, may be NULL), starts
+ * gpxd, waits until it answers on its socket and measures the baseline.  0, or -1 with a reason
+ * printed as a TAP comment.
+ */
+int harness_start(struct harness *h, const char *extra);
+/* SIGTERM, then reaps it; returns its exit status, or -1 if it died by a signal or hung. */
+int harness_stop(struct harness *h);
+/*
+ * Starts gpxd again, after harness_stop or a kill, with the same directory, socket path and
+ * configuration, and measures the baseline anew.  0 or -1.
+ */
+int harness_respawn(struct harness *h);
+/* Removes the temporary directory. */
+void harness_cleanup(struct harness *h);
+/* Prints the daemon's log as TAP comments (after a failure). */
+void harness_dump_log(const struct harness *h);
+
+/* gpxd's open descriptors now, or -1. */
+int harness_fds(const struct harness *h);
+/*
+ * Waits (up to timeout_ms) until gpxd has exactly `want` descriptors open; returns the last
+ * count.  Cleanup after a disconnect runs asynchronously in the daemon, so tests wait for the
+ * count to settle rather than sample it once; a leak shows as a count that never comes back.
+ */
+int harness_wait_fds(const struct harness *h, int want, int timeout_ms);
+
+/* ---- the wire protocol, spoken directly ---- */
+
+/* A connected SOCK_SEQPACKET socket to the daemon, or -1. */
+int harness_connect(const struct harness *h);
+/* Sends one ClientMsg with fds; 0 or -errno. */
+int harness_send(int sock, Gpx__ClientMsg *m, const int *fds, int nfds);
+/*
+ * Receives one DaemonMsg (waiting up to timeout_ms); its fds land in fds/nfds (may be NULL:
+ * then they are closed).  Returns the message, whose body is always a Reply (free it with
+ * gpx__daemon_msg__free_unpacked(m, NULL)), or NULL on EOF, error or timeout; *eof (may be
+ * NULL) tells EOF apart.
+ */
+Gpx__DaemonMsg *harness_recv(int sock, int timeout_ms, int *fds, int *nfds, bool *eof);
+/*
+ * Hello with `version`; with efd < 0 a query-only (no_ring) Hello.  Returns the answer (Welcome
+ * or refusal); the ring memfd of a Welcome lands in *ring_fd (may be NULL: then it is closed).
+ */
+Gpx__DaemonMsg *harness_hello(int sock, uint32_t version, int efd, int *ring_fd);
+/* Asks for the daemon's status on a fresh query-only connection: clients connected, or -1. */
+int harness_clients(const struct harness *h);
+/* Waits up to timeout_ms for the daemon to close the connection (recv returns 0). */
+bool harness_wait_eof(int sock, int timeout_ms);
+
+#endif
