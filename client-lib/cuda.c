@@ -9,6 +9,7 @@
 #include "config.h"
 
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -20,7 +21,7 @@
 #define API __attribute__((visibility("default")))
 
 #define FUNCS(X) \
-	X(cuGetErrorName) X(cuPointerGetAttribute) X(cuMemGetAddressRange) X(cuDeviceGet) \
+	X(cuGetErrorName) X(cuPointerGetAttributes) X(cuDeviceGet) \
 	X(cuDeviceGetUuid) X(cuIpcGetMemHandle) X(cuMemRetainAllocationHandle) \
 	X(cuMemExportToShareableHandle) X(cuMemRelease) X(cuMemGetAllocationPropertiesFromHandle)
 
@@ -68,74 +69,96 @@ cu_fail(gpx_conn *c, int code, const char *what, CUresult r)
 	return client_error(c, code, msg);
 }
 
+/* The UUID of a device ordinal, looked up once. */
+static int
+device_uuid(int ordinal, uint8_t out[16])
+{
+	static uint8_t uuids[64][16];
+	static bool known[64];
+	CUdevice dev;
+	CUuuid u;
+
+	if (ordinal < 0 || ordinal >= 64)
+		return -1;
+	if (!__atomic_load_n(&known[ordinal], __ATOMIC_ACQUIRE)) {
+		if (p_cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS || p_cuDeviceGetUuid(&u, dev) != CUDA_SUCCESS)
+			return -1;
+		memcpy(uuids[ordinal], u.bytes, 16);
+		__atomic_store_n(&known[ordinal], true, __ATOMIC_RELEASE);
+	}
+	memcpy(out, uuids[ordinal], 16);
+	return 0;
+}
+
 API int
 gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags, gpx_region *out)
 {
 	Gpx__Register reg = GPX__REGISTER__INIT;
-	CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr, base;
+	CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr, base = 0;
 	CUmemGenericAllocationHandle vh;
 	CUipcMemHandle ih;
-	CUmemorytype mt = 0;
-	CUdevice dev;
-	CUuuid uuid;
-	size_t size;
-	int ordinal = -1, fd = -1, r;
+	unsigned int mt = 0;
+	int ordinal = -1, legacy = 0, fd = -1, r;
 	unsigned long long buffer_id = 0;
+	size_t size = 0;
+	uint8_t uuid[16];
 	CUresult e;
 
 	pthread_once(&once, load);
 	if (load_error[0] != '\0')
 		return client_error(c, GPX_ENOTSUP, load_error);
-	if ((e = p_cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p)) != CUDA_SUCCESS)
+	/* Everything about the pointer in one driver call. */
+	CUpointer_attribute at[] = {
+		CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+		CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+		CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+	};
+	void *val[] = { &mt, &ordinal, &buffer_id, &legacy, &base, &size };
+	if ((e = p_cuPointerGetAttributes(6, at, val, p)) != CUDA_SUCCESS)
 		return cu_fail(c, GPX_EINVAL, "not a CUDA pointer", e);
 	if (mt != CU_MEMORYTYPE_DEVICE)
 		return client_error(c, GPX_EINVAL, "not device memory (register host memory as a memfd)");
-	if ((e = p_cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p)) != CUDA_SUCCESS ||
-	    (e = p_cuDeviceGet(&dev, ordinal)) != CUDA_SUCCESS || (e = p_cuDeviceGetUuid(&uuid, dev)) != CUDA_SUCCESS)
-		return cu_fail(c, GPX_EINVAL, "cannot tell the pointer's device", e);
-	if ((e = p_cuMemGetAddressRange(&base, &size, p)) != CUDA_SUCCESS)
-		return cu_fail(c, GPX_EINVAL, "cannot find the allocation", e);
+	if (device_uuid(ordinal, uuid) < 0)
+		return client_error(c, GPX_EINVAL, "cannot tell the pointer's device");
+	if (base == 0 || size == 0)
+		return client_error(c, GPX_EINVAL, "cannot find the allocation that holds the pointer");
 	if (length == 0 || p - base > size || length > size - (p - base))
 		return client_error(c, GPX_ERANGE, "the range leaves its allocation");
-	p_cuPointerGetAttribute(&buffer_id, CU_POINTER_ATTRIBUTE_BUFFER_ID, p);
-
 	reg.offset = p - base;
 	reg.length = length;
 	reg.access = (flags & GPX_REG_READONLY) ? GPX__ACCESS__ACCESS_RO : GPX__ACCESS__ACCESS_RW;
-	reg.device_uuid.data = (uint8_t *)uuid.bytes;
+	reg.device_uuid.data = uuid;
 	reg.device_uuid.len = 16;
 	reg.alloc_size = size;
-	if (p_cuMemRetainAllocationHandle(&vh, (void *)ptr) == CUDA_SUCCESS) {
-		/* VMM memory (cuMemCreate, expandable segments).  If the daemon already holds the
-		 * allocation for this connection, it answers without the export (a driver call that
-		 * costs more than the whole registration). */
-		reg.kind = GPX__MEM_KIND__MEM_CUDA_VMM;
-		reg.alloc_id = buffer_id ? buffer_id : (uint64_t)base;
-		reg.cached_only = 1;
-		if ((r = client_register(c, &reg, -1, out)) != -GPX_ENOENT) {
-			p_cuMemRelease(vh);
-			return r;
-		}
-		reg.cached_only = 0;
-		e = p_cuMemExportToShareableHandle(&fd, vh, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-		p_cuMemRelease(vh);
-		if (e != CUDA_SUCCESS)
-			return cu_fail(c, GPX_ENOTSUP, "VMM memory not exportable as a POSIX fd "
-			    "(create it with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)", e);
-	} else {
-		int legacy = 0;
-		p_cuPointerGetAttribute(&legacy, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, p);
-		if (!legacy)
-			return client_error(c, GPX_ENOTSUP, "memory is neither an exportable VMM allocation "
-			    "nor legacy-IPC capable (cudaMallocAsync pools are not supported)");
+	if (legacy) {
+		/* cudaMalloc/cuMemAlloc memory: the handle of the allocation base. */
 		if ((e = p_cuIpcGetMemHandle(&ih, base)) != CUDA_SUCCESS)
 			return cu_fail(c, GPX_ENOTSUP, "cuIpcGetMemHandle", e);
 		reg.kind = GPX__MEM_KIND__MEM_CUDA_IPC;
 		reg.handle.data = (uint8_t *)ih.reserved;
 		reg.handle.len = sizeof(ih.reserved);
+		return client_register(c, &reg, -1, out);
 	}
+	/*
+	 * Otherwise it should be VMM memory (cuMemCreate, expandable segments).  If the daemon
+	 * already holds the allocation for this connection it answers without the export, a
+	 * driver call that costs more than the whole registration.
+	 */
+	reg.kind = GPX__MEM_KIND__MEM_CUDA_VMM;
+	reg.alloc_id = buffer_id ? buffer_id : (uint64_t)base;
+	reg.cached_only = 1;
+	if ((r = client_register(c, &reg, -1, out)) != -GPX_ENOENT)
+		return r;
+	if (p_cuMemRetainAllocationHandle(&vh, (void *)ptr) != CUDA_SUCCESS)
+		return client_error(c, GPX_ENOTSUP, "memory is neither an exportable VMM allocation "
+		    "nor legacy-IPC capable (cudaMallocAsync pools are not supported)");
+	e = p_cuMemExportToShareableHandle(&fd, vh, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	p_cuMemRelease(vh);
+	if (e != CUDA_SUCCESS)
+		return cu_fail(c, GPX_ENOTSUP, "VMM memory not exportable as a POSIX fd "
+		    "(create it with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)", e);
+	reg.cached_only = 0;
 	r = client_register(c, &reg, fd, out);
-	if (fd >= 0)
-		close(fd);
+	close(fd);
 	return r;
 }

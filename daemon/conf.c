@@ -32,7 +32,7 @@ conf_defaults(struct conf *c)
 	c->trust_legacy_ipc = false;
 	c->cuda = true;
 	c->sm_copy = true;
-	c->sm_copy_blocks = 64;
+	c->sm_copy_blocks = 128;
 	c->max_conns_per_uid = 256;
 	c->max_regions_per_uid = 65536;
 	c->max_region_bytes_per_uid = 0;

@@ -523,7 +523,7 @@ on_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 		reply_err(c, seq, GPX__STATUS__EQUOTA, "uid is at its export limit");
 		return;
 	}
-	if (m->notify && h->r->notify_cq != NULL) {
+	if (m->notify && atomic_load(&h->r->notify_on)) {
 		reply_err(c, seq, GPX__STATUS__EEXIST, "the region already notifies through another export");
 		return;
 	}
@@ -547,8 +547,12 @@ on_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 	e->notify = m->notify;
 	if (m->notify) {
 		h->r->notify_tag = m->notify_tag;
-		cq_ref(c->cq);
-		h->r->notify_cq = c->cq;    /* set once: copy workers read it without a lock */
+		if (h->r->notify_cq == NULL) {
+			/* Set once (the owner's queue is always this one): workers read it unlocked. */
+			cq_ref(c->cq);
+			h->r->notify_cq = c->cq;
+		}
+		atomic_store(&h->r->notify_on, true);
 	}
 	c->user->exports++;
 	TAILQ_INSERT_TAIL(&exports, e, entry);
@@ -649,6 +653,7 @@ on_transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int 
 	if ((r = xfer_build(c, m, nfds ? fds[0] : -1, &j, err, sizeof(err))) < 0) {
 		cq_unreserve(c->cq);
 		atomic_fetch_add(&c->cq->errors, 1);
+		metrics_refused(c, -r);
 		conn_reply(c, seq, -r, err, &rep, NULL, 0);
 		return;
 	}
@@ -766,6 +771,11 @@ conn_input(struct conn *c)
 			reply_err(c, 0, GPX__STATUS__EPROTO, n == -E2BIG ?
 			    "too many file descriptors: the message was dropped and they were closed" :
 			    "truncated control data: the message was dropped");
+			if (c->state == CONN_HELLO) {
+				/* Whatever it was, it was not a Hello. */
+				conn_kill(c, "first message was not Hello");
+				return;
+			}
 			continue;
 		}
 		if (n < 0) {

@@ -4,7 +4,8 @@
  * of this kernel moves them at close to link speed.
  *
  * Each warp takes one segment at a time (warp w: segments w, w + warps, ...), so a bounded grid
- * (gpxd.conf cuda.sm_copy_blocks blocks of 512 threads) keeps a thousand segments in flight.
+ * (gpxd.conf cuda.sm_copy_blocks blocks of 256 threads, spread one per SM) keeps a thousand
+ * segments in flight while leaving most of each SM's threads to the clients' own kernels.
  * A lane issues eight 16-byte loads before its eight stores, which hides the latency of the
  * link; segments whose source, destination or length are not 16-byte aligned take 8-byte or
  * byte steps for what remains.  The segment list holds absolute addresses, checked by gpxd.
@@ -19,7 +20,7 @@ struct gpx_kseg {
 
 #define UNROLL 8
 
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void __launch_bounds__(256)
 gpx_copy_segments(const struct gpx_kseg *__restrict__ segs, uint32_t n)
 {
 	const uint32_t lane = threadIdx.x & 31;

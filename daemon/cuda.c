@@ -25,7 +25,7 @@
 	X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) \
 	X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute) X(cuCtxEnablePeerAccess) \
 	X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamQuery) X(cuStreamSynchronize) \
-	X(cuStreamWriteValue64) X(cuMemcpyAsync) X(cuMemcpyHtoDAsync) \
+	X(cuStreamWriteValue64) X(cuMemcpyAsync) X(cuMemcpyPeerAsync) X(cuMemcpyHtoDAsync) \
 	X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost) \
 	X(cuMemHostRegister) X(cuMemHostUnregister) \
 	X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) \
@@ -266,6 +266,17 @@ cuda_copy(void *s, uint64_t dst, uint64_t src, uint64_t n)
 	return CU(cuMemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, (CUstream)s));
 }
 
+/*
+ * Between two GPUs the contexts are named: memory opened from a legacy IPC handle belongs to
+ * the context it was opened in, and an unnamed copy of it to another GPU takes a staged path
+ * at a tenth of the link's speed.
+ */
+int
+cuda_copy_peer(void *s, uint64_t dst, int dst_dev, uint64_t src, int src_dev, uint64_t n)
+{
+	return CU(cuMemcpyPeerAsync((CUdeviceptr)dst, ctxs[dst_dev], (CUdeviceptr)src, ctxs[src_dev], n, (CUstream)s));
+}
+
 int
 cuda_htod(void *s, uint64_t dst, const void *src, uint64_t n)
 {
@@ -284,11 +295,11 @@ cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t block
 {
 	void *args[] = { &segs_dev, &n };
 
-	uint32_t need = (n + 15) / 16;    /* a warp per segment, 16 warps per block */
+	uint32_t need = (n + 7) / 8;      /* a warp per segment, 8 warps per block */
 
 	if (blocks > need)
 		blocks = need;
-	return CU(cuLaunchKernel(kfn[dev], blocks, 1, 1, 512, 1, 1, 0, (CUstream)s, args, NULL));
+	return CU(cuLaunchKernel(kfn[dev], blocks, 1, 1, 256, 1, 1, 0, (CUstream)s, args, NULL));
 }
 
 int
@@ -402,7 +413,11 @@ cuda_vmm_import(int owner, int fd, uint64_t size, uint32_t access_mask, uint64_t
 		p_cuMemRelease(h);
 		return -GPX__STATUS__EINVAL;
 	}
-	if ((r = CU(cuMemAddressReserve(&d, size, 0, 0, 0))) < 0) {
+	/* A generously aligned range lets the driver map it with its largest pages. */
+	uint64_t align = 2ull << 20;
+	while (align < (1ull << 30) && align * 2 <= size)
+		align *= 2;
+	if ((r = CU(cuMemAddressReserve(&d, size, align, 0, 0))) < 0) {
 		p_cuMemRelease(h);
 		return r;
 	}

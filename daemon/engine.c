@@ -235,7 +235,8 @@ job_finish(struct job *j)
 	}
 	metrics_job_done(j, status);
 	cq_post(j->cq, j->tag, status, j->done);
-	if (status == 0 && j->dst->notify_cq != NULL && j->dst->owner != j->client)
+	if (status == 0 && atomic_load(&j->dst->notify_on) && j->dst->notify_cq != NULL &&
+	    j->dst->owner != j->client)
 		cq_notify(j->dst->notify_cq, j->dst->notify_tag, 0, j->done);
 	atomic_fetch_sub(&j->user->inflight, 1);
 	cq_unref(j->cq);

@@ -54,6 +54,8 @@ void
 export_remove(struct export *e)
 {
 	TAILQ_REMOVE(&exports, e, entry);
+	if (e->notify)
+		atomic_store(&e->r->notify_on, false);     /* the queue itself goes with the mapping */
 	struct user *u = user_get(e->uid);
 	u->exports--;
 	region_unref(e->r);

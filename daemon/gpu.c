@@ -35,7 +35,8 @@
 
 #define QUICK_MAX (1u << 20)          /* chunks up to this go to the quick stream */
 #define BULK_CHUNK (1ull << 30)       /* largest chunk a GPU worker takes */
-#define KSEG_MAX 65536                /* segments per kernel launch */
+#define KSEG_MAX 8192                 /* segments per kernel launch: a long list is cut into
+                                         * launches so preparing one overlaps running another */
 #define PEND_MAX 16                   /* chunks in flight per GPU */
 #define KERNEL_MIN_SEGS 8
 #define KERNEL_MAX_AVG (256u << 10)
@@ -112,7 +113,31 @@ struct gmap {
 	uint64_t base;
 	uint64_t size;
 	uint64_t vmm_handle;
+	/*
+	 * IPC only: the allocation opened again in each peer's context.  A copy engine or kernel
+	 * of GPU d reaches a peer's IPC memory at link speed only through a mapping in d's own
+	 * context; through the owner's mapping the driver stages it at a tenth of that.
+	 */
+	uint64_t base_on[GPX_MAX_GPUS];
 };
+
+static void
+gmap_close_peers(struct gmap *m)
+{
+	for (int d = 0; d < ngpus; d++)
+		if (d != m->dev && m->base_on[d] != 0)
+			cuda_ipc_close(d, m->base_on[d]);
+}
+
+/* Opens an IPC allocation in every context that can reach it; failures only cost speed. */
+static void
+gmap_open_peers(struct gmap *m, const uint8_t handle[64])
+{
+	m->base_on[m->dev] = m->base;
+	for (int d = 0; d < ngpus; d++)
+		if (d != m->dev && gpus[d].link[m->dev].access && cuda_ipc_open(d, handle, &m->base_on[d]) < 0)
+			m->base_on[d] = 0;
+}
 
 static pthread_mutex_t gmap_lock = PTHREAD_MUTEX_INITIALIZER;
 static TAILQ_HEAD(, gmap) gmaps = TAILQ_HEAD_INITIALIZER(gmaps);
@@ -134,9 +159,10 @@ gmap_close_work(void *arg)
 {
 	struct gmap *m = arg;
 
-	if (m->kind == GPX__MEM_KIND__MEM_CUDA_IPC)
+	if (m->kind == GPX__MEM_KIND__MEM_CUDA_IPC) {
+		gmap_close_peers(m);
 		cuda_ipc_close(m->dev, m->base);
-	else
+	} else
 		cuda_vmm_release(m->base, m->size, m->vmm_handle);
 	log_debug("gpu", "closed %s mapping of %llu bytes on GPU%d",
 	    m->kind == GPX__MEM_KIND__MEM_CUDA_IPC ? "cuda-ipc" : "cuda-vmm",
@@ -281,6 +307,8 @@ cuda_open(struct region *r, char *err, size_t errlen)
 			snprintf(err, errlen, "the driver refused the IPC handle (forged, stale, or of another device)");
 		else if ((e = cuda_addr_range(m->base, &base, &m->size)) < 0)
 			snprintf(err, errlen, "cannot size the allocation");
+		else
+			gmap_open_peers(m, r->handle);
 	} else {
 		m->size = r->alloc_size;
 		e = cuda_vmm_import(dev, r->fd, r->alloc_size, gpus[dev].access_mask, &m->base, &m->vmm_handle);
@@ -289,9 +317,10 @@ cuda_open(struct region *r, char *err, size_t errlen)
 			    (unsigned long long)r->alloc_size);
 	}
 	if (e == 0 && (e = region_bind(r, m, err, errlen)) < 0) {
-		if (r->kind == GPX__MEM_KIND__MEM_CUDA_IPC)
+		if (r->kind == GPX__MEM_KIND__MEM_CUDA_IPC) {
+			gmap_close_peers(m);
 			cuda_ipc_close(dev, m->base);
-		else
+		} else
 			cuda_vmm_release(m->base, m->size, m->vmm_handle);
 	}
 	if (e < 0) {
@@ -353,17 +382,29 @@ gpu_cache_stats(uint64_t *hits)
 
 /* ---- copy workers ---- */
 
+/* The address of r in GPU dev's context, or 0 if r is not mapped there. */
 static uint64_t
-addr_of(const struct region *r)
+addr_on(const struct region *r, int dev)
 {
-	return r->dev == DEV_HOST ? (uint64_t)(uintptr_t)r->host : r->dptr;
+	if (r->dev == DEV_HOST)
+		return (uint64_t)(uintptr_t)r->host;
+	if (r->kind == GPX__MEM_KIND__MEM_CUDA_IPC) {
+		const struct gmap *m = r->priv;
+		return m->base_on[dev] ? m->base_on[dev] + r->offset : 0;
+	}
+	return r->dptr;    /* VMM: one address, access granted to every peer */
 }
 
-/* The kernel can reach GPU memory and pinned (mapped) host memory. */
+/*
+ * What a kernel on GPU `dev` can address: pinned (mapped) host memory, VMM mappings (access
+ * is granted to every peer), and IPC allocations opened in its own context.
+ */
 static bool
-kernel_reach(const struct region *r)
+kernel_reach(const struct region *r, int dev)
 {
-	return r->dev != DEV_HOST || r->priv != NULL;
+	if (r->dev == DEV_HOST)
+		return r->priv != NULL;
+	return addr_on(r, dev) != 0;
 }
 
 static int
@@ -379,7 +420,7 @@ static int
 issue(struct gdev *g, struct chunk *c)
 {
 	struct job *j = c->job;
-	uint64_t src = addr_of(j->src), dst = addr_of(j->dst);
+	uint64_t src = addr_on(j->src, g->index), dst = addr_on(j->dst, g->index);
 	uint64_t left = c->bytes, off = c->off;
 	uint32_t pieces = 0;
 	int s = c->bytes <= QUICK_MAX ? S_QUICK : S_BULK;
@@ -391,7 +432,14 @@ issue(struct gdev *g, struct chunk *c)
 		pieces++;
 	}
 	bool kernel = g->kernel_ok && cfg->sm_copy && pieces >= KERNEL_MIN_SEGS &&
-	    c->bytes / pieces <= KERNEL_MAX_AVG && kernel_reach(j->src) && kernel_reach(j->dst);
+	    c->bytes / pieces <= KERNEL_MAX_AVG && kernel_reach(j->src, g->index) &&
+	    kernel_reach(j->dst, g->index);
+	/* Not mapped in this context (a peer's IPC memory it could not open): name the owners. */
+	bool peer = src == 0 || dst == 0;
+	if (peer) {
+		src = j->src->dev == DEV_HOST ? src : j->src->dptr;
+		dst = j->dst->dev == DEV_HOST ? dst : j->dst->dptr;
+	}
 	if (kernel) {
 		struct gpu_kseg *k = g->kstage[slot];
 		uint32_t n = 0;
@@ -411,7 +459,11 @@ issue(struct gdev *g, struct chunk *c)
 		for (uint32_t i = c->seg; left > 0 && r == 0; i++, off = 0) {
 			const struct gpx_wire_seg *w = &j->segs[i];
 			uint64_t len = w->length - off < left ? w->length - off : left;
-			if (len > 0)
+			if (len > 0 && peer)
+				r = cuda_copy_peer(g->stream[s], dst + w->dst_offset + off,
+				    j->dst->dev == DEV_HOST ? g->index : j->dst->dev, src + w->src_offset + off,
+				    j->src->dev == DEV_HOST ? g->index : j->src->dev, len);
+			else if (len > 0)
 				r = cuda_copy(g->stream[s], dst + w->dst_offset + off, src + w->src_offset + off, len);
 			left -= len;
 		}

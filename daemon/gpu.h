@@ -36,6 +36,7 @@ void cuda_stream_free(void *s);
 int cuda_stream_busy(void *s);
 int cuda_stream_sync(void *s);
 int cuda_copy(void *s, uint64_t dst, uint64_t src, uint64_t n);
+int cuda_copy_peer(void *s, uint64_t dst, int dst_dev, uint64_t src, int src_dev, uint64_t n);
 int cuda_htod(void *s, uint64_t dst, const void *src, uint64_t n);
 int cuda_signal(void *s, uint64_t word, uint64_t val);
 int cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t blocks);

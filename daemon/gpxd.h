@@ -148,9 +148,14 @@ struct region {
 	uint8_t uuid[16];
 	uint64_t alloc_size;
 	uint64_t alloc_id;
-	/* owner notification, set by export: a ref on the owner's completion queue */
+	/*
+	 * Owner notification.  notify_cq, a ref on the owner's completion queue, is set by the
+	 * first notifying export and kept until the mapping closes (copy workers read it without
+	 * a lock); notify_on and notify_tag follow the notifying export, which can be withdrawn.
+	 */
 	struct cq *notify_cq;
-	uint64_t notify_tag;
+	atomic_bool notify_on;
+	_Atomic uint64_t notify_tag;
 	char export_name[65];
 };
 
@@ -346,6 +351,8 @@ int metrics_start(struct event_base *);
 void metrics_stop(void);
 /* Any thread: one finished transfer, reported before its completion is posted. */
 void metrics_job_done(const struct job *, int status);
+/* Loop thread: a transfer refused before it became a job (bounds, rights, regions). */
+void metrics_refused(const struct conn *, int status);
 
 /* ---- levent.c: the event loop, listening socket, signals, timers ---- */
 struct event_base *levent_base(void);

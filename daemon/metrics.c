@@ -6,7 +6,9 @@
  * histogram (submit to completion), per client, per path and per device, and a few gauges.
  *
  * Whoever finishes a transfer reports it with metrics_job_done(), from any thread, before the
- * client can see the completion; the counters live here under one mutex.  A scrape copies
+ * client can see the completion; a transfer refused before it became a job (a segment out of
+ * bounds, a region not the client's) is reported with metrics_refused() and counts as an
+ * error of its client, by status.  The counters live here under one mutex.  A scrape copies
  * them out under the mutex and formats without it.  Per-client series exist while the client
  * is connected: entries of clients that left are pruned on each scrape and once a minute, so
  * the table stays bounded by the connections the daemon allows.
@@ -60,6 +62,7 @@ static atomic_bool recording;
 static struct series path_s[NPATHS];
 static struct series dev_s[NDEVS][2];
 static struct cseries *clients[CLIENT_HASH];
+static uint64_t refused[NSTATUS];
 
 static struct event_base *mbase;
 static struct evhttp *http;
@@ -87,6 +90,23 @@ dev_slot(int dev)
 	return dev + 1 < NDEVS ? dev + 1 : NDEVS - 1;
 }
 
+/* Under mlock: the series of a client, made on first use (NULL if out of memory). */
+static struct cseries *
+client_series(uint64_t id, uid_t uid)
+{
+	struct cseries **head = &clients[id % CLIENT_HASH], *c;
+
+	for (c = *head; c != NULL && c->client != id; c = c->next)
+		;
+	if (c == NULL && (c = calloc(1, sizeof(*c))) != NULL) {
+		c->client = id;
+		c->uid = uid;
+		c->next = *head;
+		*head = c;
+	}
+	return c;
+}
+
 /* Any thread, once per finished transfer, before its completion is posted. */
 void
 metrics_job_done(const struct job *j, int status)
@@ -107,17 +127,27 @@ metrics_job_done(const struct job *j, int status)
 		series_add(&dev_s[dev_slot(j->src->dev)][DIR_READ], status, j->done, dt, b);
 	if (j->dst != NULL)
 		series_add(&dev_s[dev_slot(j->dst->dev)][DIR_WRITE], status, j->done, dt, b);
-	struct cseries **head = &clients[j->client % CLIENT_HASH], *c;
-	for (c = *head; c != NULL && c->client != j->client; c = c->next)
-		;
-	if (c == NULL && (c = calloc(1, sizeof(*c))) != NULL) {
-		c->client = j->client;
-		c->uid = j->user != NULL ? j->user->uid : (uid_t)-1;
-		c->next = *head;
-		*head = c;
-	}
+	struct cseries *c = client_series(j->client, j->user != NULL ? j->user->uid : (uid_t)-1);
 	if (c != NULL)
 		series_add(&c->s, status, j->done, dt, b);
+	pthread_mutex_unlock(&mlock);
+}
+
+void
+metrics_refused(const struct conn *cn, int status)
+{
+	if (!atomic_load_explicit(&recording, memory_order_relaxed))
+		return;
+	if (status < 0)
+		status = -status;
+	if (status == 0)
+		return;
+	int i = status < NSTATUS ? status : NSTATUS - 1;
+	pthread_mutex_lock(&mlock);
+	refused[i]++;
+	struct cseries *c = client_series(cn->id, cn->uid);
+	if (c != NULL)
+		c->s.errors[i]++;
 	pthread_mutex_unlock(&mlock);
 }
 
@@ -228,11 +258,13 @@ static const struct {
 } families[] = {
 	{ "transfers_total", F_TRANSFERS, "counter", "Transfers finished, whatever their status." },
 	{ "bytes_total", F_BYTES, "counter", "Bytes moved by finished transfers." },
-	{ "errors_total", F_ERRORS, "counter", "Transfers that ended with an error, by status." },
+	{ "errors_total", F_ERRORS, "counter",
+	    "Transfers that ended with an error, by status (per client: refused ones too)." },
 	{ "transfer_seconds", F_SECONDS, "histogram", "Time from submission to completion." },
 };
 
 struct snapshot {
+	uint64_t refused[NSTATUS];
 	struct series path[NPATHS];
 	struct series dev[NDEVS][2];
 	struct cseries *clients;         /* a flat array */
@@ -257,6 +289,7 @@ take_snapshot(struct snapshot *sn)
 		for (struct cseries *c = clients[h]; c != NULL; c = c->next)
 			sn->clients[i++] = *c;
 	sn->nclients = n;
+	memcpy(sn->refused, refused, sizeof(refused));
 	memcpy(sn->path, path_s, sizeof(path_s));
 	memcpy(sn->dev, dev_s, sizeof(dev_s));
 	pthread_mutex_unlock(&mlock);
@@ -287,6 +320,13 @@ render(struct evbuffer *b, struct snapshot *sn)
 	evbuffer_add_printf(b, "gpx_exports %u\n", export_count());
 	head(b, "gpx_transfers_in_flight", "gauge", "Transfers accepted and not yet completed.");
 	evbuffer_add_printf(b, "gpx_transfers_in_flight %u\n", engine_inflight());
+
+	head(b, "gpx_transfers_refused_total", "counter",
+	    "Transfers refused before any byte moved (bounds, rights, regions), by status.");
+	for (int i = 1; i < NSTATUS; i++)
+		if (sn->refused[i] != 0)
+			evbuffer_add_printf(b, "gpx_transfers_refused_total{status=\"%s\"} %llu\n",
+			    status_name(i), (unsigned long long)sn->refused[i]);
 
 	/* Per path: every path that exists in this build, busy or not. */
 	for (size_t f = 0; f < sizeof(families) / sizeof(families[0]); f++) {

@@ -42,9 +42,9 @@ resolve(struct conn *c, uint64_t id, const char *which, struct rhandle **out, ch
 }
 
 static int
-read_segs(int fd, uint32_t count, struct gpx_wire_seg *segs, char *err, size_t errlen)
+segs_fd_ok(int fd, uint32_t count, char *err, size_t errlen)
 {
-	size_t want = (size_t)count * sizeof(*segs);
+	size_t want = (size_t)count * sizeof(struct gpx_wire_seg);
 	struct stat st;
 
 	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || fcntl(fd, F_GET_SEALS) < 0) {
@@ -56,6 +56,14 @@ read_segs(int fd, uint32_t count, struct gpx_wire_seg *segs, char *err, size_t e
 		    (long long)st.st_size, count, want);
 		return -GPX__STATUS__EINVAL;
 	}
+	return 0;
+}
+
+static int
+read_segs(int fd, uint32_t count, struct gpx_wire_seg *segs, char *err, size_t errlen)
+{
+	size_t want = (size_t)count * sizeof(*segs);
+
 	for (size_t got = 0; got < want;) {
 		ssize_t n = pread(fd, (char *)segs + got, want - got, got);
 		if (n <= 0) {
@@ -99,6 +107,9 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 		snprintf(err, errlen, "%u segments (1..%u allowed)", n, cfg->max_segs);
 		return -GPX__STATUS__EINVAL;
 	}
+	/* The claimed count is checked against the memfd before anything is allocated for it. */
+	if (segfd >= 0 && (r = segs_fd_ok(segfd, n, err, errlen)) < 0)
+		return r;
 	if ((segs = malloc((size_t)n * sizeof(*segs))) == NULL) {
 		snprintf(err, errlen, "out of memory for %u segments", n);
 		return -GPX__STATUS__ENOMEM;

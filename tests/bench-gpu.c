@@ -83,6 +83,16 @@ struct gbuf {
 static int
 gbuf_alloc(int dev, size_t len, struct gbuf *g)
 {
+	const char *kind = getenv("GPX_BENCH_GPU_MEM");
+
+	if (kind != NULL && strcmp(kind, "ipc") == 0) {
+		/* cudaMalloc-style memory, registered as a legacy IPC handle (trusted nodes only). */
+		memset(g, 0, sizeof(*g));
+		g->dev = dev;
+		g->len = len;
+		cuCtxSetCurrent(ctx[dev]);
+		return CK(cuMemAlloc(&g->d, len)) && CK(cuMemsetD8(g->d, 0x5a, len)) ? 0 : -1;
+	}
 	CUmemAllocationProp prop = {
 		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
 		.location = { CU_MEM_LOCATION_TYPE_DEVICE, dev },
@@ -122,6 +132,10 @@ static void
 gbuf_free(struct bench_ctx *b, struct gbuf *g)
 {
 	gpx_deregister(b->conn, g->region);
+	if (g->h == 0) {
+		cuMemFree(g->d);
+		return;
+	}
 	cuMemUnmap(g->d, g->len);
 	cuMemAddressFree(g->d, g->len);
 	cuMemRelease(g->h);

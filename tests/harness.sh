@@ -62,6 +62,8 @@ h_start() {
 		printf '# written by the gpx test harness\n[daemon]\nsocket_mode = 0666\nworkers = 2\n'
 		printf 'blocking_threads = 2\nring_entries = 64\nchunk_size = 64K\nmax_segments = 131072\n'
 		printf 'log_level = info\n'
+		# The user running the test administers its own daemon.
+		printf 'admin_group = %s\n' "$(id -gn)"
 		[ $# -gt 0 ] && printf '%s\n' "$1"
 	} > "$H_CONF"
 	env -u NOTIFY_SOCKET -u JOURNAL_STREAM -u LISTEN_FDS -u LISTEN_PID -u WATCHDOG_USEC \

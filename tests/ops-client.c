@@ -9,10 +9,13 @@
  * transfers end with an error status (ECANCELED) on purpose; each must end either cancelled
  * or complete and intact.
  *
+ * With -o it asks for one copy that reaches one byte past the destination's end: the daemon
+ * must refuse it (GPX_ERANGE) with the destination untouched.
+ *
  * -p MS pauses between copies, to keep a long run from hogging a slow (emulated) machine.
  *
  * usage: ops-client [-s SOCKET] [-N NAME] [-n COUNT] [-b BYTES] [-t SECONDS] [-w SECONDS]
- *                   [-p MS] [-q] [-x]
+ *                   [-p MS] [-q] [-x] [-o]
  */
 #include "config.h"
 
@@ -82,10 +85,10 @@ main(int argc, char **argv)
 	const char *sock = NULL, *name = "ops-client";
 	unsigned long long count = 16, bytes = 1 << 20;
 	double seconds = 0, linger = 0, pause_ms = 0;
-	bool quiet = false, cancel = false;
+	bool quiet = false, cancel = false, oob = false;
 	int ch, r;
 
-	while ((ch = getopt(argc, argv, "s:N:n:b:t:w:p:qx")) != -1) {
+	while ((ch = getopt(argc, argv, "s:N:n:b:t:w:p:qxo")) != -1) {
 		switch (ch) {
 		case 's': sock = optarg; break;
 		case 'N': name = optarg; break;
@@ -96,9 +99,10 @@ main(int argc, char **argv)
 		case 'p': pause_ms = atof(optarg); break;
 		case 'q': quiet = true; break;
 		case 'x': cancel = true; break;
+		case 'o': oob = true; break;
 		default:
 			fprintf(stderr, "usage: ops-client [-s SOCKET] [-N NAME] [-n COUNT] [-b BYTES] "
-			    "[-t SECONDS] [-w SECONDS] [-p MS] [-q] [-x]\n");
+			    "[-t SECONDS] [-w SECONDS] [-p MS] [-q] [-x] [-o]\n");
 			return 2;
 		}
 	}
@@ -121,6 +125,18 @@ main(int argc, char **argv)
 
 	if (cancel)
 		return cancel_all(rs, rd, count, bytes);
+	if (oob) {
+		memset(src, 0xee, bytes);
+		memset(dst, 0, bytes);
+		r = gpx_copy_sync(conn, rs, 0, rd, 1, bytes);
+		bool untouched = true;
+		for (unsigned long long i = 0; i < bytes; i++)
+			untouched = untouched && dst[i] == 0;
+		printf("ops-client: out-of-bounds copy: %s (%s), destination %s\n", gpx_strerror(r),
+		    gpx_last_error(conn), untouched ? "untouched" : "CHANGED");
+		gpx_close(conn);
+		return r == -GPX_ERANGE && untouched ? 0 : 1;
+	}
 
 	double t0 = now_s();
 	unsigned long long done = 0;

@@ -592,6 +592,8 @@ main(int argc, char **argv)
 	if (ndev > 1) {
 		test_vectored(c, &bufs[1], &bufs[4], 4096, 4096, false);
 		test_vectored(c, &bufs[3], &bufs[2], 65536, 200, true);
+		test_vectored(c, &bufs[1], &bufs[3], 4096, 4096, false);   /* ipc -> peer's ipc */
+		test_vectored(c, &bufs[4], &bufs[1], 4096, 1024, true);
 	}
 	test_interior(c, &bufs[0]);
 	test_cached_registration(c, &bufs[1]);
