@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sched.h>
 #include <time.h>
 
 #include "client-lib/client.h"
@@ -37,6 +38,32 @@
 #define SYNC_TAG_BIT (1ULL << 63)    /* tags of gpx_copy_sync; reserved for the library */
 
 _Static_assert(sizeof(struct gpx_seg) == sizeof(struct gpx_wire_seg), "segment layout");
+
+/*
+ * The segment area: a memfd shared read-only with the daemon, used as a ring of segment lists.
+ * Positions are monotonic byte counts (offset = position % len).  Each Transfer that uses it
+ * is remembered with the position where its list ends; the daemon counts the Transfers it has
+ * copied out in the completion ring header (segs_consumed), which frees their space in order.
+ */
+struct area_use {
+	uint64_t index;            /* the n-th Transfer that used the area */
+	uint64_t end;              /* position after its list */
+};
+
+struct area {
+	int fd;
+	unsigned char *p;
+	size_t len;
+	uint64_t head, tail;       /* positions: next write, oldest byte still in use */
+	uint64_t used;             /* Transfers sent that used the area */
+	struct area_use *q;        /* FIFO of those not yet known to be consumed */
+	size_t qhead, qn, qcap;
+};
+
+#define AREA_MIN (2u << 20)
+
+static void area_free(struct area *);
+#define AREA_INLINE_MAX 64         /* up to this many segments travel inside the message */
 
 struct gpx_conn {
 	int sock;
@@ -57,6 +84,7 @@ struct gpx_conn {
 	struct gpx_completion *back;   /* backlog, FIFO */
 	size_t nback, capback;
 	struct wire_arena *arena;
+	struct area area;
 	uint8_t buf[GPX_MSG_MAX];
 	char last_error[256];
 };
@@ -319,6 +347,7 @@ gpx_connect_opts(const struct gpx_connect_opts *o, gpx_conn **out)
 	if ((c = calloc(1, sizeof(*c))) == NULL)
 		return -GPX_ENOMEM;
 	c->efd = c->epfd = -1;
+	c->area.fd = -1;
 	if ((c->arena = wire_arena_new(GPX_ARENA_SIZE)) == NULL) {
 		free(c);
 		return -GPX_ENOMEM;
@@ -403,6 +432,7 @@ gpx_close(gpx_conn *c)
 		close(c->epfd);
 	if (c->ring != NULL)
 		munmap(c->ring, c->ring_len);
+	area_free(&c->area);
 	free(c->back);
 	free(c->arena);
 	free(c);
@@ -545,6 +575,123 @@ gpx_import(gpx_conn *c, const char *name, gpx_region *out, uint64_t *length)
 
 /* ---- transfers ---- */
 
+static void
+area_free(struct area *a)
+{
+	if (a->p != NULL)
+		munmap(a->p, a->len);
+	if (a->fd >= 0)
+		close(a->fd);
+	free(a->q);
+	memset(a, 0, sizeof(*a));
+	a->fd = -1;
+}
+
+/* Makes an area of at least `need` bytes and hands it to the daemon, replacing the old one. */
+static int
+area_grow(gpx_conn *c, size_t need)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__SegArea sa = GPX__SEG_AREA__INIT;
+	struct area a = { .fd = -1 };
+	size_t len = AREA_MIN;
+	int r;
+
+	while (len < 2 * need && len < GPX_AREA_MAX)
+		len *= 2;
+	if (need > len)
+		return set_err(c, GPX_EINVAL, "segment list larger than the largest segment area");
+	a.fd = memfd_create("gpx-segments", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (a.fd < 0 || ftruncate(a.fd, len) < 0 ||
+	    fcntl(a.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
+	    (a.p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, a.fd, 0)) == MAP_FAILED) {
+		a.p = NULL;
+		area_free(&a);
+		return set_err(c, GPX_ESYS, "cannot create the segment area");
+	}
+	a.len = len;
+	sa.length = len;
+	m.body_case = GPX__CLIENT_MSG__BODY_SEG_AREA;
+	m.seg_area = &sa;
+	/* Its reply also says the daemon is done with every list in the old area. */
+	if ((r = rpc(c, &m, &a.fd, 1, NULL, NULL, NULL)) < 0) {
+		area_free(&a);
+		return r;
+	}
+	area_free(&c->area);
+	c->area = a;
+	return 0;
+}
+
+/* Frees the space of the lists the daemon has copied out. */
+static void
+area_reclaim(gpx_conn *c)
+{
+	struct area *a = &c->area;
+	uint64_t done = __atomic_load_n(&c->ring->segs_consumed, __ATOMIC_ACQUIRE);
+
+	while (a->qn > 0 && a->q[a->qhead].index < done) {
+		a->tail = a->q[a->qhead].end;
+		a->qhead = (a->qhead + 1) % a->qcap;
+		a->qn--;
+	}
+	if (a->qn == 0)
+		a->tail = a->head;
+}
+
+/* Copies segs into the area; *off is where they start.  Waits briefly if the area is full. */
+static int
+area_put(gpx_conn *c, const struct gpx_seg *segs, size_t n, uint64_t *off)
+{
+	struct area *a = &c->area;
+	size_t need = n * sizeof(*segs);
+	int r;
+
+	if (a->p == NULL || need > a->len / 2) {
+		if ((r = area_grow(c, need)) < 0)
+			return r;
+	}
+	for (int spins = 0;; spins++) {
+		area_reclaim(c);
+		uint64_t pos = a->head;
+		if (pos % a->len + need > a->len)
+			pos += a->len - pos % a->len;           /* a list never wraps */
+		if (pos + need - a->tail <= a->len) {
+			memcpy(a->p + pos % a->len, segs, need);
+			*off = pos % a->len;
+			a->head = pos + need;
+			return 0;
+		}
+		/* The daemon copies lists out as it reads the socket: it is never long. */
+		if (c->dead || spins > 1000000)
+			return set_err(c, GPX_EBUSY, "the segment area stays full");
+		sched_yield();
+	}
+}
+
+/* Records the list just sent, to be freed once the daemon reports it consumed. */
+static void
+area_sent(gpx_conn *c)
+{
+	struct area *a = &c->area;
+
+	a->used++;
+	if (a->qn == a->qcap) {
+		size_t ncap = a->qcap ? a->qcap * 2 : 64;
+		struct area_use *q = malloc(ncap * sizeof(*q));
+		if (q == NULL)
+			return;      /* then its space is reclaimed with the next one's */
+		for (size_t i = 0; i < a->qn; i++)
+			q[i] = a->q[(a->qhead + i) % a->qcap];
+		free(a->q);
+		a->q = q;
+		a->qhead = 0;
+		a->qcap = ncap;
+	}
+	a->q[(a->qhead + a->qn) % a->qcap] = (struct area_use){ .index = a->used - 1, .end = a->head };
+	a->qn++;
+}
+
 static int
 submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, size_t n, uint64_t tag)
 {
@@ -569,7 +716,7 @@ submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, 
 		one.length = segs[0].length;
 		t.n_segments = 1;
 		t.segments = &onep;
-	} else if (n <= c->max_inline) {
+	} else if (n <= AREA_INLINE_MAX) {
 		arr = malloc(n * sizeof(*arr));
 		ptrs = malloc(n * sizeof(*ptrs));
 		if (arr == NULL || ptrs == NULL) {
@@ -587,15 +734,12 @@ submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, 
 		t.n_segments = n;
 		t.segments = ptrs;
 	} else {
-		/* Too many for one datagram: the list travels in a memfd the daemon copies out. */
-		size_t len = n * sizeof(*segs);
-		fd = memfd_create("gpx-segs", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-		if (fd < 0 || write(fd, segs, len) != (ssize_t)len) {
-			if (fd >= 0)
-				close(fd);
-			return set_err(c, GPX_ESYS, "cannot build the segment table");
-		}
+		/* Longer lists are written into the segment area the daemon copies them out of. */
+		uint64_t off;
+		if ((r = area_put(c, segs, n, &off)) < 0)
+			return r;
 		t.seg_count = n;
+		t.area_offset = off;
 	}
 	m.seq = ++c->seq ? c->seq : ++c->seq;
 	m.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
@@ -607,6 +751,8 @@ submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, 
 	free(ptrs);
 	if (r == 0)
 		c->outstanding++;
+	if (r == 0 && t.seg_count > 0)
+		area_sent(c);
 	return r;
 }
 

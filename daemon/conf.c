@@ -41,6 +41,11 @@ conf_defaults(struct conf *c)
 	c->idle_timeout_s = 0;
 	c->log_level = strdup("info");
 	c->metrics_listen = NULL;
+	/* [fabric] (daemon/peer.c) */
+	c->fabric_transport = strdup("auto");
+	c->fabric_timeout_s = 10;
+	c->fabric_retry_s = 2;
+	c->fabric_chunk = 1 << 20;
 }
 
 void
@@ -52,6 +57,12 @@ conf_free(struct conf *c)
 	free(c->log_level);
 	free(c->metrics_listen);
 	free(c->path);
+	free(c->fabric_node);
+	free(c->fabric_listen);
+	free(c->fabric_key_file);
+	free(c->fabric_peers);
+	free(c->fabric_transport);
+	free(c->fabric_rdma_device);
 	memset(c, 0, sizeof(*c));
 }
 
@@ -180,6 +191,30 @@ on_key(void *user, const char *sec, const char *key, const char *v)
 		bad = NUM(c->max_exports_per_uid, 0, 1 << 20);
 	else if (KEY("limits", "inflight_per_uid"))
 		bad = NUM(c->max_inflight_per_uid, 1, 1 << 24);
+	/* [fabric]: values are checked again, with reasons, when the fabric starts (peer.c) */
+	else if (KEY("fabric", "node"))
+		bad = set_str(&c->fabric_node, v);
+	else if (KEY("fabric", "listen"))
+		bad = set_str(&c->fabric_listen, v);
+	else if (KEY("fabric", "key_file"))
+		bad = v[0] != '/' || set_str(&c->fabric_key_file, v);
+	else if (KEY("fabric", "peers"))
+		bad = set_str(&c->fabric_peers, v);
+	else if (KEY("fabric", "transport"))
+		bad = (strcmp(v, "auto") && strcmp(v, "rdma") && strcmp(v, "tcp")) ||
+		    set_str(&c->fabric_transport, v);
+	else if (KEY("fabric", "rdma_device"))
+		bad = set_str(&c->fabric_rdma_device, v);
+	else if (KEY("fabric", "timeout")) {
+		char *end;
+		c->fabric_timeout_s = strtod(v, &end);
+		bad = end == v || *end != '\0' || !(c->fabric_timeout_s >= 0.1 && c->fabric_timeout_s <= 3600);
+	} else if (KEY("fabric", "retry_interval")) {
+		char *end;
+		c->fabric_retry_s = strtod(v, &end);
+		bad = end == v || *end != '\0' || !(c->fabric_retry_s >= 0.1 && c->fabric_retry_s <= 3600);
+	} else if (KEY("fabric", "chunk_size"))
+		bad = NUM(c->fabric_chunk, 4096, 16 << 20);   /* PEER_DATA_MAX */
 	else {
 		if (p->err[0] == '\0')
 			snprintf(p->err, p->errlen, "unknown key '%s' in [%s]", key, sec);

@@ -620,41 +620,46 @@ on_import(struct conn *c, uint32_t seq, const Gpx__Import *m)
 
 /* ---- transfers ---- */
 
+/* Refuses a transfer on the socket (it has no ring slot) with its tag. */
 static void
-on_transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfds)
+refuse(struct conn *c, uint32_t seq, uint64_t tag, int status, const char *why)
 {
 	Gpx__Reply rep = GPX__REPLY__INIT;
+
+	rep.tag = tag;
+	conn_reply(c, seq, status, why, &rep, NULL, 0);
+}
+
+/* Handles a Transfer; returns once its segments have been copied in or it was refused. */
+static void
+transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfds)
+{
 	struct job *j;
 	char err[512];
 	int r;
 
-	rep.tag = m->tag;
-	if (c->cq == NULL) {
-		conn_reply(c, seq, GPX__STATUS__EINVAL, "transfers need a completion ring", &rep, NULL, 0);
-		return;
-	}
 	if (nfds > 1) {
-		conn_reply(c, seq, GPX__STATUS__EPROTO, "Transfer takes at most one fd", &rep, NULL, 0);
+		refuse(c, seq, m->tag, GPX__STATUS__EPROTO, "Transfer takes at most one fd");
 		return;
 	}
 	if (c->state == CONN_DRAINING) {
-		conn_reply(c, seq, GPX__STATUS__EDRAINING, "this client is being drained", &rep, NULL, 0);
+		refuse(c, seq, m->tag, GPX__STATUS__EDRAINING, "this client is being drained");
 		return;
 	}
 	if (atomic_load(&c->user->inflight) >= cfg->max_inflight_per_uid) {
-		conn_reply(c, seq, GPX__STATUS__EBUSY, "uid has its limit of outstanding transfers", &rep, NULL, 0);
+		refuse(c, seq, m->tag, GPX__STATUS__EBUSY, "uid has its limit of outstanding transfers");
 		return;
 	}
 	if ((r = cq_reserve(c->cq)) < 0) {
-		conn_reply(c, seq, -r, r == -GPX__STATUS__EBUSY ? "no credit: completion ring would overflow" :
-		    "completion ring broken", &rep, NULL, 0);
+		refuse(c, seq, m->tag, -r, r == -GPX__STATUS__EBUSY ? "no credit: completion ring would overflow" :
+		    "completion ring broken");
 		return;
 	}
 	if ((r = xfer_build(c, m, nfds ? fds[0] : -1, &j, err, sizeof(err))) < 0) {
 		cq_unreserve(c->cq);
 		atomic_fetch_add(&c->cq->errors, 1);
 		metrics_refused(c, -r);
-		conn_reply(c, seq, -r, err, &rep, NULL, 0);
+		refuse(c, seq, m->tag, -r, err);
 		return;
 	}
 	cq_ref(c->cq);
@@ -662,6 +667,37 @@ on_transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int 
 	j->user = c->user;
 	atomic_fetch_add(&c->user->inflight, 1);
 	engine_submit(j);
+}
+
+static void
+on_transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfds)
+{
+	if (c->cq == NULL) {
+		refuse(c, seq, m->tag, GPX__STATUS__EINVAL, "transfers need a completion ring");
+		return;
+	}
+	transfer(c, seq, m, fds, nfds);
+	/* Whatever became of it, its part of the segment area may be written again. */
+	if (m->seg_count > 0 && nfds == 0)
+		__atomic_fetch_add(&c->cq->ring->segs_consumed, 1, __ATOMIC_RELEASE);
+}
+
+static void
+on_seg_area(struct conn *c, uint32_t seq, const Gpx__SegArea *m, int *fds, int nfds)
+{
+	char err[256];
+	int r;
+
+	if (nfds != 1) {
+		reply_err(c, seq, GPX__STATUS__EPROTO, "SegArea takes exactly one memfd");
+		return;
+	}
+	if ((r = xfer_set_area(c, fds[0], m->length, err, sizeof(err))) < 0) {
+		log_audit(c, "segment area: %s", err);
+		reply_err(c, seq, -r, err);
+		return;
+	}
+	reply_err(c, seq, 0, NULL);
 }
 
 static void
@@ -681,6 +717,7 @@ fds_for(const Gpx__ClientMsg *m)
 	case GPX__CLIENT_MSG__BODY_HELLO:
 	case GPX__CLIENT_MSG__BODY_REGISTER:
 	case GPX__CLIENT_MSG__BODY_TRANSFER:
+	case GPX__CLIENT_MSG__BODY_SEG_AREA:
 		return -1;    /* checked by the handler: depends on the fields */
 	default:
 		return 0;
@@ -728,6 +765,9 @@ dispatch(struct conn *c, const Gpx__ClientMsg *m, int *fds, int nfds)
 		break;
 	case GPX__CLIENT_MSG__BODY_TRANSFER:
 		on_transfer(c, seq, m->transfer, fds, nfds);
+		break;
+	case GPX__CLIENT_MSG__BODY_SEG_AREA:
+		on_seg_area(c, seq, m->seg_area, fds, nfds);
 		break;
 	case GPX__CLIENT_MSG__BODY_CANCEL:
 		on_cancel(c, seq, m->cancel);
@@ -826,6 +866,7 @@ conn_kill(struct conn *c, const char *why)
 		}
 	free(c->htab);
 	c->htab = NULL;
+	xfer_drop_area(c);
 	c->hcap = c->nhandles = 0;
 	if (c->cq != NULL) {
 		cq_unref(c->cq);

@@ -76,8 +76,8 @@ host_worker(void *unused)
 		for (uint32_t s = c.seg; left > 0; s++, off = 0) {
 			const struct gpx_wire_seg *g = &j->segs[s];
 			uint64_t n = g->length - off < left ? g->length - off : left;
-			memmove((char *)j->dst->host + g->dst_offset + off,
-			    (const char *)j->src->host + g->src_offset + off, n);
+			mem_host_copy((char *)j->dst->host + g->dst_offset + off,
+			    (const char *)j->src->host + g->src_offset + off, n, j->total);
 			left -= n;
 		}
 		engine_chunk_done(&c, true);
@@ -172,19 +172,36 @@ engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_by
 	c->seg = j->cur_seg;
 	c->off = j->cur_off;
 	c->bytes = 0;
-	/* Gather up to max_bytes in at most max_segs pieces, across as many segments as that takes. */
-	for (uint32_t pieces = 0; j->cur_seg < j->nseg && c->bytes < max_bytes && pieces < max_segs; pieces++) {
-		const struct gpx_wire_seg *g = &j->segs[j->cur_seg];
-		uint64_t n = g->length - j->cur_off;
-		if (n > max_bytes - c->bytes)
-			n = max_bytes - c->bytes;
-		c->bytes += n;
-		j->cur_off += n;
-		if (j->cur_off == g->length) {
-			j->cur_seg++;
-			j->cur_off = 0;
-		}
+	/*
+	 * Cut up to max_bytes in at most max_segs pieces.  The job's running byte counts (ends[])
+	 * make this a binary search, so a request of 65,536 segments costs nothing per segment here.
+	 */
+	uint64_t start = (j->cur_seg ? j->ends[j->cur_seg - 1] : 0) + j->cur_off;
+	uint32_t last = j->nseg - j->cur_seg > max_segs ? j->cur_seg + max_segs - 1 : j->nseg - 1;
+	uint64_t end = j->ends[last];
+	if (end - start > max_bytes)
+		end = start + max_bytes;
+	uint32_t lo = j->cur_seg, hi = last;      /* first segment whose end reaches `end` */
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (j->ends[mid] < end)
+			lo = mid + 1;
+		else
+			hi = mid;
 	}
+	c->bytes = end - start;
+	c->pieces = lo - j->cur_seg + 1;
+	if (end == j->ends[lo]) {
+		j->cur_seg = lo + 1;
+		j->cur_off = 0;
+	} else {
+		j->cur_seg = lo;
+		j->cur_off = end - (lo ? j->ends[lo - 1] : 0);
+	}
+	/* Skip zero-length segments so that a job is handed out exactly when its bytes are. */
+	while (j->cur_seg < j->nseg && j->ends[j->cur_seg] == end && j->cur_off == 0 &&
+	    (j->cur_seg ? j->ends[j->cur_seg - 1] : 0) == end)
+		j->cur_seg++;
 	j->chunks_out++;
 	TAILQ_REMOVE(&q->jobs, j, qe);
 	if (j->cur_seg == j->nseg)

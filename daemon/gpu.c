@@ -422,15 +422,10 @@ issue(struct gdev *g, struct chunk *c)
 	struct job *j = c->job;
 	uint64_t src = addr_on(j->src, g->index), dst = addr_on(j->dst, g->index);
 	uint64_t left = c->bytes, off = c->off;
-	uint32_t pieces = 0;
+	uint32_t pieces = c->pieces ? c->pieces : 1;
 	int s = c->bytes <= QUICK_MAX ? S_QUICK : S_BULK;
 	int slot = free_slot(g), r = 0;
 
-	for (uint64_t l = c->bytes, o = c->off, i = c->seg; l > 0; i++, o = 0) {
-		uint64_t n = j->segs[i].length - o < l ? j->segs[i].length - o : l;
-		l -= n;
-		pieces++;
-	}
 	bool kernel = g->kernel_ok && cfg->sm_copy && pieces >= KERNEL_MIN_SEGS &&
 	    c->bytes / pieces <= KERNEL_MAX_AVG && kernel_reach(j->src, g->index) &&
 	    kernel_reach(j->dst, g->index);

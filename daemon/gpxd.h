@@ -73,6 +73,16 @@ struct conf {
 	char *log_level;
 	char *metrics_listen;        /* "127.0.0.1:9464", NULL = off */
 	bool metrics_allow_remote;   /* serve metrics on a non-loopback address too */
+	/* [fabric]: gpxd to gpxd (daemon/peer.c, daemon/fabric.c); off without listen and peers */
+	char *fabric_node;           /* this node's name among peers (default: the hostname) */
+	char *fabric_listen;         /* "ADDR:PORT" for peer connections, NULL = none */
+	char *fabric_key_file;       /* key shared by the nodes (required when the fabric is on) */
+	char *fabric_peers;          /* "HOST:PORT,HOST:PORT" to connect to */
+	char *fabric_transport;      /* auto | rdma | tcp */
+	char *fabric_rdma_device;    /* NULL = chosen from the topology */
+	double fabric_timeout_s;     /* a request, a handshake or a silent peer fails after this */
+	double fabric_retry_s;       /* between attempts to reach a configured peer */
+	uint64_t fabric_chunk;       /* bytes per Write/Read on the wire */
 	char *path;                  /* the file it came from, or NULL */
 };
 void conf_defaults(struct conf *);
@@ -164,6 +174,8 @@ extern const struct mem_ops mem_cuda_ipc_ops;
 extern const struct mem_ops mem_cuda_vmm_ops;
 const struct mem_ops *mem_ops_for(Gpx__MemKind);
 bool mem_host_fd_ok(int fd, char *err, size_t errlen);
+/* memmove for a host-path chunk; streaming stores when the job (job_bytes) exceeds the caches. */
+void mem_host_copy(void *dst, const void *src, size_t n, uint64_t job_bytes);
 
 /* ---- region.c: regions and the per-connection handle tables ---- */
 struct rhandle {
@@ -183,7 +195,7 @@ void region_revoke(struct region *);
 /* ---- engine.c: scheduling state kept in each client's completion queue ---- */
 #define GPX_MAX_GPUS 16
 /* A path is where a copy executes: host memcpy workers, or the copy worker of one GPU. */
-enum path_kind { PATH_HOST = 0, PATH_GPU0 = 1, NPATHS = PATH_GPU0 + GPX_MAX_GPUS };
+enum path_kind { PATH_HOST = 0, PATH_GPU0 = 1, PATH_FABRIC = PATH_GPU0 + GPX_MAX_GPUS, NPATHS };
 struct equeue {
 	TAILQ_ENTRY(equeue) rr;      /* in its path's round-robin list while it has work */
 	TAILQ_HEAD(, job) jobs;      /* jobs with bytes not yet handed to a worker */
@@ -231,6 +243,7 @@ struct job {
 	uint32_t flags;
 	struct region *src, *dst;    /* mapping users held until the job ends */
 	struct gpx_wire_seg *segs;
+	uint64_t *ends;              /* ends[i]: bytes of segments 0..i, for O(log n) chunking */
 	uint32_t nseg;
 	uint64_t total;
 	enum path_kind path;
@@ -252,6 +265,7 @@ struct chunk {
 	uint32_t seg;
 	uint64_t off;
 	uint64_t bytes;
+	uint32_t pieces;             /* segments (or parts of them) the chunk touches */
 };
 
 int engine_init(int workers, uint64_t chunk);
@@ -301,6 +315,8 @@ struct conn {
 	struct rhandle **htab;       /* chained hash of handles by serial */
 	uint32_t nhandles, hcap;
 	uint32_t nseq_errors;
+	const unsigned char *area;   /* the segment area, mapped read-only */
+	size_t area_len;
 };
 TAILQ_HEAD(conn_list, conn);
 extern struct conn_list conns;
@@ -314,6 +330,8 @@ uint32_t conn_count(void);
 struct conn *conn_by_id(uint64_t);
 struct rhandle *conn_handle(struct conn *, uint64_t id);
 int conn_reply(struct conn *, uint32_t seq, int status, const char *msg, Gpx__Reply *body, const int *fds, int nfds);
+/* A remote import (daemon/peer.c) answered: gives c a handle on r, or answers the error. */
+void conn_import_remote(struct conn *, uint32_t seq, struct region *r, bool read_only);
 
 /* ---- export.c: names under which regions are shared ---- */
 struct export {
@@ -328,6 +346,8 @@ struct export {
 	bool read_only;
 	bool notify;
 	uint32_t importers;
+	bool remote;                 /* peers may import it (daemon/peer.c) */
+	char *peers;                 /* "a,b": only these peer nodes; NULL = any authenticated peer */
 };
 TAILQ_HEAD(export_list, export);
 extern struct export_list exports;
@@ -340,6 +360,8 @@ uint32_t export_count(void);
 
 /* ---- xfer.c: turning a Transfer message into a checked job ---- */
 int xfer_build(struct conn *, const Gpx__Transfer *, int segfd, struct job **out, char *err, size_t errlen);
+int xfer_set_area(struct conn *, int fd, uint64_t length, char *err, size_t errlen);
+void xfer_drop_area(struct conn *);
 
 /* ---- ctl.c: answers to Query and Admin ---- */
 void ctl_query(struct conn *, uint32_t seq, const Gpx__Query *);
@@ -375,6 +397,18 @@ uint64_t gpu_cache_stats(uint64_t *hits);
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen);  /* cheap type check before any driver call */     /* driver opens, and registrations served cached */
 void gpu_host_unregister(struct region *);
 void gpu_shutdown(void);
+
+/* ---- peer.c, fabric.c: gpxd to gpxd (internals in daemon/fabric.h) ---- */
+int peer_start(struct event_base *);         /* loop thread, after engine_init */
+void peer_stop(void);                        /* fails what waits on peers; before engine_shutdown */
+/* conn.c: an import of "NODE:name" that no local export matched; true if it was taken over. */
+bool peer_import(struct conn *, uint32_t seq, const char *name);
+/* conn.c: the remote fields of an Export message into e; <0 (a gpx status) on bad input. */
+int peer_export_opts(struct export *e, const Gpx__Export *m, char *err, size_t errlen);
+void peer_query(Gpx__QueryReply *);          /* Q_PEERS */
+void peer_query_free(Gpx__QueryReply *);
+const char *peer_status(void);               /* one line for status */
+void fabric_kick(void);                      /* any thread: PATH_FABRIC has new work */
 
 extern double gpxd_start_time;
 extern const char *gpxd_socket_path;

@@ -336,7 +336,8 @@ render(struct evbuffer *b, struct snapshot *sn)
 		for (int p = 0; p < NPATHS; p++) {
 			if (p != PATH_HOST && sn->path[p].transfers == 0)
 				continue;
-			snprintf(labels, sizeof(labels), "path=\"%s\"", engine_path_name(p));
+			const char *pn = engine_path_name(p);
+			snprintf(labels, sizeof(labels), "path=\"%s\"", pn != NULL ? pn : "other");
 			put_series(b, name, families[f].what, labels, &sn->path[p]);
 		}
 	}

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include "gpxd.h"
@@ -59,35 +60,104 @@ segs_fd_ok(int fd, uint32_t count, char *err, size_t errlen)
 	return 0;
 }
 
-static int
-read_segs(int fd, uint32_t count, struct gpx_wire_seg *segs, char *err, size_t errlen)
-{
-	size_t want = (size_t)count * sizeof(*segs);
-
-	for (size_t got = 0; got < want;) {
-		ssize_t n = pread(fd, (char *)segs + got, want - got, got);
-		if (n <= 0) {
-			snprintf(err, errlen, "reading the segment table: %s", n < 0 ? strerror(errno) : "short");
-			return -GPX__STATUS__EINVAL;
-		}
-		got += n;
-	}
-	return 0;
-}
-
 static bool
 inside(uint64_t off, uint64_t len, uint64_t size)
 {
 	return off <= size && len <= size - off;
 }
 
+/*
+ * Copies n segments in from wherever they are, checking each against both regions as it goes
+ * and recording the running byte count (ends[]) the engine cuts chunks with.  Every field is
+ * read once into private memory before it is checked: the area and a memfd stay writable by
+ * the client, so nothing is read twice.
+ */
+static int
+take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int fd,
+    const struct region *src, const struct region *dst, struct conn *c, char *err, size_t errlen)
+{
+	uint64_t total = 0;
+	uint32_t n = j->nseg;
+
+	if (fd >= 0) {
+		size_t want = (size_t)n * sizeof(*j->segs);
+		for (size_t got = 0; got < want;) {
+			ssize_t k = pread(fd, (char *)j->segs + got, want - got, got);
+			if (k <= 0) {
+				snprintf(err, errlen, "reading the segment table: %s", k < 0 ? strerror(errno) : "short");
+				return -GPX__STATUS__EINVAL;
+			}
+			got += k;
+		}
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct gpx_wire_seg g;
+		if (table != NULL)
+			memcpy(&g, table + (size_t)i * sizeof(g), sizeof(g));
+		else if (fd >= 0)
+			g = j->segs[i];
+		else {
+			g.src_offset = t->segments[i]->src_offset;
+			g.dst_offset = t->segments[i]->dst_offset;
+			g.length = t->segments[i]->length;
+		}
+		if (!inside(g.src_offset, g.length, src->length) || !inside(g.dst_offset, g.length, dst->length) ||
+		    total + g.length < total) {
+			snprintf(err, errlen, "segment %u (%llu+%llu -> %llu+%llu) leaves its region "
+			    "(source %llu bytes, destination %llu bytes)", i,
+			    (unsigned long long)g.src_offset, (unsigned long long)g.length,
+			    (unsigned long long)g.dst_offset, (unsigned long long)g.length,
+			    (unsigned long long)src->length, (unsigned long long)dst->length);
+			log_audit(c, "%s", err);
+			return -GPX__STATUS__ERANGE;
+		}
+		j->segs[i] = g;
+		total += g.length;
+		j->ends[i] = total;
+	}
+	j->total = total;
+	return 0;
+}
+
+/* Maps the client's segment area read-only, replacing the previous one. */
+int
+xfer_set_area(struct conn *c, int fd, uint64_t length, char *err, size_t errlen)
+{
+	struct stat st;
+	void *p;
+
+	if (!mem_host_fd_ok(fd, err, errlen))
+		return -GPX__STATUS__EBADFD;
+	if (length == 0 || length > GPX_AREA_MAX || fstat(fd, &st) < 0 || (uint64_t)st.st_size < length) {
+		snprintf(err, errlen, "segment area of %llu bytes: 1..%u bytes of the memfd",
+		    (unsigned long long)length, GPX_AREA_MAX);
+		return -GPX__STATUS__EINVAL;
+	}
+	if ((p = mmap(NULL, length, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		snprintf(err, errlen, "mapping the segment area: %s", strerror(errno));
+		return -GPX__STATUS__ENOMEM;
+	}
+	xfer_drop_area(c);
+	c->area = p;
+	c->area_len = length;
+	return 0;
+}
+
+void
+xfer_drop_area(struct conn *c)
+{
+	if (c->area != NULL)
+		munmap((void *)c->area, c->area_len);
+	c->area = NULL;
+	c->area_len = 0;
+}
+
 int
 xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, char *err, size_t errlen)
 {
 	struct rhandle *sh, *dh;
-	struct gpx_wire_seg *segs;
+	const unsigned char *table = NULL;
 	uint32_t n;
-	uint64_t total = 0;
 	int r;
 
 	if ((r = resolve(c, t->src_region, "source", &sh, err, errlen)) < 0 ||
@@ -98,64 +168,52 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 		log_audit(c, "%s", err);
 		return -GPX__STATUS__EACCES;
 	}
-	if ((segfd >= 0) != (t->seg_count > 0) || (segfd >= 0 && t->n_segments > 0)) {
-		snprintf(err, errlen, "segments must come either inline or as seg_count plus one memfd");
+	if ((segfd >= 0 && t->seg_count == 0) || (t->seg_count > 0 && t->n_segments > 0)) {
+		snprintf(err, errlen, "segments come inline, or as seg_count in the segment area or one memfd");
 		return -GPX__STATUS__EPROTO;
 	}
-	n = segfd >= 0 ? t->seg_count : (uint32_t)t->n_segments;
+	n = t->seg_count > 0 ? t->seg_count : (uint32_t)t->n_segments;
 	if (n == 0 || n > cfg->max_segs) {
 		snprintf(err, errlen, "%u segments (1..%u allowed)", n, cfg->max_segs);
 		return -GPX__STATUS__EINVAL;
 	}
-	/* The claimed count is checked against the memfd before anything is allocated for it. */
+	/* The claimed count is checked against the area or memfd before anything is allocated. */
+	if (t->seg_count > 0 && segfd < 0) {
+		uint64_t want = (uint64_t)n * sizeof(struct gpx_wire_seg);
+		if (c->area == NULL || t->area_offset % 8 != 0 || !inside(t->area_offset, want, c->area_len)) {
+			snprintf(err, errlen, "%u segments at %llu leave the segment area (%zu bytes)", n,
+			    (unsigned long long)t->area_offset, c->area_len);
+			return -GPX__STATUS__EINVAL;
+		}
+		table = c->area + t->area_offset;
+	}
 	if (segfd >= 0 && (r = segs_fd_ok(segfd, n, err, errlen)) < 0)
 		return r;
-	if ((segs = malloc((size_t)n * sizeof(*segs))) == NULL) {
+
+	struct job *j = calloc(1, sizeof(*j));
+	if (j != NULL)
+		j->segs = malloc((size_t)n * (sizeof(*j->segs) + sizeof(*j->ends)));
+	if (j == NULL || j->segs == NULL) {
+		free(j);
 		snprintf(err, errlen, "out of memory for %u segments", n);
 		return -GPX__STATUS__ENOMEM;
 	}
-	if (segfd >= 0) {
-		if ((r = read_segs(segfd, n, segs, err, errlen)) < 0) {
-			free(segs);
-			return r;
-		}
-	} else
-		for (uint32_t i = 0; i < n; i++) {
-			segs[i].src_offset = t->segments[i]->src_offset;
-			segs[i].dst_offset = t->segments[i]->dst_offset;
-			segs[i].length = t->segments[i]->length;
-		}
-	for (uint32_t i = 0; i < n; i++) {
-		const struct gpx_wire_seg *g = &segs[i];
-		if (!inside(g->src_offset, g->length, sh->r->length) ||
-		    !inside(g->dst_offset, g->length, dh->r->length) || total + g->length < total) {
-			snprintf(err, errlen, "segment %u (%llu+%llu -> %llu+%llu) leaves its region "
-			    "(source %llu bytes, destination %llu bytes)", i,
-			    (unsigned long long)g->src_offset, (unsigned long long)g->length,
-			    (unsigned long long)g->dst_offset, (unsigned long long)g->length,
-			    (unsigned long long)sh->r->length, (unsigned long long)dh->r->length);
-			log_audit(c, "%s", err);
-			free(segs);
-			return -GPX__STATUS__ERANGE;
-		}
-		total += g->length;
-	}
-
-	struct job *j = calloc(1, sizeof(*j));
-	if (j == NULL) {
-		free(segs);
-		snprintf(err, errlen, "out of memory");
-		return -GPX__STATUS__ENOMEM;
+	j->ends = (uint64_t *)(j->segs + n);
+	j->nseg = n;
+	if ((r = take_segs(j, t, table, segfd, sh->r, dh->r, c, err, errlen)) < 0) {
+		free(j->segs);
+		free(j);
+		return r;
 	}
 	if (!region_use(sh->r)) {
-		free(segs);
+		free(j->segs);
 		free(j);
 		snprintf(err, errlen, "source region was withdrawn by its owner");
 		return -GPX__STATUS__EREVOKED;
 	}
 	if (!region_use(dh->r)) {
 		region_unuse(sh->r);
-		free(segs);
+		free(j->segs);
 		free(j);
 		snprintf(err, errlen, "destination region was withdrawn by its owner");
 		return -GPX__STATUS__EREVOKED;
@@ -164,9 +222,6 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 	region_ref(dh->r);
 	j->src = sh->r;
 	j->dst = dh->r;
-	j->segs = segs;
-	j->nseg = n;
-	j->total = total;
 	j->tag = t->tag;
 	j->flags = t->flags;
 	j->client = c->id;

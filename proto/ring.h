@@ -8,7 +8,8 @@
  * client writes (tail) is untrusted by the daemon: a tail that runs ahead of head or falls more
  * than `entries` behind it marks the client as broken and it is disconnected.
  *
- * The segment table of a large vectored transfer: a sealed memfd of struct gpx_wire_seg.
+ * The segment lists of large vectored transfers: struct gpx_wire_seg records in the
+ * connection's segment area (or a memfd of its own).
  */
 #ifndef GPX_RING_H
 #define GPX_RING_H
@@ -16,7 +17,7 @@
 #include <stdint.h>
 
 #define GPX_RING_MAGIC 0x67707872u /* "gpxr" */
-#define GPX_RING_VERSION 1
+#define GPX_RING_VERSION 2
 
 struct gpx_ring_hdr {
 	uint32_t magic;
@@ -30,6 +31,8 @@ struct gpx_ring_hdr {
 	uint8_t pad2[56];
 	uint64_t dropped;      /* daemon: notifications dropped because the ring was full */
 	uint8_t pad3[56];
+	uint64_t segs_consumed; /* daemon: Transfers naming the segment area it has handled */
+	uint8_t pad4[56];
 };
 
 /* One completion (or notification) record. */

@@ -17,6 +17,7 @@
 #define GPX_MAX_FDS 2                  /* most fds any message carries */
 #define GPX_ARENA_SIZE (16 * GPX_MSG_MAX)
 #define GPX_DEFAULT_SOCKET "/run/gpx/gpxd.sock"
+#define GPX_AREA_MAX (256u << 20)     /* largest segment area a connection may map */
 
 /* Bounded bump allocator handed to protobuf-c's unpack; free is a no-op, reset between messages. */
 struct wire_arena {

@@ -96,7 +96,7 @@ ops_install() {
 		unset MAKEFLAGS MFLAGS MAKELEVEL
 		flock 9
 		${MAKE:-make} -s -C "$GPX_BUILDDIR" install DESTDIR="$1" >"$1.log" 2>&1
-	) 9>"$GPX_BUILDDIR/tests/.ops-install.lock"
+	) 9>"${TMPDIR:-/tmp}/gpx-ops-install.$(id -u).lock"
 }
 
 # http_get HOST PORT PATH: the body of an HTTP/1.0 GET (bash's /dev/tcp, no curl needed).

@@ -74,12 +74,12 @@ printf '[daemon]\nlog_level = info\nmetrics = 127.0.0.1:9464\n' >"$conf"
 useradd -M -s /usr/sbin/nologin -G gpx alice
 useradd -M -s /usr/sbin/nologin bob
 
-# RDMA first, so that /dev/infiniband/* exist when gpxd's device list is resolved.
-GID=$(rxe-setup 2>/dev/null)
-
 # ---- socket activation ----
 section "socket activation"
 systemctl start gpxd.socket
+# No RDMA device yet: DeviceAllow=/dev/infiniband/rdma_cm names a node that does not exist,
+# and gpxd must start all the same (a node without RDMA).
+check "no /dev/infiniband/rdma_cm yet" test ! -e /dev/infiniband/rdma_cm
 check "gpxd.socket listening" systemctl -q is-active gpxd.socket
 check "/run/gpx/gpxd.sock is srw-rw---- root:gpx" \
 	test "$(stat -c '%A %U:%G' /run/gpx/gpxd.sock)" = "srw-rw---- root:gpx"
@@ -121,6 +121,7 @@ check "metrics on 127.0.0.1:9464 through the sandbox: ${b:-no} bytes on the host
 
 # ---- the sandbox, replayed around other programs ----
 section "sandbox"
+GID=$(rxe-setup 2>/dev/null)
 # Every [Service] setting of the installed unit except how the process is run, as -p options
 # of transient units: what works there works for gpxd, what fails there fails for gpxd.
 props=()

@@ -1,0 +1,545 @@
+/*
+ * The fabric path of the engine (PATH_FABRIC) and its TCP data transport.  A client that
+ * imported "NODE:name" holds a region of kind `remote`; a transfer with a remote side is
+ * queued on PATH_FABRIC and cut into chunks of at most [fabric] chunk_size, each sent to the
+ * peer that holds the export as a Write (local -> remote, the bytes follow the message) or a
+ * Read (remote -> local, the bytes follow the answer).  A chunk is done when its answer (Done)
+ * arrives; a transfer into an export whose owner asked for notifications ends with a Notify
+ * (folded into the Write when the transfer is one chunk), so the owner hears of it exactly as
+ * for a local copy.  The serving side of Write, Read and Notify is here too.
+ *
+ * Why chunks are taken on the loop thread and not by a worker as daemon/gpu.c does: a chunk
+ * here is a message on a non-blocking socket, not a copy that blocks, so no thread needs to
+ * wait on it.  engine_submit kicks the loop (fabric_kick); the loop takes chunks with
+ * engine_next_chunk(wait = false) while fewer than FABRIC_WINDOW are in flight, and each
+ * answer takes the next one, which keeps the engine's round-robin between clients and jobs.
+ * The received bytes are copied out of the socket buffer into the region on the loop thread:
+ * one chunk (1 MiB by default) at a time, so a large transfer never holds the loop for long.
+ *
+ * Failures end every waiting chunk with EIO, never a hang: the peer connection going down
+ * (daemon/peer.c), a request unanswered for [fabric] timeout seconds (the connection is then
+ * dropped: a peer that lost one answer cannot be trusted with the rest), or a region imported
+ * through an older connection (its epoch no longer matches: EREVOKED at submission).
+ */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+
+#include "daemon/fabric.h"
+
+enum fop_kind { FOP_WRITE, FOP_READ, FOP_NOTIFY };
+
+/* One request sent to a peer, waiting for its Done. */
+struct fop {
+	TAILQ_ENTRY(fop) entry;
+	uint64_t id;
+	struct peer *p;
+	enum fop_kind kind;
+	struct chunk c;
+	void *local;                 /* Read: where the bytes land */
+	bool notified;               /* the Write carried the transfer's Notify */
+	double deadline;
+};
+
+/* A Release queued by a thread other than the loop's. */
+struct rel {
+	TAILQ_ENTRY(rel) entry;
+	char node[PEER_NAME_MAX + 1];
+	uint32_t epoch;
+	uint64_t handle;
+};
+
+#define FABRIC_WINDOW 32             /* chunks in flight over all peers */
+
+static TAILQ_HEAD(, fop) fops = TAILQ_HEAD_INITIALIZER(fops);
+static uint32_t nfops;
+static uint64_t next_id;
+static struct event *kick_ev;
+static pthread_mutex_t rlock = PTHREAD_MUTEX_INITIALIZER;
+static TAILQ_HEAD(, rel) rels = TAILQ_HEAD_INITIALIZER(rels);
+static bool running;
+
+/* ---- the `remote` memory kind ---- */
+
+static int
+remote_open(struct region *r, char *err, size_t errlen)
+{
+	(void)r;
+	snprintf(err, errlen, "remote regions come from importing NODE:name, not from registration");
+	return -GPX__STATUS__ENOTSUP;
+}
+
+/* Any thread: the last user let go; tell the peer, from the loop thread. */
+static void
+remote_close(struct region *r)
+{
+	struct remote *rm = r->priv;
+	struct rel *x;
+
+	if (rm == NULL)
+		return;
+	r->priv = NULL;
+	x = malloc(sizeof(*x));
+	pthread_mutex_lock(&rlock);
+	if (running && x != NULL) {
+		memcpy(x->node, rm->node, sizeof(x->node));
+		x->epoch = rm->epoch;
+		x->handle = rm->handle;
+		TAILQ_INSERT_TAIL(&rels, x, entry);
+		event_active(kick_ev, EV_READ, 0);
+		x = NULL;
+	}
+	pthread_mutex_unlock(&rlock);
+	free(x);
+	free(rm);
+}
+
+const struct mem_ops mem_remote_ops = {
+	.name = "remote",
+	.open = remote_open,
+	.close = remote_close,
+};
+
+struct region *
+fabric_remote_region(struct peer *p, uint64_t handle, uint64_t length, bool read_only)
+{
+	struct region *r = region_new();
+	struct remote *rm = calloc(1, sizeof(*rm));
+
+	if (r == NULL || rm == NULL) {
+		free(r);
+		free(rm);
+		return NULL;
+	}
+	snprintf(rm->node, sizeof(rm->node), "%s", p->node);
+	rm->epoch = p->epoch;
+	rm->handle = handle;
+	r->ops = &mem_remote_ops;
+	r->kind = GPX__MEM_KIND__MEM_REMOTE;
+	r->dev = DEV_HOST;
+	r->length = length;
+	r->read_only = read_only;
+	r->priv = rm;
+	p->nimports++;
+	return r;
+}
+
+/* xfer.c: what a transfer with a remote side needs, checked before it becomes a job. */
+int
+fabric_xfer_check(const struct region *src, const struct region *dst, char *err, size_t errlen)
+{
+	bool rs = src->kind == GPX__MEM_KIND__MEM_REMOTE, rd = dst->kind == GPX__MEM_KIND__MEM_REMOTE;
+	const struct region *local = rs ? dst : src, *far = rs ? src : dst;
+	const struct remote *rm = far->priv;
+	struct peer *p;
+
+	if (!rs && !rd)
+		return 0;
+	if (rs && rd) {
+		snprintf(err, errlen, "both regions are remote: copy through a local region");
+		return -GPX__STATUS__ENOTSUP;
+	}
+	if (local->kind != GPX__MEM_KIND__MEM_HOST || local->host == NULL) {
+		snprintf(err, errlen, "GPU memory to or from another node needs GPUDirect RDMA or staging, "
+		    "which this gpxd does not have: the tcp transport moves host memory only");
+		return -GPX__STATUS__ENOTSUP;
+	}
+	if (rm == NULL || (p = peer_by_node(rm->node)) == NULL || p->epoch != rm->epoch) {
+		snprintf(err, errlen, "the connection to peer %s this region was imported through has "
+		    "ended: import it again", rm ? rm->node : "?");
+		return -GPX__STATUS__EREVOKED;
+	}
+	return 0;
+}
+
+/* ---- requests ---- */
+
+static void
+fop_free(struct fop *f, bool ok)
+{
+	engine_chunk_done(&f->c, ok);
+	free(f);
+}
+
+static void
+fop_send(struct fop *f, const Gpxpeer__PeerMsg *m, const void *data, size_t len)
+{
+	f->deadline = now_s() + cfg->fabric_timeout_s;
+	TAILQ_INSERT_TAIL(&fops, f, entry);
+	nfops++;
+	f->p->inflight++;
+	/* On failure the peer was killed, and fabric_peer_down has failed f already. */
+	peer_send(f->p, m, data, len);
+}
+
+static void
+start_chunk(struct chunk *c)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__Write w = GPXPEER__WRITE__INIT;
+	Gpxpeer__Read rd = GPXPEER__READ__INIT;
+	struct job *j = c->job;
+	const struct gpx_wire_seg *g = &j->segs[c->seg];
+	bool write = j->dst->kind == GPX__MEM_KIND__MEM_REMOTE;
+	const struct remote *rm = (write ? j->dst : j->src)->priv;
+	struct peer *p = rm ? peer_by_node(rm->node) : NULL;
+	struct fop *f;
+
+	if (p == NULL || p->epoch != rm->epoch || (f = calloc(1, sizeof(*f))) == NULL) {
+		log_debug("fabric", "client %llu tag %llu: peer %s unreachable", (unsigned long long)j->client,
+		    (unsigned long long)j->tag, rm ? rm->node : "?");
+		engine_chunk_done(c, false);
+		return;
+	}
+	f->id = ++next_id;
+	f->p = p;
+	f->c = *c;
+	if (write) {
+		f->kind = FOP_WRITE;
+		w.id = f->id;
+		w.handle = rm->handle;
+		w.offset = g->dst_offset + c->off;
+		w.length = c->bytes;
+		if (rm->notify && c->bytes == j->total) {
+			w.notify = j->total;
+			f->notified = true;
+		}
+		m.body_case = GPXPEER__PEER_MSG__BODY_WRITE;
+		m.write = &w;
+		fop_send(f, &m, (const char *)j->src->host + g->src_offset + c->off, c->bytes);
+	} else {
+		f->kind = FOP_READ;
+		f->local = (char *)j->dst->host + g->dst_offset + c->off;
+		rd.id = f->id;
+		rd.handle = rm->handle;
+		rd.offset = g->src_offset + c->off;
+		rd.length = c->bytes;
+		m.body_case = GPXPEER__PEER_MSG__BODY_READ;
+		m.read = &rd;
+		fop_send(f, &m, NULL, 0);
+	}
+}
+
+/* Takes chunks while the window has room. */
+static void
+pump(void)
+{
+	struct chunk c;
+
+	while (running && nfops < FABRIC_WINDOW &&
+	    engine_next_chunk(PATH_FABRIC, &c, false, cfg->fabric_chunk, 1))
+		start_chunk(&c);
+}
+
+/*
+ * A request ended.  A Write's bytes count towards its transfer (j->priv holds the bytes
+ * acknowledged: only this thread touches it); the one that completes a transfer into a
+ * notifying export sends the Notify and keeps its chunk until that is answered too, so the
+ * writer's completion never comes before the owner's notification.
+ */
+static void
+fop_end(struct fop *f, bool ok)
+{
+	struct job *j = f->c.job;
+
+	if (ok && f->kind == FOP_WRITE) {
+		uint64_t acked = (uint64_t)(uintptr_t)j->priv + f->c.bytes;
+		const struct remote *rm = j->dst->priv;
+		j->priv = (void *)(uintptr_t)acked;
+		if (acked == j->total && rm != NULL && rm->notify && !f->notified && f->p->state == PEER_READY) {
+			Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+			Gpxpeer__Notify n = GPXPEER__NOTIFY__INIT;
+			f->kind = FOP_NOTIFY;
+			f->id = ++next_id;
+			n.id = f->id;
+			n.handle = rm->handle;
+			n.bytes = j->total;
+			m.body_case = GPXPEER__PEER_MSG__BODY_NOTIFY;
+			m.notify = &n;
+			fop_send(f, &m, NULL, 0);
+			return;
+		}
+	}
+	fop_free(f, ok);
+}
+
+static void
+on_done(struct peer *p, const Gpxpeer__Done *d, struct evbuffer *in, size_t dlen)
+{
+	struct fop *f;
+
+	TAILQ_FOREACH(f, &fops, entry)
+		if (f->p == p && f->id == d->id)
+			break;
+	if (f == NULL) {
+		peer_kill(p, "answer to request %llu, which was not sent to it", (unsigned long long)d->id);
+		return;
+	}
+	if (f->kind == FOP_READ && d->status == 0) {
+		if (dlen != f->c.bytes || d->length != dlen) {
+			peer_kill(p, "answered a Read of %llu bytes with %zu", (unsigned long long)f->c.bytes, dlen);
+			return;
+		}
+		/* The job holds the destination's mapping until the chunk is done. */
+		evbuffer_remove(in, f->local, dlen);
+	} else if (dlen != 0) {
+		peer_kill(p, "data in an answer that takes none");
+		return;
+	}
+	TAILQ_REMOVE(&fops, f, entry);
+	nfops--;
+	p->inflight--;
+	if (d->status != 0) {
+		p->errors++;
+		log_info("fabric: peer %s refused a %s of client %llu tag %llu: status %u", p->node,
+		    f->kind == FOP_WRITE ? "write" : f->kind == FOP_READ ? "read" : "notify",
+		    (unsigned long long)f->c.job->client, (unsigned long long)f->c.job->tag, d->status);
+	}
+	fop_end(f, d->status == 0);
+	pump();
+}
+
+/* ---- serving: our exports, written and read by a peer ---- */
+
+static bool
+inside(uint64_t off, uint64_t len, uint64_t size)
+{
+	return off <= size && len <= size - off;
+}
+
+static void
+answer(struct peer *p, uint64_t id, int status, const void *data, size_t len)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__Done d = GPXPEER__DONE__INIT;
+
+	d.id = id;
+	d.status = status;
+	d.length = len;
+	m.body_case = GPXPEER__PEER_MSG__BODY_DONE;
+	m.done = &d;
+	if (status != 0)
+		p->errors++;
+	peer_send(p, &m, data, len);
+}
+
+static void
+notify_owner(struct region *r, uint64_t bytes)
+{
+	if (atomic_load(&r->notify_on) && r->notify_cq != NULL)
+		cq_notify(r->notify_cq, r->notify_tag, 0, bytes);
+}
+
+/* Checks a peer's request against the handle: a gpx status, 0 when it may go ahead. */
+static int
+check(struct peer *p, uint64_t handle, uint64_t off, uint64_t len, bool write, struct phandle **out)
+{
+	struct phandle *h = peer_handle(p, handle);
+
+	if (h == NULL)
+		return GPX__STATUS__ENOENT;
+	if (write && h->read_only)
+		return GPX__STATUS__EACCES;
+	if (len == 0 || len > PEER_DATA_MAX || !inside(off, len, h->r->length))
+		return GPX__STATUS__ERANGE;
+	if (!region_use(h->r))
+		return GPX__STATUS__EREVOKED;
+	*out = h;
+	return 0;
+}
+
+static void
+serve_write(struct peer *p, const Gpxpeer__Write *w, struct evbuffer *in, size_t dlen)
+{
+	struct phandle *h;
+	int st;
+
+	if (dlen != w->length) {
+		peer_kill(p, "a Write of %llu bytes carries %zu", (unsigned long long)w->length, dlen);
+		return;
+	}
+	if ((st = check(p, w->handle, w->offset, w->length, true, &h)) == 0) {
+		evbuffer_remove(in, (char *)h->r->host + w->offset, dlen);
+		if (w->notify != 0)
+			notify_owner(h->r, w->notify);
+		region_unuse(h->r);
+	} else
+		evbuffer_drain(in, dlen);
+	answer(p, w->id, st, NULL, 0);
+}
+
+static void
+serve_read(struct peer *p, const Gpxpeer__Read *r)
+{
+	struct phandle *h;
+	int st;
+
+	if ((st = check(p, r->handle, r->offset, r->length, false, &h)) != 0) {
+		answer(p, r->id, st, NULL, 0);
+		return;
+	}
+	answer(p, r->id, 0, (const char *)h->r->host + r->offset, r->length);
+	region_unuse(h->r);
+}
+
+static void
+serve_notify(struct peer *p, const Gpxpeer__Notify *n)
+{
+	struct phandle *h = peer_handle(p, n->handle);
+
+	if (h == NULL) {
+		answer(p, n->id, GPX__STATUS__ENOENT, NULL, 0);
+		return;
+	}
+	if (!h->read_only)
+		notify_owner(h->r, n->bytes);
+	answer(p, n->id, h->read_only ? GPX__STATUS__EACCES : 0, NULL, 0);
+}
+
+void
+fabric_on_msg(struct peer *p, const Gpxpeer__PeerMsg *m, struct evbuffer *in, size_t datalen)
+{
+	switch (m->body_case) {
+	case GPXPEER__PEER_MSG__BODY_WRITE:
+		serve_write(p, m->write, in, datalen);
+		break;
+	case GPXPEER__PEER_MSG__BODY_READ:
+		serve_read(p, m->read);
+		break;
+	case GPXPEER__PEER_MSG__BODY_NOTIFY:
+		serve_notify(p, m->notify);
+		break;
+	case GPXPEER__PEER_MSG__BODY_DONE:
+		on_done(p, m->done, in, datalen);
+		break;
+	default:
+		peer_kill(p, "unexpected message %d", m->body_case);
+	}
+}
+
+/* ---- failures, the loop's kick, start and stop ---- */
+
+void
+fabric_peer_down(struct peer *p)
+{
+	struct fop *f, *t;
+	TAILQ_HEAD(, fop) failed = TAILQ_HEAD_INITIALIZER(failed);
+
+	TAILQ_FOREACH_SAFE(f, &fops, entry, t)
+		if (f->p == p) {
+			TAILQ_REMOVE(&fops, f, entry);
+			nfops--;
+			p->errors++;
+			TAILQ_INSERT_TAIL(&failed, f, entry);
+		}
+	p->inflight = 0;
+	/* Failed after the walk: ending a chunk can end a job and release a region. */
+	while ((f = TAILQ_FIRST(&failed)) != NULL) {
+		TAILQ_REMOVE(&failed, f, entry);
+		fop_free(f, false);
+	}
+	fabric_kick();
+}
+
+void
+fabric_tick(double now)
+{
+	struct fop *f;
+
+again:
+	TAILQ_FOREACH(f, &fops, entry)
+		if (now > f->deadline) {
+			peer_kill(f->p, "request %llu unanswered for %.1f s", (unsigned long long)f->id,
+			    cfg->fabric_timeout_s);
+			goto again;          /* the kill removed this peer's requests */
+		}
+	/* Chunks whose peer is gone fail here too, whether or not anything else wakes the loop. */
+	pump();
+}
+
+void
+fabric_release(const char *n, uint32_t epoch, uint64_t handle)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__Release r = GPXPEER__RELEASE__INIT;
+	struct peer *p = peer_by_node(n);
+
+	if (p == NULL || p->epoch != epoch)
+		return;          /* that connection is gone, and its handles with it */
+	if (p->nimports > 0)
+		p->nimports--;
+	r.handle = handle;
+	m.body_case = GPXPEER__PEER_MSG__BODY_RELEASE;
+	m.release = &r;
+	peer_send(p, &m, NULL, 0);
+}
+
+static void
+on_kick(evutil_socket_t fd, short what, void *arg)
+{
+	TAILQ_HEAD(, rel) todo = TAILQ_HEAD_INITIALIZER(todo);
+	struct rel *x;
+
+	(void)fd;
+	(void)what;
+	(void)arg;
+	pthread_mutex_lock(&rlock);
+	TAILQ_CONCAT(&todo, &rels, entry);
+	pthread_mutex_unlock(&rlock);
+	while ((x = TAILQ_FIRST(&todo)) != NULL) {
+		TAILQ_REMOVE(&todo, x, entry);
+		fabric_release(x->node, x->epoch, x->handle);
+		free(x);
+	}
+	pump();
+}
+
+void
+fabric_kick(void)
+{
+	if (kick_ev != NULL)
+		event_active(kick_ev, EV_READ, 0);
+}
+
+int
+fabric_init(struct event_base *b)
+{
+	if ((kick_ev = event_new(b, -1, 0, on_kick, NULL)) == NULL)
+		return -1;
+	pthread_mutex_lock(&rlock);
+	running = true;
+	pthread_mutex_unlock(&rlock);
+	return 0;
+}
+
+/* After every peer is down (so every request has failed): nothing is queued any more. */
+void
+fabric_shutdown(void)
+{
+	struct rel *x;
+	struct fop *f;
+
+	pthread_mutex_lock(&rlock);
+	running = false;
+	while ((x = TAILQ_FIRST(&rels)) != NULL) {
+		TAILQ_REMOVE(&rels, x, entry);
+		free(x);
+	}
+	pthread_mutex_unlock(&rlock);
+	while ((f = TAILQ_FIRST(&fops)) != NULL) {
+		TAILQ_REMOVE(&fops, f, entry);
+		nfops--;
+		fop_free(f, false);
+	}
+	/* Chunks still queued on the path fail now, so their transfers end. */
+	struct chunk c;
+	while (engine_next_chunk(PATH_FABRIC, &c, false, UINT64_MAX, UINT32_MAX))
+		engine_chunk_done(&c, false);
+	if (kick_ev != NULL)
+		event_free(kick_ev);
+	kick_ev = NULL;
+}

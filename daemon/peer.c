@@ -1,0 +1,1284 @@
+/*
+ * Peer daemons: the control plane of the fabric.  gpxd listens for other nodes' daemons on
+ * [fabric] listen, keeps a connection to each address in [fabric] peers (retrying every
+ * retry_interval), and on every connection, before anything else, runs the handshake of
+ * proto/peer.proto: version negotiation and a mutual HMAC-SHA256 challenge over both nonces and
+ * both node names with the key shared by the nodes.  Only then are imports, Write and Read
+ * accepted; the data plane itself is daemon/fabric.c.
+ *
+ * Everything a peer sends is untrusted: frame lengths are capped before anything is read (far
+ * lower before authentication), messages unpack into the bounded arena, names are checked
+ * against a small alphabet, handles carry the connection's epoch.  A peer that misbehaves loses
+ * its connection, with a log line saying why; the daemon never exits because of it.  A peer
+ * that says nothing for [fabric] timeout seconds (keepalive pings go out at a third of that) is
+ * declared dead, so a vanished node turns into errors within that bound, never a hang.
+ *
+ * Two daemons that both list each other end up with two connections; once both are
+ * authenticated, the one opened by the node with the smaller name is kept on both sides.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+
+#include "daemon/fabric.h"
+
+/* A configured peer address: dialled until a connection to it is up. */
+struct ptarget {
+	TAILQ_ENTRY(ptarget) entry;
+	char addr[96];
+	char node[PEER_NAME_MAX + 1];    /* learned at the first handshake */
+	struct peer *p;                  /* the outbound connection, while there is one */
+	bool resolving;
+	double t_next;
+	char why[160];
+};
+
+/* An import a local client asked for, waiting for the peer's answer. */
+struct pimport {
+	TAILQ_ENTRY(pimport) entry;
+	uint64_t id;
+	struct peer *p;
+	struct conn *c;                  /* kept alive by c->pending */
+	uint32_t seq;
+	double deadline;
+};
+
+struct peer_list peers = TAILQ_HEAD_INITIALIZER(peers);
+static struct peer_list dead = TAILQ_HEAD_INITIALIZER(dead);
+static TAILQ_HEAD(, ptarget) targets = TAILQ_HEAD_INITIALIZER(targets);
+static TAILQ_HEAD(, pimport) pimports = TAILQ_HEAD_INITIALIZER(pimports);
+static struct event_base *base;
+static struct evconnlistener *listener;
+static struct event *tick_ev;
+static struct wire_arena *arena;
+static uint8_t key[4096];
+static size_t keylen;
+static char node[PEER_NAME_MAX + 1];
+static char listen_addr[96];
+static bool enabled;
+static uint64_t next_import;
+static char status_buf[256];
+static uint8_t packbuf[PEER_MSG_MAX];
+
+#define PEER_MAX_HANDLES 65536          /* handles one peer may hold on our exports */
+#define PEER_OUT_MAX (96u << 20)        /* output a peer leaves unread before it is dropped */
+#define TICK_MS 100
+
+static void peer_free(struct peer *);
+static void on_event(struct bufferevent *, short, void *);
+static void on_read(struct bufferevent *, void *);
+
+/* Node names: 1..64 of [A-Za-z0-9._-]; no ':', which separates NODE from name in imports. */
+static bool
+node_name_ok(const char *n)
+{
+	size_t l = n ? strlen(n) : 0;
+
+	return l > 0 && l <= PEER_NAME_MAX &&
+	    strspn(n, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == l;
+}
+
+static const char *
+state_name(enum peer_state s)
+{
+	static const char *n[] = { "connecting", "hello", "auth", "ready", "down" };
+	return n[s];
+}
+
+/* ---- addresses ---- */
+
+/* "HOST:PORT" or "[V6]:PORT" into host and port; false if malformed. */
+static bool
+split_addr(const char *a, char *host, size_t hl, char *port, size_t pl)
+{
+	const char *c;
+
+	if (a[0] == '[') {
+		const char *e = strchr(a, ']');
+		if (e == NULL || e[1] != ':' || (size_t)(e - a - 1) >= hl)
+			return false;
+		snprintf(host, hl, "%.*s", (int)(e - a - 1), a + 1);
+		c = e + 1;
+	} else {
+		if ((c = strrchr(a, ':')) == NULL || (size_t)(c - a) >= hl || c == a)
+			return false;
+		snprintf(host, hl, "%.*s", (int)(c - a), a);
+	}
+	if (c[1] == '\0' || strlen(c + 1) >= pl || strspn(c + 1, "0123456789") != strlen(c + 1))
+		return false;
+	snprintf(port, pl, "%s", c + 1);
+	return true;
+}
+
+static void
+fmt_sa(const struct sockaddr *sa, char *buf, size_t len)
+{
+	char h[INET6_ADDRSTRLEN] = "?";
+
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *s = (const void *)sa;
+		inet_ntop(AF_INET, &s->sin_addr, h, sizeof(h));
+		snprintf(buf, len, "%s:%u", h, ntohs(s->sin_port));
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *s = (const void *)sa;
+		inet_ntop(AF_INET6, &s->sin6_addr, h, sizeof(h));
+		snprintf(buf, len, "[%s]:%u", h, ntohs(s->sin6_port));
+	} else
+		snprintf(buf, len, "?");
+}
+
+/* ---- the key ---- */
+
+/* The key file: owner-only (like an ssh key), at least 16 bytes; trailing newlines dropped. */
+static int
+load_key(const char *path, char *err, size_t errlen)
+{
+	struct stat st;
+	ssize_t n;
+	int fd;
+
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)) < 0) {
+		snprintf(err, errlen, "key_file %s: %s", path, strerror(errno));
+		return -1;
+	}
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (st.st_mode & 077) != 0) {
+		snprintf(err, errlen, "key_file %s: must be a regular file readable by its owner only "
+		    "(chmod 0600)", path);
+		close(fd);
+		return -1;
+	}
+	n = read(fd, key, sizeof(key));
+	close(fd);
+	while (n > 0 && (key[n - 1] == '\n' || key[n - 1] == '\r'))
+		n--;
+	if (n < 16) {
+		snprintf(err, errlen, "key_file %s: shorter than 16 bytes (make one with: head -c 32 "
+		    "/dev/urandom | base64 > %s)", path, path);
+		return -1;
+	}
+	keylen = (size_t)n;
+	return 0;
+}
+
+/*
+ * The proof of one side: HMAC(key, label | version | nonce of the connecting side | nonce of
+ * the answering side | its node name | the other's node name), names length-prefixed.  The
+ * labels differ by direction, so one side's proof is never valid as the other's.
+ */
+static void
+proof(const char *label, uint32_t version, const uint8_t *nonce_i, const uint8_t *nonce_r,
+    const char *node_i, const char *node_r, uint8_t out[SHA256_LEN])
+{
+	struct hmac m;
+	uint8_t v[4] = { version >> 24, version >> 16, version >> 8, version };
+	uint8_t l;
+
+	hmac_init(&m, key, keylen);
+	hmac_update(&m, label, strlen(label) + 1);
+	hmac_update(&m, v, 4);
+	hmac_update(&m, nonce_i, PEER_NONCE_LEN);
+	hmac_update(&m, nonce_r, PEER_NONCE_LEN);
+	l = (uint8_t)strlen(node_i);
+	hmac_update(&m, &l, 1);
+	hmac_update(&m, node_i, l);
+	l = (uint8_t)strlen(node_r);
+	hmac_update(&m, &l, 1);
+	hmac_update(&m, node_r, l);
+	hmac_final(&m, out);
+}
+
+/* ---- sending ---- */
+
+int
+peer_send(struct peer *p, const Gpxpeer__PeerMsg *m, const void *data, size_t len)
+{
+	struct evbuffer *out;
+	size_t mlen;
+	uint8_t hdr[PEER_HDR_LEN];
+
+	if (p->state == PEER_DEAD || p->bev == NULL)
+		return -1;
+	mlen = gpxpeer__peer_msg__get_packed_size(m);
+	if (mlen > PEER_MSG_MAX || len > PEER_DATA_MAX) {
+		log_warnx("fabric: message to %s too large (%zu + %zu bytes)", p->addr, mlen, len);
+		return -1;
+	}
+	gpxpeer__peer_msg__pack(m, packbuf);
+	for (int i = 0; i < 4; i++) {
+		hdr[i] = (uint8_t)(PEER_MAGIC >> (24 - 8 * i));
+		hdr[4 + i] = (uint8_t)(mlen >> (24 - 8 * i));
+		hdr[8 + i] = (uint8_t)(len >> (24 - 8 * i));
+	}
+	out = bufferevent_get_output(p->bev);
+	if (evbuffer_get_length(out) > PEER_OUT_MAX) {
+		peer_kill(p, "it leaves more than %u MiB of our output unread", PEER_OUT_MAX >> 20);
+		return -1;
+	}
+	if (evbuffer_add(out, hdr, sizeof(hdr)) < 0 || evbuffer_add(out, packbuf, mlen) < 0 ||
+	    (len > 0 && evbuffer_add(out, data, len) < 0)) {
+		peer_kill(p, "out of memory for its output");
+		return -1;
+	}
+	p->bytes_tx += sizeof(hdr) + mlen + len;
+	p->t_tx = now_s();
+	return 0;
+}
+
+static void
+send_bye(struct peer *p, const char *why)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__Bye b = GPXPEER__BYE__INIT;
+
+	b.reason = (char *)why;
+	m.body_case = GPXPEER__PEER_MSG__BODY_BYE;
+	m.bye = &b;
+	/* One non-blocking attempt to put it on the wire now: the connection is closed next. */
+	if (peer_send(p, &m, NULL, 0) == 0)
+		evbuffer_write(bufferevent_get_output(p->bev), bufferevent_getfd(p->bev));
+}
+
+/* ---- lifecycle ---- */
+
+static struct peer *
+peer_new(struct bufferevent *bev, bool outbound, const char *addr)
+{
+	struct peer *p = calloc(1, sizeof(*p));
+
+	if (p == NULL)
+		return NULL;
+	p->bev = bev;
+	p->outbound = outbound;
+	p->state = outbound ? PEER_CONNECTING : PEER_HELLO;
+	snprintf(p->addr, sizeof(p->addr), "%s", addr);
+	TAILQ_INIT(&p->handles);
+	p->t_start = p->t_rx = p->t_tx = now_s();
+	if (getrandom(p->nonce_local, PEER_NONCE_LEN, 0) != PEER_NONCE_LEN) {
+		free(p);
+		return NULL;
+	}
+	bufferevent_setcb(bev, on_read, NULL, on_event, p);
+	bufferevent_enable(bev, EV_READ | EV_WRITE);
+	TAILQ_INSERT_TAIL(&peers, p, entry);
+	return p;
+}
+
+static void
+phandle_drop(struct phandle *h)
+{
+	struct export *e;
+
+	TAILQ_FOREACH(e, &exports, entry)
+		if (e->r == h->r && e->importers > 0) {
+			e->importers--;
+			break;
+		}
+	region_unref(h->r);
+	free(h);
+}
+
+/* Marks p dead and lets go of everything that hangs on it; the struct goes at the next tick. */
+void
+peer_kill(struct peer *p, const char *fmt, ...)
+{
+	struct pimport *pi, *pt;
+	struct phandle *h;
+	va_list ap;
+
+	if (p->state == PEER_DEAD)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(p->why, sizeof(p->why), fmt, ap);
+	va_end(ap);
+	if (p->state == PEER_READY)
+		log_warnx("fabric: peer %s (%s, epoch %08x) down: %s", p->node, p->addr, p->epoch, p->why);
+	else
+		log_info("fabric: connection %s %s (%s) failed: %s", p->outbound ? "to" : "from",
+		    p->addr, p->node[0] ? p->node : "unauthenticated", p->why);
+	p->state = PEER_DEAD;
+	if (p->bev != NULL) {
+		bufferevent_disable(p->bev, EV_READ | EV_WRITE);
+		bufferevent_free(p->bev);
+		p->bev = NULL;
+	}
+	fabric_peer_down(p);
+	TAILQ_FOREACH_SAFE(pi, &pimports, entry, pt) {
+		if (pi->p != p)
+			continue;
+		TAILQ_REMOVE(&pimports, pi, entry);
+		pi->c->pending--;
+		if (pi->c->state != CONN_DEAD) {
+			char err[256];
+			snprintf(err, sizeof(err), "peer %s went down during the import: %s", p->node, p->why);
+			conn_reply(pi->c, pi->seq, GPX__STATUS__EIO, err, NULL, NULL, 0);
+		} else
+			levent_request_reap();
+		free(pi);
+	}
+	while ((h = TAILQ_FIRST(&p->handles)) != NULL) {
+		TAILQ_REMOVE(&p->handles, h, entry);
+		phandle_drop(h);
+	}
+	if (p->target != NULL) {
+		snprintf(p->target->why, sizeof(p->target->why), "%s", p->why);
+		p->target->p = NULL;
+		p->target->t_next = now_s() + cfg->fabric_retry_s;
+		p->target = NULL;
+	}
+	TAILQ_REMOVE(&peers, p, entry);
+	TAILQ_INSERT_TAIL(&dead, p, entry);
+}
+
+static void
+peer_free(struct peer *p)
+{
+	TAILQ_REMOVE(&dead, p, entry);
+	free(p);
+}
+
+struct peer *
+peer_by_node(const char *name)
+{
+	struct peer *p;
+
+	TAILQ_FOREACH(p, &peers, entry)
+		if (p->state == PEER_READY && strcmp(p->node, name) == 0)
+			return p;
+	return NULL;
+}
+
+struct phandle *
+peer_handle(struct peer *p, uint64_t id)
+{
+	struct phandle *h;
+
+	if ((uint32_t)(id >> 32) != p->epoch)
+		return NULL;
+	TAILQ_FOREACH(h, &p->handles, entry)
+		if (h->id == id)
+			return h;
+	return NULL;
+}
+
+/* ---- the handshake ---- */
+
+static void
+send_hello(struct peer *p)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__Hello h = GPXPEER__HELLO__INIT;
+
+	h.version_min = PEER_PROTO_MIN;
+	h.version_max = PEER_PROTO_MAX;
+	h.node = node;
+	h.nonce.data = p->nonce_local;
+	h.nonce.len = PEER_NONCE_LEN;
+	m.body_case = GPXPEER__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	p->state = PEER_HELLO;
+	peer_send(p, &m, NULL, 0);
+}
+
+/* Which of two connections between the same two nodes both sides keep: the one opened by the
+ * smaller node name (the older one if the same side opened both). */
+static bool
+keeps(const struct peer *a, const struct peer *b)
+{
+	const char *ia = a->outbound ? node : a->node, *ib = b->outbound ? node : b->node;
+	int c = strcmp(ia, ib);
+
+	return c != 0 ? c < 0 : a->t_ready <= b->t_ready;
+}
+
+static void
+become_ready(struct peer *p)
+{
+	struct peer *q;
+
+	p->state = PEER_READY;
+	p->t_ready = now_s();
+	if (p->target != NULL) {
+		snprintf(p->target->node, sizeof(p->target->node), "%s", p->node);
+		p->target->why[0] = '\0';
+	}
+	TAILQ_FOREACH(q, &peers, entry)
+		if (q != p && q->state == PEER_READY && strcmp(q->node, p->node) == 0)
+			break;
+	if (q != NULL) {
+		struct peer *loser = keeps(p, q) ? q : p;
+		log_info("fabric: two connections with %s: keeping the one opened by %s", p->node,
+		    loser == p ? (q->outbound ? node : q->node) : (p->outbound ? node : p->node));
+		peer_kill(loser, "duplicate connection");
+		if (loser == p)
+			return;
+	}
+	log_info("fabric: peer %s (%s, %s) ready: protocol %u, epoch %08x, transport tcp", p->node,
+	    p->addr, p->outbound ? "outbound" : "inbound", p->version, p->epoch);
+}
+
+static void
+on_hello(struct peer *p, const Gpxpeer__Hello *h)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__Challenge c = GPXPEER__CHALLENGE__INIT;
+	uint8_t mac[SHA256_LEN];
+	uint32_t v = h->version_max < PEER_PROTO_MAX ? h->version_max : PEER_PROTO_MAX;
+
+	if (p->outbound || p->state != PEER_HELLO) {
+		peer_kill(p, "unexpected Hello");
+		return;
+	}
+	if (v < PEER_PROTO_MIN || v < h->version_min) {
+		char why[96];
+		snprintf(why, sizeof(why), "no common protocol version (it speaks %u..%u, we %u..%u)",
+		    h->version_min, h->version_max, PEER_PROTO_MIN, PEER_PROTO_MAX);
+		send_bye(p, why);
+		peer_kill(p, "%s", why);
+		return;
+	}
+	if (!node_name_ok(h->node) || h->nonce.len != PEER_NONCE_LEN) {
+		peer_kill(p, "malformed Hello");
+		return;
+	}
+	if (strcmp(h->node, node) == 0) {
+		send_bye(p, "same node name as ours");
+		peer_kill(p, "it calls itself %s, our own node name", node);
+		return;
+	}
+	snprintf(p->node, sizeof(p->node), "%s", h->node);
+	memcpy(p->nonce_remote, h->nonce.data, PEER_NONCE_LEN);
+	p->version = v;
+	proof("gpx-peer-responder", v, p->nonce_remote, p->nonce_local, p->node, node, mac);
+	c.version = v;
+	c.node = node;
+	c.nonce.data = p->nonce_local;
+	c.nonce.len = PEER_NONCE_LEN;
+	c.mac.data = mac;
+	c.mac.len = sizeof(mac);
+	m.body_case = GPXPEER__PEER_MSG__BODY_CHALLENGE;
+	m.challenge = &c;
+	p->state = PEER_AUTH;
+	peer_send(p, &m, NULL, 0);
+}
+
+static void
+on_challenge(struct peer *p, const Gpxpeer__Challenge *c)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__Auth a = GPXPEER__AUTH__INIT;
+	uint8_t mac[SHA256_LEN];
+
+	if (!p->outbound || p->state != PEER_HELLO) {
+		peer_kill(p, "unexpected Challenge");
+		return;
+	}
+	if (c->version < PEER_PROTO_MIN || c->version > PEER_PROTO_MAX || !node_name_ok(c->node) ||
+	    c->nonce.len != PEER_NONCE_LEN || c->mac.len != SHA256_LEN) {
+		peer_kill(p, "malformed Challenge (version %u)", c->version);
+		return;
+	}
+	proof("gpx-peer-responder", c->version, p->nonce_local, c->nonce.data, node, c->node, mac);
+	if (!hmac_equal(mac, c->mac.data, SHA256_LEN)) {
+		peer_kill(p, "authentication failed: %s does not hold our key", c->node);
+		return;
+	}
+	if (strcmp(c->node, node) == 0) {
+		peer_kill(p, "it has our own node name %s", node);
+		return;
+	}
+	snprintf(p->node, sizeof(p->node), "%s", c->node);
+	memcpy(p->nonce_remote, c->nonce.data, PEER_NONCE_LEN);
+	p->version = c->version;
+	proof("gpx-peer-initiator", c->version, p->nonce_local, p->nonce_remote, node, p->node, mac);
+	a.mac.data = mac;
+	a.mac.len = sizeof(mac);
+	m.body_case = GPXPEER__PEER_MSG__BODY_AUTH;
+	m.auth = &a;
+	p->state = PEER_AUTH;
+	peer_send(p, &m, NULL, 0);
+}
+
+static void
+on_auth(struct peer *p, const Gpxpeer__Auth *a)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__Ready r = GPXPEER__READY__INIT;
+	uint8_t mac[SHA256_LEN];
+
+	if (p->outbound || p->state != PEER_AUTH) {
+		peer_kill(p, "unexpected Auth");
+		return;
+	}
+	proof("gpx-peer-initiator", p->version, p->nonce_remote, p->nonce_local, p->node, node, mac);
+	if (a->mac.len != SHA256_LEN || !hmac_equal(mac, a->mac.data, SHA256_LEN)) {
+		send_bye(p, "authentication failed");
+		peer_kill(p, "authentication failed: it does not hold our key");
+		return;
+	}
+	do {
+		if (getrandom(&p->epoch, sizeof(p->epoch), 0) != sizeof(p->epoch))
+			p->epoch = (uint32_t)(now_s() * 1e6);
+	} while (p->epoch == 0);
+	r.epoch = p->epoch;
+	r.transport = "tcp";
+	m.body_case = GPXPEER__PEER_MSG__BODY_READY;
+	m.ready = &r;
+	peer_send(p, &m, NULL, 0);
+	become_ready(p);
+}
+
+static void
+on_ready(struct peer *p, const Gpxpeer__Ready *r)
+{
+	if (!p->outbound || p->state != PEER_AUTH || r->epoch == 0) {
+		peer_kill(p, "unexpected Ready");
+		return;
+	}
+	p->epoch = r->epoch;
+	become_ready(p);
+}
+
+/* ---- imports: serving side ---- */
+
+/* Whether export e admits peer node n: remote, and n in its list when it has one. */
+static bool
+export_admits(const struct export *e, const char *n)
+{
+	if (!e->remote)
+		return false;
+	if (e->peers == NULL)
+		return true;
+	size_t l = strlen(n);
+	for (const char *s = e->peers; *s;) {
+		size_t k = strcspn(s, ",");
+		if (k == l && strncmp(s, n, l) == 0)
+			return true;
+		s += k + (s[k] == ',');
+	}
+	return false;
+}
+
+static void
+on_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__ImportRep rep = GPXPEER__IMPORT_REP__INIT;
+	struct export *e = q->name != NULL && export_name_ok(q->name) ? export_find(q->name) : NULL;
+	uint32_t n = 0;
+	struct phandle *h;
+	char msg[160] = "";
+
+	TAILQ_FOREACH(h, &p->handles, entry)
+		n++;
+	rep.id = q->id;
+	if (e == NULL) {
+		rep.status = GPX__STATUS__ENOENT;
+		snprintf(msg, sizeof(msg), "no export of that name on %s", node);
+	} else if (!export_admits(e, p->node)) {
+		rep.status = GPX__STATUS__EACCES;
+		snprintf(msg, sizeof(msg), "export %s on %s is not open to peer %s", e->name, node, p->node);
+		log_info("fabric: peer %s: import of %s refused by the export's remote rule", p->node, e->name);
+	} else if (e->r->kind != GPX__MEM_KIND__MEM_HOST || e->r->host == NULL) {
+		rep.status = GPX__STATUS__ENOTSUP;
+		snprintf(msg, sizeof(msg), "export %s is %s memory; the tcp transport reaches host memory only",
+		    e->name, e->r->ops ? e->r->ops->name : "?");
+	} else if (atomic_load(&e->r->revoked)) {
+		rep.status = GPX__STATUS__EREVOKED;
+		snprintf(msg, sizeof(msg), "export %s was withdrawn", e->name);
+	} else if (n >= PEER_MAX_HANDLES || (h = calloc(1, sizeof(*h))) == NULL) {
+		rep.status = GPX__STATUS__EQUOTA;
+		snprintf(msg, sizeof(msg), "peer %s holds too many imports", p->node);
+	} else {
+		h->id = (uint64_t)p->epoch << 32 | ++p->next_serial;
+		h->r = e->r;
+		region_ref(e->r);
+		h->read_only = e->read_only;
+		snprintf(h->export_name, sizeof(h->export_name), "%s", e->name);
+		TAILQ_INSERT_TAIL(&p->handles, h, entry);
+		e->importers++;
+		rep.handle = h->id;
+		rep.length = e->r->length;
+		rep.read_only = h->read_only;
+		rep.notify = e->notify;
+		log_debug("fabric", "peer %s imports %s as %#llx", p->node, e->name, (unsigned long long)h->id);
+	}
+	rep.message = msg;
+	m.body_case = GPXPEER__PEER_MSG__BODY_IMPORT_REP;
+	m.import_rep = &rep;
+	peer_send(p, &m, NULL, 0);
+}
+
+static void
+on_release(struct peer *p, const Gpxpeer__Release *r)
+{
+	struct phandle *h = peer_handle(p, r->handle);
+
+	if (h == NULL)
+		return;          /* released twice or from an older epoch: nothing to do */
+	TAILQ_REMOVE(&p->handles, h, entry);
+	phandle_drop(h);
+}
+
+/* ---- imports: asking side ---- */
+
+bool
+peer_import(struct conn *c, uint32_t seq, const char *name)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__ImportReq q = GPXPEER__IMPORT_REQ__INIT;
+	const char *colon = strchr(name, ':');
+	char n[PEER_NAME_MAX + 1], err[256];
+	struct pimport *pi;
+	struct peer *p;
+
+	if (!enabled || colon == NULL || colon == name || colon - name > PEER_NAME_MAX)
+		return false;
+	snprintf(n, sizeof(n), "%.*s", (int)(colon - name), name);
+	if (!node_name_ok(n) || strcmp(n, node) == 0)
+		return false;
+	if ((p = peer_by_node(n)) == NULL) {
+		snprintf(err, sizeof(err), "no local export %s, and no connected peer named %s", name, n);
+		conn_reply(c, seq, GPX__STATUS__ENOENT, err, NULL, NULL, 0);
+		return true;
+	}
+	if (!export_name_ok(colon + 1)) {
+		conn_reply(c, seq, GPX__STATUS__EINVAL, "export names are 1..64 bytes of [A-Za-z0-9._:/-]",
+		    NULL, NULL, 0);
+		return true;
+	}
+	if ((pi = calloc(1, sizeof(*pi))) == NULL) {
+		conn_reply(c, seq, GPX__STATUS__ENOMEM, "out of memory", NULL, NULL, 0);
+		return true;
+	}
+	pi->id = ++next_import;
+	pi->p = p;
+	pi->c = c;
+	pi->seq = seq;
+	pi->deadline = now_s() + cfg->fabric_timeout_s;
+	c->pending++;
+	TAILQ_INSERT_TAIL(&pimports, pi, entry);
+	q.id = pi->id;
+	q.name = (char *)colon + 1;
+	m.body_case = GPXPEER__PEER_MSG__BODY_IMPORT_REQ;
+	m.import_req = &q;
+	peer_send(p, &m, NULL, 0);
+	return true;
+}
+
+static void
+release_handle(struct peer *p, uint64_t handle)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__Release r = GPXPEER__RELEASE__INIT;
+
+	r.handle = handle;
+	m.body_case = GPXPEER__PEER_MSG__BODY_RELEASE;
+	m.release = &r;
+	peer_send(p, &m, NULL, 0);
+}
+
+static void
+on_import_rep(struct peer *p, const Gpxpeer__ImportRep *rep)
+{
+	struct pimport *pi;
+	char err[256];
+
+	TAILQ_FOREACH(pi, &pimports, entry)
+		if (pi->p == p && pi->id == rep->id)
+			break;
+	if (pi == NULL) {
+		peer_kill(p, "answer to an import it was not asked for");
+		return;
+	}
+	TAILQ_REMOVE(&pimports, pi, entry);
+	struct conn *c = pi->c;
+	uint32_t seq = pi->seq;
+	free(pi);
+	c->pending--;
+	if (rep->status == 0 && ((uint32_t)(rep->handle >> 32) != p->epoch || rep->length == 0)) {
+		peer_kill(p, "malformed import answer");
+		if (c->state != CONN_DEAD)
+			conn_reply(c, seq, GPX__STATUS__EIO, "the peer answered the import with nonsense",
+			    NULL, NULL, 0);
+		else
+			levent_request_reap();
+		return;
+	}
+	if (c->state == CONN_DEAD) {
+		if (rep->status == 0)
+			release_handle(p, rep->handle);
+		levent_request_reap();
+		return;
+	}
+	if (rep->status != 0) {
+		int st = rep->status <= GPX__STATUS__EPERM ? (int)rep->status : GPX__STATUS__EPROTO;
+		snprintf(err, sizeof(err), "%s: %s", p->node,
+		    rep->message && rep->message[0] ? rep->message : "import refused");
+		for (char *s = err; *s; s++)
+			if (*s < 0x20 || *s > 0x7e)
+				*s = '?';
+		conn_reply(c, seq, st, err, NULL, NULL, 0);
+		return;
+	}
+	struct region *r = fabric_remote_region(p, rep->handle, rep->length, rep->read_only);
+	if (r == NULL) {
+		release_handle(p, rep->handle);
+		conn_reply(c, seq, GPX__STATUS__ENOMEM, "out of memory", NULL, NULL, 0);
+		return;
+	}
+	if (rep->notify)
+		((struct remote *)r->priv)->notify = true;
+	r->uid = c->uid;
+	conn_import_remote(c, seq, r, rep->read_only);
+}
+
+/* ---- exports ---- */
+
+int
+peer_export_opts(struct export *e, const Gpx__Export *m, char *err, size_t errlen)
+{
+	size_t len = 0;
+
+	e->remote = m->remote;
+	e->peers = NULL;
+	if (m->n_peers == 0)
+		return 0;
+	if (!m->remote) {
+		snprintf(err, errlen, "a list of peers only applies to a remote export");
+		return -GPX__STATUS__EINVAL;
+	}
+	if (m->n_peers > 256) {
+		snprintf(err, errlen, "at most 256 peers per export");
+		return -GPX__STATUS__EINVAL;
+	}
+	for (size_t i = 0; i < m->n_peers; i++) {
+		if (!node_name_ok(m->peers[i])) {
+			snprintf(err, errlen, "peer names are 1..64 bytes of [A-Za-z0-9._-]");
+			return -GPX__STATUS__EINVAL;
+		}
+		len += strlen(m->peers[i]) + 1;
+	}
+	if ((e->peers = malloc(len)) == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return -GPX__STATUS__ENOMEM;
+	}
+	e->peers[0] = '\0';
+	for (size_t i = 0; i < m->n_peers; i++) {
+		if (i > 0)
+			strcat(e->peers, ",");
+		strcat(e->peers, m->peers[i]);
+	}
+	return 0;
+}
+
+/* ---- input ---- */
+
+static void
+on_ping(struct peer *p, const Gpxpeer__Ping *g)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__Ping r = GPXPEER__PING__INIT;
+
+	if (g->pong)
+		return;
+	r.id = g->id;
+	r.pong = true;
+	m.body_case = GPXPEER__PEER_MSG__BODY_PING;
+	m.ping = &r;
+	peer_send(p, &m, NULL, 0);
+}
+
+/* One message, with datalen bytes of raw data still in `in`, which must be consumed. */
+static void
+dispatch(struct peer *p, const Gpxpeer__PeerMsg *m, struct evbuffer *in, size_t datalen)
+{
+	bool takes_data = m->body_case == GPXPEER__PEER_MSG__BODY_WRITE ||
+	    m->body_case == GPXPEER__PEER_MSG__BODY_DONE;
+
+	if (datalen > 0 && !takes_data) {
+		peer_kill(p, "data after a message that takes none");
+		return;
+	}
+	if (m->body_case == GPXPEER__PEER_MSG__BODY_BYE) {
+		char why[96];
+		snprintf(why, sizeof(why), "it said bye: %.64s", m->bye->reason ? m->bye->reason : "");
+		for (char *s = why; *s; s++)
+			if (*s < 0x20 || *s > 0x7e)
+				*s = '?';
+		peer_kill(p, "%s", why);
+		return;
+	}
+	if (p->state != PEER_READY) {
+		switch (m->body_case) {
+		case GPXPEER__PEER_MSG__BODY_HELLO:
+			on_hello(p, m->hello);
+			break;
+		case GPXPEER__PEER_MSG__BODY_CHALLENGE:
+			on_challenge(p, m->challenge);
+			break;
+		case GPXPEER__PEER_MSG__BODY_AUTH:
+			on_auth(p, m->auth);
+			break;
+		case GPXPEER__PEER_MSG__BODY_READY:
+			on_ready(p, m->ready);
+			break;
+		default:
+			peer_kill(p, "message %d before authentication", m->body_case);
+		}
+		return;
+	}
+	switch (m->body_case) {
+	case GPXPEER__PEER_MSG__BODY_PING:
+		on_ping(p, m->ping);
+		break;
+	case GPXPEER__PEER_MSG__BODY_IMPORT_REQ:
+		on_import_req(p, m->import_req);
+		break;
+	case GPXPEER__PEER_MSG__BODY_IMPORT_REP:
+		on_import_rep(p, m->import_rep);
+		break;
+	case GPXPEER__PEER_MSG__BODY_RELEASE:
+		on_release(p, m->release);
+		break;
+	case GPXPEER__PEER_MSG__BODY_WRITE:
+	case GPXPEER__PEER_MSG__BODY_READ:
+	case GPXPEER__PEER_MSG__BODY_NOTIFY:
+	case GPXPEER__PEER_MSG__BODY_DONE:
+		p->ops++;
+		fabric_on_msg(p, m, in, datalen);
+		break;
+	default:
+		peer_kill(p, "unexpected message %d", m->body_case);
+	}
+}
+
+static uint32_t
+be32(const uint8_t *b)
+{
+	return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+}
+
+static void
+on_read(struct bufferevent *bev, void *arg)
+{
+	struct peer *p = arg;
+	struct evbuffer *in = bufferevent_get_input(bev);
+
+	p->t_rx = now_s();
+	while (p->state != PEER_DEAD) {
+		uint8_t hdr[PEER_HDR_LEN];
+		size_t avail = evbuffer_get_length(in);
+		bool authed = p->state == PEER_READY;
+
+		if (avail < PEER_HDR_LEN)
+			return;
+		evbuffer_copyout(in, hdr, sizeof(hdr));
+		uint32_t mlen = be32(hdr + 4), dlen = be32(hdr + 8);
+		/* Caps first, before anything is allocated or waited for. */
+		if (be32(hdr) != PEER_MAGIC || mlen == 0 || mlen > (authed ? PEER_MSG_MAX : PEER_PREAUTH_MAX) ||
+		    dlen > (authed ? PEER_DATA_MAX : 0)) {
+			peer_kill(p, "bad frame (magic %08x, %u + %u bytes)", be32(hdr), mlen, dlen);
+			return;
+		}
+		if (avail < PEER_HDR_LEN + (size_t)mlen + dlen) {
+			/* Wake up again only once the whole frame is here. */
+			bufferevent_setwatermark(bev, EV_READ, PEER_HDR_LEN + (size_t)mlen + dlen, 0);
+			return;
+		}
+		bufferevent_setwatermark(bev, EV_READ, 0, 0);
+		evbuffer_drain(in, PEER_HDR_LEN);
+		uint8_t *mb = evbuffer_pullup(in, mlen);
+		wire_arena_reset(arena);
+		Gpxpeer__PeerMsg *m = mb ? gpxpeer__peer_msg__unpack(&arena->pa, mlen, mb) : NULL;
+		evbuffer_drain(in, mlen);
+		p->bytes_rx += PEER_HDR_LEN + mlen + dlen;
+		if (m == NULL) {
+			peer_kill(p, "undecodable message (%u bytes)", mlen);
+			return;
+		}
+		size_t before = evbuffer_get_length(in);
+		dispatch(p, m, in, dlen);
+		/* The handler consumed the data, or the peer is dead and `in` is gone with it. */
+		if (p->state != PEER_DEAD && before - evbuffer_get_length(in) != dlen) {
+			peer_kill(p, "internal: data of message %d not consumed", m->body_case);
+			return;
+		}
+	}
+}
+
+static void
+on_event(struct bufferevent *bev, short what, void *arg)
+{
+	struct peer *p = arg;
+	int one = 1;
+
+	if (what & BEV_EVENT_CONNECTED) {
+		setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		send_hello(p);
+		return;
+	}
+	if (what & BEV_EVENT_EOF)
+		peer_kill(p, "connection closed by the other side");
+	else if (what & BEV_EVENT_ERROR)
+		peer_kill(p, "%s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
+}
+
+/* ---- accepting and dialling ---- */
+
+static void
+on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg)
+{
+	char addr[96];
+	int one = 1;
+
+	(void)l;
+	(void)salen;
+	(void)arg;
+	fmt_sa(sa, addr, sizeof(addr));
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	struct bufferevent *bev = bufferevent_socket_new(base, fd, BEV_OPT_CLOSE_ON_FREE);
+	if (bev == NULL) {
+		close(fd);
+		return;
+	}
+	if (peer_new(bev, false, addr) == NULL) {
+		bufferevent_free(bev);
+		return;
+	}
+	log_debug("fabric", "connection from %s", addr);
+}
+
+struct resolve_op {
+	struct ptarget *t;
+	struct sockaddr_storage ss;
+	socklen_t sslen;
+	char err[128];
+};
+
+/* Task thread: name resolution may block. */
+static void
+resolve_work(void *arg)
+{
+	struct resolve_op *op = arg;
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res;
+	char host[80], port[16];
+	int e;
+
+	op->sslen = 0;
+	if (!split_addr(op->t->addr, host, sizeof(host), port, sizeof(port))) {
+		snprintf(op->err, sizeof(op->err), "not HOST:PORT");
+		return;
+	}
+	if ((e = getaddrinfo(host, port, &hints, &res)) != 0) {
+		snprintf(op->err, sizeof(op->err), "%s", gai_strerror(e));
+		return;
+	}
+	memcpy(&op->ss, res->ai_addr, res->ai_addrlen);
+	op->sslen = res->ai_addrlen;
+	freeaddrinfo(res);
+}
+
+static void
+resolve_done(void *arg)
+{
+	struct resolve_op *op = arg;
+	struct ptarget *t = op->t;
+
+	t->resolving = false;
+	if (!enabled) {
+		free(op);
+		return;
+	}
+	if (op->sslen == 0) {
+		snprintf(t->why, sizeof(t->why), "cannot resolve: %s", op->err);
+		t->t_next = now_s() + cfg->fabric_retry_s;
+		free(op);
+		return;
+	}
+	struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+	struct peer *p = bev ? peer_new(bev, true, t->addr) : NULL;
+	if (p == NULL) {
+		if (bev != NULL)
+			bufferevent_free(bev);
+		t->t_next = now_s() + cfg->fabric_retry_s;
+		free(op);
+		return;
+	}
+	p->target = t;
+	t->p = p;
+	if (bufferevent_socket_connect(bev, (struct sockaddr *)&op->ss, (int)op->sslen) < 0)
+		peer_kill(p, "connect: %s", strerror(errno));
+	free(op);
+}
+
+static void
+dial(struct ptarget *t)
+{
+	struct resolve_op *op = calloc(1, sizeof(*op));
+
+	if (op == NULL)
+		return;
+	op->t = t;
+	t->resolving = true;
+	defer_run(resolve_work, resolve_done, op);
+}
+
+/* ---- the tick: dialling, keepalive, deadlines, freeing ---- */
+
+static void
+on_tick(evutil_socket_t fd, short what, void *arg)
+{
+	double now = now_s(), to = cfg->fabric_timeout_s;
+	struct ptarget *t;
+	struct peer *p, *pt;
+	struct pimport *pi, *pit;
+
+	(void)fd;
+	(void)what;
+	(void)arg;
+	TAILQ_FOREACH(t, &targets, entry)
+		if (t->p == NULL && !t->resolving && now >= t->t_next &&
+		    (t->node[0] == '\0' || peer_by_node(t->node) == NULL))
+			dial(t);
+	TAILQ_FOREACH_SAFE(p, &peers, entry, pt) {
+		if (p->state != PEER_READY) {
+			if (now - p->t_start > to)
+				peer_kill(p, "no handshake within %.1f s", to);
+			continue;
+		}
+		if (now - p->t_rx > to) {
+			peer_kill(p, "silent for %.1f s", now - p->t_rx);
+			continue;
+		}
+		if (now - p->t_tx > to / 3 || now - p->t_rx > to / 3) {
+			Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+			Gpxpeer__Ping g = GPXPEER__PING__INIT;
+			g.id = (uint64_t)(now * 1e3);
+			m.body_case = GPXPEER__PEER_MSG__BODY_PING;
+			m.ping = &g;
+			peer_send(p, &m, NULL, 0);
+		}
+	}
+	TAILQ_FOREACH_SAFE(pi, &pimports, entry, pit)
+		if (now > pi->deadline) {
+			peer_kill(pi->p, "no answer to an import within %.1f s", to);
+			break;      /* the kill rewrote the list */
+		}
+	fabric_tick(now);
+	while ((p = TAILQ_FIRST(&dead)) != NULL)
+		peer_free(p);
+}
+
+/* ---- start, stop, query ---- */
+
+int
+peer_start(struct event_base *b)
+{
+	char err[256], host[80], port[16];
+	struct timeval tv = { 0, TICK_MS * 1000 };
+
+	base = b;
+	if (cfg->fabric_listen == NULL && cfg->fabric_peers == NULL) {
+		snprintf(status_buf, sizeof(status_buf), "off");
+		return 0;
+	}
+	if (cfg->fabric_node != NULL)
+		snprintf(node, sizeof(node), "%s", cfg->fabric_node);
+	else {
+		if (gethostname(node, sizeof(node) - 1) < 0)
+			node[0] = '\0';
+		node[strcspn(node, ".")] = '\0';     /* the short name */
+	}
+	if (!node_name_ok(node)) {
+		log_warnx("fabric: node name '%s' is not 1..64 of [A-Za-z0-9._-]: set [fabric] node", node);
+		return -1;
+	}
+	if (cfg->fabric_key_file == NULL) {
+		log_warnx("fabric: [fabric] key_file is required: peers authenticate with it");
+		return -1;
+	}
+	if (load_key(cfg->fabric_key_file, err, sizeof(err)) < 0) {
+		log_warnx("fabric: %s", err);
+		return -1;
+	}
+	if (strcmp(cfg->fabric_transport, "rdma") == 0) {
+		log_warnx("fabric: transport = rdma: this gpxd has no RDMA data plane yet; "
+		    "use transport = tcp (or auto)");
+		return -1;
+	}
+	if (strcmp(cfg->fabric_transport, "auto") == 0)
+		log_info("fabric: transport auto: tcp (this gpxd has no RDMA data plane)");
+	if ((arena = wire_arena_new(16 * PEER_MSG_MAX)) == NULL || fabric_init(b) < 0)
+		return -1;
+	if (cfg->fabric_listen != NULL) {
+		struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE }, *res;
+		int e;
+		if (!split_addr(cfg->fabric_listen, host, sizeof(host), port, sizeof(port))) {
+			log_warnx("fabric: listen = %s: not ADDR:PORT", cfg->fabric_listen);
+			return -1;
+		}
+		if ((e = getaddrinfo(host, port, &hints, &res)) != 0) {
+			log_warnx("fabric: listen = %s: %s", cfg->fabric_listen, gai_strerror(e));
+			return -1;
+		}
+		listener = evconnlistener_new_bind(b, on_accept, NULL,
+		    LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, 64,
+		    res->ai_addr, (int)res->ai_addrlen);
+		freeaddrinfo(res);
+		if (listener == NULL) {
+			log_warn("fabric: listen on %s", cfg->fabric_listen);
+			return -1;
+		}
+		snprintf(listen_addr, sizeof(listen_addr), "%s", cfg->fabric_listen);
+	}
+	for (const char *s = cfg->fabric_peers ? cfg->fabric_peers : ""; *s;) {
+		size_t k = strcspn(s, ", ");
+		if (k > 0) {
+			struct ptarget *t = calloc(1, sizeof(*t));
+			if (t == NULL || k >= sizeof(t->addr) ||
+			    (snprintf(t->addr, sizeof(t->addr), "%.*s", (int)k, s),
+			     !split_addr(t->addr, host, sizeof(host), port, sizeof(port)))) {
+				log_warnx("fabric: peers: '%.*s' is not HOST:PORT", (int)k, s);
+				free(t);
+				return -1;
+			}
+			TAILQ_INSERT_TAIL(&targets, t, entry);
+		}
+		s += k;
+		s += strspn(s, ", ");
+	}
+	tick_ev = event_new(b, -1, EV_PERSIST, on_tick, NULL);
+	event_add(tick_ev, &tv);
+	enabled = true;
+	snprintf(status_buf, sizeof(status_buf), "node %s, %s%s, transport tcp", node,
+	    listen_addr[0] ? "listening on " : "not listening", listen_addr);
+	log_info("fabric: node %s%s%s, transport tcp, %s", node, listen_addr[0] ? ", listening on " : "",
+	    listen_addr, cfg->fabric_peers ? cfg->fabric_peers : "no configured peers");
+	return 0;
+}
+
+void
+peer_stop(void)
+{
+	struct peer *p;
+	struct ptarget *t;
+
+	if (!enabled)
+		return;
+	enabled = false;
+	while ((p = TAILQ_FIRST(&peers)) != NULL) {
+		if (p->state == PEER_READY)
+			send_bye(p, "daemon stopping");
+		peer_kill(p, "daemon stopping");
+	}
+	while ((p = TAILQ_FIRST(&dead)) != NULL)
+		peer_free(p);
+	while ((t = TAILQ_FIRST(&targets)) != NULL) {
+		if (t->resolving)
+			break;      /* its resolve_done still refers to it: left to the exit */
+		TAILQ_REMOVE(&targets, t, entry);
+		free(t);
+	}
+	fabric_shutdown();
+	if (listener != NULL)
+		evconnlistener_free(listener);
+	listener = NULL;
+	if (tick_ev != NULL)
+		event_free(tick_ev);
+	tick_ev = NULL;
+	free(arena);
+	arena = NULL;
+	memset(key, 0, sizeof(key));
+}
+
+const char *
+peer_status(void)
+{
+	return status_buf[0] ? status_buf : "off";
+}
+
+void
+peer_query(Gpx__QueryReply *q)
+{
+	struct ptarget *t;
+	struct peer *p;
+	size_t n = 0, cap = 1;
+	double now = now_s();
+
+	TAILQ_FOREACH(t, &targets, entry)
+		cap++;
+	TAILQ_FOREACH(p, &peers, entry)
+		cap++;
+	q->peers = calloc(cap, sizeof(*q->peers));
+	if (q->peers == NULL)
+		return;
+	TAILQ_FOREACH(p, &peers, entry) {
+		Gpx__PeerInfo *i = malloc(sizeof(*i));
+		struct phandle *h;
+		if (i == NULL)
+			break;
+		gpx__peer_info__init(i);
+		i->node = p->node;
+		i->address = p->addr;
+		i->state = (char *)state_name(p->state);
+		i->transport = "tcp";
+		i->outbound = p->outbound;
+		i->version = p->version;
+		i->epoch = p->epoch;
+		i->imports = p->nimports;
+		TAILQ_FOREACH(h, &p->handles, entry)
+			i->exported++;
+		i->bytes_tx = p->bytes_tx;
+		i->bytes_rx = p->bytes_rx;
+		i->ops = p->ops;
+		i->errors = p->errors;
+		i->inflight = p->inflight;
+		i->connected_s = p->state == PEER_READY ? now - p->t_ready : 0;
+		i->why = p->why;
+		q->peers[n++] = i;
+	}
+	/* Configured addresses with no connection now: why not. */
+	TAILQ_FOREACH(t, &targets, entry) {
+		if (t->p != NULL || (t->node[0] && peer_by_node(t->node) != NULL))
+			continue;
+		Gpx__PeerInfo *i = malloc(sizeof(*i));
+		if (i == NULL)
+			break;
+		gpx__peer_info__init(i);
+		i->node = t->node;
+		i->address = t->addr;
+		i->state = t->resolving ? "connecting" : "down";
+		i->transport = "tcp";
+		i->outbound = true;
+		i->why = t->why;
+		q->peers[n++] = i;
+	}
+	q->n_peers = n;
+}
+
+void
+peer_query_free(Gpx__QueryReply *q)
+{
+	for (size_t i = 0; i < q->n_peers; i++)
+		free(q->peers[i]);
+	free(q->peers);
+	q->peers = NULL;
+	q->n_peers = 0;
+}
