@@ -540,6 +540,43 @@ gpx_export(gpx_conn *c, gpx_region region, const char *name, const struct gpx_ex
 	return rpc(c, &m, NULL, 0, NULL, NULL, NULL);
 }
 
+/* Between nodes (gpx.h): the Export message with remote set and the allowed peers listed. */
+API int
+gpx_export_remote(gpx_conn *c, gpx_region region, const char *name, const struct gpx_export_opts *o,
+    const char *peers)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Export e = GPX__EXPORT__INIT;
+	char *list[256], buf[4096];
+	size_t n = 0;
+
+	if (peers != NULL) {
+		if (strlen(peers) >= sizeof(buf))
+			return set_err(c, GPX_EINVAL, "peer list too long");
+		strcpy(buf, peers);
+		for (char *sv, *s = strtok_r(buf, ", ", &sv); s != NULL; s = strtok_r(NULL, ", ", &sv)) {
+			if (n == sizeof(list) / sizeof(list[0]))
+				return set_err(c, GPX_EINVAL, "at most 256 peers");
+			list[n++] = s;
+		}
+	}
+	e.region = region;
+	e.name = (char *)name;
+	if (o != NULL) {
+		e.rule = (Gpx__ExportRule)o->rule;
+		e.gid = o->gid;
+		e.read_only = o->read_only != 0;
+		e.notify = o->notify != 0;
+		e.notify_tag = o->notify_tag;
+	}
+	e.remote = true;
+	e.peers = list;
+	e.n_peers = n;
+	m.body_case = GPX__CLIENT_MSG__BODY_EXPORT;
+	m.export = &e;
+	return rpc(c, &m, NULL, 0, NULL, NULL, NULL);
+}
+
 API int
 gpx_unexport(gpx_conn *c, const char *name)
 {

@@ -117,6 +117,17 @@ struct gpx_export_opts {
 int gpx_export(gpx_conn *c, gpx_region r, const char *name, const struct gpx_export_opts *opts);
 int gpx_unexport(gpx_conn *c, const char *name);
 int gpx_import(gpx_conn *c, const char *name, gpx_region *out, uint64_t *length);
+/*
+ * Between nodes: like gpx_export, and peer daemons may import the region too, as
+ * "NODE:name" where NODE is this daemon's node name.  peers is a comma-separated list of the
+ * peer nodes allowed ("a,b"), or NULL for any peer that authenticated with the nodes' shared
+ * key.  (The uid/gid rule of opts applies to clients of this daemon only.)  An import of
+ * "NODE:name" on another node yields an ordinary region of kind remote: gpx_copy to or from it
+ * moves the bytes over the fabric, completes as any copy does, and notifies the owner if it
+ * asked.  Host memory only for now.
+ */
+int gpx_export_remote(gpx_conn *c, gpx_region r, const char *name, const struct gpx_export_opts *opts,
+    const char *peers);
 
 /* ---- transfers: asynchronous; each ends in exactly one completion ---- */
 int gpx_copy(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,
@@ -145,7 +156,7 @@ uint64_t gpx_dropped(const gpx_conn *c);
 /* ---- introspection, for gpxctl: the raw packed QueryReply of gpx.proto ---- */
 enum gpx_query {
 	GPX_Q_STATUS = 0, GPX_Q_CLIENTS, GPX_Q_REGIONS, GPX_Q_EXPORTS, GPX_Q_TRANSFERS,
-	GPX_Q_STATS, GPX_Q_TOPO,
+	GPX_Q_STATS, GPX_Q_TOPO, GPX_Q_PEERS,
 };
 /* *buf is malloc'ed; the caller frees it and unpacks it with the generated gpx.pb-c code. */
 int gpx_query(gpx_conn *c, enum gpx_query what, void **buf, size_t *len);

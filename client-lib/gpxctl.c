@@ -33,6 +33,7 @@ usage(FILE *f)
 	    "  exports                exported regions and their access rules\n"
 	    "  transfers              transfers in flight\n"
 	    "  stats                  counters per path\n"
+	    "  peers                  peer daemons of other nodes: state, transport, traffic\n"
 	    "  drain CLIENT           refuse new transfers from CLIENT, let its queue finish\n"
 	    "  log-level [LEVEL [SUBSYSTEMS]]  show or set the daemon's log level\n"
 	    "  reload                 reread the configuration file\n"
@@ -126,6 +127,7 @@ do_status(int argc, char **argv)
 		J_ADD(o, "bytes", J_U64(s->bytes));
 		J_ADD(o, "cuda", J_STR(s->cuda));
 		J_ADD(o, "trust_legacy_ipc", J_BOOL(s->trust_legacy));
+		J_ADD(o, "fabric", J_STR(s->fabric));
 		print_json(o);
 	} else {
 		printf("gpxd %s (protocol %u), pid %d, up %.0f s\n", s->version, s->proto, s->pid, s->uptime_s);
@@ -141,6 +143,7 @@ do_status(int argc, char **argv)
 		printf("chunk size: %s\n", human(s->chunk_size, b1, sizeof(b1)));
 		printf("cuda:       %s\n", s->cuda);
 		printf("legacy IPC: %s\n", s->trust_legacy ? "accepted (one trust domain)" : "refused (multi-tenant)");
+		printf("fabric:     %s\n", s->fabric[0] ? s->fabric : "off");
 	}
 	gpx__query_reply__free_unpacked(q, NULL);
 	return 0;
@@ -246,11 +249,15 @@ do_exports(int argc, char **argv)
 			J_ADD(o, "importers", J_U64(e->importers));
 			J_ADD(o, "notify", J_BOOL(e->notify));
 			J_ADD(o, "read_only", J_BOOL(e->read_only));
+			J_ADD(o, "remote", J_BOOL(e->remote));
+			J_ADD(o, "peers", J_STR(e->peers));
 			json_object_array_add(a, o);
 		} else
-			printf("%-24s %-6llu %#-18llx %-5s %-6u %-6u %9u %-6s %s\n", e->name,
+			printf("%-24s %-6llu %#-18llx %-5s %-6u %-6u %9u %-6s %s%s%s%s\n", e->name,
 			    (unsigned long long)e->client, (unsigned long long)e->region, e->rule, e->uid, e->gid,
-			    e->importers, e->notify ? "yes" : "no", e->read_only ? "ro" : "rw");
+			    e->importers, e->notify ? "yes" : "no", e->read_only ? "ro" : "rw",
+			    e->remote ? ",remote" : "", e->remote && e->peers && e->peers[0] ? ":" : "",
+			    e->remote && e->peers ? e->peers : "");
 	}
 	if (json)
 		print_json(a);
@@ -454,6 +461,64 @@ do_reload(int argc, char **argv)
 	return 0;
 }
 
+/* Peer daemons (the fabric): one line per connection, or configured address not reached. */
+static int
+do_peers(int argc, char **argv)
+{
+	Gpx__QueryReply *q = query(GPX_Q_PEERS);
+	json_object *a = json ? json_object_new_array() : NULL;
+	char b1[32], b2[32];
+
+	if (!json)
+		printf("%-16s %-22s %-10s %-5s %-3s %5s %5s %5s %5s %10s %10s %6s %s\n", "NODE", "ADDRESS",
+		    "STATE", "TRANS", "DIR", "QPS", "REGS", "IMP", "EXP", "TX", "RX", "ERRORS", "EPOCH/WHY");
+	for (size_t i = 0; i < q->n_peers; i++) {
+		Gpx__PeerInfo *p = q->peers[i];
+		if (json) {
+			json_object *o = json_object_new_object();
+			J_ADD(o, "node", J_STR(p->node));
+			J_ADD(o, "address", J_STR(p->address));
+			J_ADD(o, "state", J_STR(p->state));
+			J_ADD(o, "transport", J_STR(p->transport));
+			J_ADD(o, "outbound", J_BOOL(p->outbound));
+			J_ADD(o, "version", J_U64(p->version));
+			J_ADD(o, "epoch", J_U64(p->epoch));
+			J_ADD(o, "queue_pairs", J_U64(p->queue_pairs));
+			J_ADD(o, "registrations", J_U64(p->registrations));
+			J_ADD(o, "imports", J_U64(p->imports));
+			J_ADD(o, "exported", J_U64(p->exported));
+			J_ADD(o, "bytes_tx", J_U64(p->bytes_tx));
+			J_ADD(o, "bytes_rx", J_U64(p->bytes_rx));
+			J_ADD(o, "ops", J_U64(p->ops));
+			J_ADD(o, "errors", J_U64(p->errors));
+			J_ADD(o, "inflight", J_U64(p->inflight));
+			J_ADD(o, "connected_s", J_DBL(p->connected_s));
+			J_ADD(o, "why", J_STR(p->why));
+			json_object_array_add(a, o);
+		} else {
+			char tail[200];
+			if (strcmp(p->state, "ready") == 0)
+				snprintf(tail, sizeof(tail), "%08x", p->epoch);
+			else
+				snprintf(tail, sizeof(tail), "%s", p->why);
+			printf("%-16s %-22s %-10s %-5s %-3s %5u %5u %5u %5u %10s %10s %6llu %s\n",
+			    p->node[0] ? p->node : "-", p->address, p->state, p->transport,
+			    p->outbound ? "out" : "in", p->queue_pairs, p->registrations, p->imports, p->exported,
+			    human(p->bytes_tx, b1, sizeof(b1)), human(p->bytes_rx, b2, sizeof(b2)),
+			    (unsigned long long)p->errors, tail);
+		}
+	}
+	if (json)
+		print_json(a);
+	else if (q->n_peers == 0) {
+		Gpx__QueryReply *s = query(GPX_Q_STATUS);
+		printf("no peers (fabric: %s)\n", s->status && s->status->fabric[0] ? s->status->fabric : "off");
+		gpx__query_reply__free_unpacked(s, NULL);
+	}
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
+}
+
 static const struct object {
 	const char *name;
 	int (*fn)(int, char **);
@@ -466,6 +531,7 @@ static const struct object {
 	{ "exports", do_exports, 0 },
 	{ "transfers", do_transfers, 0 },
 	{ "stats", do_stats, 0 },
+	{ "peers", do_peers, 0 },
 	{ "drain", do_drain, 1 },
 	{ "log-level", do_log_level, 2 },
 	{ "reload", do_reload, 0 },

@@ -199,6 +199,9 @@ handle_release(struct conn *c, struct rhandle *h)
 				e->importers--;
 				break;
 			}
+		/* fabric: a remote region has no local owner; its only handle lets the peer's go */
+		if (r->kind == GPX__MEM_KIND__MEM_REMOTE)
+			region_revoke(r);
 	}
 	region_unref(r);
 	free(h);
@@ -545,6 +548,15 @@ on_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 	e->gid = m->gid;
 	e->read_only = m->read_only || h->r->read_only;
 	e->notify = m->notify;
+	/* fabric: whether peers may import it, and which (daemon/peer.c) */
+	char ferr[160];
+	int fe = peer_export_opts(e, m, ferr, sizeof(ferr));
+	if (fe < 0) {
+		region_unref(h->r);
+		free(e);
+		reply_err(c, seq, -fe, ferr);
+		return;
+	}
 	if (m->notify) {
 		h->r->notify_tag = m->notify_tag;
 		if (h->r->notify_cq == NULL) {
@@ -586,6 +598,9 @@ on_import(struct conn *c, uint32_t seq, const Gpx__Import *m)
 	struct rhandle *h;
 
 	if (e == NULL) {
+		/* fabric: "NODE:name" of a connected peer is answered by peer.c, later */
+		if (m->name != NULL && peer_import(c, seq, m->name))
+			return;
 		reply_err(c, seq, GPX__STATUS__ENOENT, "no such export");
 		return;
 	}
@@ -613,6 +628,31 @@ on_import(struct conn *c, uint32_t seq, const Gpx__Import *m)
 	reg.length = e->r->length;
 	reg.kind = e->r->kind;
 	reg.read_only = h->read_only;
+	rep.body_case = GPX__REPLY__BODY_REGISTERED;
+	rep.registered = &reg;
+	conn_reply(c, seq, 0, NULL, &rep, NULL, 0);
+}
+
+/* fabric: a remote import answered by its peer (daemon/peer.c); r arrives with one reference. */
+void
+conn_import_remote(struct conn *c, uint32_t seq, struct region *r, bool read_only)
+{
+	Gpx__Reply rep = GPX__REPLY__INIT;
+	Gpx__Registered reg = GPX__REGISTERED__INIT;
+	struct rhandle *h = NULL;
+
+	if (c->user->regions >= cfg->max_regions_per_uid || (h = handle_add(c, r, true, read_only)) == NULL) {
+		reply_err(c, seq, c->user->regions >= cfg->max_regions_per_uid ? GPX__STATUS__EQUOTA :
+		    GPX__STATUS__ENOMEM, "uid is at its region limit, or out of memory");
+		region_revoke(r);
+		region_unref(r);
+		return;
+	}
+	c->user->regions++;
+	reg.region = h->id;
+	reg.length = r->length;
+	reg.kind = r->kind;
+	reg.read_only = read_only;
 	rep.body_case = GPX__REPLY__BODY_REGISTERED;
 	rep.registered = &reg;
 	conn_reply(c, seq, 0, NULL, &rep, NULL, 0);

@@ -16,11 +16,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
 
 #include "gpxd.h"
 
@@ -141,19 +144,72 @@ cq_unreserve(struct cq *q)
 	pthread_mutex_unlock(&q->lock);
 }
 
+/*
+ * The backstop against a client that races us: between the checks below and the write it can
+ * clear O_NONBLOCK again and fill its counter, and then write() would block this thread (a copy
+ * worker) forever.  So every doorbell write runs under a per-thread 10 ms timer whose signal
+ * (handled by nothing, without SA_RESTART) makes the write return EINTR.
+ */
+#define DOORBELL_TIMEOUT_NS 10000000L
+
+static __thread timer_t db_timer;
+static __thread int db_timer_state;      /* 0 unset, 1 armed per write, -1 unavailable */
+
+static void
+db_alarm(int sig)
+{
+	(void)sig;
+}
+
+static bool
+db_timer_init(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	struct sigevent ev = { .sigev_notify = SIGEV_THREAD_ID, .sigev_signo = SIGRTMIN + 1 };
+
+	if (db_timer_state == 0) {
+		pthread_once(&once, cq_signal_init);
+		ev._sigev_un._tid = (pid_t)syscall(SYS_gettid);   /* sigev_notify_thread_id */
+		db_timer_state = timer_create(CLOCK_MONOTONIC, &ev, &db_timer) == 0 ? 1 : -1;
+		if (db_timer_state < 0)
+			log_warn("doorbell timer");
+	}
+	return db_timer_state > 0;
+}
+
+void
+cq_signal_init(void)
+{
+	struct sigaction sa = { .sa_handler = db_alarm };
+
+	sigemptyset(&sa.sa_mask);
+	sa.sa_flags = 0;         /* no SA_RESTART: the blocked write must fail with EINTR */
+	sigaction(SIGRTMIN + 1, &sa, NULL);
+}
+
 static void
 cq_ring_doorbell(struct cq *q)
 {
 	struct pollfd p = { .fd = q->efd, .events = POLLOUT };
+	struct itimerspec on = { .it_value = { 0, DOORBELL_TIMEOUT_NS } }, off = { 0 };
 	uint64_t one = 1;
+	bool timed = db_timer_init();
+	ssize_t n = -1;
 
 	/* The client may have cleared O_NONBLOCK on the shared file description: put it back. */
 	int fl = fcntl(q->efd, F_GETFL);
 	if (fl >= 0 && !(fl & O_NONBLOCK))
 		fcntl(q->efd, F_SETFL, fl | O_NONBLOCK);
-	if (poll(&p, 1, 0) != 1 || !(p.revents & POLLOUT) || write(q->efd, &one, sizeof(one)) != sizeof(one)) {
+	if (poll(&p, 1, 0) == 1 && (p.revents & POLLOUT)) {
+		if (timed)
+			timer_settime(db_timer, 0, &on, NULL);
+		n = write(q->efd, &one, sizeof(one));
+		if (timed)
+			timer_settime(db_timer, 0, &off, NULL);
+	}
+	if (n != sizeof(one)) {
 		pthread_mutex_lock(&q->lock);
-		cq_break(q, "its eventfd cannot take a doorbell (counter full)");
+		cq_break(q, "its eventfd cannot take a doorbell (counter full or blocking)");
 		pthread_mutex_unlock(&q->lock);
 	}
 }

@@ -40,6 +40,7 @@ q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
 	s->cuda = (char *)gpu_status();
 	s->trust_legacy = cfg->trust_legacy_ipc;
 	s->config = cfg->path ? cfg->path : (char *)"(defaults)";
+	s->fabric = (char *)peer_status();
 	for (int p = 0; p < NPATHS; p++) {
 		uint64_t x, b, e;
 		engine_path_stats(p, &x, &b, &e);
@@ -138,6 +139,8 @@ q_exports(Gpx__QueryReply *q)
 		i->importers = e->importers;
 		i->notify = e->notify;
 		i->read_only = e->read_only;
+		i->remote = e->remote;
+		i->peers = e->peers ? e->peers : (char *)"";
 		q->exports[n++] = i;
 	}
 	q->n_exports = n;
@@ -174,8 +177,9 @@ q_stats(Gpx__QueryReply *q)
 {
 	int np = PATH_GPU0 + gpu_count();
 
-	q->paths = calloc(np, sizeof(*q->paths));
-	for (int p = 0; p < np; p++) {
+	q->paths = calloc(np + 1, sizeof(*q->paths));
+	for (int i = 0; i <= np; i++) {
+		int p = i < np ? i : PATH_FABRIC;     /* fabric: after the GPUs this node has */
 		Gpx__PathStats *s = malloc(sizeof(*s));
 		gpx__path_stats__init(s);
 		s->path = (char *)engine_path_name(p);
@@ -255,6 +259,9 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 	case GPX__QUERY_WHAT__Q_TOPO:
 		gpu_topo(&q);
 		break;
+	case GPX__QUERY_WHAT__Q_PEERS:
+		peer_query(&q);
+		break;
 	default:
 		conn_reply(c, seq, GPX__STATUS__EINVAL, "unknown query", NULL, NULL, 0);
 		return;
@@ -266,6 +273,7 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 	free_list((void **)q.transfers, q.n_transfers);
 	free_list((void **)q.paths, q.n_paths);
 	gpu_topo_free(&q);
+	peer_query_free(&q);
 }
 
 void

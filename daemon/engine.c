@@ -37,6 +37,7 @@ static int nworkers;
 static const char *path_names[NPATHS] = {
 	"host", "gpu0", "gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6", "gpu7",
 	"gpu8", "gpu9", "gpu10", "gpu11", "gpu12", "gpu13", "gpu14", "gpu15",
+	"fabric",
 };
 
 const char *
@@ -50,6 +51,9 @@ engine_path_name(enum path_kind p)
 enum path_kind
 engine_path_for(const struct region *src, const struct region *dst)
 {
+	/* fabric: anything with another node's region on one side (daemon/fabric.c) */
+	if (src->kind == GPX__MEM_KIND__MEM_REMOTE || dst->kind == GPX__MEM_KIND__MEM_REMOTE)
+		return PATH_FABRIC;
 	if (src->dev != DEV_HOST)
 		return PATH_GPU0 + src->dev;
 	if (dst->dev != DEV_HOST)
@@ -147,9 +151,12 @@ engine_submit(struct job *j)
 		engine_chunk_done(&c, true);
 		return;
 	}
+	enum path_kind path = j->path;     /* j may be finished by a worker once we unlock */
 	TAILQ_INSERT_TAIL(&q->jobs, j, qe);
-	equeue_link(&paths[j->path], q);
+	equeue_link(&paths[path], q);
 	pthread_mutex_unlock(&elock);
+	if (path == PATH_FABRIC)
+		fabric_kick();      /* the fabric takes chunks on the loop thread, not a worker */
 }
 
 bool

@@ -59,6 +59,7 @@ export_remove(struct export *e)
 	struct user *u = user_get(e->uid);
 	u->exports--;
 	region_unref(e->r);
+	free(e->peers);     /* fabric */
 	free(e);
 }
 

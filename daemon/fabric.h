@@ -21,6 +21,9 @@
 #include "daemon/gpxd.h"
 #include "proto/peer.pb-c.h"
 
+struct evbuffer;
+struct bufferevent;
+
 /* ---- hmac.c ---- */
 #define SHA256_LEN 32
 struct sha256 {

@@ -231,6 +231,7 @@ void cq_post(struct cq *, uint64_t tag, int status, uint64_t bytes);
 /* Posts an unreserved notification if room is left, else counts it as dropped. */
 void cq_notify(struct cq *, uint64_t tag, uint64_t region, uint64_t bytes);
 void cq_set_broken_hook(void (*)(struct cq *));
+void cq_signal_init(void);       /* installs the doorbell timeout's signal handler */
 
 /* ---- engine.c: transfer jobs, per-path queues, copy workers, round-robin ---- */
 struct job {
@@ -409,6 +410,8 @@ void peer_query(Gpx__QueryReply *);          /* Q_PEERS */
 void peer_query_free(Gpx__QueryReply *);
 const char *peer_status(void);               /* one line for status */
 void fabric_kick(void);                      /* any thread: PATH_FABRIC has new work */
+/* xfer.c: a transfer with a remote side is possible (host memory, connection alive)? */
+int fabric_xfer_check(const struct region *src, const struct region *dst, char *err, size_t errlen);
 
 extern double gpxd_start_time;
 extern const char *gpxd_socket_path;

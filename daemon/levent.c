@@ -33,6 +33,8 @@ static char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static struct event *listen_ev, *reap_ev, *wd_ev, *status_ev, *stop_ev, *resume_ev;
 static struct event *sig_ev[4];
 static bool stopping;
+
+#define HELLO_TIMEOUT_S 5.0
 static int exit_status;
 static double stop_deadline;
 
@@ -222,13 +224,17 @@ wd_cb(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	(void)arg;
 	sdn_watchdog();
-	/* Idle connections (nothing received for idle_timeout seconds) are closed here too. */
-	if (cfg->idle_timeout_s > 0) {
-		struct conn *c, *t;
-		double now = now_s();
-		TAILQ_FOREACH_SAFE(c, &conns, entry, t)
-			if (now - c->t_last > cfg->idle_timeout_s)
-				conn_kill(c, "idle timeout");
+	/*
+	 * Connections that never said Hello are closed after HELLO_TIMEOUT_S; idle ones (nothing
+	 * received for idle_timeout seconds, when configured) too.
+	 */
+	struct conn *c, *t;
+	double now = now_s();
+	TAILQ_FOREACH_SAFE(c, &conns, entry, t) {
+		if (c->state == CONN_HELLO && now - c->t_connect > HELLO_TIMEOUT_S)
+			conn_kill(c, "no Hello in time");
+		else if (cfg->idle_timeout_s > 0 && now - c->t_last > cfg->idle_timeout_s)
+			conn_kill(c, "idle timeout");
 	}
 }
 
@@ -370,6 +376,8 @@ levent_run(const char *socket_override)
 	}
 	cq_set_broken_hook(cq_broken);
 	metrics_start(base);
+	if (peer_start(base) < 0)        /* fabric: peer daemons (daemon/peer.c) */
+		fatalx("fabric: cannot start (see above)");
 
 	listen_ev = event_new(base, listen_fd, EV_READ | EV_PERSIST, accept_cb, NULL);
 	event_add(listen_ev, NULL);
@@ -381,7 +389,7 @@ levent_run(const char *socket_override)
 		event_add(sig_ev[i], NULL);
 	}
 	uint64_t wd = sdn_watchdog_usec();
-	uint64_t period = wd ? wd / 2 : 1000000;   /* also drives idle timeouts */
+	uint64_t period = wd && wd / 2 < 1000000 ? wd / 2 : 1000000;   /* also drives timeouts */
 	wd_ev = event_new(base, -1, EV_PERSIST, wd_cb, NULL);
 	tv.tv_sec = period / 1000000;
 	tv.tv_usec = period % 1000000;
@@ -397,6 +405,7 @@ levent_run(const char *socket_override)
 	levent_dispatch();
 
 	/* Shutdown: everything below runs with no client left. */
+	peer_stop();                     /* fabric: what waits on peers fails now */
 	engine_shutdown();
 	defer_shutdown();
 	conn_reap();

@@ -250,9 +250,17 @@ send_bye(struct peer *p, const char *why)
 	b.reason = (char *)why;
 	m.body_case = GPXPEER__PEER_MSG__BODY_BYE;
 	m.bye = &b;
-	/* One non-blocking attempt to put it on the wire now: the connection is closed next. */
-	if (peer_send(p, &m, NULL, 0) == 0)
-		evbuffer_write(bufferevent_get_output(p->bev), bufferevent_getfd(p->bev));
+	/*
+	 * One non-blocking attempt to put it on the wire now, since the connection is closed next.
+	 * A socket bufferevent keeps the front of its output frozen for its own writes: thawed
+	 * for this one.
+	 */
+	if (peer_send(p, &m, NULL, 0) == 0) {
+		struct evbuffer *out = bufferevent_get_output(p->bev);
+		evbuffer_unfreeze(out, 1);
+		evbuffer_write(out, bufferevent_getfd(p->bev));
+		evbuffer_freeze(out, 1);
+	}
 }
 
 /* ---- lifecycle ---- */
@@ -307,7 +315,11 @@ peer_kill(struct peer *p, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(p->why, sizeof(p->why), fmt, ap);
 	va_end(ap);
-	if (p->state == PEER_READY)
+	if (strcmp(p->why, "duplicate connection") == 0)
+		log_debug("fabric", "closed a duplicate connection with %s (%s)", p->node, p->addr);
+	else if (p->target != NULL && p->state != PEER_READY && strcmp(p->why, p->target->why) == 0)
+		log_debug("fabric", "%s: still %s", p->addr, p->why);     /* said once already */
+	else if (p->state == PEER_READY)
 		log_warnx("fabric: peer %s (%s, epoch %08x) down: %s", p->node, p->addr, p->epoch, p->why);
 	else
 		log_info("fabric: connection %s %s (%s) failed: %s", p->outbound ? "to" : "from",
@@ -325,7 +337,7 @@ peer_kill(struct peer *p, const char *fmt, ...)
 		TAILQ_REMOVE(&pimports, pi, entry);
 		pi->c->pending--;
 		if (pi->c->state != CONN_DEAD) {
-			char err[256];
+			char err[320];
 			snprintf(err, sizeof(err), "peer %s went down during the import: %s", p->node, p->why);
 			conn_reply(pi->c, pi->seq, GPX__STATUS__EIO, err, NULL, NULL, 0);
 		} else
@@ -496,6 +508,7 @@ on_challenge(struct peer *p, const Gpxpeer__Challenge *c)
 	}
 	proof("gpx-peer-responder", c->version, p->nonce_local, c->nonce.data, node, c->node, mac);
 	if (!hmac_equal(mac, c->mac.data, SHA256_LEN)) {
+		send_bye(p, "authentication failed: the proof in Challenge does not match our key");
 		peer_kill(p, "authentication failed: %s does not hold our key", c->node);
 		return;
 	}
@@ -504,6 +517,9 @@ on_challenge(struct peer *p, const Gpxpeer__Challenge *c)
 		return;
 	}
 	snprintf(p->node, sizeof(p->node), "%s", c->node);
+	/* The address is known to be this node now: no redialling it while a connection is up. */
+	if (p->target != NULL)
+		snprintf(p->target->node, sizeof(p->target->node), "%s", p->node);
 	memcpy(p->nonce_remote, c->nonce.data, PEER_NONCE_LEN);
 	p->version = c->version;
 	proof("gpx-peer-initiator", c->version, p->nonce_local, p->nonce_remote, node, p->node, mac);
@@ -583,7 +599,7 @@ on_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
 	struct export *e = q->name != NULL && export_name_ok(q->name) ? export_find(q->name) : NULL;
 	uint32_t n = 0;
 	struct phandle *h;
-	char msg[160] = "";
+	char msg[256] = "";
 
 	TAILQ_FOREACH(h, &p->handles, entry)
 		n++;

@@ -168,6 +168,9 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 		log_audit(c, "%s", err);
 		return -GPX__STATUS__EACCES;
 	}
+	/* fabric: another node's region on one side (daemon/fabric.c) */
+	if ((r = fabric_xfer_check(sh->r, dh->r, err, errlen)) < 0)
+		return r;
 	if ((segfd >= 0 && t->seg_count == 0) || (t->seg_count > 0 && t->n_segments > 0)) {
 		snprintf(err, errlen, "segments come inline, or as seg_count in the segment area or one memfd");
 		return -GPX__STATUS__EPROTO;

@@ -1,0 +1,264 @@
+/*
+ * fabric-test: the client side of tests/fabric-tcp.test.  Two gpxd on this machine, nodes
+ * "nodea" and "nodeb", peered over TCP; this one process is a client of both, so it can check
+ * every byte that crosses.  A exports a buffer to peers, B imports it as "nodea:kv" and copies
+ * both ways (checksums), with and without remote permission, into a read-only export, past the
+ * end; A's owner gets its notifications; then A is killed in the middle of a stream of copies
+ * (every one must end, within the bound, with some failing), restarted, and B's client must
+ * see the old import refused and a new one work.
+ *
+ * Usage: fabric-test SOCK_A SOCK_B PID_A   (FABRIC_RESTART_A: a command that restarts A and
+ * prints nothing; FABRIC_BOUND: seconds a failure may take, default 8)
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client-lib/gpx.h"
+#include "tests/tap.h"
+
+#define SZ (8u << 20)
+
+static double
+now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static uint64_t
+fnv(const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	uint64_t h = 0xcbf29ce484222325ULL;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ULL;
+	return h;
+}
+
+static void
+fill(void *p, size_t n, unsigned seed)
+{
+	uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
+
+	for (size_t i = 0; i < n; i += 8) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		memcpy((char *)p + i, &x, n - i < 8 ? n - i : 8);
+	}
+}
+
+/* Imports name, retrying while the peer is not (yet) connected. */
+static int
+import_retry(gpx_conn *c, const char *name, gpx_region *r, uint64_t *len, double secs)
+{
+	double end = now() + secs;
+	int e;
+
+	while ((e = gpx_import(c, name, r, len)) == -GPX_ENOENT && now() < end)
+		usleep(100000);
+	return e;
+}
+
+/* Waits for one notification on the owner's connection. */
+static int
+wait_notify(gpx_conn *c, uint64_t tag, uint64_t *bytes)
+{
+	struct gpx_completion comp;
+	double end = now() + 5;
+
+	while (now() < end) {
+		int n = gpx_wait(c, &comp, 1, 500);
+		if (n == 1 && (comp.flags & GPX_COMP_NOTIFY) && comp.tag == tag) {
+			*bytes = comp.bytes;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+int
+main(int argc, char **argv)
+{
+	gpx_conn *ca, *cb;
+	gpx_region ra, rb, rkv, rro, rx;
+	int fa, fb, e;
+	void *pa, *pb;
+	uint64_t len = 0, nb = 0;
+	double bound = getenv("FABRIC_BOUND") ? atof(getenv("FABRIC_BOUND")) : 8;
+	struct gpx_export_opts notify = { .rule = GPX_EXPORT_UID, .notify = 1, .notify_tag = 77 };
+	struct gpx_export_opts ro = { .rule = GPX_EXPORT_UID, .read_only = 1 };
+
+	if (argc != 4) {
+		fprintf(stderr, "usage: fabric-test SOCK_A SOCK_B PID_A\n");
+		return 99;
+	}
+	pid_t pid_a = (pid_t)atoi(argv[3]);
+	if (gpx_connect(argv[1], "fabric-owner", &ca) < 0 || gpx_connect(argv[2], "fabric-user", &cb) < 0) {
+		printf("Bail out! cannot connect to both daemons\n");
+		return 99;
+	}
+	if (gpx_host_alloc(SZ, &fa, &pa) < 0 || gpx_host_alloc(SZ, &fb, &pb) < 0 ||
+	    gpx_register_host(ca, fa, 0, SZ, 0, &ra) < 0 || gpx_register_host(cb, fb, 0, SZ, 0, &rb) < 0) {
+		printf("Bail out! cannot register host memory\n");
+		return 99;
+	}
+	fill(pa, SZ, 1);
+	ok(gpx_export_remote(ca, ra, "kv", &notify, NULL) == 0, "A exports kv to any peer, notifying");
+	ok(gpx_export(ca, ra, "localonly", NULL) == 0, "A exports localonly, not to peers");
+	ok(gpx_export_remote(ca, ra, "onlyc", NULL, "nodec,noded") == 0, "A exports onlyc to nodec and noded only");
+	ok(gpx_export_remote(ca, ra, "ro", &ro, "nodeb") == 0, "A exports ro read-only to nodeb");
+	ok(gpx_export_remote(ca, ra, "bad", NULL, "no:colons") == -GPX_EINVAL, "a peer name with ':' is refused");
+
+	e = import_retry(cb, "nodea:kv", &rkv, &len, 10);
+	ok(e == 0 && len == SZ, "B imports nodea:kv (%s, %llu bytes)", e ? gpx_strerror(e) : "ok",
+	    (unsigned long long)len);
+	if (e != 0) {
+		diag("%s", gpx_last_error(cb));
+		printf("1..%d\n", tap_count);
+		return 1;
+	}
+
+	/* Reads and writes across, whole and in pieces. */
+	e = gpx_copy_sync(cb, rkv, 0, rb, 0, SZ);
+	ok(e == 0 && fnv(pb, SZ) == fnv(pa, SZ), "8 MiB read across (nodea -> nodeb): checksum %016llx",
+	    (unsigned long long)fnv(pb, SZ));
+	fill(pb, SZ, 2);
+	e = gpx_copy_sync(cb, rb, 0, rkv, 0, SZ);
+	ok(e == 0 && fnv(pa, SZ) == fnv(pb, SZ), "8 MiB written across (nodeb -> nodea): checksum %016llx",
+	    (unsigned long long)fnv(pa, SZ));
+	e = wait_notify(ca, 77, &nb);
+	ok(e == 0 && nb == SZ, "A's owner notified of the 8 MiB write (%llu bytes)", (unsigned long long)nb);
+	fill(pb, 4096, 3);
+	e = gpx_copy_sync(cb, rb, 0, rkv, 12345, 4096);
+	ok(e == 0 && memcmp((char *)pa + 12345, pb, 4096) == 0, "4 KiB written at an odd offset");
+	ok(wait_notify(ca, 77, &nb) == 0 && nb == 4096, "A's owner notified of the one-chunk write");
+	struct gpx_seg segs[3] = {
+		{ .src_offset = 1, .dst_offset = 3 << 20, .length = 100000 },
+		{ .src_offset = 2 << 20, .dst_offset = 7, .length = (3 << 20) - 100 },
+		{ .src_offset = 5 << 20, .dst_offset = (7 << 20) + 5, .length = 1 },
+	};
+	fill(pb, SZ, 4);
+	e = gpx_copyv(cb, rb, rkv, segs, 3, 501);
+	struct gpx_completion comp;
+	int n = e == 0 ? gpx_wait_tag(cb, 501, &comp, 10000) : e;
+	bool same = true;
+	for (int i = 0; i < 3; i++)
+		same &= memcmp((char *)pa + segs[i].dst_offset, (char *)pb + segs[i].src_offset, segs[i].length) == 0;
+	ok(n >= 0 && comp.status == 0 && comp.bytes == 100000 + (3 << 20) - 100 + 1 && same,
+	    "vectored write of 3 segments across (%d, status %d, %llu bytes, %s)", n, comp.status,
+	    (unsigned long long)comp.bytes, same ? "same" : "differs");
+	ok(wait_notify(ca, 77, &nb) == 0, "A's owner notified of the vectored write");
+	memset(pb, 0, SZ);
+	for (int i = 0; i < 3; i++) {
+		uint64_t t = segs[i].src_offset;
+		segs[i].src_offset = segs[i].dst_offset;
+		segs[i].dst_offset = t;
+	}
+	e = gpx_copyv(cb, rkv, rb, segs, 3, 502);
+	n = e == 0 ? gpx_wait_tag(cb, 502, &comp, 10000) : e;
+	same = true;
+	for (int i = 0; i < 3; i++)
+		same &= memcmp((char *)pb + segs[i].dst_offset, (char *)pa + segs[i].src_offset, segs[i].length) == 0;
+	ok(n >= 0 && comp.status == 0 && same, "vectored read of 3 segments across");
+	ok(gpx_copy_sync(cb, rb, 0, rkv, SZ - 10, 11) == -GPX_ERANGE, "a copy one byte past the remote region: ERANGE");
+
+	/* Permissions. */
+	ok(gpx_import(cb, "nodea:localonly", &rx, &len) == -GPX_EACCES, "an export not open to peers: EACCES (%s)",
+	    gpx_last_error(cb));
+	ok(gpx_import(cb, "nodea:onlyc", &rx, &len) == -GPX_EACCES, "an export for other peers only: EACCES");
+	ok(gpx_import(cb, "nodea:nothere", &rx, &len) == -GPX_ENOENT, "no such export on the peer: ENOENT");
+	ok(gpx_import(cb, "nodez:kv", &rx, &len) == -GPX_ENOENT, "no such peer: ENOENT (%s)", gpx_last_error(cb));
+	e = gpx_import(cb, "nodea:ro", &rro, &len);
+	ok(e == 0, "a read-only export open to nodeb: imported");
+	ok(e == 0 && gpx_copy_sync(cb, rb, 0, rro, 0, 64) == -GPX_EACCES, "writing into it: EACCES");
+	ok(e == 0 && gpx_copy_sync(cb, rro, 0, rb, 0, 4096) == 0 && memcmp(pa, pb, 4096) == 0, "reading from it works");
+
+	/* A is killed in the middle of a stream of copies: every copy ends, some with an error. */
+	enum { N = 32 };
+	int okc = 0, errc = 0, got = 0;
+	for (int i = 0; i < N; i++)
+		if (gpx_copy(cb, rb, 0, rkv, 0, SZ, 1000 + i) < 0)
+			break;
+	/* The engine runs a client's copies round-robin: they all progress, and 256 MiB over
+	 * loopback takes far longer than this, so the kill lands in the middle of all of them. */
+	usleep(20000);
+	kill(pid_a, SIGKILL);
+	double t0 = now(), t_kill = t0;
+	while (got < N && now() - t0 < 60) {
+		int k = gpx_wait(cb, &comp, 1, 200);
+		if (k == 1) {
+			got++;
+			if (comp.status == 0)
+				okc++;
+			else
+				errc++;
+		}
+	}
+	double took = t_kill ? now() - t_kill : -1;
+	ok(got == N, "all %d copies ended after A was killed (%d ok, %d failed)", N, okc, errc);
+	ok(errc > 0, "copies cut off by the kill failed (%d)", errc);
+	ok(t_kill > 0 && took < bound, "within %.1f s of the kill (bound %.0f s)", took, bound);
+	e = gpx_copy_sync(cb, rb, 0, rkv, 0, 4096);
+	ok(e == -GPX_EREVOKED, "a new copy on the old import is refused: %s (%s)", gpx_strerror(e), gpx_last_error(cb));
+
+	/* Restart A: B reconnects with a new epoch; the old import stays refused, a new one works. */
+	const char *restart = getenv("FABRIC_RESTART_A");
+	if (restart == NULL) {
+		printf("1..%d\n", tap_count);
+		return tap_failed ? 1 : 0;
+	}
+	gpx_close(ca);
+	ok(system(restart) == 0, "A restarted");
+	gpx_conn *ca2;
+	gpx_region ra2, rkv2;
+	e = gpx_connect(argv[1], "fabric-owner2", &ca2);
+	ok(e == 0, "connected to the new A");
+	if (e == 0) {
+		fill(pa, SZ, 5);
+		e = gpx_register_host(ca2, fa, 0, SZ, 0, &ra2);
+		e = e ? e : gpx_export_remote(ca2, ra2, "kv", NULL, NULL);
+		ok(e == 0, "the new A exports kv again");
+		e = import_retry(cb, "nodea:kv", &rkv2, &len, 15);
+		ok(e == 0, "B imports nodea:kv through the new connection (%s)", e ? gpx_last_error(cb) : "ok");
+		ok(e == 0 && gpx_copy_sync(cb, rkv2, 0, rb, 0, SZ) == 0 && fnv(pb, SZ) == fnv(pa, SZ),
+		    "8 MiB read across after the reconnection, checksum %016llx", (unsigned long long)fnv(pb, SZ));
+		e = gpx_copy_sync(cb, rkv, 0, rb, 0, 4096);
+		ok(e == -GPX_EREVOKED, "the import of the old epoch is still refused: %s", gpx_strerror(e));
+
+		/* A hangs (SIGSTOP: no reset, no FIN): the copy fails once the peer is silent for the
+		 * configured timeout, not never. */
+		FILE *f = getenv("FABRIC_PIDFILE_A") ? fopen(getenv("FABRIC_PIDFILE_A"), "r") : NULL;
+		int pid2 = 0;
+		if (f != NULL && fscanf(f, "%d", &pid2) == 1 && pid2 > 0) {
+			kill(pid2, SIGSTOP);
+			double t1 = now();
+			e = gpx_copy(cb, rb, 0, rkv2, 0, SZ, 900);
+			n = e == 0 ? gpx_wait_tag(cb, 900, &comp, (int)(bound * 2000)) : e;
+			double dt = now() - t1;
+			ok(n >= 0 && comp.status == -GPX_EIO && dt < bound,
+			    "A stopped: the copy ends with EIO after %.1f s (bound %.0f s)", dt, bound);
+			kill(pid2, SIGCONT);
+			e = gpx_copy_sync(cb, rkv2, 0, rb, 0, 4096);
+			ok(e == -GPX_EREVOKED, "after the silence the import is stale: %s", gpx_strerror(e));
+		} else
+			ok(0, "no pid file for the restarted A");
+		if (f != NULL)
+			fclose(f);
+		gpx_close(ca2);
+	}
+	gpx_close(cb);
+	printf("1..%d\n", tap_count);
+	return tap_failed ? 1 : 0;
+}
