@@ -9,7 +9,18 @@
  * The rest of the daemon sees only the hooks declared at the end of daemon/gpxd.h.
  *
  * Threads: everything here runs on the loop thread, except mem_remote_ops.close, which may run
- * on a copy worker and only queues a Release for the loop (fabric_release_async).
+ * on a copy worker and only queues a Release for the loop.
+ *
+ * Where it stands: the control plane (peering, authentication, versions, remote exports and
+ * imports, epochs, keepalive) and the tcp data transport are done and tested by
+ * tests/fabric-tcp.test.  The RDMA data plane (fabric-rdma.c: librdmacm, shared RC queue pairs,
+ * RDMA WRITE/READ, write with immediate for notifications, dma-buf / peermem / staged GPU
+ * registration, NIC choice by PCI distance) is not written yet: transport = rdma refuses to
+ * start and auto means tcp, said in the log and in gpxctl status and peers.  GPU memory is
+ * refused on both sides of a remote copy (ENOTSUP, with the reason).  GPU memory over RDMA
+ * (GPUDirect) cannot be run on any machine available to this project: the GPU machines have
+ * no RDMA NIC and the Soft-RoCE guests (tests/vm) have no GPU, so that path can only be shown
+ * on real hardware.
  */
 #ifndef GPX_FABRIC_H
 #define GPX_FABRIC_H
