@@ -39,6 +39,7 @@ conf_defaults(struct conf *c)
 	c->max_exports_per_uid = 4096;
 	c->max_inflight_per_uid = 65536;
 	c->idle_timeout_s = 0;
+	c->busy_poll_us = 5000;
 	c->log_level = strdup("info");
 	c->metrics_listen = NULL;
 	/* [fabric] (daemon/peer.c) */
@@ -167,6 +168,8 @@ on_key(void *user, const char *sec, const char *key, const char *v)
 		bad = NUM(c->max_segs, 1, 1 << 24);
 	else if (KEY("daemon", "log_level"))
 		bad = set_str(&c->log_level, v);
+	else if (KEY("daemon", "busy_poll_us"))
+		bad = NUM(c->busy_poll_us, 0, 1000000);
 	else if (KEY("daemon", "idle_timeout"))
 		bad = NUM(c->idle_timeout_s, 0, 86400 * 365);
 	else if (KEY("daemon", "metrics"))

@@ -145,15 +145,35 @@ cq_unreserve(struct cq *q)
 }
 
 /*
- * The backstop against a client that races us: between the checks below and the write it can
- * clear O_NONBLOCK again and fill its counter, and then write() would block this thread (a copy
- * worker) forever.  So every doorbell write runs under a per-thread 10 ms timer whose signal
- * (handled by nothing, without SA_RESTART) makes the write return EINTR.
+ * Doorbells never block the daemon.  The eventfd's file description is shared with the client,
+ * which may make it blocking and fill its counter, and then write() would block the calling
+ * thread (a copy worker) for good.  So each thread that rings doorbells publishes when its
+ * current write began, and a sentinel thread, waking every few milliseconds, interrupts a write
+ * older than DOORBELL_TIMEOUT_NS with a signal that nothing handles (and that does not restart
+ * system calls): the write fails with EINTR and the client is disconnected.  On the fast path a
+ * doorbell costs an fcntl, a write and two clock reads; a full non-blocking counter fails at once.
  */
-#define DOORBELL_TIMEOUT_NS 10000000L
+#define DOORBELL_TIMEOUT_NS 10000000ULL
+#define DOORBELL_THREADS 64
 
-static __thread timer_t db_timer;
-static __thread int db_timer_state;      /* 0 unset, 1 armed per write, -1 unavailable */
+struct db_slot {
+	pthread_t thread;
+	_Atomic uint64_t since;      /* start of the write in progress (ns), or 0 */
+};
+
+static struct db_slot db_slots[DOORBELL_THREADS];
+static atomic_int db_nslots;
+static __thread struct db_slot *db_self;
+static pthread_once_t db_once = PTHREAD_ONCE_INIT;
+
+static uint64_t
+mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + ts.tv_nsec;
+}
 
 static void
 db_alarm(int sig)
@@ -161,20 +181,35 @@ db_alarm(int sig)
 	(void)sig;
 }
 
-static bool
-db_timer_init(void)
+static void *
+db_sentinel(void *unused)
 {
-	static pthread_once_t once = PTHREAD_ONCE_INIT;
-	struct sigevent ev = { .sigev_notify = SIGEV_THREAD_ID, .sigev_signo = SIGRTMIN + 1 };
+	struct timespec tick = { 0, 5000000 };
 
-	if (db_timer_state == 0) {
-		pthread_once(&once, cq_signal_init);
-		ev._sigev_un._tid = (pid_t)syscall(SYS_gettid);   /* sigev_notify_thread_id */
-		db_timer_state = timer_create(CLOCK_MONOTONIC, &ev, &db_timer) == 0 ? 1 : -1;
-		if (db_timer_state < 0)
-			log_warn("doorbell timer");
+	(void)unused;
+	for (;;) {
+		nanosleep(&tick, NULL);
+		uint64_t now = mono_ns();
+		int n = atomic_load(&db_nslots);
+		for (int i = 0; i < n; i++) {
+			uint64_t since = atomic_load(&db_slots[i].since);
+			if (since != 0 && now - since > DOORBELL_TIMEOUT_NS)
+				pthread_kill(db_slots[i].thread, SIGRTMIN + 1);
+		}
 	}
-	return db_timer_state > 0;
+	return NULL;
+}
+
+static void
+db_start(void)
+{
+	pthread_t t;
+
+	cq_signal_init();
+	if (pthread_create(&t, NULL, db_sentinel, NULL) == 0)
+		pthread_detach(t);
+	else
+		log_warn("doorbell sentinel");
 }
 
 void
@@ -187,29 +222,45 @@ cq_signal_init(void)
 	sigaction(SIGRTMIN + 1, &sa, NULL);
 }
 
+/* The calling thread's slot, registered on its first doorbell; NULL if the table is full. */
+static struct db_slot *
+db_slot(void)
+{
+	if (db_self == NULL) {
+		pthread_once(&db_once, db_start);
+		int i = atomic_fetch_add(&db_nslots, 1);
+		if (i >= DOORBELL_THREADS) {
+			atomic_fetch_sub(&db_nslots, 1);
+			return NULL;
+		}
+		db_slots[i].thread = pthread_self();
+		db_self = &db_slots[i];
+	}
+	return db_self;
+}
+
 static void
 cq_ring_doorbell(struct cq *q)
 {
-	struct pollfd p = { .fd = q->efd, .events = POLLOUT };
-	struct itimerspec on = { .it_value = { 0, DOORBELL_TIMEOUT_NS } }, off = { 0 };
-	uint64_t one = 1;
-	bool timed = db_timer_init();
-	ssize_t n = -1;
+	struct db_slot *me = db_slot();
+	uint64_t one = 1, t0 = mono_ns();
+	ssize_t n;
 
-	/* The client may have cleared O_NONBLOCK on the shared file description: put it back. */
+	/* A client may clear O_NONBLOCK (to block in read, say): put it back, so that a full
+	 * counter fails at once; only a client racing this fcntl is left to the sentinel. */
 	int fl = fcntl(q->efd, F_GETFL);
 	if (fl >= 0 && !(fl & O_NONBLOCK))
 		fcntl(q->efd, F_SETFL, fl | O_NONBLOCK);
-	if (poll(&p, 1, 0) == 1 && (p.revents & POLLOUT)) {
-		if (timed)
-			timer_settime(db_timer, 0, &on, NULL);
+	if (me != NULL)
+		atomic_store(&me->since, t0);
+	do
 		n = write(q->efd, &one, sizeof(one));
-		if (timed)
-			timer_settime(db_timer, 0, &off, NULL);
-	}
+	while (n < 0 && errno == EINTR && mono_ns() - t0 < DOORBELL_TIMEOUT_NS);   /* a stale signal */
+	if (me != NULL)
+		atomic_store(&me->since, 0);
 	if (n != sizeof(one)) {
 		pthread_mutex_lock(&q->lock);
-		cq_break(q, "its eventfd cannot take a doorbell (counter full or blocking)");
+		cq_break(q, "its eventfd cannot take a doorbell (counter full, or blocking)");
 		pthread_mutex_unlock(&q->lock);
 	}
 }

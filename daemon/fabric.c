@@ -16,6 +16,10 @@
  * The received bytes are copied out of the socket buffer into the region on the loop thread:
  * one chunk (1 MiB by default) at a time, so a large transfer never holds the loop for long.
  *
+ * When the peer's queue pairs are up and the import came with an RDMA registration
+ * (daemon/fabric-rdma.c), a chunk is posted as one RDMA WRITE or READ instead of a message and
+ * ends with its work completion; everything else (windows, notifications, deadlines) is the same.
+ *
  * Failures end every waiting chunk with EIO, never a hang: the peer connection going down
  * (daemon/peer.c), a request unanswered for [fabric] timeout seconds (the connection is then
  * dropped: a peer that lost one answer cannot be trusted with the rest), or a region imported
@@ -42,6 +46,7 @@ struct fop {
 	struct chunk c;
 	void *local;                 /* Read: where the bytes land */
 	bool notified;               /* the Write carried the transfer's Notify */
+	bool rdma;                   /* posted as RDMA WRITE/READ: ends with its work completion */
 	double deadline;
 };
 
@@ -176,6 +181,17 @@ fop_send(struct fop *f, const Gpxpeer__PeerMsg *m, const void *data, size_t len)
 	peer_send(f->p, m, data, len);
 }
 
+/* Waits for an RDMA completion instead of an answer. */
+static void
+fop_track(struct fop *f)
+{
+	f->rdma = true;
+	f->deadline = now_s() + cfg->fabric_timeout_s;
+	TAILQ_INSERT_TAIL(&fops, f, entry);
+	nfops++;
+	f->p->inflight++;
+}
+
 static void
 start_chunk(struct chunk *c)
 {
@@ -198,6 +214,17 @@ start_chunk(struct chunk *c)
 	f->id = ++next_id;
 	f->p = p;
 	f->c = *c;
+	if (rm->rdma) {
+		uint64_t roff = write ? g->dst_offset + c->off : g->src_offset + c->off;
+		void *buf = write ? (char *)j->src->host + g->src_offset + c->off :
+		    (char *)j->dst->host + g->dst_offset + c->off;
+		f->kind = write ? FOP_WRITE : FOP_READ;
+		if (fabric_rdma_post(p, f->id, write, write ? j->src : j->dst, buf, c->bytes,
+		    rm->raddr + roff, rm->rkey) == 0) {
+			fop_track(f);
+			return;
+		}
+	}
 	if (write) {
 		f->kind = FOP_WRITE;
 		w.id = f->id;
@@ -273,7 +300,7 @@ on_done(struct peer *p, const Gpxpeer__Done *d, struct evbuffer *in, size_t dlen
 	struct fop *f;
 
 	TAILQ_FOREACH(f, &fops, entry)
-		if (f->p == p && f->id == d->id)
+		if (f->p == p && f->id == d->id && !f->rdma)
 			break;
 	if (f == NULL) {
 		peer_kill(p, "answer to request %llu, which was not sent to it", (unsigned long long)d->id);
@@ -300,6 +327,36 @@ on_done(struct peer *p, const Gpxpeer__Done *d, struct evbuffer *in, size_t dlen
 		    (unsigned long long)f->c.job->client, (unsigned long long)f->c.job->tag, d->status);
 	}
 	fop_end(f, d->status == 0);
+	pump();
+}
+
+void
+fabric_rdma_done(uint64_t id, bool ok, const char *why)
+{
+	struct fop *f;
+
+	TAILQ_FOREACH(f, &fops, entry)
+		if (f->rdma && f->id == id)
+			break;
+	if (f == NULL)
+		return;          /* its peer went down first: failed already */
+	struct peer *p = f->p;
+	if (!ok) {
+		/* The queue pair is in error now: nothing more can complete on it. */
+		peer_kill(p, "rdma %s of request %llu: %s", f->kind == FOP_WRITE ? "write" : "read",
+		    (unsigned long long)id, why);
+		return;
+	}
+	TAILQ_REMOVE(&fops, f, entry);
+	nfops--;
+	p->inflight--;
+	p->ops++;
+	if (f->kind == FOP_WRITE)
+		p->bytes_tx += f->c.bytes;
+	else
+		p->bytes_rx += f->c.bytes;
+	f->rdma = false;
+	fop_end(f, true);
 	pump();
 }
 
@@ -429,6 +486,8 @@ fabric_peer_down(struct peer *p)
 	struct fop *f, *t;
 	TAILQ_HEAD(, fop) failed = TAILQ_HEAD_INITIALIZER(failed);
 
+	/* Its queue pairs first: then no device touches the buffers of the chunks failed below. */
+	fabric_rdma_peer_down(p);
 	TAILQ_FOREACH_SAFE(f, &fops, entry, t)
 		if (f->p == p) {
 			TAILQ_REMOVE(&fops, f, entry);

@@ -6,6 +6,8 @@
  *   fabric.c  the engine path PATH_FABRIC: remote regions (memory kind `remote`), chunks of
  *             transfers sent as Write/Read to the peer, answers, owner notifications, timeouts;
  *             and the serving side of Write/Read/Notify for our exports
+ *   fabric-rdma.c  the RDMA data transport: rdma_cm queue pairs announced on the control
+ *             connection, registrations, RDMA WRITE/READ of a chunk, their completions
  * The rest of the daemon sees only the hooks declared at the end of daemon/gpxd.h.
  *
  * Threads: everything here runs on the loop thread, except mem_remote_ops.close, which may run
@@ -13,14 +15,19 @@
  *
  * Where it stands: the control plane (peering, authentication, versions, remote exports and
  * imports, epochs, keepalive) and the tcp data transport are done and tested by
- * tests/fabric-tcp.test.  The RDMA data plane (fabric-rdma.c: librdmacm, shared RC queue pairs,
- * RDMA WRITE/READ, write with immediate for notifications, dma-buf / peermem / staged GPU
- * registration, NIC choice by PCI distance) is not written yet: transport = rdma refuses to
- * start and auto means tcp, said in the log and in gpxctl status and peers.  GPU memory is
- * refused on both sides of a remote copy (ENOTSUP, with the reason).  GPU memory over RDMA
- * (GPUDirect) cannot be run on any machine available to this project: the GPU machines have
- * no RDMA NIC and the Soft-RoCE guests (tests/vm) have no GPU, so that path can only be shown
- * on real hardware.
+ * tests/fabric-tcp.test.  The RDMA data transport for host memory (fabric-rdma.c: librdmacm,
+ * RC queue pairs shared per peer, RDMA WRITE/READ, per-import registrations of exports, a
+ * registration cache for local regions) is tested between two Soft-RoCE guests by
+ * tests/vm-rdma.test; the owner's notification after an RDMA WRITE goes as a Notify message
+ * on the control connection once every chunk's completion is in (not as a write with
+ * immediate).  Not written yet: GPU memory on either side of a remote copy (refused with
+ * ENOTSUP and the reason); it would register a dma-buf from cuda_dmabuf with
+ * ibv_reg_dmabuf_mr, else the device pointer with ibv_reg_mr (nvidia-peermem), else stage
+ * through pinned host buffers, each only when the one before is impossible.  GPU memory over
+ * RDMA cannot be run on any machine available to this project: the GPU machines have no RDMA
+ * NIC and the Soft-RoCE guests (tests/vm) have no GPU, so that path can only be shown on real
+ * hardware.  NIC choice by PCI distance is not written either: the first device with an
+ * active port, or [fabric] rdma_device.
  */
 #ifndef GPX_FABRIC_H
 #define GPX_FABRIC_H
@@ -76,7 +83,10 @@ struct phandle {
 	struct region *r;            /* a reference */
 	char export_name[65];
 	bool read_only;
+	struct rmr *mr;              /* its RDMA registration (fabric-rdma.c), under that file's lock */
 };
+
+struct rpeer;
 
 struct peer {
 	TAILQ_ENTRY(peer) entry;
@@ -96,6 +106,7 @@ struct peer {
 	uint64_t bytes_tx, bytes_rx, ops, errors;
 	uint32_t inflight;           /* our requests waiting for an answer */
 	char why[160];               /* why it went down, or the last error */
+	struct rpeer *rdma;          /* its queue pairs (fabric-rdma.c), NULL over tcp */
 };
 TAILQ_HEAD(peer_list, peer);
 extern struct peer_list peers;
@@ -114,6 +125,9 @@ struct remote {                  /* r->priv of a `remote` region */
 	uint32_t epoch;              /* of the connection it was imported through */
 	uint64_t handle;
 	bool notify;                 /* the export notifies its owner: send Notify at a transfer's end */
+	bool rdma;                   /* the owner registered the export for this import: */
+	uint64_t raddr;              /* ... RDMA address of its first byte */
+	uint32_t rkey;               /* ... and the key; bounds and rights enforced by its NIC */
 };
 int fabric_init(struct event_base *);
 void fabric_shutdown(void);
@@ -125,5 +139,28 @@ void fabric_peer_down(struct peer *);
 /* Loop thread, about every 100 ms: requests past their deadline fail. */
 void fabric_tick(double now);
 void fabric_release(const char *node, uint32_t epoch, uint64_t handle);
+/* Loop thread: an RDMA work request posted for request id completed. */
+void fabric_rdma_done(uint64_t id, bool ok, const char *why);
+
+/* ---- fabric-rdma.c (stubs without rdma-core) ---- */
+#define FABRIC_RDMA_TOKEN 32
+/* 1: rdma is on; 0: tcp (why says why); -1: transport = rdma and it cannot be. */
+int fabric_rdma_init(struct event_base *, char *why, size_t whylen);
+void fabric_rdma_shutdown(void);
+const char *fabric_rdma_device(void);        /* "rxe0 port 1", NULL when off */
+/* Inbound side, before Ready: the rdma_cm port and a fresh token to announce; false: none. */
+bool fabric_rdma_offer(struct peer *, uint32_t *port, uint8_t token[FABRIC_RDMA_TOKEN]);
+/* Outbound side, after Ready: opens the queue pairs the peer announced. */
+void fabric_rdma_connect(struct peer *, uint32_t port, const uint8_t *token, size_t tokenlen);
+/* The peer is going down: its queue pairs go first, before its chunks fail. */
+void fabric_rdma_peer_down(struct peer *);
+uint32_t fabric_rdma_qps(const struct peer *);     /* connected queue pairs */
+uint32_t fabric_rdma_regs(const struct peer *);    /* registrations of our exports it holds */
+/* An import of one of our exports: registers it for this import alone; false: tcp only. */
+bool fabric_rdma_export(struct peer *, struct phandle *, uint64_t *addr, uint32_t *rkey);
+void fabric_rdma_unexport(struct phandle *);
+/* Posts one RDMA WRITE (buf -> remote) or READ (remote -> buf); 0, or -1: send it over tcp. */
+int fabric_rdma_post(struct peer *, uint64_t id, bool write, struct region *local, void *buf, uint64_t len,
+    uint64_t raddr, uint32_t rkey);
 
 #endif

@@ -70,6 +70,12 @@ struct gdev {
 };
 
 static struct gdev gpus[GPX_MAX_GPUS];
+/*
+ * Fault injection for the test suite: GPXD_FAULT_INJECT=sticky makes the first copy launch a
+ * kernel on an invalid address, which leaves the context with a sticky error, so that the
+ * daemon's handling of one (a clear log line and a non-zero exit) can be tested for real.
+ */
+static atomic_bool fault_sticky;
 static int ngpus;
 static char status_text[256] = "not initialised";
 static volatile bool gpu_quit;
@@ -426,6 +432,10 @@ issue(struct gdev *g, struct chunk *c)
 	int s = c->bytes <= QUICK_MAX ? S_QUICK : S_BULK;
 	int slot = free_slot(g), r = 0;
 
+	if (atomic_exchange(&fault_sticky, false)) {
+		log_warnx("GPU%d: injecting a sticky fault (GPXD_FAULT_INJECT=sticky)", g->index);
+		cuda_kernel_copy(g->index, g->stream[s], 16, 1, 1);
+	}
 	bool kernel = g->kernel_ok && cfg->sm_copy && pieces >= KERNEL_MIN_SEGS &&
 	    c->bytes / pieces <= KERNEL_MAX_AVG && kernel_reach(j->src, g->index) &&
 	    kernel_reach(j->dst, g->index);
@@ -601,6 +611,10 @@ int
 gpu_init(char *why, size_t whylen)
 {
 	int n = cuda_load(why, whylen);
+	const char *fault = getenv("GPXD_FAULT_INJECT");
+
+	if (fault != NULL && strcmp(fault, "sticky") == 0)
+		atomic_store(&fault_sticky, true);
 
 	if (n <= 0) {
 		snprintf(status_text, sizeof(status_text), "unavailable: %s", why);

@@ -44,7 +44,7 @@ void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char *sub, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void log_audit(const struct conn *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void log_audit(struct conn *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 void fatalx(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
@@ -70,6 +70,7 @@ struct conf {
 	uint32_t max_exports_per_uid;
 	uint32_t max_inflight_per_uid;
 	double idle_timeout_s;       /* a connection that sends nothing for this long is closed */
+	uint32_t busy_poll_us;       /* the loop polls without sleeping this long after input */
 	char *log_level;
 	char *metrics_listen;        /* "127.0.0.1:9464", NULL = off */
 	bool metrics_allow_remote;   /* serve metrics on a non-loopback address too */
@@ -316,6 +317,8 @@ struct conn {
 	struct rhandle **htab;       /* chained hash of handles by serial */
 	uint32_t nhandles, hcap;
 	uint32_t nseq_errors;
+	double audit_window;         /* log_audit's rate limit: start of the current second */
+	uint32_t audit_lines, audit_dropped;
 	const unsigned char *area;   /* the segment area, mapped read-only */
 	size_t area_len;
 };
@@ -410,6 +413,8 @@ void peer_query(Gpx__QueryReply *);          /* Q_PEERS */
 void peer_query_free(Gpx__QueryReply *);
 const char *peer_status(void);               /* one line for status */
 void fabric_kick(void);                      /* any thread: PATH_FABRIC has new work */
+/* mem-host.c, any thread: r's mapping closes; its RDMA registrations go (fabric-rdma.c). */
+void fabric_rdma_region_gone(struct region *);
 /* xfer.c: a transfer with a remote side is possible (host memory, connection alive)? */
 int fabric_xfer_check(const struct region *src, const struct region *dst, char *err, size_t errlen);
 

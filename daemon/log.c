@@ -133,18 +133,40 @@ log_debug(const char *sub, const char *fmt, ...)
 	va_end(ap);
 }
 
-/* One line per refusal: who (client, uid, pid) and why. */
+/*
+ * One line per refusal: who (client, uid, pid) and why.  At most AUDIT_PER_S lines a second per
+ * connection, so a hostile client cannot flood the log; what was held back is counted in the
+ * next line that gets through.
+ */
+#define AUDIT_PER_S 20
+
 void
-log_audit(const struct conn *c, const char *fmt, ...)
+log_audit(struct conn *c, const char *fmt, ...)
 {
 	char why[512];
 	va_list ap;
+	double now = now_s();
 
+	if (now - c->audit_window >= 1.0) {
+		c->audit_window = now;
+		c->audit_lines = 0;
+	}
+	if (c->audit_lines >= AUDIT_PER_S) {
+		c->audit_dropped++;
+		return;
+	}
+	c->audit_lines++;
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
-	log_warnx("refused client %llu (uid %u pid %d %s): %s", (unsigned long long)c->id,
-	    (unsigned)c->uid, (int)c->pid, c->name[0] ? c->name : "-", why);
+	if (c->audit_dropped > 0)
+		log_warnx("refused client %llu (uid %u pid %d %s): %s (and %u more refusals not logged)",
+		    (unsigned long long)c->id, (unsigned)c->uid, (int)c->pid, c->name[0] ? c->name : "-", why,
+		    c->audit_dropped);
+	else
+		log_warnx("refused client %llu (uid %u pid %d %s): %s", (unsigned long long)c->id,
+		    (unsigned)c->uid, (int)c->pid, c->name[0] ? c->name : "-", why);
+	c->audit_dropped = 0;
 }
 
 void

@@ -179,6 +179,7 @@ host_close(struct region *r)
 {
 	if (r->priv != NULL)
 		gpu_host_unregister(r);
+	fabric_rdma_region_gone(r);
 	if (r->map != NULL)
 		munmap(r->map, r->map_len);
 	r->map = NULL;

@@ -293,6 +293,7 @@ phandle_drop(struct phandle *h)
 {
 	struct export *e;
 
+	fabric_rdma_unexport(h);
 	TAILQ_FOREACH(e, &exports, entry)
 		if (e->r == h->r && e->importers > 0) {
 			e->importers--;
@@ -441,8 +442,9 @@ become_ready(struct peer *p)
 		if (loser == p)
 			return;
 	}
-	log_info("fabric: peer %s (%s, %s) ready: protocol %u, epoch %08x, transport tcp", p->node,
-	    p->addr, p->outbound ? "outbound" : "inbound", p->version, p->epoch);
+	log_info("fabric: peer %s (%s, %s) ready: protocol %u, epoch %08x, transport %s", p->node,
+	    p->addr, p->outbound ? "outbound" : "inbound", p->version, p->epoch,
+	    fabric_rdma_device() ? "tcp until its rdma queue pairs connect" : "tcp");
 }
 
 static void
@@ -536,7 +538,8 @@ on_auth(struct peer *p, const Gpxpeer__Auth *a)
 {
 	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
 	Gpxpeer__Ready r = GPXPEER__READY__INIT;
-	uint8_t mac[SHA256_LEN];
+	uint8_t mac[SHA256_LEN], token[FABRIC_RDMA_TOKEN];
+	uint32_t rport;
 
 	if (p->outbound || p->state != PEER_AUTH) {
 		peer_kill(p, "unexpected Auth");
@@ -554,6 +557,12 @@ on_auth(struct peer *p, const Gpxpeer__Auth *a)
 	} while (p->epoch == 0);
 	r.epoch = p->epoch;
 	r.transport = "tcp";
+	if (fabric_rdma_offer(p, &rport, token)) {
+		r.transport = "rdma";
+		r.rdma_port = rport;
+		r.rdma_token.data = token;
+		r.rdma_token.len = sizeof(token);
+	}
 	m.body_case = GPXPEER__PEER_MSG__BODY_READY;
 	m.ready = &r;
 	peer_send(p, &m, NULL, 0);
@@ -569,6 +578,8 @@ on_ready(struct peer *p, const Gpxpeer__Ready *r)
 	}
 	p->epoch = r->epoch;
 	become_ready(p);
+	if (p->state == PEER_READY)
+		fabric_rdma_connect(p, r->rdma_port, r->rdma_token.data, r->rdma_token.len);
 }
 
 /* ---- imports: serving side ---- */
@@ -633,6 +644,7 @@ on_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
 		rep.length = e->r->length;
 		rep.read_only = h->read_only;
 		rep.notify = e->notify;
+		rep.rdma = fabric_rdma_export(p, h, &rep.rdma_addr, &rep.rdma_rkey);
 		log_debug("fabric", "peer %s imports %s as %#llx", p->node, e->name, (unsigned long long)h->id);
 	}
 	rep.message = msg;
@@ -761,6 +773,12 @@ on_import_rep(struct peer *p, const Gpxpeer__ImportRep *rep)
 	}
 	if (rep->notify)
 		((struct remote *)r->priv)->notify = true;
+	if (rep->rdma) {
+		/* Trusted no further than its NIC: the registration bounds what the key reaches. */
+		((struct remote *)r->priv)->rdma = true;
+		((struct remote *)r->priv)->raddr = rep->rdma_addr;
+		((struct remote *)r->priv)->rkey = rep->rdma_rkey;
+	}
 	r->uid = c->uid;
 	conn_import_remote(c, seq, r, rep->read_only);
 }
@@ -1134,15 +1152,13 @@ peer_start(struct event_base *b)
 		log_warnx("fabric: %s", err);
 		return -1;
 	}
-	if (strcmp(cfg->fabric_transport, "rdma") == 0) {
-		log_warnx("fabric: transport = rdma: this gpxd has no RDMA data plane yet; "
-		    "use transport = tcp (or auto)");
-		return -1;
-	}
-	if (strcmp(cfg->fabric_transport, "auto") == 0)
-		log_info("fabric: transport auto: tcp (this gpxd has no RDMA data plane)");
 	if ((arena = wire_arena_new(16 * PEER_MSG_MAX)) == NULL || fabric_init(b) < 0)
 		return -1;
+	if (fabric_rdma_init(b, err, sizeof(err)) < 0) {
+		log_warnx("fabric: transport = rdma: %s; use transport = tcp or auto", err);
+		return -1;
+	}
+	log_info("fabric: transport %s: %s", cfg->fabric_transport, err);
 	if (cfg->fabric_listen != NULL) {
 		struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE }, *res;
 		int e;
@@ -1183,10 +1199,13 @@ peer_start(struct event_base *b)
 	tick_ev = event_new(b, -1, EV_PERSIST, on_tick, NULL);
 	event_add(tick_ev, &tv);
 	enabled = true;
-	snprintf(status_buf, sizeof(status_buf), "node %s, %s%s, transport tcp", node,
-	    listen_addr[0] ? "listening on " : "not listening", listen_addr);
-	log_info("fabric: node %s%s%s, transport tcp, %s", node, listen_addr[0] ? ", listening on " : "",
-	    listen_addr, cfg->fabric_peers ? cfg->fabric_peers : "no configured peers");
+	snprintf(status_buf, sizeof(status_buf), "node %s, %s%s, transport %s%s%s", node,
+	    listen_addr[0] ? "listening on " : "not listening", listen_addr,
+	    fabric_rdma_device() ? "rdma" : "tcp", fabric_rdma_device() ? " on " : "",
+	    fabric_rdma_device() ? fabric_rdma_device() : "");
+	log_info("fabric: node %s%s%s, transport %s, %s", node, listen_addr[0] ? ", listening on " : "",
+	    listen_addr, fabric_rdma_device() ? "rdma" : "tcp",
+	    cfg->fabric_peers ? cfg->fabric_peers : "no configured peers");
 	return 0;
 }
 
@@ -1213,6 +1232,7 @@ peer_stop(void)
 		free(t);
 	}
 	fabric_shutdown();
+	fabric_rdma_shutdown();
 	if (listener != NULL)
 		evconnlistener_free(listener);
 	listener = NULL;
@@ -1254,7 +1274,9 @@ peer_query(Gpx__QueryReply *q)
 		i->node = p->node;
 		i->address = p->addr;
 		i->state = (char *)state_name(p->state);
-		i->transport = "tcp";
+		i->transport = fabric_rdma_qps(p) > 0 ? "rdma" : "tcp";
+		i->queue_pairs = fabric_rdma_qps(p);
+		i->registrations = fabric_rdma_regs(p);
 		i->outbound = p->outbound;
 		i->version = p->version;
 		i->epoch = p->epoch;

@@ -90,18 +90,19 @@ take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int
 			got += k;
 		}
 	}
-	for (uint32_t i = 0; i < n; i++) {
-		struct gpx_wire_seg g;
-		if (table != NULL)
-			memcpy(&g, table + (size_t)i * sizeof(g), sizeof(g));
-		else if (fd >= 0)
-			g = j->segs[i];
-		else {
-			g.src_offset = t->segments[i]->src_offset;
-			g.dst_offset = t->segments[i]->dst_offset;
-			g.length = t->segments[i]->length;
+	if (table != NULL)
+		memcpy(j->segs, table, (size_t)n * sizeof(*j->segs));   /* one read of the shared area */
+	else if (fd < 0)
+		for (uint32_t i = 0; i < n; i++) {
+			j->segs[i].src_offset = t->segments[i]->src_offset;
+			j->segs[i].dst_offset = t->segments[i]->dst_offset;
+			j->segs[i].length = t->segments[i]->length;
 		}
-		if (!inside(g.src_offset, g.length, src->length) || !inside(g.dst_offset, g.length, dst->length) ||
+	/* Only the private copy is checked, so what the client writes now changes nothing. */
+	const uint64_t slen = src->length, dlen = dst->length;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct gpx_wire_seg g = j->segs[i];
+		if (!inside(g.src_offset, g.length, slen) || !inside(g.dst_offset, g.length, dlen) ||
 		    total + g.length < total) {
 			snprintf(err, errlen, "segment %u (%llu+%llu -> %llu+%llu) leaves its region "
 			    "(source %llu bytes, destination %llu bytes)", i,
@@ -111,7 +112,6 @@ take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int
 			log_audit(c, "%s", err);
 			return -GPX__STATUS__ERANGE;
 		}
-		j->segs[i] = g;
 		total += g.length;
 		j->ends[i] = total;
 	}

@@ -486,7 +486,62 @@ mode_register(struct bench_ctx *b)
 	return 0;
 }
 
+/*
+ * A control for gpu-copy: the same copies done in this process twice, through its own mappings
+ * and through mappings of the same allocations imported from their exported fds, as gpxd maps
+ * them.  It tells what part of a gap between direct and gpx comes from imported mappings.
+ */
+static int
+mode_import(struct bench_ctx *b)
+{
+	int r = cuda_setup(b, "gpu-import", 1);
+	uint64_t len = b->max_size < (1ull << 30) ? b->max_size : (1ull << 30);
+	struct gbuf a, z;
+	CUdeviceptr ia = 0, iz = 0;
+	char what[64], sz[32];
+
+	if (r)
+		return r;
+	int dd = ndev > 1 ? 1 : 0;
+	if (gbuf_alloc(0, len, &a) < 0 || gbuf_alloc(dd, len, &z) < 0 || a.h == 0) {
+		bench_skip(b, "gpu-import", "needs VMM buffers");
+		return BENCH_SKIP;
+	}
+	struct gbuf *g[2] = { &a, &z };
+	CUdeviceptr *im[2] = { &ia, &iz };
+	for (int i = 0; i < 2; i++) {
+		int fd = -1;
+		CUmemGenericAllocationHandle h;
+		CUmemAccessDesc acc[8];
+		for (int k = 0; k < ndev; k++)
+			acc[k] = (CUmemAccessDesc){ { CU_MEM_LOCATION_TYPE_DEVICE, k }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+		if (!CK(cuMemExportToShareableHandle(&fd, g[i]->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) ||
+		    !CK(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) ||
+		    !CK(cuMemAddressReserve(im[i], g[i]->len, 0, 0, 0)) || !CK(cuMemMap(*im[i], g[i]->len, 0, h, 0)) ||
+		    !CK(cuMemSetAccess(*im[i], g[i]->len, acc, ndev)))
+			return -1;
+		close(fd);
+	}
+	bench_table_begin(b, "gpu-import", "control: the same copies in this process, own mappings (direct) vs "
+	    "imported mappings (in the gpx column)");
+	for (uint64_t n = 64ull << 20; n <= len; n *= 4) {
+		struct op own = { .b = b, .dev = 0, .dst = z.d, .src = a.d, .len = n };
+		struct op imp = { .b = b, .dev = 0, .dst = iz, .src = ia, .len = n };
+		struct bench_pair p1, p2;
+		if (bench_pair_measure(b, direct_copy, direct_copy, &own, &p1) < 0 ||
+		    bench_pair_measure(b, direct_copy, direct_copy, &imp, &p2) < 0)
+			return -1;
+		snprintf(what, sizeof(what), "%s", bench_size_str(n, sz, sizeof(sz)));
+		row(b, what, "GB/s", n / p1.direct / 1e9, n / p2.direct / 1e9, false, n);
+		bench_pair_free(&p1);
+		bench_pair_free(&p2);
+	}
+	bench_table_end(b, "no daemon involved in either column");
+	return 0;
+}
+
 static const struct bench_mode gpu_modes[] = {
+	{ "gpu-import", "control: own vs imported mappings in one process", mode_import },
 	{ "gpu-copy", "contiguous GPU copies 4 KiB..1 GiB: cuMemcpyPeerAsync vs gpx", mode_copy },
 	{ "gpu-bidir", "GPU0<->GPU1 both directions at once", mode_bidir },
 	{ "gpu-latency", "4 KiB copy latency p50/p99: direct vs gpx", mode_latency },

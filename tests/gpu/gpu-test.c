@@ -20,6 +20,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <cuda.h>
 
@@ -461,6 +464,9 @@ test_client_dies(const char *self, const char *sock, gpx_conn *c, struct buf *a,
 	char *argv[] = { (char *)self, "victim", (char *)sock, devs, NULL };
 	FILE *out, *in;
 	int before = regions_now(sock);
+	size_t free0, free1, total;
+	CK(cuCtxSetCurrent(ctx[dev]));
+	CK(cuMemGetInfo(&free0, &total));
 	pid_t pid = spawn(self, argv, &out, &in);
 	struct timespec t0, t1;
 
@@ -479,6 +485,15 @@ test_client_dies(const char *self, const char *sock, gpx_conn *c, struct buf *a,
 	double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
 	ok(n == before && ms < 1000, "its regions released %.0f ms after SIGKILL (%d regions, baseline %d)",
 	    ms, n, before);
+	/* The daemon's mappings kept the victim's 2 GiB alive; with them closed, it is free again. */
+	for (int i = 0; i < 100; i++) {
+		CK(cuMemGetInfo(&free1, &total));
+		if (free1 + (64u << 20) >= free0)
+			break;
+		usleep(10000);
+	}
+	ok(free1 + (64u << 20) >= free0, "GPU%d memory back to its baseline (%zu MiB free before, %zu MiB after)",
+	    dev, free0 >> 20, free1 >> 20);
 	bool good = true;
 	for (int k = 0; k < 4 && good; k++)
 		good = random_copy(c, a, b);
@@ -527,6 +542,148 @@ test_owner_frees(const char *self, const char *sock, gpx_conn *c, struct buf *ds
 	gpx_deregister(c, r);
 	fclose(out);
 	fclose(in);
+}
+
+/* Sends a Register the library would never send; returns the reply's status (-1: none). */
+static int
+raw_register(int sock, Gpx__MemKind kind, const uint8_t *handle, const uint8_t uuid[16], uint64_t size, int fd)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Register reg = GPX__REGISTER__INIT;
+	int st = -1;
+
+	reg.kind = kind;
+	reg.length = 4096;
+	reg.alloc_size = size;
+	reg.alloc_id = 99;
+	reg.device_uuid.data = (uint8_t *)uuid;
+	reg.device_uuid.len = 16;
+	if (handle != NULL) {
+		reg.handle.data = (uint8_t *)handle;
+		reg.handle.len = 64;
+	}
+	m.seq = 7;
+	m.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
+	m.register_ = &reg;
+	if (harness_send(sock, &m, fd >= 0 ? &fd : NULL, fd >= 0) < 0)
+		return -1;
+	Gpx__DaemonMsg *r = harness_recv(sock, 10000, NULL, NULL, NULL);
+	if (r != NULL) {
+		st = r->reply->status;
+		gpx__daemon_msg__free_unpacked(r, NULL);
+	}
+	return st;
+}
+
+/* Forged legacy handles and fds that are not VMM exports: an error each, nothing leaked. */
+static void
+test_forged(struct harness *h)
+{
+	CUdevice d0;
+	CUuuid uuid;
+	CUdeviceptr real;
+	CUipcMemHandle ih;
+	uint8_t hb[64];
+	int fds0 = harness_fds(h), before = regions_now(h->sock), errors = 0, opened = 0;
+	int sock = harness_connect(h), efd = eventfd(0, EFD_CLOEXEC), ring = -1;
+
+	CK(cuDeviceGet(&d0, 0));
+	CK(cuDeviceGetUuid(&uuid, d0));
+	Gpx__DaemonMsg *w = harness_hello(sock, GPX_PROTO_VERSION, efd, &ring);
+	if (w != NULL)
+		gpx__daemon_msg__free_unpacked(w, NULL);
+	for (int i = 0; i < 32; i++) {
+		fill(hb, sizeof(hb));
+		int st = raw_register(sock, GPX__MEM_KIND__MEM_CUDA_IPC, hb, (uint8_t *)uuid.bytes, 1 << 20, -1);
+		errors += st > 0;
+	}
+	ok(errors == 32, "32 random legacy handles: an error each (%d)", errors);
+	CK(cuCtxSetCurrent(ctx[0]));
+	CK(cuMemAlloc(&real, 1 << 20));
+	CK(cuIpcGetMemHandle(&ih, real));
+	for (int i = 0; i < 64; i++) {
+		memcpy(hb, ih.reserved, 64);
+		hb[i] ^= 0x01;               /* one bit changed, in each byte in turn */
+		int st = raw_register(sock, GPX__MEM_KIND__MEM_CUDA_IPC, hb, (uint8_t *)uuid.bytes, 1 << 20, -1);
+		opened += st == 0;
+	}
+	diag("a real handle with one bit changed: %d of 64 variants opened something (legacy handles are "
+	    "bearer tokens; this is why a multi-tenant node refuses them)", opened);
+	ok(1, "64 altered real handles: no crash");
+	static const char *paths[] = { "/dev/null", "/etc/hostname" };
+	int bad = 0, n = 0;
+	for (int i = 0; i < 5; i++) {
+		int fd = -1, p[2] = { -1, -1 };
+		if (i < 2)
+			fd = open(paths[i], O_RDONLY | O_CLOEXEC);
+		else if (i == 2 && pipe(p) == 0)
+			fd = p[0];
+		else if (i == 3)
+			fd = eventfd(0, EFD_CLOEXEC);
+		else
+			fd = memfd_create("not-vmm", MFD_CLOEXEC);
+		if (fd < 0)
+			continue;
+		n++;
+		bad += raw_register(sock, GPX__MEM_KIND__MEM_CUDA_VMM, NULL, (uint8_t *)uuid.bytes, 2 << 20, fd) ==
+		    GPX__STATUS__EBADFD;
+		close(fd);
+		if (p[1] >= 0)
+			close(p[1]);
+	}
+	ok(bad == n, "/dev/null, a file, a pipe, an eventfd, a memfd as a VMM handle: EBADFD each (%d of %d)", bad, n);
+	close(sock);
+	close(efd);
+	if (ring >= 0)
+		close(ring);
+	cuMemFree(real);
+	int k = regions_now(h->sock);
+	ok(k == before, "no region left behind (%d, before %d)", k, before);
+	ok(harness_wait_fds(h, fds0, 5000) == fds0, "gpxd's descriptors back to %d", fds0);
+}
+
+/* A sticky CUDA error in the daemon's context: gpxd exits non-zero with a clear line. */
+static void
+test_sticky(void)
+{
+	struct harness h;
+	gpx_conn *c = NULL;
+	CUdeviceptr a, b;
+	gpx_region ra, rb;
+	struct gpx_completion d;
+
+	setenv("GPXD_FAULT_INJECT", "sticky", 1);
+	int e = harness_start(&h, "[cuda]\ntrust_legacy_ipc = yes\n");
+	unsetenv("GPXD_FAULT_INJECT");
+	if (e < 0) {
+		ok(0, "daemon with fault injection started");
+		return;
+	}
+	CK(cuCtxSetCurrent(ctx[0]));
+	CK(cuMemAlloc(&a, 1 << 20));
+	CK(cuMemAlloc(&b, 1 << 20));
+	int r = gpx_connect(h.sock, "sticky", &c);
+	if (r == 0 && (r = gpx_register_cuda(c, (void *)a, 1 << 20, 0, &ra)) == 0 &&
+	    (r = gpx_register_cuda(c, (void *)b, 1 << 20, 0, &rb)) == 0) {
+		gpx_copy(c, ra, 0, rb, 0, 4096, 1);
+		r = gpx_wait(c, &d, 1, 10000);
+	}
+	ok(r == -GPX_ECONN, "after a sticky error the client's wait ends with ECONN (%s)", gpx_strerror(r));
+	int st = harness_stop(&h);
+	FILE *f = fopen(h.log, "re");
+	char line[512];
+	bool said = false;
+	while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+		said |= strstr(line, "sticky error") != NULL;
+	if (f != NULL)
+		fclose(f);
+	ok(st != 0 && said, "gpxd exited non-zero (%d) with a line naming the sticky error", st);
+	if (r != -GPX_ECONN)
+		harness_dump_log(&h);
+	gpx_close(c);
+	harness_cleanup(&h);
+	cuMemFree(a);
+	cuMemFree(b);
 }
 
 static void
@@ -601,7 +758,9 @@ main(int argc, char **argv)
 	test_client_dies(argv[0], h.sock, c, &bufs[1], &bufs[2], 0);
 	test_owner_frees(argv[0], h.sock, c, &bufs[2], 0);
 	test_matrix(c, bufs, nb > 3 ? 3 : nb);
+	test_forged(&h);
 	test_multitenant();
+	test_sticky();
 
 	gpx_close(c);
 	ok(harness_stop(&h) == 0, "gpxd stopped cleanly");

@@ -1,0 +1,306 @@
+/*
+ * vm-rdma-client: the two client halves of tests/vm-rdma.test, one in each guest, since a
+ * client can reach only its own node's gpxd.
+ *
+ *   vm-rdma-client owner SOCK PIDFILE RESTART   (node A)
+ *     Exports kv (8 MiB, pattern 1, notifying, tag 77) and ctl (4 KiB, notifying, tag 78)
+ *     to peers and prints a line for every notification: "notify kv bytes=N fnv=X" with
+ *     the checksum of all of kv as it is then.  A write into ctl is a command from the user
+ *     half: "K<ms>" kills this node's gpxd (SIGKILL, pid from PIDFILE) that many ms later,
+ *     restarts it with the command RESTART and exports again; "Q" ends.
+ *   vm-rdma-client user SOCK NODE                (node B; TAP on stdout)
+ *     Imports NODE:kv and NODE:ctl and copies across: RDMA READ and WRITE whole, at odd
+ *     offsets, vectored, past the end; has A's gpxd killed in the middle of a stream of
+ *     copies (every copy must end within FABRIC_BOUND s, default 8), then imports again.
+ *     Prints "# rate read|write MiB/s" lines for the record.
+ */
+#include "config.h"
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client-lib/gpx.h"
+#include "tests/tap.h"
+
+#define SZ (8u << 20)
+#define CTL 4096
+
+static double
+now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static uint64_t
+fnv(const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	uint64_t h = 0xcbf29ce484222325ULL;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ULL;
+	return h;
+}
+
+static void
+fill(void *p, size_t n, unsigned seed)
+{
+	uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
+
+	for (size_t i = 0; i < n; i += 8) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		memcpy((char *)p + i, &x, n - i < 8 ? n - i : 8);
+	}
+}
+
+/* ---- node A ---- */
+
+static int
+owner(const char *sock, const char *pidfile, const char *restart)
+{
+	struct gpx_export_opts kvo = { .rule = GPX_EXPORT_UID, .notify = 1, .notify_tag = 77 };
+	struct gpx_export_opts cto = { .rule = GPX_EXPORT_UID, .notify = 1, .notify_tag = 78 };
+	int fa, fc;
+	void *pa, *pc;
+
+	if (gpx_host_alloc(SZ, &fa, &pa) < 0 || gpx_host_alloc(CTL, &fc, &pc) < 0)
+		return 99;
+	for (;;) {
+		gpx_conn *c = NULL;
+		gpx_region ra, rc;
+		double end = now() + 30;
+		while (gpx_connect(sock, "vm-owner", &c) < 0 && now() < end)
+			usleep(100000);
+		if (c == NULL)
+			return 1;
+		fill(pa, SZ, 1);
+		memset(pc, 0, CTL);
+		if (gpx_register_host(c, fa, 0, SZ, 0, &ra) < 0 || gpx_register_host(c, fc, 0, CTL, 0, &rc) < 0 ||
+		    gpx_export_remote(c, ra, "kv", &kvo, NULL) < 0 || gpx_export_remote(c, rc, "ctl", &cto, NULL) < 0) {
+			printf("export failed: %s\n", gpx_last_error(c));
+			return 1;
+		}
+		printf("exported kv fnv=%016llx\n", (unsigned long long)fnv(pa, SZ));
+		fflush(stdout);
+		for (;;) {
+			struct gpx_completion comp;
+			int n = gpx_wait(c, &comp, 1, 1000);
+			if (n == -GPX_ETIMEDOUT)
+				continue;
+			if (n < 0)
+				break;           /* the daemon went away: connect again */
+			if (n == 0 || !(comp.flags & GPX_COMP_NOTIFY))
+				continue;
+			if (comp.tag == 77) {
+				printf("notify kv bytes=%llu fnv=%016llx\n", (unsigned long long)comp.bytes,
+				    (unsigned long long)fnv(pa, SZ));
+				fflush(stdout);
+				continue;
+			}
+			if (comp.tag != 78)
+				continue;
+			char cmd[32];
+			memcpy(cmd, pc, sizeof(cmd) - 1);
+			cmd[sizeof(cmd) - 1] = '\0';
+			printf("command %.8s\n", cmd);
+			fflush(stdout);
+			if (cmd[0] == 'Q') {
+				gpx_close(c);
+				return 0;
+			}
+			if (cmd[0] == 'K') {
+				FILE *f = fopen(pidfile, "r");
+				int pid = 0;
+				usleep((useconds_t)atoi(cmd + 1) * 1000);
+				if (f != NULL && fscanf(f, "%d", &pid) == 1 && pid > 0) {
+					kill(pid, SIGKILL);
+					printf("killed gpxd %d\n", pid);
+				}
+				if (f != NULL)
+					fclose(f);
+				fflush(stdout);
+				gpx_close(c);
+				c = NULL;
+				usleep(300000);
+				if (system(restart) != 0)
+					printf("restart failed\n");
+				break;
+			}
+		}
+		if (c != NULL)
+			gpx_close(c);
+	}
+}
+
+/* ---- node B ---- */
+
+static int
+import_retry(gpx_conn *c, const char *name, gpx_region *r, uint64_t *len, double secs)
+{
+	double end = now() + secs;
+	int e;
+
+	while (((e = gpx_import(c, name, r, len)) == -GPX_ENOENT || e == -GPX_EIO) && now() < end)
+		usleep(200000);
+	return e;
+}
+
+static int
+command(gpx_conn *c, gpx_region local, void *lp, gpx_region rctl, const char *cmd)
+{
+	memset(lp, 0, CTL);
+	snprintf(lp, CTL, "%s", cmd);
+	return gpx_copy_sync(c, local, 0, rctl, 0, CTL);
+}
+
+static int
+user(const char *sock, const char *peer)
+{
+	gpx_conn *c;
+	gpx_region rb, rd, rt, rkv, rctl;
+	int fb, fd, ft;
+	void *pb, *pd, *pt;
+	uint64_t len;
+	char name[128];
+	int e, n;
+	double bound = getenv("FABRIC_BOUND") ? atof(getenv("FABRIC_BOUND")) : 8;
+	struct gpx_completion comp;
+
+	if (gpx_connect(sock, "vm-user", &c) < 0 || gpx_host_alloc(SZ, &fb, &pb) < 0 ||
+	    gpx_host_alloc(SZ, &fd, &pd) < 0 || gpx_host_alloc(CTL, &ft, &pt) < 0 ||
+	    gpx_register_host(c, fb, 0, SZ, 0, &rb) < 0 || gpx_register_host(c, fd, 0, SZ, 0, &rd) < 0 ||
+	    gpx_register_host(c, ft, 0, CTL, 0, &rt) < 0) {
+		printf("Bail out! cannot connect or register\n");
+		return 99;
+	}
+	snprintf(name, sizeof(name), "%s:kv", peer);
+	e = import_retry(c, name, &rkv, &len, 90);
+	ok(e == 0 && len == SZ, "imports %s (%s)", name, e ? gpx_last_error(c) : "ok");
+	snprintf(name, sizeof(name), "%s:ctl", peer);
+	e = e ? e : import_retry(c, name, &rctl, &len, 10);
+	if (e != 0) {
+		printf("1..%d\n", tap_count);
+		return 1;
+	}
+
+	/* RDMA READ, then WRITE and read back; A's owner prints its checksum when notified. */
+	fill(pd, SZ, 1);
+	double t0 = now();
+	e = gpx_copy_sync(c, rkv, 0, rb, 0, SZ);
+	double dt = now() - t0;
+	ok(e == 0 && fnv(pb, SZ) == fnv(pd, SZ), "8 MiB read across: checksum %016llx", (unsigned long long)fnv(pb, SZ));
+	printf("# rate read %.1f MiB/s (one 8 MiB copy)\n", 8 / dt);
+	fill(pb, SZ, 2);
+	t0 = now();
+	e = gpx_copy_sync(c, rb, 0, rkv, 0, SZ);
+	dt = now() - t0;
+	ok(e == 0, "8 MiB written across (%s)", e ? gpx_strerror(e) : "ok");
+	printf("# rate write %.1f MiB/s (one 8 MiB copy)\n", 8 / dt);
+	printf("# owner-expect notify kv bytes=%u fnv=%016llx\n", SZ, (unsigned long long)fnv(pb, SZ));
+	memset(pd, 0, SZ);
+	e = gpx_copy_sync(c, rkv, 0, rd, 0, SZ);
+	ok(e == 0 && memcmp(pb, pd, SZ) == 0, "read back what was written: same");
+
+	fill(pt, 4096, 3);
+	e = gpx_copy_sync(c, rt, 0, rkv, 12345, 4096);
+	memset(pd, 0, 8192);
+	ok(e == 0 && gpx_copy_sync(c, rkv, 12345, rd, 1, 4096) == 0 && memcmp((char *)pd + 1, pt, 4096) == 0,
+	    "4 KiB written at an odd offset, read back to another odd offset");
+	struct gpx_seg segs[3] = {
+		{ .src_offset = 1, .dst_offset = 3 << 20, .length = 100000 },
+		{ .src_offset = 2 << 20, .dst_offset = 7, .length = (3 << 20) - 100 },
+		{ .src_offset = 5 << 20, .dst_offset = (7 << 20) + 5, .length = 1 },
+	};
+	fill(pb, SZ, 4);
+	e = gpx_copyv(c, rb, rkv, segs, 3, 501);
+	n = e == 0 ? gpx_wait_tag(c, 501, &comp, 20000) : e;
+	ok(n >= 0 && comp.status == 0, "vectored write of 3 segments across (status %d)", comp.status);
+	for (int i = 0; i < 3; i++) {
+		uint64_t t = segs[i].src_offset;
+		segs[i].src_offset = segs[i].dst_offset;
+		segs[i].dst_offset = t;
+	}
+	memset(pd, 0, SZ);
+	e = gpx_copyv(c, rkv, rd, segs, 3, 502);
+	n = e == 0 ? gpx_wait_tag(c, 502, &comp, 20000) : e;
+	bool same = n >= 0 && comp.status == 0;
+	for (int i = 0; i < 3; i++)
+		same &= memcmp((char *)pd + segs[i].dst_offset, (char *)pb + segs[i].dst_offset, segs[i].length) == 0;
+	ok(same, "vectored read of 3 segments across returns what the vectored write put there");
+	ok(gpx_copy_sync(c, rb, 0, rkv, SZ - 10, 11) == -GPX_ERANGE, "a copy one byte past the remote region: ERANGE");
+
+	/* Several copies at once, shared queue pairs. */
+	fill(pb, SZ, 6);
+	t0 = now();
+	for (int i = 0; i < 4; i++)
+		gpx_copy(c, rb, 0, rkv, 0, SZ, 600 + i);
+	int good = 0;
+	for (int i = 0; i < 4; i++)
+		good += gpx_wait_tag(c, 600 + i, &comp, 30000) >= 0 && comp.status == 0;
+	dt = now() - t0;
+	ok(good == 4, "4 concurrent 8 MiB writes (%d ok)", good);
+	printf("# rate write %.1f MiB/s (4 concurrent 8 MiB copies)\n", 32 / dt);
+
+	/* A's gpxd is killed in the middle of a stream of copies. */
+	enum { N = 16 };
+	int okc = 0, errc = 0, got = 0;
+	e = command(c, rt, pt, rctl, "K700");
+	ok(e == 0, "asked A's owner to kill A's gpxd in 0.7 s");
+	double tc = now();
+	for (int i = 0; i < N; i++)
+		if (gpx_copy(c, rb, 0, rkv, 0, SZ, 1000 + i) < 0)
+			break;
+	double tlast = tc;
+	while (got < N && now() - tc < 60) {
+		if (gpx_wait(c, &comp, 1, 200) == 1) {
+			got++;
+			tlast = now();
+			if (comp.status == 0)
+				okc++;
+			else
+				errc++;
+		}
+	}
+	ok(got == N, "all %d copies ended (%d ok, %d failed)", N, okc, errc);
+	ok(errc > 0, "copies cut off by the kill failed (%d)", errc);
+	ok(tlast - tc < 0.7 + bound, "the last ended %.1f s after the kill was asked (bound 0.7 + %.0f s)",
+	    tlast - tc, bound);
+	e = gpx_copy_sync(c, rb, 0, rkv, 0, 4096);
+	ok(e == -GPX_EREVOKED || e == -GPX_EIO, "a new copy on the old import is refused: %s", gpx_strerror(e));
+
+	/* A is back (its owner restarted it): a new connection, a new epoch, a new import. */
+	snprintf(name, sizeof(name), "%s:kv", peer);
+	e = import_retry(c, name, &rkv, &len, 60);
+	ok(e == 0, "imports %s again after A's restart (%s)", name, e ? gpx_last_error(c) : "ok");
+	fill(pd, SZ, 1);
+	ok(e == 0 && gpx_copy_sync(c, rkv, 0, rb, 0, SZ) == 0 && fnv(pb, SZ) == fnv(pd, SZ),
+	    "8 MiB read across after the reconnection: checksum %016llx", (unsigned long long)fnv(pb, SZ));
+	snprintf(name, sizeof(name), "%s:ctl", peer);
+	if (import_retry(c, name, &rctl, &len, 10) == 0)
+		command(c, rt, pt, rctl, "Q");
+	gpx_close(c);
+	printf("1..%d\n", tap_count);
+	return tap_failed ? 1 : 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (argc == 5 && strcmp(argv[1], "owner") == 0)
+		return owner(argv[2], argv[3], argv[4]);
+	if (argc == 4 && strcmp(argv[1], "user") == 0)
+		return user(argv[2], argv[3]);
+	fprintf(stderr, "usage: vm-rdma-client owner SOCK PIDFILE RESTART | user SOCK NODE\n");
+	return 99;
+}
