@@ -175,6 +175,8 @@ engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_by
 		pthread_cond_wait(&p->cond, &elock);
 	}
 	j = TAILQ_FIRST(&q->jobs);
+	if (j->t_start == 0)
+		j->t_start = now_s();
 	c->job = j;
 	c->seg = j->cur_seg;
 	c->off = j->cur_off;
@@ -249,6 +251,13 @@ job_finish(struct job *j)
 	int status = j->failed ? GPX__STATUS__EIO : j->cancelled ? cancel_status : 0;
 	struct epath *p = &paths[j->path];
 
+	if (log_level_debug()) {
+		double t = now_s();
+		log_debug("engine", "client %llu tag %llu: %u segments, %llu bytes on %s, status %d; "
+		    "queued %.1f us, ran %.1f us", (unsigned long long)j->client, (unsigned long long)j->tag,
+		    j->nseg, (unsigned long long)j->done, path_names[j->path], status,
+		    j->t_start ? (j->t_start - j->t_submit) * 1e6 : 0, j->t_start ? (t - j->t_start) * 1e6 : 0);
+	}
 	atomic_fetch_add(&p->transfers, 1);
 	atomic_fetch_add(&p->bytes, j->done);
 	atomic_fetch_add(&j->cq->transfers, 1);

@@ -39,6 +39,11 @@
  * project has both a GPU and an RDMA NIC to prove it on.
  *
  * Built without rdma-core, the stubs at the end keep the interface and say why.
+ *
+ * Known problem (tests/vm-rdma.test, Soft-RoCE under qemu TCG): on the first connection after
+ * both daemons start, an RDMA READ among the first chunks never completes (no completion, no
+ * error) and the peer is dropped by the request deadline; after the reconnection, reads and
+ * their checksums are right.  Not yet understood; the deadline keeps it from hanging anything.
  */
 #include "config.h"
 
@@ -67,6 +72,9 @@
 #define CQ_DEPTH 1024                /* > RQP_DEPTH * RQP_POOL * peers in flight: the window is 32 */
 #define RDMA_MAGIC 0x47505852u       /* "GPXR" */
 #define CM_TIMEOUT_MS 2000
+/* RDMA READs outstanding per queue pair.  Soft-RoCE under emulation lost reads with 16 in
+ * flight (a read never completed); 4 costs hardware little: reads are at most a chunk each. */
+#define RQP_RD_ATOM 4
 
 /* The rdma_cm private data of a connection request: what the control plane announced. */
 struct rdma_hello {
@@ -683,7 +691,7 @@ pick(char *why, size_t whylen)
 			if (ibv_query_port(l[i], pn, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) {
 				dev.ctx = l[i];
 				dev.port_num = pn;
-				dev.rd_atom = (uint8_t)(da.max_qp_rd_atom < 16 ? da.max_qp_rd_atom : 16);
+				dev.rd_atom = (uint8_t)(da.max_qp_rd_atom < RQP_RD_ATOM ? da.max_qp_rd_atom : RQP_RD_ATOM);
 				snprintf(dev.name, sizeof(dev.name), "%s port %u", nm, pn);
 				dev.on = true;
 				break;

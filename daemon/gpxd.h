@@ -40,6 +40,7 @@ enum { LOG_L_ERR, LOG_L_WARN, LOG_L_INFO, LOG_L_DEBUG };
 void log_init(int level, const char *debug_subsys, bool to_journal);
 int log_set_level(const char *spec);
 const char *log_get_level(void);
+bool log_level_debug(void);
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -258,6 +259,7 @@ struct job {
 	bool failed;
 	uint64_t done;
 	double t_submit;
+	double t_start;              /* when a worker took its first chunk */
 	void *priv;                  /* back end state */
 };
 

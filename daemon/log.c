@@ -46,6 +46,12 @@ log_set_level(const char *spec)
 	return -1;
 }
 
+bool
+log_level_debug(void)
+{
+	return log_level >= LOG_L_DEBUG;
+}
+
 const char *
 log_get_level(void)
 {

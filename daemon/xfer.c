@@ -66,6 +66,58 @@ inside(uint64_t off, uint64_t len, uint64_t size)
 	return off <= size && len <= size - off;
 }
 
+static int
+seg_refused(struct conn *c, uint32_t i, const struct gpx_wire_seg *g, const struct region *src,
+    const struct region *dst, char *err, size_t errlen)
+{
+	snprintf(err, errlen, "segment %u (%llu+%llu -> %llu+%llu) leaves its region "
+	    "(source %llu bytes, destination %llu bytes)", i,
+	    (unsigned long long)g->src_offset, (unsigned long long)g->length,
+	    (unsigned long long)g->dst_offset, (unsigned long long)g->length,
+	    (unsigned long long)src->length, (unsigned long long)dst->length);
+	log_audit(c, "%s", err);
+	return -GPX__STATUS__ERANGE;
+}
+
+/*
+ * The segment area's fast path: one pass that reads each record of the shared area once into
+ * registers, checks it, and stores it into the job's private array with its running byte count.
+ */
+static int
+take_area(struct job *j, const unsigned char *table, const struct region *src, const struct region *dst,
+    struct conn *c, char *err, size_t errlen)
+{
+	const struct gpx_wire_seg *in = (const struct gpx_wire_seg *)table;
+	const uint64_t slen = src->length, dlen = dst->length;
+	struct gpx_wire_seg *out = j->segs;
+	uint64_t total = 0, bad = 0;
+	uint32_t n = j->nseg;
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct gpx_wire_seg g;
+		memcpy(&g, &in[i], sizeof(g));
+		/* Branch-free: any segment outside either region, or a total that wraps, sets bad. */
+		bad |= (g.src_offset > slen) | (g.length > slen - g.src_offset) |
+		    (g.dst_offset > dlen) | (g.length > dlen - g.dst_offset) | (total + g.length < total);
+		out[i] = g;
+		total += g.length;
+		j->ends[i] = total;
+	}
+	if (bad) {
+		/* Find which one, in the private copy, for the message. */
+		uint64_t t = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			const struct gpx_wire_seg *g = &out[i];
+			if (!inside(g->src_offset, g->length, slen) || !inside(g->dst_offset, g->length, dlen) ||
+			    t + g->length < t)
+				return seg_refused(c, i, g, src, dst, err, errlen);
+			t += g->length;
+		}
+	}
+	j->total = total;
+	return 0;
+}
+
 /*
  * Copies n segments in from wherever they are, checking each against both regions as it goes
  * and recording the running byte count (ends[]) the engine cuts chunks with.  Every field is
@@ -91,8 +143,8 @@ take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int
 		}
 	}
 	if (table != NULL)
-		memcpy(j->segs, table, (size_t)n * sizeof(*j->segs));   /* one read of the shared area */
-	else if (fd < 0)
+		return take_area(j, table, src, dst, c, err, errlen);
+	if (fd < 0)
 		for (uint32_t i = 0; i < n; i++) {
 			j->segs[i].src_offset = t->segments[i]->src_offset;
 			j->segs[i].dst_offset = t->segments[i]->dst_offset;
@@ -103,15 +155,8 @@ take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int
 	for (uint32_t i = 0; i < n; i++) {
 		const struct gpx_wire_seg g = j->segs[i];
 		if (!inside(g.src_offset, g.length, slen) || !inside(g.dst_offset, g.length, dlen) ||
-		    total + g.length < total) {
-			snprintf(err, errlen, "segment %u (%llu+%llu -> %llu+%llu) leaves its region "
-			    "(source %llu bytes, destination %llu bytes)", i,
-			    (unsigned long long)g.src_offset, (unsigned long long)g.length,
-			    (unsigned long long)g.dst_offset, (unsigned long long)g.length,
-			    (unsigned long long)src->length, (unsigned long long)dst->length);
-			log_audit(c, "%s", err);
-			return -GPX__STATUS__ERANGE;
-		}
+		    total + g.length < total)
+			return seg_refused(c, i, &g, src, dst, err, errlen);
 		total += g.length;
 		j->ends[i] = total;
 	}
