@@ -75,6 +75,7 @@ struct gpx_conn {
 	size_t ring_len;
 	uint32_t entries;
 	uint64_t tail;
+	uint64_t sq_tail;              /* submissions published (our copy) */
 	uint64_t client_id;
 	uint32_t seq;
 	uint32_t max_inline;
@@ -240,6 +241,17 @@ async_reply(gpx_conn *c, const Gpx__Reply *r)
 }
 
 #define RPC_SPIN_S 50e-6
+#define SQ_SEQ 0xffffffffu     /* the daemon's seq for refusals of queued submissions */
+
+/* Sequence numbers of requests: never 0 (unsolicited) nor SQ_SEQ. */
+static uint32_t
+next_seq(gpx_conn *c)
+{
+	do
+		c->seq++;
+	while (c->seq == 0 || c->seq == SQ_SEQ);
+	return c->seq;
+}
 
 static double
 now_s(void)
@@ -256,7 +268,7 @@ rpc(gpx_conn *c, Gpx__ClientMsg *m, const int *fds, int nfds, Gpx__Reply **out, 
 {
 	int err;
 
-	m->seq = ++c->seq ? c->seq : ++c->seq;
+	m->seq = next_seq(c);
 	if ((err = send_msg(c, m, fds, nfds)) < 0)
 		return err;
 	double spin_until = now_s() + RPC_SPIN_S;
@@ -331,6 +343,7 @@ map_ring(gpx_conn *c, int fd, uint32_t entries)
 	c->ring_len = len;
 	c->entries = entries;
 	c->tail = __atomic_load_n(&c->ring->tail, __ATOMIC_ACQUIRE);
+	c->sq_tail = __atomic_load_n(&c->ring->sq_tail, __ATOMIC_ACQUIRE);
 	return 0;
 }
 
@@ -729,6 +742,37 @@ area_sent(gpx_conn *c)
 	a->qn++;
 }
 
+/*
+ * A single-segment transfer through the submission queue: no message at all while the daemon
+ * polls, an SqKick when it said it sleeps.  Returns 1 if the queue is full (then the transfer
+ * goes as a message).
+ */
+static int
+sq_put(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *s, uint64_t tag)
+{
+	struct gpx_ring_hdr *h = c->ring;
+
+	if (c->sq_tail - __atomic_load_n(&h->sq_head, __ATOMIC_ACQUIRE) >= c->entries)
+		return 1;
+	struct gpx_sqe *e = gpx_sq_slot(h, c->entries, c->sq_tail);
+	*e = (struct gpx_sqe){ .tag = tag, .src_region = src, .dst_region = dst, .src_offset = s->src_offset,
+		.dst_offset = s->dst_offset, .length = s->length };
+	c->sq_tail++;
+	__atomic_store_n(&h->sq_tail, c->sq_tail, __ATOMIC_RELEASE);
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);   /* pairs with the daemon's before it sleeps */
+	if (__atomic_load_n(&h->sq_wakeup, __ATOMIC_RELAXED)) {
+		Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+		Gpx__SqKick k = GPX__SQ_KICK__INIT;
+		m.seq = next_seq(c);
+		m.body_case = GPX__CLIENT_MSG__BODY_SQ_KICK;
+		m.sq_kick = &k;
+		int r = send_msg(c, &m, NULL, 0);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
 static int
 submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, size_t n, uint64_t tag)
 {
@@ -740,10 +784,17 @@ submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, 
 
 	if (c->ring == NULL)
 		return set_err(c, GPX_EINVAL, "this connection has no completion queue");
+	if (c->dead)
+		return set_err(c, GPX_ECONN, "the connection to gpxd was lost");
 	if (n == 0 || n > c->max_segs)
 		return set_err(c, GPX_EINVAL, "segment count out of range");
 	if (c->outstanding >= c->entries)
 		return set_err(c, GPX_EBUSY, "no credit left: collect completions first");
+	if (n == 1 && (r = sq_put(c, src, dst, segs, tag)) <= 0) {
+		if (r == 0)
+			c->outstanding++;
+		return r;
+	}
 	t.tag = tag;
 	t.src_region = src;
 	t.dst_region = dst;
@@ -778,7 +829,7 @@ submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, 
 		t.seg_count = n;
 		t.area_offset = off;
 	}
-	m.seq = ++c->seq ? c->seq : ++c->seq;
+	m.seq = next_seq(c);
 	m.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
 	m.transfer = &t;
 	r = send_msg(c, &m, fd >= 0 ? &fd : NULL, fd >= 0);

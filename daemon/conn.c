@@ -722,6 +722,81 @@ on_transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int 
 		__atomic_fetch_add(&c->cq->ring->segs_consumed, 1, __ATOMIC_RELEASE);
 }
 
+/* The seq of refusals of queued submissions, which came without a message of their own. */
+#define SQ_SEQ 0xffffffffu
+
+int
+conn_poll_sq(struct conn *c)
+{
+	struct gpx_ring_hdr *h;
+	uint64_t head, tail;
+	int n = 0;
+
+	if (c->cq == NULL || c->state == CONN_DEAD || c->state == CONN_HELLO)
+		return 0;
+	h = c->cq->ring;
+	head = c->sq_head;
+	tail = __atomic_load_n(&h->sq_tail, __ATOMIC_ACQUIRE);
+	if (tail == head)
+		return 0;
+	if (tail - head > c->cq->entries) {
+		log_audit(c, "submission queue tail %llu is not within %u of %llu", (unsigned long long)tail,
+		    c->cq->entries, (unsigned long long)head);
+		conn_kill(c, "submission queue corrupted");
+		return 0;
+	}
+	c->t_last = conn_last_input = now_s();
+	while (head != tail && c->state != CONN_DEAD) {
+		struct gpx_sqe e;
+		Gpx__Transfer t = GPX__TRANSFER__INIT;
+		Gpx__Segment seg = GPX__SEGMENT__INIT, *sp = &seg;
+
+		/* One read of the shared entry; everything below looks at the private copy. */
+		memcpy(&e, gpx_sq_slot(h, c->cq->entries, head), sizeof(e));
+		head++;
+		t.tag = e.tag;
+		t.flags = e.flags;
+		t.src_region = e.src_region;
+		t.dst_region = e.dst_region;
+		seg.src_offset = e.src_offset;
+		seg.dst_offset = e.dst_offset;
+		seg.length = e.length;
+		t.n_segments = 1;
+		t.segments = &sp;
+		transfer(c, SQ_SEQ, &t, NULL, 0);
+		n++;
+	}
+	c->sq_head = head;
+	if (c->state != CONN_DEAD)
+		__atomic_store_n(&h->sq_head, head, __ATOMIC_RELEASE);
+	return n;
+}
+
+/*
+ * Polls every connection's submission queue.  SQ_POLLING first tells the clients they need not
+ * kick; SQ_SLEEPING tells them they must (the loop is about to block) and reads the queues
+ * again after a full fence, so a submission published at that moment is either seen here or
+ * followed by its client's kick.
+ */
+int
+conn_poll_all(int mode)
+{
+	struct conn *c, *t;
+	int n = 0;
+
+	if (mode != SQ_POLL)
+		TAILQ_FOREACH_SAFE(c, &conns, entry, t) {
+			if (c->cq == NULL || c->state == CONN_HELLO)
+				continue;
+			__atomic_store_n(&c->cq->ring->sq_wakeup, mode == SQ_SLEEPING, __ATOMIC_RELAXED);
+		}
+	if (mode == SQ_SLEEPING)
+		__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	TAILQ_FOREACH_SAFE(c, &conns, entry, t)
+		n += conn_poll_sq(c);
+	return n;
+}
+
 static void
 on_seg_area(struct conn *c, uint32_t seq, const Gpx__SegArea *m, int *fds, int nfds)
 {
@@ -809,6 +884,8 @@ dispatch(struct conn *c, const Gpx__ClientMsg *m, int *fds, int nfds)
 	case GPX__CLIENT_MSG__BODY_SEG_AREA:
 		on_seg_area(c, seq, m->seg_area, fds, nfds);
 		break;
+	case GPX__CLIENT_MSG__BODY_SQ_KICK:
+		break;      /* conn_input read the queue before this message */
 	case GPX__CLIENT_MSG__BODY_CANCEL:
 		on_cancel(c, seq, m->cancel);
 		break;
@@ -832,6 +909,10 @@ conn_input(struct conn *c)
 	int fds[GPX_MAX_FDS], nfds;
 
 	for (int i = 0; i < MSGS_PER_WAKE && c->state != CONN_DEAD; i++) {
+		/* Submissions queued before this message was sent come first. */
+		conn_poll_sq(c);
+		if (c->state == CONN_DEAD)
+			return;
 		ssize_t n = wire_recv(c->fd, msgbuf, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
 		if (n == -EAGAIN)
 			return;

@@ -69,6 +69,7 @@ cq_new(uint32_t entries, int efd, uint64_t client, char *err, size_t errlen)
 	q->ring->version = GPX_RING_VERSION;
 	q->ring->entries = entries;
 	q->ring->entry_size = sizeof(struct gpx_cqe);
+	q->ring->sq_wakeup = 1;      /* until the loop polls, submissions need a kick */
 	return q;
 }
 

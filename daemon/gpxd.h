@@ -319,6 +319,7 @@ struct conn {
 	struct rhandle **htab;       /* chained hash of handles by serial */
 	uint32_t nhandles, hcap;
 	uint32_t nseq_errors;
+	uint64_t sq_head;            /* submissions taken from the shared queue (our copy) */
 	double audit_window;         /* log_audit's rate limit: start of the current second */
 	uint32_t audit_lines, audit_dropped;
 	const unsigned char *area;   /* the segment area, mapped read-only */
@@ -332,6 +333,9 @@ bool conn_in_group(const struct conn *, gid_t);
 void conn_input(struct conn *);
 void conn_kill(struct conn *, const char *why);
 void conn_reap(void);
+int conn_poll_sq(struct conn *);      /* takes queued submissions; returns how many */
+enum { SQ_POLL, SQ_POLLING, SQ_SLEEPING };
+int conn_poll_all(int mode);          /* every connection's queue (and, by mode, sq_wakeup) */
 uint32_t conn_count(void);
 struct conn *conn_by_id(uint64_t);
 struct rhandle *conn_handle(struct conn *, uint64_t id);

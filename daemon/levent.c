@@ -328,11 +328,22 @@ signal_cb(evutil_socket_t sig, short what, void *arg)
 static void
 levent_dispatch(void)
 {
+	bool polling = false;
+
 	while (!event_base_got_exit(base) && !event_base_got_break(base)) {
-		if (now_s() - conn_last_input < cfg->busy_poll_us / 1e6)
+		if (now_s() - conn_last_input < cfg->busy_poll_us / 1e6) {
+			conn_poll_all(polling ? SQ_POLL : SQ_POLLING);
+			polling = true;
 			event_base_loop(base, EVLOOP_NONBLOCK);
-		else
-			event_base_loop(base, EVLOOP_ONCE);
+			continue;
+		}
+		/* About to sleep: ask for kicks, then look once more (conn_poll_all). */
+		if (polling) {
+			polling = false;
+			if (conn_poll_all(SQ_SLEEPING) > 0)
+				continue;
+		}
+		event_base_loop(base, EVLOOP_ONCE);
 	}
 }
 

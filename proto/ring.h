@@ -8,6 +8,13 @@
  * client writes (tail) is untrusted by the daemon: a tail that runs ahead of head or falls more
  * than `entries` behind it marks the client as broken and it is disconnected.
  *
+ * The submission queue, in the same memfd after the completion records: single-segment
+ * transfers the client writes for the daemon to pick up without a socket message.  The client
+ * is its only producer (sq_tail), the daemon its only consumer (sq_head).  While the daemon's
+ * loop is busy polling it reads the queue on every turn; before it sleeps it sets sq_wakeup,
+ * and a client that finds sq_wakeup set after publishing an entry sends an SqKick message.
+ * Each entry is read once into private memory and checked like any Transfer message.
+ *
  * The segment lists of large vectored transfers: struct gpx_wire_seg records in the
  * connection's segment area (or a memfd of its own).
  */
@@ -17,7 +24,7 @@
 #include <stdint.h>
 
 #define GPX_RING_MAGIC 0x67707872u /* "gpxr" */
-#define GPX_RING_VERSION 2
+#define GPX_RING_VERSION 3
 
 struct gpx_ring_hdr {
 	uint32_t magic;
@@ -33,6 +40,24 @@ struct gpx_ring_hdr {
 	uint8_t pad3[56];
 	uint64_t segs_consumed; /* daemon: Transfers naming the segment area it has handled */
 	uint8_t pad4[56];
+	uint64_t sq_tail;      /* client: submissions published */
+	uint8_t pad5[56];
+	uint64_t sq_head;      /* daemon: submissions taken */
+	uint32_t sq_wakeup;    /* daemon: set while it does not poll; the client must kick */
+	uint8_t pad6[52];
+};
+
+/* One submission: a single-segment transfer. */
+struct gpx_sqe {
+	uint64_t tag;
+	uint64_t src_region;
+	uint64_t dst_region;
+	uint64_t src_offset;
+	uint64_t dst_offset;
+	uint64_t length;
+	uint32_t flags;
+	uint32_t pad;
+	uint64_t pad2;
 };
 
 /* One completion (or notification) record. */
@@ -55,7 +80,13 @@ struct gpx_wire_seg {
 static inline uint64_t
 gpx_ring_size(uint32_t entries)
 {
-	return sizeof(struct gpx_ring_hdr) + (uint64_t)entries * sizeof(struct gpx_cqe);
+	return sizeof(struct gpx_ring_hdr) + (uint64_t)entries * (sizeof(struct gpx_cqe) + sizeof(struct gpx_sqe));
+}
+
+static inline struct gpx_sqe *
+gpx_sq_slot(struct gpx_ring_hdr *h, uint32_t entries, uint64_t idx)
+{
+	return (struct gpx_sqe *)((struct gpx_cqe *)(h + 1) + entries) + (idx & (entries - 1));
 }
 
 static inline struct gpx_cqe *
