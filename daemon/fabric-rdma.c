@@ -68,13 +68,28 @@
 #include <rdma/rdma_cma.h>
 
 #define RQP_POOL 2                   /* queue pairs per peer, shared by all clients */
-#define RQP_DEPTH 64                 /* send work requests per queue pair */
-#define CQ_DEPTH 1024                /* > RQP_DEPTH * RQP_POOL * peers in flight: the window is 32 */
+#define RQP_DEPTH 256                /* send work requests per queue pair */
+#define CQ_DEPTH 4096                /* every posted request may complete (flushed) in error */
 #define RDMA_MAGIC 0x47505852u       /* "GPXR" */
 #define CM_TIMEOUT_MS 2000
-/* RDMA READs outstanding per queue pair.  Soft-RoCE under emulation lost reads with 16 in
- * flight (a read never completed); 4 costs hardware little: reads are at most a chunk each. */
-#define RQP_RD_ATOM 4
+/*
+ * RDMA READ pacing.  A read's responses are sent by the peer's NIC without flow control:
+ * nothing bounds them but the reads outstanding on the queue pair, and a lost response
+ * packet is recovered only when the requester's ack timer fires (the requester has no NAK
+ * for reads; Soft-RoCE drops every packet after the gap and re-reads from it).  A whole
+ * chunk per read, 4 or 16 outstanding, put thousands of packets in flight at once; on a
+ * lossy link (Soft-RoCE between qemu guests loses a sixth of such a burst) every read then
+ * crawled from retry to retry and missed the request deadline.  So a read is posted as
+ * segments of RDMA_READ_SEG bytes (one work request each, the last one signalled), at most
+ * RQP_RD_ATOM of them outstanding per queue pair: 128 KiB, about what the requester keeps
+ * unacknowledged for writes.  RQP_ACK_TIMEOUT (4.096 us << 14, 67 ms) is the ack timeout,
+ * so a loss costs tens of milliseconds, not the seconds rdma_cm's default waits for RoCE.
+ */
+#define RDMA_READ_SEG (64u << 10)
+#define RQP_RD_ATOM 2
+#define RQP_ACK_TIMEOUT 14
+/* wr_id: the request id, and in the top bits how many work requests it posted. */
+#define WRID_SHIFT 48
 
 /* The rdma_cm private data of a connection request: what the control plane announced. */
 struct rdma_hello {
@@ -89,6 +104,7 @@ struct rqp {
 	struct rdma_cm_id *id;
 	int idx;
 	bool up;
+	unsigned wrs;                /* work requests posted and not yet completed */
 };
 
 /* p->rdma: a peer's queue pairs. */
@@ -122,6 +138,7 @@ static struct {
 	struct rdma_cm_id *listen_id;
 	uint16_t port;               /* of listen_id, host order; 0: we cannot answer */
 	uint8_t rd_atom;             /* RDMA READs in flight per queue pair */
+	int max_cqe;
 	struct event *cq_ev, *cm_ev, *async_ev;
 	char name[80];
 	uint64_t nreg, regfail;
@@ -153,6 +170,7 @@ qp_teardown(struct rqp *q)
 	rdma_destroy_id(q->id);
 	q->id = NULL;
 	q->up = false;
+	q->wrs = 0;
 }
 
 static struct rpeer *
@@ -191,7 +209,7 @@ static int
 qp_create(struct rqp *q)
 {
 	struct ibv_qp_init_attr a = {
-		.send_cq = dev.cq, .recv_cq = dev.cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 1,
+		.send_cq = dev.cq, .recv_cq = dev.cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 0,
 		.cap = { .max_send_wr = RQP_DEPTH, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 },
 	};
 
@@ -200,6 +218,16 @@ qp_create(struct rqp *q)
 		return -1;
 	}
 	return rdma_create_qp(q->id, dev.pd, &a);
+}
+
+/* Before connect or accept: the ack timeout its queue pair gets (see RQP_ACK_TIMEOUT). */
+static void
+ack_timeout(struct rdma_cm_id *id)
+{
+	uint8_t t = RQP_ACK_TIMEOUT;
+
+	if (rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t)) < 0)
+		log_debug("fabric", "rdma ack timeout not set: %s", strerror(errno));
 }
 
 static void
@@ -279,6 +307,7 @@ on_request(struct rdma_cm_id *id, const uint8_t *pd, size_t pdl)
 	q->id = id;
 	id->context = q;
 	conn_param(&cp, NULL, 0);
+	ack_timeout(id);
 	if (qp_create(q) < 0 || rdma_accept(id, &cp) < 0) {
 		log_warn("fabric: peer %s: accepting rdma queue pair %u", p->node, idx);
 		rdma_reject(id, NULL, 0);
@@ -310,6 +339,7 @@ cm_event(const struct rdma_cm_event *e, const uint8_t *pd, size_t pdl)
 		h.index = htonl((uint32_t)q->idx);
 		memcpy(h.token, q->rp->token, sizeof(h.token));
 		conn_param(&cp, &h, sizeof(h));
+		ack_timeout(q->id);
 		if (qp_create(q) < 0 || rdma_connect(q->id, &cp) < 0)
 			qp_fail(q, strerror(errno));
 		break;
@@ -354,6 +384,19 @@ on_cm(evutil_socket_t fd, short what, void *arg)
 
 /* ---- completions and async events ---- */
 
+static struct rqp *
+qp_by_num(uint32_t num)
+{
+	struct peer *p;
+
+	TAILQ_FOREACH(p, &peers, entry)
+		for (int i = 0; p->rdma != NULL && i < RQP_POOL; i++)
+			if (p->rdma->qp[i].id != NULL && p->rdma->qp[i].id->qp != NULL &&
+			    p->rdma->qp[i].id->qp->qp_num == num)
+				return &p->rdma->qp[i];
+	return NULL;
+}
+
 static void
 on_cq(evutil_socket_t fd, short what, void *arg)
 {
@@ -372,8 +415,15 @@ on_cq(evutil_socket_t fd, short what, void *arg)
 		ibv_ack_cq_events(dev.cq, ev);
 	ibv_req_notify_cq(dev.cq, 0);
 	while ((n = ibv_poll_cq(dev.cq, 16, wc)) > 0)
-		for (int i = 0; i < n; i++)
-			fabric_rdma_done(wc[i].wr_id, wc[i].status == IBV_WC_SUCCESS, ibv_wc_status_str(wc[i].status));
+		for (int i = 0; i < n; i++) {
+			uint64_t id = wc[i].wr_id & ((1ULL << WRID_SHIFT) - 1);
+			struct rqp *q = qp_by_num(wc[i].qp_num);
+			if (q != NULL && wc[i].status == IBV_WC_SUCCESS) {
+				unsigned nwr = (unsigned)(wc[i].wr_id >> WRID_SHIFT);
+				q->wrs = q->wrs > nwr ? q->wrs - nwr : 0;
+			}
+			fabric_rdma_done(id, wc[i].status == IBV_WC_SUCCESS, ibv_wc_status_str(wc[i].status));
+		}
 }
 
 /* Every peer with a queue pair on this device goes down (port or device error). */
@@ -643,27 +693,44 @@ fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, 
 	struct rpeer *rp = p->rdma;
 	struct rqp *q = NULL;
 	struct ibv_mr *mr;
+	unsigned nwr = write ? 1 : (unsigned)((len + RDMA_READ_SEG - 1) / RDMA_READ_SEG);
 
-	if (rp == NULL || len == 0 || len > UINT32_MAX)
+	if (rp == NULL || len == 0 || len > UINT32_MAX || nwr > RQP_DEPTH || id >> WRID_SHIFT != 0)
 		return -1;
 	for (int i = 0; i < RQP_POOL && q == NULL; i++) {
 		struct rqp *c = &rp->qp[(rp->next + i) % RQP_POOL];
-		if (c->up)
+		if (c->up && c->wrs + nwr <= RQP_DEPTH)
 			q = c;
 	}
 	if (q == NULL || (mr = local_mr(local, !write)) == NULL)
 		return -1;
-	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = (uint32_t)len, .lkey = mr->lkey };
-	struct ibv_send_wr wr = {
-		.wr_id = id, .sg_list = &sge, .num_sge = 1,
-		.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED,
-	}, *bad;
-	wr.wr.rdma.remote_addr = raddr;
-	wr.wr.rdma.rkey = rkey;
-	if ((errno = ibv_post_send(q->id->qp, &wr, &bad)) != 0) {
+	struct ibv_sge sge[RQP_DEPTH];
+	struct ibv_send_wr wr[RQP_DEPTH], *bad;
+	uint64_t wrid = id | (uint64_t)nwr << WRID_SHIFT;
+	for (unsigned i = 0; i < nwr; i++) {
+		uint64_t off = write ? 0 : (uint64_t)i * RDMA_READ_SEG;
+		uint32_t l = write ? (uint32_t)len : (uint32_t)(len - off < RDMA_READ_SEG ? len - off : RDMA_READ_SEG);
+		sge[i] = (struct ibv_sge){ .addr = (uintptr_t)buf + off, .length = l, .lkey = mr->lkey };
+		wr[i] = (struct ibv_send_wr){
+			.wr_id = wrid, .sg_list = &sge[i], .num_sge = 1, .next = i + 1 < nwr ? &wr[i + 1] : NULL,
+			.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ,
+			.send_flags = i + 1 == nwr ? IBV_SEND_SIGNALED : 0,
+		};
+		wr[i].wr.rdma.remote_addr = raddr + off;
+		wr[i].wr.rdma.rkey = rkey;
+	}
+	if ((errno = ibv_post_send(q->id->qp, wr, &bad)) != 0) {
+		/* Nothing of a list that failed at its first request was posted; anything else was,
+		 * and the rest would never complete: the queue pair cannot be trusted any more. */
 		log_warn("fabric: peer %s: posting on rdma queue pair %d", p->node, q->idx);
+		/* Nothing of a list refused at its first request was posted.  A part of it was: its
+		 * completion would never come, so the queue pair carries nothing more, and this
+		 * chunk goes over tcp (the parts posted only read the same bytes into it). */
+		if (bad != &wr[0])
+			q->up = false;
 		return -1;
 	}
+	q->wrs += nwr;
 	rp->next = (unsigned)(q->idx + 1) % RQP_POOL;
 	return 0;
 }
@@ -691,6 +758,7 @@ pick(char *why, size_t whylen)
 			if (ibv_query_port(l[i], pn, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) {
 				dev.ctx = l[i];
 				dev.port_num = pn;
+				dev.max_cqe = da.max_cqe;
 				dev.rd_atom = (uint8_t)(da.max_qp_rd_atom < RQP_RD_ATOM ? da.max_qp_rd_atom : RQP_RD_ATOM);
 				snprintf(dev.name, sizeof(dev.name), "%s port %u", nm, pn);
 				dev.on = true;
@@ -750,7 +818,7 @@ fabric_rdma_init(struct event_base *b, char *why, size_t whylen)
 	if (!pick(why, whylen))
 		goto off;
 	if ((dev.pd = ibv_alloc_pd(dev.ctx)) == NULL || (dev.cc = ibv_create_comp_channel(dev.ctx)) == NULL ||
-	    (dev.cq = ibv_create_cq(dev.ctx, CQ_DEPTH, NULL, dev.cc, 0)) == NULL ||
+	    (dev.cq = ibv_create_cq(dev.ctx, dev.max_cqe < CQ_DEPTH ? dev.max_cqe : CQ_DEPTH, NULL, dev.cc, 0)) == NULL ||
 	    ibv_req_notify_cq(dev.cq, 0) != 0 || (dev.ech = rdma_create_event_channel()) == NULL) {
 		snprintf(why, whylen, "%s: setting up: %s", dev.name, strerror(errno));
 		fabric_rdma_shutdown();

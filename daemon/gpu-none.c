@@ -24,6 +24,6 @@ void gpu_shutdown(void) { }
 void gpu_topo(Gpx__QueryReply *q) { (void)q; }
 void gpu_topo_free(Gpx__QueryReply *q) { (void)q; }
 void gpu_host_register(struct region *r) { (void)r; }
-void gpu_host_unregister(struct region *r) { (void)r; }
+void gpu_host_unpin(void *map) { (void)map; }
 uint64_t gpu_cache_stats(uint64_t *hits) { *hits = 0; return 0; }
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen) { (void)fd; snprintf(err, errlen, "no GPU support"); return false; }

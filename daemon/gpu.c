@@ -372,11 +372,10 @@ gpu_host_register(struct region *r)
 }
 
 void
-gpu_host_unregister(struct region *r)
+gpu_host_unpin(void *map)
 {
 	cuda_use(0);
-	cuda_host_unregister(r->map);
-	r->priv = NULL;
+	cuda_host_unregister(map);
 }
 
 uint64_t

@@ -405,7 +405,7 @@ void gpu_topo_free(Gpx__QueryReply *);
 void gpu_host_register(struct region *);     /* pins a host mapping for DMA, best effort */
 uint64_t gpu_cache_stats(uint64_t *hits);
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen);  /* cheap type check before any driver call */     /* driver opens, and registrations served cached */
-void gpu_host_unregister(struct region *);
+void gpu_host_unpin(void *map);         /* undoes gpu_host_register; may block */
 void gpu_shutdown(void);
 
 /* ---- peer.c, fabric.c: gpxd to gpxd (internals in daemon/fabric.h) ---- */

@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <sys/mman.h>
@@ -174,18 +175,50 @@ host_open(struct region *r, char *err, size_t errlen)
 	return 0;
 }
 
+/* Unpinning is a driver call that can take milliseconds: never on the loop thread. */
+struct unpin {
+	void *map;
+	size_t len;
+	int fd;
+};
+
+static void
+unpin_work(void *arg)
+{
+	struct unpin *u = arg;
+
+	gpu_host_unpin(u->map);
+	munmap(u->map, u->len);
+	if (u->fd >= 0)
+		close(u->fd);
+}
+
+static void
+unpin_done(void *arg)
+{
+	free(arg);
+}
+
 static void
 host_close(struct region *r)
 {
-	if (r->priv != NULL)
-		gpu_host_unregister(r);
+	struct unpin *u;
+
 	fabric_rdma_region_gone(r);
-	if (r->map != NULL)
-		munmap(r->map, r->map_len);
+	if (r->priv != NULL && r->map != NULL && (u = malloc(sizeof(*u))) != NULL) {
+		*u = (struct unpin){ .map = r->map, .len = r->map_len, .fd = r->fd };
+		defer_run(unpin_work, unpin_done, u);
+	} else {
+		if (r->priv != NULL)
+			gpu_host_unpin(r->map);
+		if (r->map != NULL)
+			munmap(r->map, r->map_len);
+		if (r->fd >= 0)
+			close(r->fd);
+	}
+	r->priv = NULL;
 	r->map = NULL;
 	r->host = NULL;
-	if (r->fd >= 0)
-		close(r->fd);
 	r->fd = -1;
 }
 
