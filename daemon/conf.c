@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 #include <ini.h>
 
 #include "gpxd.h"
@@ -39,7 +40,8 @@ conf_defaults(struct conf *c)
 	c->max_exports_per_uid = 4096;
 	c->max_inflight_per_uid = 65536;
 	c->idle_timeout_s = 0;
-	c->busy_poll_us = 5000;
+	/* Busy polling needs a core to spare: on small machines it would take one from the copies. */
+	c->busy_poll_us = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 5000 : 0;
 	c->log_level = strdup("info");
 	c->metrics_listen = NULL;
 	/* [fabric] (daemon/peer.c) */

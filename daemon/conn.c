@@ -318,8 +318,13 @@ on_hello(struct conn *c, uint32_t seq, const Gpx__Hello *h, int *fds, int nfds)
 		close(ring_fd);
 	} else
 		conn_reply(c, seq, 0, NULL, &r, NULL, 0);
-	log_info("client %llu: %s (uid %u pid %d)", (unsigned long long)c->id,
-	    c->name[0] ? c->name : "-", (unsigned)c->uid, (int)c->pid);
+	/* Query-only connections (gpxctl, monitoring) come and go often: debug level. */
+	if (c->cq != NULL)
+		log_info("client %llu: %s (uid %u pid %d)", (unsigned long long)c->id,
+		    c->name[0] ? c->name : "-", (unsigned)c->uid, (int)c->pid);
+	else
+		log_debug("conn", "client %llu: %s (uid %u pid %d), queries only", (unsigned long long)c->id,
+		    c->name[0] ? c->name : "-", (unsigned)c->uid, (int)c->pid);
 }
 
 /* ---- Register ---- */
@@ -965,7 +970,9 @@ conn_kill(struct conn *c, const char *why)
 
 	if (c->state == CONN_DEAD)
 		return;
-	if (c->state != CONN_HELLO || strcmp(why, "disconnected") != 0)
+	if (c->cq == NULL && strcmp(why, "disconnected") == 0)
+		log_debug("conn", "client %llu (%s) gone", (unsigned long long)c->id, c->name[0] ? c->name : "-");
+	else
 		log_info("client %llu (%s, uid %u pid %d) gone: %s", (unsigned long long)c->id,
 		    c->name[0] ? c->name : "-", (unsigned)c->uid, (int)c->pid, why);
 	c->state = CONN_DEAD;

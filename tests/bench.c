@@ -431,6 +431,10 @@ bench_header(struct bench_ctx *b, const char *origin)
 			printf(", \"config\": ");
 			json_str(s->config);
 		}
+		if (b->daemon_settings != NULL) {
+			printf(", \"settings\": ");
+			json_str(b->daemon_settings);
+		}
 		printf("},\n  \"settings\": {\"runs\": %d, \"min_time_s\": %g, \"depth\": %u, "
 		    "\"max_size\": %llu},\n  \"modes\": [", b->runs, b->min_time, b->depth,
 		    (unsigned long long)b->max_size);
@@ -443,6 +447,8 @@ bench_header(struct bench_ctx *b, const char *origin)
 			    "          %u host copy workers, chunk size %s, config %s\n"
 			    "          cuda: %s\n", s->version, s->proto, s->pid, origin, b->socket,
 			    s->workers, chunk, s->config, s->cuda);
+		if (s != NULL && b->daemon_settings != NULL && b->daemon_settings[0])
+			printf("          settings: %s\n", b->daemon_settings);
 		else
 			printf("gpxd:     %s on %s (status query failed: %s)\n", origin, b->socket,
 			    gpx_strerror(r < 0 ? r : -GPX_EPROTO));
@@ -702,7 +708,7 @@ print_log(const struct bench_daemon *d)
 }
 
 int
-bench_daemon_start(struct bench_daemon *d, int workers, uint64_t chunk_size)
+bench_daemon_start(struct bench_daemon *d, const char *const *settings, size_t nset)
 {
 	const char *tmp = getenv("TMPDIR");
 	char bin[PATH_MAX];
@@ -729,11 +735,18 @@ bench_daemon_start(struct bench_daemon *d, int workers, uint64_t chunk_size)
 		rmdir(d->dir);
 		return -1;
 	}
-	fprintf(f, "# gpxd started by gpx-bench --spawn\n[daemon]\n");
-	if (workers > 0)
-		fprintf(f, "workers = %d\n", workers);
-	if (chunk_size > 0)
-		fprintf(f, "chunk_size = %llu\n", (unsigned long long)chunk_size);
+	fprintf(f, "# gpxd started by gpx-bench --spawn\n");
+	for (size_t i = 0; i < nset; i++) {
+		const char *dot = strchr(settings[i], '.'), *eq = strchr(settings[i], '=');
+		if (dot == NULL || eq == NULL || dot > eq || dot == settings[i] || eq == dot + 1) {
+			fprintf(stderr, "gpx-bench: '%s' is not section.key=value\n", settings[i]);
+			fclose(f);
+			remove_files(d, false);
+			return -1;
+		}
+		fprintf(f, "[%.*s]\n%.*s = %s\n", (int)(dot - settings[i]), settings[i],
+		    (int)(eq - dot - 1), dot + 1, eq + 1);
+	}
 	fclose(f);
 
 	find_gpxd(bin, sizeof(bin));

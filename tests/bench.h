@@ -37,6 +37,7 @@ struct bench_ctx {
 	double min_time;         /* --min-time: seconds one timed run lasts at least */
 	unsigned depth;          /* --depth: transfers kept outstanding in pipelined tests */
 	bool json;               /* --json: machine-readable output */
+	const char *daemon_settings;   /* --spawn: the settings given to its gpxd, for the header */
 };
 
 struct bench_mode {
@@ -123,8 +124,11 @@ struct bench_daemon {
 	char conf[300];
 	char log[300];
 };
-/* Starts gpxd (from $GPXD, next to this program, or PATH) and waits until it accepts. */
-int bench_daemon_start(struct bench_daemon *d, int workers, uint64_t chunk_size);
+/*
+ * Starts gpxd (from $GPXD, next to this program, or PATH) with a configuration file of its own,
+ * holding the n settings "section.key=value" (gpxd.conf(5)), and waits until it accepts.
+ */
+int bench_daemon_start(struct bench_daemon *d, const char *const *settings, size_t n);
 /* SIGTERM, waits for the exit, removes the directory; prints the log if it did not stop cleanly. */
 int bench_daemon_stop(struct bench_daemon *d);
 

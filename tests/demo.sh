@@ -69,6 +69,17 @@ step "what gpx-bench measured (in-process memcpy against the same copies brokere
 cat "$tmp/bench.out"
 [ "$st" -eq 0 ] || die "gpx-bench failed (status $st)"
 
+# On a machine with an NVIDIA GPU, the same daemon moves GPU memory: copies between GPUs (or
+# within one), host<->GPU, and scattered pages, each next to the direct CUDA figure.
+if [ -x "$B/gpx-bench-gpu" ] && [ -e /dev/nvidiactl ] && ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
+	step "a GPU is here: gpx-bench-gpu moves GPU memory through the same gpxd"
+	ctl topo
+	show "$B/gpx-bench-gpu" -s "$sock" --max-size 256M --runs 3 --min-time 100 gpu-copy gpu-host gpu-pages ||
+		die "gpx-bench-gpu failed"
+else
+	step "no NVIDIA GPU here: gpxd serves host memory (gpxctl status says why)"
+fi
+
 step "after the clients left"
 ctl clients
 ctl stats

@@ -533,8 +533,10 @@ usage(FILE *f)
 	    "  -s, --socket PATH     daemon socket (default: $GPX_SOCKET or /run/gpx/gpxd.sock)\n"
 	    "      --spawn           start a private gpxd on a temporary socket for the run\n"
 	    "                        (the binary: $GPXD, else gpxd next to gpx-bench, else PATH)\n"
-	    "      --workers N       with --spawn: host copy workers of that gpxd\n"
-	    "      --chunk-size SIZE with --spawn: its chunk size (e.g. 2M)\n"
+	    "      --set SEC.KEY=VAL with --spawn: a gpxd.conf setting, e.g. daemon.busy_poll_us=0\n"
+	    "                        (repeatable)\n"
+	    "      --workers N       with --spawn: same as --set daemon.workers=N\n"
+	    "      --chunk-size SIZE with --spawn: same as --set daemon.chunk_size=SIZE\n"
 	    "  -j, --json            JSON output\n"
 	    "      --max-size SIZE   largest buffer and copy (default 1G)\n"
 	    "      --runs N          timed runs per figure, median reported (default 5)\n"
@@ -565,10 +567,11 @@ num_arg(const char *opt, const char *v, long lo, long hi)
 int
 main(int argc, char **argv)
 {
-	enum { O_SPAWN = 256, O_WORKERS, O_CHUNK, O_MAX, O_RUNS, O_MINTIME, O_DEPTH };
+	enum { O_SPAWN = 256, O_SET, O_WORKERS, O_CHUNK, O_MAX, O_RUNS, O_MINTIME, O_DEPTH };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, 's' },
 		{ "spawn", no_argument, NULL, O_SPAWN },
+		{ "set", required_argument, NULL, O_SET },
 		{ "workers", required_argument, NULL, O_WORKERS },
 		{ "chunk-size", required_argument, NULL, O_CHUNK },
 		{ "json", no_argument, NULL, 'j' },
@@ -583,19 +586,31 @@ main(int argc, char **argv)
 	struct bench_ctx b = { .max_size = 1 * GiB, .runs = 5, .min_time = 0.2, .depth = 64 };
 	struct bench_daemon d = { .pid = 0 };
 	bool spawn = false;
-	int workers = 0, failed = 0, ch, r;
-	uint64_t chunk = 0;
+	int failed = 0, ch, r;
+	uint64_t n;
+	char *settings[64], tmp[64];
+	size_t nset = 0;
 
 	while ((ch = getopt_long(argc, argv, "s:jlh", longopts, NULL)) != -1) {
 		switch (ch) {
 		case 's': b.socket = optarg; break;
 		case O_SPAWN: spawn = true; break;
-		case O_WORKERS: workers = num_arg("--workers", optarg, 1, 256); break;
+		case O_SET:
+		case O_WORKERS:
 		case O_CHUNK:
-			if (bench_parse_size(optarg, &chunk) < 0 || chunk < 4096) {
+			if (nset == sizeof(settings) / sizeof(settings[0])) {
+				fprintf(stderr, "gpx-bench: too many daemon settings\n");
+				return 2;
+			}
+			if (ch == O_WORKERS)
+				snprintf(tmp, sizeof(tmp), "daemon.workers=%ld", num_arg("--workers", optarg, 1, 256));
+			else if (ch == O_CHUNK && bench_parse_size(optarg, &n) == 0 && n >= 4096)
+				snprintf(tmp, sizeof(tmp), "daemon.chunk_size=%llu", (unsigned long long)n);
+			else if (ch == O_CHUNK) {
 				fprintf(stderr, "gpx-bench: --chunk-size: bad size '%s'\n", optarg);
 				return 2;
 			}
+			settings[nset++] = ch == O_SET ? optarg : strdup(tmp);
 			break;
 		case 'j': b.json = true; break;
 		case O_MAX:
@@ -620,8 +635,8 @@ main(int argc, char **argv)
 			fprintf(stderr, "gpx-bench: no mode '%s' (gpx-bench --list)\n", argv[i]);
 			return 2;
 		}
-	if ((workers || chunk) && !spawn) {
-		fprintf(stderr, "gpx-bench: --workers and --chunk-size configure a daemon of --spawn\n");
+	if (nset > 0 && !spawn) {
+		fprintf(stderr, "gpx-bench: --set, --workers and --chunk-size configure the gpxd of --spawn\n");
 		return 2;
 	}
 	if (spawn && b.socket != NULL) {
@@ -629,9 +644,18 @@ main(int argc, char **argv)
 		return 2;
 	}
 	if (spawn) {
-		if (bench_daemon_start(&d, workers, chunk) < 0)
+		if (bench_daemon_start(&d, (const char *const *)settings, nset) < 0)
 			return 1;
 		b.socket = d.socket;
+		size_t len = 1;
+		for (size_t i = 0; i < nset; i++)
+			len += strlen(settings[i]) + 1;
+		char *all = calloc(1, len);
+		for (size_t i = 0; all != NULL && i < nset; i++) {
+			strcat(all, settings[i]);
+			strcat(all, i + 1 < nset ? " " : "");
+		}
+		b.daemon_settings = all;
 	} else if (b.socket == NULL && (b.socket = getenv("GPX_SOCKET")) == NULL)
 		b.socket = "/run/gpx/gpxd.sock";
 
