@@ -40,10 +40,8 @@
  *
  * Built without rdma-core, the stubs at the end keep the interface and say why.
  *
- * Known problem (tests/vm-rdma.test, Soft-RoCE under qemu TCG): on the first connection after
- * both daemons start, an RDMA READ among the first chunks never completes (no completion, no
- * error) and the peer is dropped by the request deadline; after the reconnection, reads and
- * their checksums are right.  Not yet understood; the deadline keeps it from hanging anything.
+ * Reads are paced (RDMA_READ_SEG, RQP_RD_ATOM below): unpaced, a lossy link turned them into
+ * a crawl of ack timeouts, which looked like reads that never complete (tests/vm-rdma.test).
  */
 #include "config.h"
 
