@@ -69,7 +69,9 @@ struct gpx_seg {
 struct gpx_connect_opts {
 	const char *socket;    /* NULL: $GPX_SOCKET, else /run/gpx/gpxd.sock */
 	const char *name;      /* shown by gpxctl */
-	int eventfd;           /* -1: the library makes one; else yours (it is duplicated) */
+	int eventfd;           /* -1: the library makes one; else yours (it is duplicated): one
+	                        * write per completion record, so an EFD_SEMAPHORE eventfd
+	                        * counts them; gpx_wait then reads one count per wake */
 	int no_ring;           /* query-only connection (gpxctl): no transfers */
 };
 
@@ -129,7 +131,14 @@ int gpx_import(gpx_conn *c, const char *name, gpx_region *out, uint64_t *length)
 int gpx_export_remote(gpx_conn *c, gpx_region r, const char *name, const struct gpx_export_opts *opts,
     const char *peers);
 
-/* ---- transfers: asynchronous; each ends in exactly one completion ---- */
+/*
+ * ---- transfers: asynchronous; each ends in exactly one completion ----
+ * Transfers are independent: they may run and complete in any order.  A transfer the daemon
+ * refuses before it runs (bounds, rights, credit) completes with the error too; such a
+ * completion comes over the socket, which gpx_fd() includes, and rings no eventfd.  Tags with
+ * the top bit set are used by gpx_copy_sync.  gpx_copy returns before the daemon has read the
+ * request; its arguments need not outlive the call.
+ */
 int gpx_copy(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,
     uint64_t len, uint64_t tag);
 int gpx_copyv(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, size_t n,
