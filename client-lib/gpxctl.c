@@ -345,7 +345,21 @@ do_topo(int argc, char **argv)
 			J_ADD(x, "memory", J_U64(g->memory));
 			J_ADD(x, "copy_engines", J_U64(g->copy_engines));
 			J_ADD(x, "sms", J_U64(g->sms));
+			J_ADD(x, "nic", J_STR(g->nic));
+			J_ADD(x, "nic_why", J_STR(g->nic_why));
 			json_object_array_add(d, x);
+		}
+		json_object *ns = json_object_new_array();
+		for (size_t i = 0; i < q->n_nics; i++) {
+			Gpx__NicInfo *n = q->nics[i];
+			json_object *x = json_object_new_object();
+			J_ADD(x, "name", J_STR(n->name));
+			J_ADD(x, "pci", J_STR(n->pci));
+			J_ADD(x, "numa", J_INT(n->numa));
+			J_ADD(x, "state", J_STR(n->state));
+			J_ADD(x, "link_layer", J_STR(n->link_layer));
+			J_ADD(x, "ports", J_U64(n->ports));
+			json_object_array_add(ns, x);
 		}
 		for (size_t i = 0; i < q->n_links; i++) {
 			Gpx__PeerLink *p = q->links[i];
@@ -360,6 +374,7 @@ do_topo(int argc, char **argv)
 		}
 		J_ADD(o, "devices", d);
 		J_ADD(o, "links", l);
+		J_ADD(o, "nics", ns);
 		print_json(o);
 		gpx__query_reply__free_unpacked(q, NULL);
 		return 0;
@@ -397,6 +412,19 @@ do_topo(int argc, char **argv)
 		}
 		printf("\np2p: direct peer copies (rN: performance rank, a: native atomics); staged: through host memory\n");
 	}
+	if (q->n_nics > 0)
+		printf("\n");
+	for (size_t i = 0; i < q->n_nics; i++) {
+		Gpx__NicInfo *n = q->nics[i];
+		char numa[16] = "-";
+		if (n->numa >= 0)
+			snprintf(numa, sizeof(numa), "%d", n->numa);
+		printf("NIC %-10s %-14s numa %-3s %s%s%s\n", n->name, n->pci, numa, n->state,
+		    n->link_layer[0] ? " " : "", n->link_layer);
+	}
+	for (size_t i = 0; i < q->n_devices && q->n_nics > 0; i++)
+		printf("GPU%u -> %s (%s)\n", q->devices[i]->index, q->devices[i]->nic[0] ? q->devices[i]->nic : "none",
+		    q->devices[i]->nic_why);
 	gpx__query_reply__free_unpacked(q, NULL);
 	return 0;
 }

@@ -5,6 +5,7 @@
  */
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,6 +67,8 @@ conf_free(struct conf *c)
 	free(c->fabric_peers);
 	free(c->fabric_transport);
 	free(c->fabric_rdma_device);
+	for (int i = 0; i < 16; i++)
+		free(c->fabric_nic_for_gpu[i]);
 	memset(c, 0, sizeof(*c));
 }
 
@@ -210,7 +213,13 @@ on_key(void *user, const char *sec, const char *key, const char *v)
 		    set_str(&c->fabric_transport, v);
 	else if (KEY("fabric", "rdma_device"))
 		bad = set_str(&c->fabric_rdma_device, v);
-	else if (KEY("fabric", "timeout")) {
+	else if (!strcmp(sec, "fabric") && !strncmp(key, "nic_for_gpu", 11) && isdigit((unsigned char)key[11])) {
+		/* nic_for_gpu0 .. nic_for_gpu15 (daemon/nic.c) */
+		char *end;
+		unsigned long g = strtoul(key + 11, &end, 10);
+		bad = *end != '\0' || g >= 16 || (key[11] == '0' && key[12] != '\0') || v[0] == '\0' ||
+		    set_str(&c->fabric_nic_for_gpu[g], v);
+	} else if (KEY("fabric", "timeout")) {
 		char *end;
 		c->fabric_timeout_s = strtod(v, &end);
 		bad = end == v || *end != '\0' || !(c->fabric_timeout_s >= 0.1 && c->fabric_timeout_s <= 3600);

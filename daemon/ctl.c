@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 
 #include "gpxd.h"
+#include "nic.h"
 
 static const char *state_names[] = { "hello", "ready", "draining", "dead" };
 
@@ -258,6 +259,7 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 		break;
 	case GPX__QUERY_WHAT__Q_TOPO:
 		gpu_topo(&q);
+		nic_topo(&q);
 		break;
 	case GPX__QUERY_WHAT__Q_PEERS:
 		peer_query(&q);
@@ -272,6 +274,7 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 	free_list((void **)q.exports, q.n_exports);
 	free_list((void **)q.transfers, q.n_transfers);
 	free_list((void **)q.paths, q.n_paths);
+	nic_topo_free(&q);
 	gpu_topo_free(&q);
 	peer_query_free(&q);
 }

@@ -51,6 +51,7 @@
 #include <string.h>
 
 #include "daemon/fabric.h"
+#include "daemon/nic.h"
 
 #ifdef HAVE_RDMA
 
@@ -684,6 +685,42 @@ fabric_rdma_region_gone(struct region *r)
 
 /* ---- the data path ---- */
 
+/*
+ * The NIC for a transfer whose local side is r: for GPU memory the one daemon/nic.c chooses
+ * for its GPU (nic_for_gpuN, else the nearest by PCI), for host memory rdma_device (else the
+ * device open).  Its name into name; false when there is none.
+ */
+bool
+fabric_rdma_nic(const struct region *r, char *name, size_t namelen, const char **why)
+{
+	enum nic_why w;
+
+	if (r->dev != DEV_HOST) {
+		if (!nic_for_dev(r->dev, name, namelen, &w))
+			return false;
+		*why = nic_why_str(w);
+		return true;
+	}
+	*why = cfg->fabric_rdma_device != NULL ? "rdma_device" : "first with an active port";
+	snprintf(name, namelen, "%s", cfg->fabric_rdma_device != NULL ? cfg->fabric_rdma_device : dev.on ? dev.name : "");
+	name[strcspn(name, " ")] = '\0';                  /* dev.name: "rxe0 port 1" */
+	return name[0] != '\0';
+}
+
+/* GPU memory goes only through its GPU's NIC: the one open, or none (tcp refuses it anyway). */
+static bool
+nic_is_open(const struct region *r)
+{
+	char want[64];
+	const char *why;
+
+	if (r->dev == DEV_HOST)
+		return true;
+	if (!fabric_rdma_nic(r, want, sizeof(want), &why))
+		return false;
+	return strncmp(dev.name, want, strlen(want)) == 0 && dev.name[strlen(want)] == ' ';
+}
+
 int
 fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, void *buf, uint64_t len,
     uint64_t raddr, uint32_t rkey)
@@ -700,7 +737,7 @@ fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, 
 		if (c->up && c->wrs + nwr <= RQP_DEPTH)
 			q = c;
 	}
-	if (q == NULL || (mr = local_mr(local, !write)) == NULL)
+	if (q == NULL || !nic_is_open(local) || (mr = local_mr(local, !write)) == NULL)
 		return -1;
 	struct ibv_sge sge[RQP_DEPTH];
 	struct ibv_send_wr wr[RQP_DEPTH], *bad;
@@ -837,6 +874,13 @@ fabric_rdma_init(struct event_base *b, char *why, size_t whylen)
 	event_add(dev.cm_ev, NULL);
 	event_add(dev.async_ev, NULL);
 	listen_rdma();
+	for (int g = 0; g < gpu_count() && g < NIC_GPUS; g++) {
+		char nic[64];
+		enum nic_why w;
+		if (nic_for_dev(g, nic, sizeof(nic), &w))
+			log_info("fabric: GPU%d's memory would go through %s (%s); host memory through %s", g, nic,
+			    nic_why_str(w), dev.name);
+	}
 	if (dev.port)
 		snprintf(why, whylen, "rdma on %s, rdma_cm port %u", dev.name, dev.port);
 	else
@@ -906,6 +950,8 @@ bool fabric_rdma_export(struct peer *p, struct phandle *h, uint64_t *addr, uint3
 { (void)p; (void)h; (void)addr; (void)rkey; return false; }
 void fabric_rdma_unexport(struct phandle *h) { (void)h; }
 void fabric_rdma_region_gone(struct region *r) { (void)r; }
+bool fabric_rdma_nic(const struct region *r, char *name, size_t namelen, const char **why)
+{ (void)r; (void)name; (void)namelen; (void)why; return false; }
 int fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, void *buf, uint64_t len,
     uint64_t raddr, uint32_t rkey)
 { (void)p; (void)id; (void)write; (void)local; (void)buf; (void)len; (void)raddr; (void)rkey; return -1; }

@@ -149,8 +149,12 @@ fabric_xfer_check(const struct region *src, const struct region *dst, char *err,
 		return -GPX__STATUS__ENOTSUP;
 	}
 	if (local->kind != GPX__MEM_KIND__MEM_HOST || local->host == NULL) {
+		char nic[64];
+		const char *why = "";
+		bool has = local->dev != DEV_HOST && fabric_rdma_nic(local, nic, sizeof(nic), &why);
 		snprintf(err, errlen, "GPU memory to or from another node needs GPUDirect RDMA or staging, "
-		    "which this gpxd does not have: the tcp transport moves host memory only");
+		    "which this gpxd does not have (its NIC would be %s%s%s%s): the tcp transport moves "
+		    "host memory only", has ? nic : "none", has ? " (" : "", why, has ? ")" : "");
 		return -GPX__STATUS__ENOTSUP;
 	}
 	if (rm == NULL || (p = peer_by_node(rm->node)) == NULL || p->epoch != rm->epoch) {

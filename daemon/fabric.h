@@ -26,8 +26,10 @@
  * through pinned host buffers, each only when the one before is impossible.  GPU memory over
  * RDMA cannot be run on any machine available to this project: the GPU machines have no RDMA
  * NIC and the Soft-RoCE guests (tests/vm) have no GPU, so that path can only be shown on real
- * hardware.  NIC choice by PCI distance is not written either: the first device with an
- * active port, or [fabric] rdma_device.
+ * hardware.  The NIC of each GPU is chosen by PCI distance from sysfs (daemon/nic.c, shown by
+ * gpxctl topo, overridden by [fabric] nic_for_gpuN); fabric-rdma.c opens one device, the first
+ * with an active port or [fabric] rdma_device, which carries host memory, and would carry a
+ * GPU's memory only when it is that GPU's NIC (a context per NIC is not written yet).
  */
 #ifndef GPX_FABRIC_H
 #define GPX_FABRIC_H
@@ -159,6 +161,8 @@ uint32_t fabric_rdma_regs(const struct peer *);    /* registrations of our expor
 /* An import of one of our exports: registers it for this import alone; false: tcp only. */
 bool fabric_rdma_export(struct peer *, struct phandle *, uint64_t *addr, uint32_t *rkey);
 void fabric_rdma_unexport(struct phandle *);
+/* The NIC a transfer with local side r uses: its GPU's (daemon/nic.c) or rdma_device. */
+bool fabric_rdma_nic(const struct region *, char *name, size_t namelen, const char **why);
 /* Posts one RDMA WRITE (buf -> remote) or READ (remote -> buf); 0, or -1: send it over tcp. */
 int fabric_rdma_post(struct peer *, uint64_t id, bool write, struct region *local, void *buf, uint64_t len,
     uint64_t raddr, uint32_t rkey);

@@ -23,6 +23,7 @@ const char *gpu_status(void) { return "unavailable: gpxd was built without CUDA 
 void gpu_shutdown(void) { }
 void gpu_topo(Gpx__QueryReply *q) { (void)q; }
 void gpu_topo_free(Gpx__QueryReply *q) { (void)q; }
+const char *gpu_pci(int dev) { (void)dev; return NULL; }
 void gpu_host_register(struct region *r) { (void)r; }
 void gpu_host_unpin(void *map) { (void)map; }
 uint64_t gpu_cache_stats(uint64_t *hits) { *hits = 0; return 0; }

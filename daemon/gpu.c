@@ -702,6 +702,12 @@ gpu_topo(Gpx__QueryReply *q)
 	}
 }
 
+const char *
+gpu_pci(int dev)
+{
+	return dev >= 0 && dev < ngpus ? gpus[dev].info.pci : NULL;
+}
+
 void
 gpu_topo_free(Gpx__QueryReply *q)
 {

@@ -82,6 +82,7 @@ struct conf {
 	char *fabric_peers;          /* "HOST:PORT,HOST:PORT" to connect to */
 	char *fabric_transport;      /* auto | rdma | tcp */
 	char *fabric_rdma_device;    /* NULL = chosen from the topology */
+	char *fabric_nic_for_gpu[16];   /* nic_for_gpuN: GPU N's NIC; NULL = nearest (daemon/nic.c) */
 	double fabric_timeout_s;     /* a request, a handshake or a silent peer fails after this */
 	double fabric_retry_s;       /* between attempts to reach a configured peer */
 	uint64_t fabric_chunk;       /* bytes per Write/Read on the wire */
@@ -402,6 +403,7 @@ int gpu_count(void);
 const char *gpu_status(void);
 void gpu_topo(Gpx__QueryReply *);
 void gpu_topo_free(Gpx__QueryReply *);
+const char *gpu_pci(int dev);                /* its PCI bus id, NULL for none */
 void gpu_host_register(struct region *);     /* pins a host mapping for DMA, best effort */
 uint64_t gpu_cache_stats(uint64_t *hits);
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen);  /* cheap type check before any driver call */     /* driver opens, and registrations served cached */

@@ -6,6 +6,10 @@
  *               against the same bytes sent over one plain TCP connection on loopback with a
  *               one-byte answer per message (the kernel path the tcp transport uses)
  *   remote-lat  4 KiB write, submit to completion: p50 and p99 against the TCP round trip
+ *   remote-import  import only: GPX_BENCH_IMPORT=NODE:NAME, an export another node's daemon
+ *               holds (tests/bench-export.c keeps one there); RDMA READ and WRITE bandwidth,
+ *               1 MiB to 8 MiB, and 4 KiB write latency, gpx alone: the anchors (ib_read_bw,
+ *               ib_write_bw, ib_send_lat) run between the same nodes in tests/vm-rdma.test
  *
  * Needs a second gpxd peered with the one under test: GPX_BENCH_PEER=its socket and
  * GPX_BENCH_PEER_NODE=its node name; the modes skip without them.  The TCP anchor only means
@@ -257,8 +261,77 @@ mode_remote_lat(struct bench_ctx *b)
 	return 0;
 }
 
+/* ---- import only: the exporting side is another node ---- */
+
+static int
+mode_remote_import(struct bench_ctx *b)
+{
+	static const uint64_t sizes[] = { 1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB };
+	const char *name = getenv("GPX_BENCH_IMPORT");
+	struct remote_arg a;
+	uint64_t rlen = 0;
+	int r;
+
+	memset(&a, 0, sizeof(a));
+	a.b = b;
+	if (name == NULL) {
+		bench_skip(b, "remote-import", "needs GPX_BENCH_IMPORT=NODE:NAME, exported by another node");
+		return BENCH_SKIP;
+	}
+	if ((r = gpx_import(b->conn, name, &a.rregion, &rlen)) < 0)
+		return bench_fail(b, r, "importing the remote export");
+	a.cap = rlen < 8 * MiB ? (size_t)rlen : 8 * MiB;
+	if ((r = bench_buf_new(b, a.cap, &a.local)) < 0)
+		return r;
+	bench_fill(a.local.ptr, a.cap, 7);
+	for (int dir = 0; dir < 2; dir++)
+		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && sizes[i] <= a.cap; i++) {
+			double t[64];
+			int runs = b->runs < 64 ? b->runs : 64;
+			a.len = sizes[i];
+			a.read = dir == 0;
+			if ((r = gpx_op(&a)) < 0) {
+				bench_buf_free(b, &a.local);
+				return bench_fail(b, r, "a copy across");
+			}
+			for (int k = 0; k < runs; k++) {
+				double t0 = bench_now(), el;
+				unsigned n = 0;
+				do {
+					if ((r = gpx_op(&a)) < 0) {
+						bench_buf_free(b, &a.local);
+						return bench_fail(b, r, "a copy across");
+					}
+					n++;
+				} while ((el = bench_now() - t0) < b->min_time);
+				t[k] = (double)a.len * n / el;
+			}
+			printf("remote-import %s %llu MiB: %.1f MiB/s\n", a.read ? "read" : "write",
+			    (unsigned long long)(a.len / MiB), bench_median(t, (size_t)runs) / MiB);
+		}
+	a.len = 4 * KiB;
+	a.read = false;
+	size_t nl = 0;
+	double lat[4096];
+	for (double t0 = bench_now(); nl < 4096 && (nl < 100 || bench_now() - t0 < b->min_time * b->runs); nl++) {
+		double s = bench_now();
+		if ((r = gpx_op(&a)) < 0) {
+			bench_buf_free(b, &a.local);
+			return bench_fail(b, r, "a 4 KiB copy across");
+		}
+		lat[nl] = (bench_now() - s) * 1e6;
+	}
+	printf("remote-import write 4 KiB latency: p50 %.1f us p99 %.1f us (%zu copies)\n",
+	    bench_percentile(lat, nl, 50), bench_percentile(lat, nl, 99), nl);
+	fflush(stdout);
+	bench_buf_free(b, &a.local);
+	return 0;
+}
+
 static const struct bench_mode remote_modes[] = {
 	{ "remote", "to and from a peer gpxd (GPX_BENCH_PEER): TCP vs gpx GB/s", mode_remote },
 	{ "remote-lat", "4 KiB to a peer gpxd: TCP round trip vs gpx latency", mode_remote_lat },
+	{ "remote-import", "import GPX_BENCH_IMPORT=NODE:NAME from another node: read/write MiB/s, 4 KiB latency",
+	    mode_remote_import },
 };
 BENCH_MODES(remote_modes)
