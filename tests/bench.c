@@ -442,14 +442,14 @@ bench_header(struct bench_ctx *b, const char *origin)
 		printf("gpx-bench %s, %s\n", PACKAGE_VERSION, date);
 		printf("machine:  %s, %ld cores, %s RAM, %s %s %s, load %.2f %.2f %.2f\n", cpu, cores,
 		    mem, u.sysname, u.release, u.machine, l[0], l[1], l[2]);
-		if (s != NULL)
+		if (s != NULL) {
 			printf("gpxd:     %s (protocol %u), pid %d, %s on %s\n"
 			    "          %u host copy workers, chunk size %s, config %s\n"
 			    "          cuda: %s\n", s->version, s->proto, s->pid, origin, b->socket,
 			    s->workers, chunk, s->config, s->cuda);
-		if (s != NULL && b->daemon_settings != NULL && b->daemon_settings[0])
-			printf("          settings: %s\n", b->daemon_settings);
-		else
+			if (b->daemon_settings != NULL && b->daemon_settings[0])
+				printf("          settings: %s\n", b->daemon_settings);
+		} else
 			printf("gpxd:     %s on %s (status query failed: %s)\n", origin, b->socket,
 			    gpx_strerror(r < 0 ? r : -GPX_EPROTO));
 		printf("method:   direct = the same operation in this process; gpx = submitted to gpxd, "
