@@ -155,7 +155,7 @@ cq_unreserve(struct cq *q)
  * doorbell costs an fcntl, a write and two clock reads; a full non-blocking counter fails at once.
  */
 #define DOORBELL_TIMEOUT_NS 10000000ULL
-#define DOORBELL_THREADS 64
+#define DOORBELL_THREADS 512     /* every copy worker, GPU worker and the loop */
 
 struct db_slot {
 	pthread_t thread;
