@@ -633,7 +633,10 @@ remove_files(struct bench_daemon *d, bool keep_log)
 	}
 }
 
-/* SIGINT/SIGTERM while a private daemon runs: stop it and clean up (async-signal-safe calls). */
+/*
+ * SIGINT, SIGTERM, SIGHUP or SIGPIPE (output piped into head) while a private daemon runs: stop
+ * it and remove its directory (async-signal-safe calls only).
+ */
 static void
 on_signal(int sig)
 {
@@ -785,6 +788,7 @@ bench_daemon_start(struct bench_daemon *d, const char *const *settings, size_t n
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
 	signal(SIGHUP, on_signal);
+	signal(SIGPIPE, on_signal);
 
 	for (double t0 = bench_now(); bench_now() - t0 < 10;) {
 		int st;
@@ -836,6 +840,7 @@ bench_daemon_stop(struct bench_daemon *d)
 	signal(SIGINT, SIG_DFL);
 	signal(SIGTERM, SIG_DFL);
 	signal(SIGHUP, SIG_DFL);
+	signal(SIGPIPE, SIG_DFL);
 	remove_files(d, false);
 	return r;
 }

@@ -71,7 +71,7 @@ cat "$tmp/bench.out"
 
 # On a machine with an NVIDIA GPU, the same daemon moves GPU memory: copies between GPUs (or
 # within one), host<->GPU, and scattered pages, each next to the direct CUDA figure.
-if [ -x "$B/gpx-bench-gpu" ] && [ -e /dev/nvidiactl ] && ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
+if [ -x "$B/gpx-bench-gpu" ] && [ -e /dev/nvidiactl ] && /sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
 	step "a GPU is here: gpx-bench-gpu moves GPU memory through the same gpxd"
 	ctl topo
 	show "$B/gpx-bench-gpu" -s "$sock" --max-size 256M --runs 3 --min-time 100 gpu-copy gpu-host gpu-pages ||
