@@ -533,8 +533,10 @@ gpx_deregister(gpx_conn *c, gpx_region region)
 
 /* ---- sharing ---- */
 
-API int
-gpx_export(gpx_conn *c, gpx_region region, const char *name, const struct gpx_export_opts *o)
+/* Sends an Export; with remote, it may be imported from the listed peers (none: all). */
+static int
+export(gpx_conn *c, gpx_region region, const char *name, const struct gpx_export_opts *o,
+    bool remote, char **peers, size_t npeers)
 {
 	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
 	Gpx__Export e = GPX__EXPORT__INIT;
@@ -548,9 +550,18 @@ gpx_export(gpx_conn *c, gpx_region region, const char *name, const struct gpx_ex
 		e.notify = o->notify != 0;
 		e.notify_tag = o->notify_tag;
 	}
+	e.remote = remote;
+	e.peers = peers;
+	e.n_peers = npeers;
 	m.body_case = GPX__CLIENT_MSG__BODY_EXPORT;
 	m.export = &e;
 	return rpc(c, &m, NULL, 0, NULL, NULL, NULL);
+}
+
+API int
+gpx_export(gpx_conn *c, gpx_region region, const char *name, const struct gpx_export_opts *o)
+{
+	return export(c, region, name, o, false, NULL, 0);
 }
 
 /* Between nodes (gpx.h): the Export message with remote set and the allowed peers listed. */
@@ -558,8 +569,6 @@ API int
 gpx_export_remote(gpx_conn *c, gpx_region region, const char *name, const struct gpx_export_opts *o,
     const char *peers)
 {
-	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
-	Gpx__Export e = GPX__EXPORT__INIT;
 	char *list[256], buf[4096];
 	size_t n = 0;
 
@@ -573,21 +582,7 @@ gpx_export_remote(gpx_conn *c, gpx_region region, const char *name, const struct
 			list[n++] = s;
 		}
 	}
-	e.region = region;
-	e.name = (char *)name;
-	if (o != NULL) {
-		e.rule = (Gpx__ExportRule)o->rule;
-		e.gid = o->gid;
-		e.read_only = o->read_only != 0;
-		e.notify = o->notify != 0;
-		e.notify_tag = o->notify_tag;
-	}
-	e.remote = true;
-	e.peers = list;
-	e.n_peers = n;
-	m.body_case = GPX__CLIENT_MSG__BODY_EXPORT;
-	m.export = &e;
-	return rpc(c, &m, NULL, 0, NULL, NULL, NULL);
+	return export(c, region, name, o, true, list, n);
 }
 
 API int

@@ -80,14 +80,15 @@ seg_refused(struct conn *c, uint32_t i, const struct gpx_wire_seg *g, const stru
 }
 
 /*
- * The segment area's fast path: one pass that reads each record of the shared area once into
- * registers, checks it, and stores it into the job's private array with its running byte count.
+ * One pass over n segment records: each is read once into registers, checked against both
+ * regions, stored into the job's private array and counted into ends[].  `in` is the shared
+ * segment area (so nothing the client writes later can change what was checked) or the job's
+ * own array already filled from a memfd or the message.
  */
 static int
-take_area(struct job *j, const unsigned char *table, const struct region *src, const struct region *dst,
-    struct conn *c, char *err, size_t errlen)
+check_segs(struct job *j, const struct gpx_wire_seg *in, const struct region *src,
+    const struct region *dst, struct conn *c, char *err, size_t errlen)
 {
-	const struct gpx_wire_seg *in = (const struct gpx_wire_seg *)table;
 	const uint64_t slen = src->length, dlen = dst->length;
 	struct gpx_wire_seg *out = j->segs;
 	uint64_t total = 0, bad = 0;
@@ -118,19 +119,15 @@ take_area(struct job *j, const unsigned char *table, const struct region *src, c
 	return 0;
 }
 
-/*
- * Copies n segments in from wherever they are, checking each against both regions as it goes
- * and recording the running byte count (ends[]) the engine cuts chunks with.  Every field is
- * read once into private memory before it is checked: the area and a memfd stay writable by
- * the client, so nothing is read twice.
- */
+/* Takes n segments in from the segment area, a memfd or the message, and checks them. */
 static int
 take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int fd,
     const struct region *src, const struct region *dst, struct conn *c, char *err, size_t errlen)
 {
-	uint64_t total = 0;
 	uint32_t n = j->nseg;
 
+	if (table != NULL)
+		return check_segs(j, (const struct gpx_wire_seg *)table, src, dst, c, err, errlen);
 	if (fd >= 0) {
 		size_t want = (size_t)n * sizeof(*j->segs);
 		for (size_t got = 0; got < want;) {
@@ -141,27 +138,13 @@ take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int
 			}
 			got += k;
 		}
-	}
-	if (table != NULL)
-		return take_area(j, table, src, dst, c, err, errlen);
-	if (fd < 0)
+	} else
 		for (uint32_t i = 0; i < n; i++) {
 			j->segs[i].src_offset = t->segments[i]->src_offset;
 			j->segs[i].dst_offset = t->segments[i]->dst_offset;
 			j->segs[i].length = t->segments[i]->length;
 		}
-	/* Only the private copy is checked, so what the client writes now changes nothing. */
-	const uint64_t slen = src->length, dlen = dst->length;
-	for (uint32_t i = 0; i < n; i++) {
-		const struct gpx_wire_seg g = j->segs[i];
-		if (!inside(g.src_offset, g.length, slen) || !inside(g.dst_offset, g.length, dlen) ||
-		    total + g.length < total)
-			return seg_refused(c, i, &g, src, dst, err, errlen);
-		total += g.length;
-		j->ends[i] = total;
-	}
-	j->total = total;
-	return 0;
+	return check_segs(j, j->segs, src, dst, c, err, errlen);
 }
 
 /* Maps the client's segment area read-only, replacing the previous one. */

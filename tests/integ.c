@@ -35,6 +35,7 @@
 #include "proto/ring.h"
 #include "tests/harness.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 #define WAIT_MS 30000          /* a hang, not a slow machine, is what this limit catches */
 #define NCLIENTS 4
@@ -44,17 +45,6 @@
 static struct harness H;
 
 /* ---- small tools ---- */
-
-static uint64_t
-fnv(const void *p, size_t n)
-{
-	const unsigned char *b = p;
-	uint64_t h = 0xcbf29ce484222325ULL;
-
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ b[i]) * 0x100000001b3ULL;
-	return h;
-}
 
 static uint64_t
 rnd(uint64_t *s)

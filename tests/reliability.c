@@ -31,18 +31,10 @@
 #include "proto/ring.h"
 #include "tests/harness.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 static struct harness H;
 static double scale = 1;
-
-static double
-now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 struct hbuf {
 	int fd;

@@ -22,17 +22,9 @@
 #include "client-lib/gpx.h"
 #include "tests/harness.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 static struct harness H;
-
-static double
-now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static long
 rss_kib(pid_t pid)

@@ -26,42 +26,10 @@
 
 #include "client-lib/gpx.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 #define SZ (8u << 20)
 #define CTL 4096
-
-static double
-now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static uint64_t
-fnv(const void *p, size_t n)
-{
-	const unsigned char *b = p;
-	uint64_t h = 0xcbf29ce484222325ULL;
-
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ b[i]) * 0x100000001b3ULL;
-	return h;
-}
-
-static void
-fill(void *p, size_t n, unsigned seed)
-{
-	uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
-
-	for (size_t i = 0; i < n; i += 8) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		memcpy((char *)p + i, &x, n - i < 8 ? n - i : 8);
-	}
-}
 
 /* ---- node A ---- */
 
