@@ -200,12 +200,13 @@ harness_wait_eof(int sock, int timeout_ms)
 }
 
 /* One Q_STATUS round trip on an established query-only connection: the client count, or -1. */
+/* The daemon's status counts over a welcomed query connection; 0 or -1. */
 static int
-status_clients(int sock)
+status_read(int sock, struct harness_status *st)
 {
 	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
 	Gpx__Query q = GPX__QUERY__INIT;
-	int n = -1;
+	int r = -1;
 
 	q.what = GPX__QUERY_WHAT__Q_STATUS;
 	m.seq = 2;
@@ -213,13 +214,27 @@ status_clients(int sock)
 	m.query = &q;
 	if (harness_send(sock, &m, NULL, 0) < 0)
 		return -1;
-	Gpx__DaemonMsg *r = harness_recv(sock, 20000, NULL, NULL, NULL);
-	if (r != NULL && r->reply->status == 0 && r->reply->body_case == GPX__REPLY__BODY_QUERY &&
-	    r->reply->query->status != NULL)
-		n = (int)r->reply->query->status->clients;
-	if (r != NULL)
-		gpx__daemon_msg__free_unpacked(r, NULL);
-	return n;
+	Gpx__DaemonMsg *d = harness_recv(sock, 20000, NULL, NULL, NULL);
+	if (d != NULL && d->reply->status == 0 && d->reply->body_case == GPX__REPLY__BODY_QUERY &&
+	    d->reply->query->status != NULL) {
+		const Gpx__DaemonStatus *s = d->reply->query->status;
+		st->clients = (int)s->clients;
+		st->regions = (int)s->regions;
+		st->exports = (int)s->exports;
+		st->inflight = (int)s->inflight;
+		r = 0;
+	}
+	if (d != NULL)
+		gpx__daemon_msg__free_unpacked(d, NULL);
+	return r;
+}
+
+static int
+status_clients(int sock)
+{
+	struct harness_status st;
+
+	return status_read(sock, &st) == 0 ? st.clients : -1;
 }
 
 /* A query-only connection that has been welcomed, or -1. */
@@ -239,6 +254,19 @@ query_conn(const struct harness *h)
 		return -1;
 	}
 	return s;
+}
+
+int
+harness_status(const struct harness *h, struct harness_status *st)
+{
+	int s = query_conn(h);
+	int r;
+
+	if (s < 0)
+		return -1;
+	r = status_read(s, st);
+	close(s);
+	return r;
 }
 
 int

@@ -71,6 +71,15 @@ Gpx__DaemonMsg *harness_recv(int sock, int timeout_ms, int *fds, int *nfds, bool
  * or refusal); the ring memfd of a Welcome lands in *ring_fd (may be NULL: then it is closed).
  */
 Gpx__DaemonMsg *harness_hello(int sock, uint32_t version, int efd, int *ring_fd);
+/* What the daemon's status counts (the asking connection is one of the clients). */
+struct harness_status {
+	int clients;
+	int regions;
+	int exports;
+	int inflight;
+};
+/* Asks for the daemon's status on a fresh query-only connection; 0 or -1. */
+int harness_status(const struct harness *h, struct harness_status *st);
 /* Asks for the daemon's status on a fresh query-only connection: clients connected, or -1. */
 int harness_clients(const struct harness *h);
 /* Waits up to timeout_ms for the daemon to close the connection (recv returns 0). */

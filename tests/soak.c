@@ -189,29 +189,13 @@ main(int argc, char **argv)
 		usleep(10000);
 	ok(n == clients0, "no client left connected (%d besides the asking one)", n - clients0);
 	/* Regions, exports and transfers in flight, from the daemon's own status. */
-	gpx_conn *q;
-	struct gpx_connect_opts qo = { .socket = H.sock, .eventfd = -1, .no_ring = 1 };
-	int regions = -1, exports = -1, inflight = -1;
-	if (gpx_connect_opts(&qo, &q) == 0) {
-		void *buf;
-		size_t len;
-		for (int i = 0; i < 300; i++) {
-			if (gpx_query(q, GPX_Q_STATUS, &buf, &len) < 0)
-				break;
-			Gpx__QueryReply *r = gpx__query_reply__unpack(NULL, len, buf);
-			free(buf);
-			if (r != NULL && r->status != NULL) {
-				regions = r->status->regions;
-				exports = r->status->exports;
-				inflight = r->status->inflight;
-			}
-			gpx__query_reply__free_unpacked(r, NULL);
-			if (regions == 0 && exports == 0 && inflight == 0)
-				break;
-			usleep(10000);
-		}
-		gpx_close(q);
+	struct harness_status st = { -1, -1, -1, -1 };
+	for (int i = 0; i < 300; i++) {
+		if (harness_status(&H, &st) < 0 || (st.regions == 0 && st.exports == 0 && st.inflight == 0))
+			break;
+		usleep(10000);
 	}
+	int regions = st.regions, exports = st.exports, inflight = st.inflight;
 	ok(regions == 0 && exports == 0 && inflight == 0,
 	    "no region, export or transfer left (%d, %d, %d)", regions, exports, inflight);
 	int fds = harness_wait_fds(&H, fds0, 5000);

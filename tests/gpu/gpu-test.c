@@ -396,26 +396,13 @@ wait_line(FILE *f, const char *want)
 	return false;
 }
 
+/* Regions the test's daemon holds (over a connection of its own), or -1. */
 static int
-regions_now(const char *sock)
+regions_now(void)
 {
-	gpx_conn *q;
-	struct gpx_connect_opts o = { .socket = sock, .eventfd = -1, .no_ring = 1 };
-	void *buf;
-	size_t len;
-	int n = -1;
+	struct harness_status st;
 
-	if (gpx_connect_opts(&o, &q) < 0)
-		return -1;
-	if (gpx_query(q, GPX_Q_STATUS, &buf, &len) == 0) {
-		Gpx__QueryReply *r = gpx__query_reply__unpack(NULL, len, buf);
-		if (r != NULL && r->status != NULL)
-			n = r->status->regions;
-		gpx__query_reply__free_unpacked(r, NULL);
-		free(buf);
-	}
-	gpx_close(q);
-	return n;
+	return harness_status(the_harness, &st) == 0 ? st.regions : -1;
 }
 
 static void
@@ -463,7 +450,7 @@ test_client_dies(const char *self, const char *sock, gpx_conn *c, struct buf *a,
 	snprintf(devs, sizeof(devs), "%d", dev);
 	char *argv[] = { (char *)self, "victim", (char *)sock, devs, NULL };
 	FILE *out, *in;
-	int before = regions_now(sock);
+	int before = regions_now();
 	size_t free0, free1, total;
 	CK(cuCtxSetCurrent(ctx[dev]));
 	CK(cuMemGetInfo(&free0, &total));
@@ -479,7 +466,7 @@ test_client_dies(const char *self, const char *sock, gpx_conn *c, struct buf *a,
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	int n;
 	do {
-		n = regions_now(sock);
+		n = regions_now();
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 	} while (n != before && (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000 < 3000);
 	double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
@@ -584,7 +571,7 @@ test_forged(struct harness *h)
 	CUdeviceptr real;
 	CUipcMemHandle ih;
 	uint8_t hb[64];
-	int fds0 = harness_fds(h), before = regions_now(h->sock), errors = 0, opened = 0;
+	int fds0 = harness_fds(h), before = regions_now(), errors = 0, opened = 0;
 	int sock = harness_connect(h), efd = eventfd(0, EFD_CLOEXEC), ring = -1;
 
 	CK(cuDeviceGet(&d0, 0));
@@ -637,7 +624,7 @@ test_forged(struct harness *h)
 	if (ring >= 0)
 		close(ring);
 	cuMemFree(real);
-	int k = regions_now(h->sock);
+	int k = regions_now();
 	ok(k == before, "no region left behind (%d, before %d)", k, before);
 	ok(harness_wait_fds(h, fds0, 5000) == fds0, "gpxd's descriptors back to %d", fds0);
 }
