@@ -58,6 +58,9 @@ struct area {
 	uint64_t used;             /* Transfers sent that used the area */
 	struct area_use *q;        /* FIFO of those not yet known to be consumed */
 	size_t qhead, qn, qcap;
+	/* gpx_segs_reserve: room at position resv for resv_n segments, until the next transfer */
+	uint64_t resv;
+	size_t resv_n;
 };
 
 #define AREA_MIN (2u << 20)
@@ -684,12 +687,11 @@ area_reclaim(gpx_conn *c)
 		a->tail = a->head;
 }
 
-/* Copies segs into the area; *off is where they start.  Waits briefly if the area is full. */
+/* Finds room for need bytes (a list never wraps): its position.  Waits briefly if the area is full. */
 static int
-area_put(gpx_conn *c, const struct gpx_seg *segs, size_t n, uint64_t *off)
+area_room(gpx_conn *c, size_t need, uint64_t *at)
 {
 	struct area *a = &c->area;
-	size_t need = n * sizeof(*segs);
 	int r;
 
 	if (a->p == NULL || need > a->len / 2) {
@@ -700,11 +702,9 @@ area_put(gpx_conn *c, const struct gpx_seg *segs, size_t n, uint64_t *off)
 		area_reclaim(c);
 		uint64_t pos = a->head;
 		if (pos % a->len + need > a->len)
-			pos += a->len - pos % a->len;           /* a list never wraps */
+			pos += a->len - pos % a->len;
 		if (pos + need - a->tail <= a->len) {
-			memcpy(a->p + pos % a->len, segs, need);
-			*off = pos % a->len;
-			a->head = pos + need;
+			*at = pos;
 			return 0;
 		}
 		/* The daemon copies lists out as it reads the socket: it is never long. */
@@ -712,6 +712,41 @@ area_put(gpx_conn *c, const struct gpx_seg *segs, size_t n, uint64_t *off)
 			return set_err(c, GPX_EBUSY, "the segment area stays full");
 		sched_yield();
 	}
+}
+
+/* Whether segs points into the segment area (a reserved list, or a stale pointer to one). */
+static bool
+in_area(const gpx_conn *c, const struct gpx_seg *segs)
+{
+	uintptr_t p = (uintptr_t)segs, base = (uintptr_t)c->area.p;
+
+	return c->area.p != NULL && p >= base && p < base + c->area.len;
+}
+
+/*
+ * Puts segs into the area, *off is where they start: a list written in place in the room of
+ * gpx_segs_reserve stays where it is, anything else is copied in.
+ */
+static int
+area_put(gpx_conn *c, const struct gpx_seg *segs, size_t n, uint64_t *off)
+{
+	struct area *a = &c->area;
+	size_t need = n * sizeof(*segs);
+	uint64_t pos;
+	int r;
+
+	if (in_area(c, segs)) {
+		if (a->resv_n == 0 || (const unsigned char *)segs != a->p + a->resv % a->len || n > a->resv_n)
+			return set_err(c, GPX_EINVAL, "a list in the segment area outside the room reserved for it");
+		pos = a->resv;
+	} else {
+		if ((r = area_room(c, need, &pos)) < 0)
+			return r;
+		memcpy(a->p + pos % a->len, segs, need);
+	}
+	*off = pos % a->len;
+	a->head = pos + need;
+	return 0;
 }
 
 /* Records the list just sent, to be freed once the daemon reports it consumed. */
@@ -785,7 +820,10 @@ submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, 
 		return set_err(c, GPX_EINVAL, "segment count out of range");
 	if (c->outstanding >= c->entries)
 		return set_err(c, GPX_EBUSY, "no credit left: collect completions first");
+	/* A reserved list goes as it lies in the area; the room is given up with this transfer. */
+	bool in_place = n > 1 && in_area(c, segs);
 	if (n == 1 && (r = sq_put(c, src, dst, segs, tag)) <= 0) {
+		c->area.resv_n = 0;
 		if (r == 0)
 			c->outstanding++;
 		return r;
@@ -799,7 +837,7 @@ submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, 
 		one.length = segs[0].length;
 		t.n_segments = 1;
 		t.segments = &onep;
-	} else if (n <= AREA_INLINE_MAX) {
+	} else if (n <= AREA_INLINE_MAX && !in_place) {
 		arr = malloc(n * sizeof(*arr));
 		ptrs = malloc(n * sizeof(*ptrs));
 		if (arr == NULL || ptrs == NULL) {
@@ -819,11 +857,14 @@ submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, 
 	} else {
 		/* Longer lists are written into the segment area the daemon copies them out of. */
 		uint64_t off;
-		if ((r = area_put(c, segs, n, &off)) < 0)
+		if ((r = area_put(c, segs, n, &off)) < 0) {
+			c->area.resv_n = 0;
 			return r;
+		}
 		t.seg_count = n;
 		t.area_offset = off;
 	}
+	c->area.resv_n = 0;        /* any transfer ends a reservation */
 	m.seq = next_seq(c);
 	m.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
 	m.transfer = &t;
@@ -852,6 +893,28 @@ API int
 gpx_copyv(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, size_t n, uint64_t tag)
 {
 	return submit(c, src, dst, segs, n, tag);
+}
+
+API int
+gpx_segs_reserve(gpx_conn *c, size_t n, struct gpx_seg **out)
+{
+	uint64_t pos;
+	int r;
+
+	*out = NULL;
+	if (c->ring == NULL)
+		return set_err(c, GPX_EINVAL, "this connection has no completion ring");
+	if (c->dead)
+		return set_err(c, GPX_ECONN, "the connection to gpxd was lost");
+	if (n == 0 || n > c->max_segs)
+		return set_err(c, GPX_EINVAL, "segment count out of range");
+	c->area.resv_n = 0;
+	if ((r = area_room(c, n * sizeof(**out), &pos)) < 0)
+		return r;
+	c->area.resv = pos;
+	c->area.resv_n = n;
+	*out = (struct gpx_seg *)(c->area.p + pos % c->area.len);
+	return 0;
 }
 
 API int

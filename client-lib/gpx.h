@@ -143,6 +143,14 @@ int gpx_copy(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint
     uint64_t len, uint64_t tag);
 int gpx_copyv(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, size_t n,
     uint64_t tag);
+/*
+ * Room for n segments in the connection's segment area, the shared memory that long lists go
+ * to the daemon in.  A list written there and given to gpx_copyv as it lies (segs = *out, at
+ * most n segments) is not copied again: for tens of thousands of pages, one pass over the list
+ * fewer.  The room is the caller's until the next transfer submitted on c; leave the list
+ * alone once it is submitted.  (GPXCLIENT_0.3)
+ */
+int gpx_segs_reserve(gpx_conn *c, size_t n, struct gpx_seg **out);
 int gpx_cancel(gpx_conn *c, uint64_t tag);
 /* Blocking: submits and waits for this transfer's own completion; returns its status. */
 int gpx_copy_sync(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,

@@ -159,6 +159,24 @@ engine_submit(struct job *j)
 		fabric_kick();      /* the fabric takes chunks on the loop thread, not a worker */
 }
 
+/*
+ * Bytes of j's segments before segment i, knowing those before segment `from` (from <= i): from
+ * the nearer of `from` and the start of i's block, so at most SEG_BLOCK - 1 lengths are added.
+ */
+static uint64_t
+seg_start(const struct job *j, uint32_t i, uint32_t from, uint64_t at)
+{
+	uint32_t b = i / SEG_BLOCK;
+
+	if (b * SEG_BLOCK > from) {
+		from = b * SEG_BLOCK;
+		at = j->blocks[b - 1];
+	}
+	for (; from < i; from++)
+		at += j->segs[from].length;
+	return at;
+}
+
 bool
 engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, uint32_t max_segs)
 {
@@ -177,43 +195,47 @@ engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_by
 	j = TAILQ_FIRST(&q->jobs);
 	if (j->t_start == 0)
 		j->t_start = now_s();
+	/* A chunk starts on a byte: zero-length segments are passed over (a queued job has bytes left). */
+	while (j->cur_off == 0 && j->segs[j->cur_seg].length == 0)
+		j->cur_seg++;
 	c->job = j;
 	c->seg = j->cur_seg;
 	c->off = j->cur_off;
-	c->bytes = 0;
 	/*
-	 * Cut up to max_bytes in at most max_segs pieces.  The job's running byte counts (ends[])
-	 * make this a binary search, so a request of 65,536 segments costs nothing per segment here.
+	 * Cut up to max_bytes from at most max_segs segments.  The running byte counts of every
+	 * SEG_BLOCK segments (blocks[]) make this a binary search plus a walk through one block, so
+	 * a request of 65,536 segments costs nothing per segment here.
 	 */
-	uint64_t start = (j->cur_seg ? j->ends[j->cur_seg - 1] : 0) + j->cur_off;
-	uint32_t last = j->nseg - j->cur_seg > max_segs ? j->cur_seg + max_segs - 1 : j->nseg - 1;
-	uint64_t end = j->ends[last];
+	uint64_t start = j->handed, base = start - j->cur_off;   /* base: bytes before cur_seg */
+	uint32_t last = j->nseg - j->cur_seg > max_segs ? j->cur_seg + max_segs : j->nseg;
+	uint64_t end = last == j->nseg ? j->total : seg_start(j, last, j->cur_seg, base);
 	if (end - start > max_bytes)
 		end = start + max_bytes;
-	uint32_t lo = j->cur_seg, hi = last;      /* first segment whose end reaches `end` */
+	uint32_t lo = j->cur_seg / SEG_BLOCK, hi = (last - 1) / SEG_BLOCK;   /* first block reaching end */
 	while (lo < hi) {
 		uint32_t mid = lo + (hi - lo) / 2;
-		if (j->ends[mid] < end)
+		if (j->blocks[mid] < end)
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
+	uint32_t s = lo * SEG_BLOCK > j->cur_seg ? lo * SEG_BLOCK : j->cur_seg;
+	uint64_t at = seg_start(j, s, j->cur_seg, base);    /* then the segment in it where end falls */
+	while (at + j->segs[s].length < end)
+		at += j->segs[s++].length;
 	c->bytes = end - start;
-	c->pieces = lo - j->cur_seg + 1;
-	if (end == j->ends[lo]) {
-		j->cur_seg = lo + 1;
+	j->handed = end;
+	c->pieces = s - j->cur_seg + 1;
+	if (end == at + j->segs[s].length) {
+		j->cur_seg = s + 1;
 		j->cur_off = 0;
 	} else {
-		j->cur_seg = lo;
-		j->cur_off = end - (lo ? j->ends[lo - 1] : 0);
+		j->cur_seg = s;
+		j->cur_off = end - at;
 	}
-	/* Skip zero-length segments so that a job is handed out exactly when its bytes are. */
-	while (j->cur_seg < j->nseg && j->ends[j->cur_seg] == end && j->cur_off == 0 &&
-	    (j->cur_seg ? j->ends[j->cur_seg - 1] : 0) == end)
-		j->cur_seg++;
 	j->chunks_out++;
 	TAILQ_REMOVE(&q->jobs, j, qe);
-	if (j->cur_seg == j->nseg)
+	if (end == j->total)
 		j->handed_out = true;
 	else
 		TAILQ_INSERT_TAIL(&q->jobs, j, qe);     /* round-robin between a client's jobs */
@@ -254,8 +276,9 @@ job_finish(struct job *j)
 	if (log_level_debug()) {
 		double t = now_s();
 		log_debug("engine", "client %llu tag %llu: %u segments, %llu bytes on %s, status %d; "
-		    "queued %.1f us, ran %.1f us", (unsigned long long)j->client, (unsigned long long)j->tag,
-		    j->nseg, (unsigned long long)j->done, path_names[j->path], status,
+		    "checked %.1f us, queued %.1f us, ran %.1f us", (unsigned long long)j->client,
+		    (unsigned long long)j->tag, j->nseg, (unsigned long long)j->done, path_names[j->path],
+		    status, j->t_build ? (j->t_submit - j->t_build) * 1e6 : 0,
 		    j->t_start ? (j->t_start - j->t_submit) * 1e6 : 0, j->t_start ? (t - j->t_start) * 1e6 : 0);
 	}
 	atomic_fetch_add(&p->transfers, 1);

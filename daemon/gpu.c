@@ -445,20 +445,28 @@ issue(struct gdev *g, struct chunk *c)
 		dst = j->dst->dev == DEV_HOST ? dst : j->dst->dptr;
 	}
 	if (kernel) {
+		/*
+		 * The chunk's segments whole, then trimmed to the chunk: it starts c->off into the
+		 * first and ends in the last (the engine counts the pieces up to the one holding the
+		 * chunk's last byte).  No per-segment branch; for the first chunk of a request this
+		 * loop stands between the daemon's check and the first byte moving.
+		 */
 		struct gpu_kseg *k = g->kstage[slot];
-		uint32_t n = 0;
-		for (uint32_t i = c->seg; left > 0; i++, off = 0) {
-			const struct gpx_wire_seg *w = &j->segs[i];
-			uint64_t len = w->length - off < left ? w->length - off : left;
-			k[n].src = src + w->src_offset + off;
-			k[n].dst = dst + w->dst_offset + off;
-			k[n].len = len;
-			n++;
-			left -= len;
+		const struct gpx_wire_seg *w = &j->segs[c->seg];
+		uint64_t whole = 0;
+		for (uint32_t i = 0; i < pieces; i++) {
+			/* j->segs was just written by the loop thread's core: ask for it ahead */
+			__builtin_prefetch((const void *)((uintptr_t)&w[i] + 2048));
+			k[i] = (struct gpu_kseg){ src + w[i].src_offset, dst + w[i].dst_offset, w[i].length };
+			whole += w[i].length;
 		}
-		r = cuda_htod(g->stream[s], g->kdev[slot], k, n * sizeof(*k));
+		k[0].src += c->off;
+		k[0].dst += c->off;
+		k[0].len -= c->off;
+		k[pieces - 1].len -= whole - c->off - c->bytes;
+		r = cuda_htod(g->stream[s], g->kdev[slot], k, pieces * sizeof(*k));
 		if (r == 0)
-			r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], n, cfg->sm_copy_blocks);
+			r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], pieces, cfg->sm_copy_blocks);
 	} else {
 		for (uint32_t i = c->seg; left > 0 && r == 0; i++, off = 0) {
 			const struct gpx_wire_seg *w = &j->segs[i];
@@ -551,7 +559,10 @@ gpu_worker(void *arg)
 			idle_since = mono_ns();
 		}
 		if (progress) {
+			/* A completion counts as activity too: a long job just ended, and its client's
+			 * next request is likely on its way; sleeping now would make it pay a wake-up. */
 			stuck_since = 0;
+			idle_since = mono_ns();
 			continue;
 		}
 		if (pending == 0) {

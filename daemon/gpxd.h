@@ -237,6 +237,7 @@ void cq_set_broken_hook(void (*)(struct cq *));
 void cq_signal_init(void);       /* installs the doorbell timeout's signal handler */
 
 /* ---- engine.c: transfer jobs, per-path queues, copy workers, round-robin ---- */
+#define SEG_BLOCK 64                 /* segments per entry of job.blocks */
 struct job {
 	TAILQ_ENTRY(job) qe;         /* in its client's queue on its path */
 	TAILQ_ENTRY(job) ae;         /* in the engine's list of live jobs */
@@ -247,18 +248,21 @@ struct job {
 	uint32_t flags;
 	struct region *src, *dst;    /* mapping users held until the job ends */
 	struct gpx_wire_seg *segs;
-	uint64_t *ends;              /* ends[i]: bytes of segments 0..i, for O(log n) chunking */
+	uint64_t *blocks;            /* blocks[k]: bytes of the segments before (k + 1) * SEG_BLOCK
+	                              * (of all, for the last block): chunking in O(log n) */
 	uint32_t nseg;
 	uint64_t total;
 	enum path_kind path;
 	/* scheduling state, under the engine lock */
 	uint32_t cur_seg;
 	uint64_t cur_off;
+	uint64_t handed;             /* bytes given to workers: where the next chunk starts */
 	int chunks_out;
 	bool handed_out;             /* every byte given to a worker */
 	bool cancelled;
 	bool failed;
 	uint64_t done;
+	double t_build;              /* when xfer_build began (with debug logging only) */
 	double t_submit;
 	double t_start;              /* when a worker took its first chunk */
 	void *priv;                  /* back end state */

@@ -8,6 +8,8 @@
  *   small  4 KiB transfers: rate and p50/p99 latency one at a time (blocking on the eventfd,
  *          and polling the completion ring) and pipelined; vectored requests of 1,024 and
  *          65,536 scattered 4 KiB segments
+ *   segs   the CPU work of one vectored request of 1,024 and 65,536 scattered 4 KiB segments,
+ *          before its first byte moves and until it completes
  *
  * Other files add modes through BENCH_MODES (tests/bench.h); the timing, tables, buffers and
  * the --spawn daemon live in tests/bench.c.
@@ -19,6 +21,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -515,9 +518,220 @@ out:
 	return ret;
 }
 
+/*
+ * ==== segs: the CPU work of one vectored request before its first byte moves ====
+ *
+ * Every segment of a request is checked before any of it is copied, so for scattered pages the
+ * client's and the daemon's work per segment stands in front of the copy (on a GPU, in front of
+ * the copy kernel).  Requests are timed from their start to three points: gpx_copyv returned
+ * (the list is in the segment area and the request sent); the first byte of the first segment
+ * arrived (the daemon took the list, checked it and made the job: this client watches a word of
+ * that page, set to something else before); the completion seen.  The same list with every
+ * length 0 moves nothing, so its whole request is that CPU work alone, without copy threads
+ * competing for the cores.
+ */
+struct segs_arg {
+	struct bench_ctx *b;
+	struct bench_buf *src, *dst;
+	struct gpx_seg *segs;
+	uint32_t *ps, *pd;          /* the pages the list names, for building it per request */
+	size_t nseg;
+};
+
+/* Stage times of one kind of request, pooled over the runs; microseconds. */
+struct stages {
+	double *submit, *first, *done;
+	size_t n, cap;
+};
+
+enum segs_kind { SEGS_PREPARED, SEGS_BUILT, SEGS_IN_PLACE, SEGS_KINDS };
+
+/* The list as an application makes it for each request: pages from its own tables. */
+static void
+segs_build(const struct segs_arg *a, struct gpx_seg *out, uint64_t len)
+{
+	for (size_t i = 0; i < a->nseg; i++)
+		out[i] = (struct gpx_seg){ a->ps[i] * PAGE, a->pd[i] * PAGE, len };
+}
+
+/*
+ * One request of segments of len bytes (0 or PAGE), timed.  Its list was made before, or is
+ * made in the request into memory of this process, or into the segment area (gpx_segs_reserve).
+ */
+static int
+segs_one(struct segs_arg *a, enum segs_kind kind, uint64_t len, struct stages *st)
+{
+	volatile uint64_t *first = (volatile uint64_t *)(a->dst->ptr + a->pd[0] * PAGE);
+	const uint64_t want = *(const uint64_t *)(a->src->ptr + a->ps[0] * PAGE);
+	struct gpx_seg *list = a->segs;
+	struct gpx_completion c;
+	int r;
+
+	*first = len > 0 ? ~want : want;
+	uint64_t t0 = bench_now_ns();
+	if (kind == SEGS_IN_PLACE && (r = gpx_segs_reserve(a->b->conn, a->nseg, &list)) < 0)
+		return r;
+	if (kind != SEGS_PREPARED)
+		segs_build(a, list, len);
+	if ((r = gpx_copyv(a->b->conn, a->src->region, a->dst->region, list, a->nseg, 3)) < 0)
+		return r;
+	uint64_t t1 = bench_now_ns();
+	/* Yielding: on a small machine the daemon's threads need this core too. */
+	while (*first != want && bench_now_ns() - t1 < 5000000000ull)
+		sched_yield();
+	uint64_t t2 = bench_now_ns();
+	if ((r = gpx_wait_tag(a->b->conn, 3, &c, -1)) < 0)
+		return r;
+	if (c.status < 0)
+		return c.status;
+	uint64_t t3 = bench_now_ns();
+	if (*first != want)
+		return -GPX_EIO;
+	if (st->n < st->cap) {
+		st->submit[st->n] = (t1 - t0) / 1e3;
+		st->first[st->n] = (t2 - t0) / 1e3;
+		st->done[st->n] = (t3 - t0) / 1e3;
+		st->n++;
+	}
+	return 0;
+}
+
+static int
+segs_stages_init(struct stages *st, size_t cap)
+{
+	st->n = 0;
+	st->cap = cap;
+	st->submit = malloc(cap * sizeof(double));
+	st->first = malloc(cap * sizeof(double));
+	st->done = malloc(cap * sizeof(double));
+	return st->submit && st->first && st->done ? 0 : -GPX_ENOMEM;
+}
+
+static void
+segs_stages_free(struct stages *st)
+{
+	free(st->submit);
+	free(st->first);
+	free(st->done);
+}
+
+static int
+segs_count(struct segs_arg *a, size_t nseg)
+{
+	static const char *how[SEGS_KINDS] = { "list prepared", "built per request", "built in the area" };
+	struct bench_ctx *b = a->b;
+	struct stages st[2][SEGS_KINDS] = { { { 0 } } };     /* [len > 0][kind] */
+	struct bench_pair p = { 0 };
+	char what[64];
+	int r = -1;
+
+	a->nseg = nseg;
+	a->segs = malloc(nseg * sizeof(*a->segs));
+	a->ps = malloc(nseg * sizeof(*a->ps));
+	a->pd = malloc(nseg * sizeof(*a->pd));
+	for (int l = 0; l < 2; l++)
+		for (int k = 0; k < SEGS_KINDS; k++)
+			if (segs_stages_init(&st[l][k], 1 << 16) < 0)
+				a->nseg = 0;
+	if (a->segs == NULL || a->ps == NULL || a->pd == NULL || a->nseg == 0) {
+		bench_fail(b, -GPX_ENOMEM, "segment list");
+		goto out;
+	}
+	shuffle(a->ps, nseg, 0x1234567 + nseg);
+	shuffle(a->pd, nseg, 0x7654321 + nseg);
+	segs_build(a, a->segs, PAGE);
+	/* The in-process copy of the same pages, for the whole request's row. */
+	struct small_arg sa = { .b = b, .src = a->src, .dst = a->dst, .segs = a->segs, .nseg = nseg };
+	if ((r = vec_gpx(&sa)) < 0 || (r = bench_pair_measure(b, vec_direct, vec_gpx, &sa, &p)) < 0) {
+		r = bench_fail(b, r, "vectored copy");
+		goto out;
+	}
+	for (int run = 0; run < b->runs; run++)
+		for (int l = 1; l >= 0; l--)
+			for (int k = 0; k < SEGS_KINDS; k++) {
+				double t0 = bench_now();
+				segs_build(a, a->segs, l ? PAGE : 0);
+				do {
+					if ((r = segs_one(a, k, l ? PAGE : 0, &st[l][k])) < 0) {
+						r = bench_fail(b, r, "vectored copy");
+						goto out;
+					}
+				} while (bench_now() - t0 < b->min_time);
+			}
+	for (int l = 1; l >= 0; l--)
+		for (int k = 0; k < SEGS_KINDS; k++) {
+			struct stages *s = &st[l][k];
+			snprintf(what, sizeof(what), "%zu x %s, %s", nseg, l ? "4 KiB" : "0 B", how[k]);
+			struct bench_row rows[] = {
+				{ .what = what, .metric = "submit us", .direct = NAN,
+				    .gpx = bench_median(s->submit, s->n), .lower_is_better = true },
+				{ .what = what, .metric = "first byte us", .direct = NAN,
+				    .gpx = bench_median(s->first, s->n), .lower_is_better = true },
+				{ .what = what, .metric = "request us", .direct = l ? p.direct * 1e6 : NAN,
+				    .gpx = bench_median(s->done, s->n), .lower_is_better = true,
+				    .bytes = l ? nseg * PAGE : 0 },
+			};
+			for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+				if (l || i != 1)         /* nothing arrives from segments of 0 bytes */
+					bench_table_row(b, &rows[i]);
+		}
+	r = 0;
+out:
+	bench_pair_free(&p);
+	for (int l = 0; l < 2; l++)
+		for (int k = 0; k < SEGS_KINDS; k++)
+			segs_stages_free(&st[l][k]);
+	free(a->segs);
+	free(a->ps);
+	free(a->pd);
+	a->segs = NULL;
+	a->ps = a->pd = NULL;
+	return r;
+}
+
+static int
+mode_segs(struct bench_ctx *b)
+{
+	static const size_t counts[] = { 1024, 65536 };
+	struct bench_buf src = { .fd = -1 }, dst = { .fd = -1 };
+	uint64_t len = b->max_size < 256 * MiB ? b->max_size & ~(PAGE - 1) : 256 * MiB;
+	char s[32];
+	int ret = 0;
+
+	if (len < counts[0] * PAGE) {
+		bench_skip(b, "segs", "--max-size is below 4 MiB");
+		return BENCH_SKIP;
+	}
+	if (bench_buf_new(b, len, &src) < 0 || bench_buf_new(b, len, &dst) < 0) {
+		bench_buf_free(b, &src);
+		return -1;
+	}
+	bench_fill(src.ptr, len, 3);
+	bench_table_begin(b, "segs", "the CPU work of one vectored request: microseconds from its "
+	    "start (medians)");
+	for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+		struct segs_arg a = { .b = b, .src = &src, .dst = &dst };
+		if (counts[i] * PAGE > len) {
+			fprintf(stderr, "gpx-bench: segs: %zu segments need buffers of %s; raise --max-size\n",
+			    counts[i], bench_size_str(counts[i] * PAGE, s, sizeof(s)));
+			continue;
+		}
+		if ((ret = segs_count(&a, counts[i])) < 0)
+			break;
+	}
+	bench_table_end(b, "submit: gpx_copyv returned; first byte: the first segment's first word "
+	    "arrived; request: completion seen (direct: memcpy of the same pages); built: the list made "
+	    "from page tables in each request, in this process's memory or in the segment area "
+	    "(gpx_segs_reserve); 0 B: the same lists with every length 0, so nothing moves");
+	bench_buf_free(b, &dst);
+	bench_buf_free(b, &src);
+	return ret;
+}
+
 static const struct bench_mode host_modes[] = {
 	{ "host", "contiguous host copies 4 KiB .. 1 GiB: memcpy vs gpx GB/s", mode_host },
 	{ "small", "4 KiB transfers: rate, p50/p99 latency, pipelined, vectored", mode_small },
+	{ "segs", "the CPU work of a vectored request, 1,024 and 65,536 segments", mode_segs },
 };
 BENCH_MODES(host_modes)
 

@@ -395,6 +395,41 @@ test_big_vector(void)
 			same = memcmp(dst.p + (size_t)i * 100, src.p + (size_t)(n - 1 - i) * 128, 100) == 0;
 		ok(same, "its %u segments carry the right bytes", n);
 	}
+
+	/* A list made in place in the segment area (gpx_segs_reserve) goes without a copy. */
+	struct gpx_seg *v = NULL;
+	memset(dst.p, 0, dst.len);
+	ok(gpx_segs_reserve(c, nseg, &v) == 0 && v != NULL, "room for %u segments in the segment area", nseg);
+	for (uint32_t i = 0; v != NULL && i < nseg; i++)
+		v[i] = (struct gpx_seg){ (uint64_t)perm[i] * seg * 2, (uint64_t)i * seg, seg };
+	ok(v != NULL && gpx_copyv(c, src.r, dst.r, v, nseg, 80) == 0 && wait_tag(c, 80, &bytes) == 0 &&
+	    bytes == (uint64_t)nseg * seg, "the list written there is accepted and completes");
+	same = true;
+	for (uint32_t i = 0; i < nseg && same; i++)
+		same = memcmp(dst.p + (size_t)i * seg, src.p + (size_t)perm[i] * seg * 2, seg) == 0;
+	ok(same, "each of its segments landed where it was sent");
+	for (uint32_t n = 2; n <= 100; n += 98) {
+		memset(dst.p, 0, 100 * seg);
+		ok(gpx_segs_reserve(c, n, &v) == 0, "room for %u segments", n);
+		for (uint32_t i = 0; i < n; i++)
+			v[i] = (struct gpx_seg){ (uint64_t)i * seg * 2, (uint64_t)i * seg, seg };
+		ok(gpx_copyv(c, src.r, dst.r, v, n - 1, 81) == 0 && wait_tag(c, 81, &bytes) == 0 &&
+		    bytes == (uint64_t)(n - 1) * seg && memcmp(dst.p, src.p, seg) == 0 &&
+		    dst.p[(n - 1) * seg] == 0, "fewer segments than reserved: only those are moved");
+	}
+	ok(gpx_segs_reserve(c, 1000, &v) == 0 && gpx_copyv(c, src.r, dst.r, v, 1001, 82) == -GPX_EINVAL,
+	    "more segments than reserved are refused by the library");
+	ok(gpx_segs_reserve(c, 1000, &v) == 0 && gpx_copy(c, src.r, 0, dst.r, 0, seg, 83) == 0 &&
+	    wait_tag(c, 83, NULL) == 0 && gpx_copyv(c, src.r, dst.r, v, 1000, 84) == -GPX_EINVAL,
+	    "another transfer ends the reservation: its room is no longer a list");
+	ok(gpx_segs_reserve(c, 0, &v) == -GPX_EINVAL && v == NULL, "no room for 0 segments");
+	/* Bad segments in a list made in place are refused by the daemon like any other. */
+	ok(gpx_segs_reserve(c, 3, &v) == 0, "room for 3 segments");
+	v[0] = (struct gpx_seg){ 0, 0, seg };
+	v[1] = (struct gpx_seg){ 0, dst.len - seg + 1, seg };
+	v[2] = (struct gpx_seg){ 0, 0, seg };
+	ok(gpx_copyv(c, src.r, dst.r, v, 3, 85) == 0 && wait_tag(c, 85, NULL) == -GPX_ERANGE,
+	    "a list made in place with a segment past the end is refused");
 	gpx_close(c);
 	buf_free(&src);
 	buf_free(&dst);
