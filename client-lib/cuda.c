@@ -2,7 +2,8 @@
  * gpx_register_cuda(): the only file of libgpxclient that includes cuda.h.  It loads the CUDA
  * driver on first use (dlopen, cuGetProcAddress), so the library works without one for host
  * memory, and describes a device pointer to the daemon: which device (by UUID), which
- * allocation (VMM export fd, or legacy IPC handle of the allocation base), and where in it.
+ * allocation (VMM export fd, pool fd plus the allocation's export data, or legacy IPC handle of
+ * the allocation base), and where in it.
  * PyTorch's caching allocator hands out interior pointers of larger cudaMalloc blocks: the base
  * and size come from cuMemGetAddressRange and the offset travels separately.
  */
@@ -23,7 +24,8 @@
 #define FUNCS(X) \
 	X(cuGetErrorName) X(cuPointerGetAttributes) X(cuDeviceGet) \
 	X(cuDeviceGetUuid) X(cuIpcGetMemHandle) X(cuMemRetainAllocationHandle) \
-	X(cuMemExportToShareableHandle) X(cuMemRelease) X(cuMemGetAllocationPropertiesFromHandle)
+	X(cuMemExportToShareableHandle) X(cuMemRelease) X(cuMemGetAllocationPropertiesFromHandle) \
+	X(cuMemPoolExportPointer) X(cuMemPoolExportToShareableHandle)
 
 #define DECL(f) static __typeof__(&f) p_##f;
 FUNCS(DECL)
@@ -90,6 +92,43 @@ device_uuid(int ordinal, uint8_t out[16])
 	return 0;
 }
 
+/*
+ * Stream-ordered pool memory (cudaMallocAsync, cuMemAllocFromPoolAsync).  The daemon imports
+ * the pool from an fd and the allocation from its export data; the allocation is named by its
+ * buffer id, as VMM memory is (the export data is not the same from one export to the next),
+ * so that a registration of an allocation the daemon already holds costs neither the pool
+ * export nor a driver open there.  The device's default pool, which plain
+ * cudaMallocAsync uses, is never exportable: that fails with what to do instead.
+ */
+static int
+register_pool(gpx_conn *c, Gpx__Register *reg, CUmemoryPool pool, CUdeviceptr base, gpx_region *out)
+{
+	/* With the error name it must fit gpx_last_error()'s 256 bytes. */
+	static const char advice[] = "pool not exportable as a POSIX fd (plain cudaMallocAsync uses "
+	    "the device's default pool, which never is): allocate from a pool created with "
+	    "handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (cudaMallocFromPoolAsync)";
+	CUmemPoolPtrExportData data;
+	int fd = -1, r;
+	CUresult e;
+
+	/* Held already (by its buffer id): no export at all. */
+	reg->kind = GPX__MEM_KIND__MEM_CUDA_POOL;
+	reg->cached_only = 1;
+	if ((r = client_register(c, reg, -1, out)) != -GPX_ENOENT)
+		return r;
+	if ((e = p_cuMemPoolExportPointer(&data, base)) != CUDA_SUCCESS)
+		return cu_fail(c, GPX_ENOTSUP, advice, e);
+	reg->handle.data = data.reserved;
+	reg->handle.len = sizeof(data.reserved);
+	e = p_cuMemPoolExportToShareableHandle(&fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	if (e != CUDA_SUCCESS)
+		return cu_fail(c, GPX_ENOTSUP, advice, e);
+	reg->cached_only = 0;
+	r = client_register(c, reg, fd, out);
+	close(fd);
+	return r;
+}
+
 API int
 gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags, gpx_region *out)
 {
@@ -97,6 +136,7 @@ gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags,
 	CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr, base = 0;
 	CUmemGenericAllocationHandle vh;
 	CUipcMemHandle ih;
+	CUmemoryPool pool = NULL;
 	unsigned int mt = 0;
 	int ordinal = -1, legacy = 0, fd = -1, r;
 	unsigned long long buffer_id = 0;
@@ -112,9 +152,10 @@ gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags,
 		CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
 		CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
 		CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+		CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
 	};
-	void *val[] = { &mt, &ordinal, &buffer_id, &legacy, &base, &size };
-	if ((e = p_cuPointerGetAttributes(6, at, val, p)) != CUDA_SUCCESS)
+	void *val[] = { &mt, &ordinal, &buffer_id, &legacy, &base, &size, &pool };
+	if ((e = p_cuPointerGetAttributes(7, at, val, p)) != CUDA_SUCCESS)
 		return cu_fail(c, GPX_EINVAL, "not a CUDA pointer", e);
 	if (mt != CU_MEMORYTYPE_DEVICE)
 		return client_error(c, GPX_EINVAL, "not device memory (register host memory as a memfd)");
@@ -130,6 +171,16 @@ gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags,
 	reg.device_uuid.data = uuid;
 	reg.device_uuid.len = 16;
 	reg.alloc_size = size;
+	/* What names the allocation in the daemon's cache: its process-wide unique buffer id. */
+	reg.alloc_id = buffer_id ? buffer_id : (uint64_t)base;
+	/*
+	 * The kind from the attributes already read: pool memory first, as its attribute is
+	 * unambiguous while a pool is built of VMM allocations that the VMM path below could
+	 * take for this one; then legacy IPC capability; otherwise VMM memory, which only the
+	 * export below can tell.
+	 */
+	if (pool != NULL)
+		return register_pool(c, &reg, pool, base, out);
 	if (legacy) {
 		/* cudaMalloc/cuMemAlloc memory: the handle of the allocation base. */
 		if ((e = p_cuIpcGetMemHandle(&ih, base)) != CUDA_SUCCESS)
@@ -145,13 +196,12 @@ gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags,
 	 * driver call that costs more than the whole registration.
 	 */
 	reg.kind = GPX__MEM_KIND__MEM_CUDA_VMM;
-	reg.alloc_id = buffer_id ? buffer_id : (uint64_t)base;
 	reg.cached_only = 1;
 	if ((r = client_register(c, &reg, -1, out)) != -GPX_ENOENT)
 		return r;
 	if (p_cuMemRetainAllocationHandle(&vh, (void *)ptr) != CUDA_SUCCESS)
-		return client_error(c, GPX_ENOTSUP, "memory is neither an exportable VMM allocation "
-		    "nor legacy-IPC capable (cudaMallocAsync pools are not supported)");
+		return client_error(c, GPX_ENOTSUP, "memory is neither an exportable VMM allocation, "
+		    "nor of a stream-ordered pool, nor legacy-IPC capable");
 	e = p_cuMemExportToShareableHandle(&fd, vh, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
 	p_cuMemRelease(vh);
 	if (e != CUDA_SUCCESS)

@@ -31,7 +31,7 @@ enum {
 	GPX_ENOENT = 4,     /* no such region, export or transfer */
 	GPX_EACCES = 5,     /* not allowed (ownership, export rule, trust domain) */
 	GPX_ERANGE = 6,     /* a segment leaves its region */
-	GPX_EBUSY = 7,      /* out of credits: too many outstanding transfers */
+	GPX_EBUSY = 7,      /* out of credits: too many outstanding transfers; or memory still in use */
 	GPX_EQUOTA = 8,     /* a per-uid limit is reached */
 	GPX_EBADFD = 9,     /* a passed fd is not what it should be */
 	GPX_ENOMEM = 10,    /* out of memory (here or in the daemon) */
@@ -99,9 +99,12 @@ int gpx_deregister(gpx_conn *c, gpx_region r);
  * Registers [ptr, ptr+length) of CUDA device memory (the caller's current context need not be
  * set).  The library finds the allocation that holds ptr and picks the kind from it:
  * cuMemCreate memory exportable as a POSIX fd becomes a `cuda-vmm` region (its fd is passed
- * to the daemon); cudaMalloc/cuMemAlloc memory becomes a `cuda-ipc` region (a legacy IPC
- * handle of the allocation base plus the offset), which the daemon accepts only on a node
- * configured as one trust domain.  Anything else fails with GPX_ENOTSUP and a reason in
+ * to the daemon); memory of a stream-ordered pool created exportable as POSIX fds
+ * (cudaMallocFromPoolAsync) becomes a `cuda-pool` region (the pool's fd and the allocation's
+ * export data; the device's default pool, used by plain cudaMallocAsync, is refused);
+ * cudaMalloc/cuMemAlloc memory becomes a `cuda-ipc` region (a legacy IPC handle of the
+ * allocation base plus the offset), which the daemon accepts only on a node configured as one
+ * trust domain.  Anything else fails with GPX_ENOTSUP and a reason in
  * gpx_last_error(); nothing is ever silently copied through host memory.  Without a CUDA
  * driver it fails with GPX_ENOTSUP.
  */

@@ -22,6 +22,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <event2/event.h>
 
 #include "gpxd.h"
 
@@ -399,8 +400,8 @@ on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int 
 		reply_err(c, seq, GPX__STATUS__EPROTO, err);
 		return;
 	}
-	if (m->cached_only && m->kind != GPX__MEM_KIND__MEM_CUDA_VMM) {
-		reply_err(c, seq, GPX__STATUS__EINVAL, "cached_only applies to cuda-vmm registrations");
+	if (m->cached_only && m->kind != GPX__MEM_KIND__MEM_CUDA_VMM && m->kind != GPX__MEM_KIND__MEM_CUDA_POOL) {
+		reply_err(c, seq, GPX__STATUS__EINVAL, "cached_only applies to cuda-vmm and cuda-pool registrations");
 		return;
 	}
 	if (m->kind == GPX__MEM_KIND__MEM_CUDA_IPC && !cfg->trust_legacy_ipc) {
@@ -421,14 +422,17 @@ on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int 
 		return;
 	}
 	if (((m->kind == GPX__MEM_KIND__MEM_HOST && !mem_host_fd_ok(fds[0], err, sizeof(err))) ||
-	    (m->kind == GPX__MEM_KIND__MEM_CUDA_VMM && !m->cached_only && !gpu_vmm_fd_ok(fds[0], err, sizeof(err))))) {
+	    ((m->kind == GPX__MEM_KIND__MEM_CUDA_VMM || m->kind == GPX__MEM_KIND__MEM_CUDA_POOL) &&
+	     !m->cached_only && !gpu_vmm_fd_ok(fds[0], err, sizeof(err))))) {
 		log_audit(c, "%s", err);
 		reply_err(c, seq, GPX__STATUS__EBADFD, err);
 		return;
 	}
 	if (m->kind != GPX__MEM_KIND__MEM_HOST &&
-	    (m->device_uuid.len != 16 || (m->kind == GPX__MEM_KIND__MEM_CUDA_IPC && m->handle.len != 64))) {
-		reply_err(c, seq, GPX__STATUS__EINVAL, "a CUDA region needs a 16-byte device UUID (and a 64-byte IPC handle)");
+	    (m->device_uuid.len != 16 || ((m->kind == GPX__MEM_KIND__MEM_CUDA_IPC ||
+	     (m->kind == GPX__MEM_KIND__MEM_CUDA_POOL && !m->cached_only)) && m->handle.len != 64))) {
+		reply_err(c, seq, GPX__STATUS__EINVAL, "a CUDA region needs a 16-byte device UUID (and a "
+		    "64-byte IPC handle or pool export data, unless cached_only)");
 		return;
 	}
 	struct user *u = c->user;
@@ -487,18 +491,72 @@ on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int 
 	defer_run(reg_work, reg_done, op);
 }
 
+/*
+ * Pool memory (cuda-pool) must be freed by its importer before its exporter frees it, so
+ * the Deregister that lets go of the last region of a pool allocation is answered only once
+ * the driver has released gpxd's import (a task thread does that): the client may free the
+ * memory as soon as gpx_deregister returns.  Checked from a timer, so no thread waits.
+ */
+struct dereg_wait {
+	struct conn *c;
+	uint32_t seq;
+	struct region *r;            /* a reference */
+	struct event *ev;
+	double deadline;
+};
+
+static void
+dereg_check(evutil_socket_t fd, short what, void *arg)
+{
+	struct dereg_wait *w = arg;
+	struct timeval tv = { 0, 200 };
+
+	(void)fd;
+	(void)what;
+	if (!gpu_released(w->r) && now_s() < w->deadline) {
+		evtimer_add(w->ev, &tv);
+		return;
+	}
+	w->c->pending--;
+	if (w->c->state != CONN_DEAD) {
+		if (gpu_released(w->r))
+			reply_err(w->c, w->seq, 0, NULL);
+		else
+			reply_err(w->c, w->seq, GPX__STATUS__EBUSY, "deregistered, but the driver still holds "
+			    "the pool memory (a transfer of it is in flight): do not free it yet");
+	}
+	region_unref(w->r);
+	event_free(w->ev);
+	free(w);
+}
+
 static void
 on_deregister(struct conn *c, uint32_t seq, const Gpx__Deregister *m)
 {
 	struct rhandle *h = conn_handle(c, m->region);
+	struct dereg_wait *w = NULL;
 
 	if (h == NULL) {
 		reply_err(c, seq, GPX__STATUS__ENOENT, "no such region on this connection");
 		return;
 	}
+	if (h->r->kind == GPX__MEM_KIND__MEM_CUDA_POOL && (w = calloc(1, sizeof(*w))) != NULL &&
+	    (w->ev = evtimer_new(levent_base(), dereg_check, w)) != NULL) {
+		w->c = c;
+		w->seq = seq;
+		w->r = h->r;
+		region_ref(w->r);
+		w->deadline = now_s() + 10;
+		c->pending++;
+	}
 	handle_unlink(c, h);
 	handle_release(c, h);
-	reply_err(c, seq, 0, NULL);
+	if (w != NULL && w->ev != NULL)
+		dereg_check(-1, 0, w);
+	else {
+		free(w);
+		reply_err(c, seq, 0, NULL);
+	}
 }
 
 /* ---- exports ---- */

@@ -33,7 +33,9 @@
 	X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemRelease) \
 	X(cuMemGetAllocationPropertiesFromHandle) X(cuMemGetAllocationGranularity) \
 	X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel) \
-	X(cuMemGetHandleForAddressRange) X(cuPointerGetAttribute) X(cuMemGetAddressRange)
+	X(cuMemGetHandleForAddressRange) X(cuPointerGetAttribute) X(cuMemGetAddressRange) \
+	X(cuMemPoolImportFromShareableHandle) X(cuMemPoolImportPointer) X(cuMemPoolGetAccess) \
+	X(cuMemPoolSetAccess) X(cuMemPoolDestroy)
 
 #define DECL(f) static __typeof__(&f) p_##f;
 CUDA_FUNCS(DECL)
@@ -375,6 +377,161 @@ cuda_ipc_close(int dev, uint64_t dptr)
 	CU(cuIpcCloseMemHandle((CUdeviceptr)dptr));
 }
 
+/*
+ * Imported pools and pool allocations, counted.  Whether the driver hands back the same pool
+ * (or pointer) when one is imported again, as it does for a legacy IPC handle opened twice, is
+ * not documented; either way each must be freed once, after its last user.  The lock also
+ * keeps an import from picking up a pool that a release is destroying.
+ */
+struct held {
+	uint64_t v;
+	int refs;
+	struct held *next;
+};
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct held *held_pools, *held_ptrs;
+
+/* One more user of v; false when out of memory.  pool_lock held. */
+static bool
+held_add(struct held **list, uint64_t v)
+{
+	struct held *h;
+
+	for (h = *list; h != NULL && h->v != v; h = h->next)
+		;
+	if (h == NULL) {
+		if ((h = calloc(1, sizeof(*h))) == NULL)
+			return false;
+		h->v = v;
+		h->next = *list;
+		*list = h;
+	}
+	h->refs++;
+	return true;
+}
+
+/* One user of v fewer; true when it was the last.  pool_lock held. */
+static bool
+held_drop(struct held **list, uint64_t v)
+{
+	struct held **hp, *h;
+
+	for (hp = list; (h = *hp) != NULL; hp = &h->next)
+		if (h->v == v) {
+			if (--h->refs > 0)
+				return false;
+			*hp = h->next;
+			free(h);
+			return true;
+		}
+	return true;    /* never counted: its only user */
+}
+
+/* A driver call refused what a client sent: its fault, so a warning and never a sticky exit. */
+static int
+pool_refused(const char *call, CUresult r, int status)
+{
+	log_warnx("cuda: %s refused what the client sent: %s", call, cuda_errstr(r));
+	return r == CUDA_ERROR_OUT_OF_MEMORY ? -GPX__STATUS__ENOMEM : status;
+}
+
+/* Frees an imported pool allocation and, after its last one, the imported pool.  pool_lock held. */
+static void
+pool_put(int owner, CUdeviceptr d, CUmemoryPool p)
+{
+	CUresult r;
+
+	cuda_use(owner);
+	/*
+	 * Synchronous, so the import is gone once this returns, as the exporter's free must come
+	 * after it.  A failure is the owner's doing (it freed the memory while still registered,
+	 * say): a warning, never an exit.
+	 */
+	if (d != 0 && held_drop(&held_ptrs, d) && (r = p_cuMemFree(d)) != CUDA_SUCCESS)
+		log_warnx("cuda: cuMemFree of an imported pool allocation: %s (freed by its owner "
+		    "while still registered?)", cuda_errstr(r));
+	if (held_drop(&held_pools, (uint64_t)(uintptr_t)p) && (r = p_cuMemPoolDestroy(p)) != CUDA_SUCCESS)
+		log_warnx("cuda: cuMemPoolDestroy of an imported pool: %s", cuda_errstr(r));
+}
+
+/*
+ * Imports allocation `data` (a CUmemPoolPtrExportData) of the pool exported as POSIX fd `fd`,
+ * memory of device `owner`, for every device in `access_mask`.  An imported pool is reachable
+ * from its own device only, and access is the pool's, so it is granted before the pointer is
+ * imported.  *dptr: the allocation's address here; *pool: what cuda_pool_release takes back.
+ */
+int
+cuda_pool_import(int owner, int fd, const uint8_t data[64], uint32_t access_mask, uint64_t *dptr,
+    uint64_t *pool)
+{
+	CUmemPoolPtrExportData x;
+	CUmemoryPool p;
+	CUdeviceptr d = 0;
+	CUresult r;
+	int ord = -1, e = 0;
+
+	if (cuda_use(owner) < 0)
+		return -GPX__STATUS__EIO;
+	pthread_mutex_lock(&pool_lock);
+	r = p_cuMemPoolImportFromShareableHandle(&p, (void *)(uintptr_t)fd,
+	    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	if (r != CUDA_SUCCESS) {
+		pthread_mutex_unlock(&pool_lock);
+		return pool_refused("cuMemPoolImportFromShareableHandle", r, -GPX__STATUS__EBADFD);
+	}
+	if (!held_add(&held_pools, (uint64_t)(uintptr_t)p)) {
+		e = -GPX__STATUS__ENOMEM;
+		goto fail;
+	}
+	for (int i = 0; i < ndev && e == 0; i++) {
+		CUmemAccessDesc a = { { CU_MEM_LOCATION_TYPE_DEVICE, devs[i] }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+		CUmemAccess_flags f = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+		if (!(access_mask & (1u << i)))
+			continue;
+		/* Only where it is missing: the pool's own device has it from the start. */
+		if (p_cuMemPoolGetAccess(&f, p, &a.location) == CUDA_SUCCESS && f == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+			continue;
+		if ((r = p_cuMemPoolSetAccess(p, &a, 1)) != CUDA_SUCCESS)
+			e = pool_refused("cuMemPoolSetAccess", r, -GPX__STATUS__EINVAL);
+	}
+	if (e < 0)
+		goto fail;
+	memcpy(x.reserved, data, sizeof(x.reserved));
+	if ((r = p_cuMemPoolImportPointer(&d, p, &x)) != CUDA_SUCCESS) {
+		e = pool_refused("cuMemPoolImportPointer", r, -GPX__STATUS__EINVAL);
+		d = 0;
+		goto fail;
+	}
+	if (!held_add(&held_ptrs, d)) {
+		p_cuMemFree(d);
+		d = 0;
+		e = -GPX__STATUS__ENOMEM;
+		goto fail;
+	}
+	/* The UUID the client named must be the memory's: the copy workers rely on it. */
+	if (p_cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, d) != CUDA_SUCCESS || ord != owner) {
+		log_warnx("cuda: the pool allocation is not memory of the device the client named");
+		e = -GPX__STATUS__EINVAL;
+		goto fail;
+	}
+	pthread_mutex_unlock(&pool_lock);
+	*dptr = d;
+	*pool = (uint64_t)(uintptr_t)p;
+	return 0;
+fail:
+	pool_put(owner, d, p);
+	pthread_mutex_unlock(&pool_lock);
+	return e;
+}
+
+void
+cuda_pool_release(int owner, uint64_t dptr, uint64_t pool)
+{
+	pthread_mutex_lock(&pool_lock);
+	pool_put(owner, (CUdeviceptr)dptr, (CUmemoryPool)(uintptr_t)pool);
+	pthread_mutex_unlock(&pool_lock);
+}
+
 int
 cuda_addr_range(uint64_t dptr, uint64_t *base, uint64_t *size)
 {
@@ -453,14 +610,19 @@ cuda_vmm_release(uint64_t va, uint64_t size, uint64_t handle)
 	CU(cuMemRelease((CUmemGenericAllocationHandle)handle));
 }
 
-/* A dma-buf fd for [dptr, dptr+len) of device memory, for RDMA registration; -1 if none. */
+/*
+ * A dma-buf fd for [dptr, dptr+len) of device memory (both aligned to the host page), for
+ * RDMA registration; or minus the CUDA error code (cuda_errstr names it).  Any thread with a
+ * context current.
+ */
 int
 cuda_dmabuf(uint64_t dptr, uint64_t len)
 {
 	int fd = -1;
+	CUresult r = p_cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)dptr, len,
+	    CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
 
-	if (p_cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)dptr, len,
-	    CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) != CUDA_SUCCESS)
-		return -1;
+	if (r != CUDA_SUCCESS)
+		return r > 0 ? -(int)r : -1;
 	return fd;
 }

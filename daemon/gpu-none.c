@@ -10,6 +10,7 @@
 
 const struct mem_ops mem_cuda_ipc_ops = { .name = "cuda-ipc" };
 const struct mem_ops mem_cuda_vmm_ops = { .name = "cuda-vmm" };
+const struct mem_ops mem_cuda_pool_ops = { .name = "cuda-pool" };
 
 int
 gpu_init(char *why, size_t whylen)
@@ -27,4 +28,5 @@ const char *gpu_pci(int dev) { (void)dev; return NULL; }
 void gpu_host_register(struct region *r) { (void)r; }
 void gpu_host_unpin(void *map) { (void)map; }
 uint64_t gpu_cache_stats(uint64_t *hits) { *hits = 0; return 0; }
+bool gpu_released(struct region *r) { (void)r; return true; }
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen) { (void)fd; snprintf(err, errlen, "no GPU support"); return false; }

@@ -1,12 +1,14 @@
 /*
  * The GPU back end: devices by UUID, the peer matrix, the node-wide cache of opened GPU
- * mappings, the two CUDA memory kinds, pinning of host regions, and one copy worker per GPU.
+ * mappings, the three CUDA memory kinds (cuda-ipc, cuda-vmm, cuda-pool), pinning of host
+ * regions, and one copy worker per GPU.
  *
  * Mapping cache.  Opening a CUDA IPC handle costs ~120 us and a VMM import about as much, so
  * each opened allocation is kept once per node, keyed by device and allocation identity (the
- * IPC handle's bytes; the exported file's inode for VMM), never by address, which is reused
- * after a free.  Regions hold references; the last one to go closes the mapping on a task
- * thread.  A registration that hits the cache is answered from the loop without a driver call.
+ * IPC handle's bytes; for VMM and pool memory what the owning connection says names it, see
+ * region_key), never by address, which is reused after a free.  Regions hold references; the
+ * last one to go closes the mapping on a task thread.  A registration that hits the cache is
+ * answered from the loop without a driver call.
  *
  * Copy workers.  The worker of GPU d runs every transfer whose source (or, from host memory,
  * destination) is on d.  It takes chunks from the engine (round-robin between clients), puts
@@ -110,15 +112,17 @@ uuid_str(const uint8_t u[16], char *buf, size_t len)
 
 /* ---- the mapping cache ---- */
 
+#define GMAP_KEY 64     /* an IPC handle; or connection, buffer id and size */
+
 struct gmap {
 	TAILQ_ENTRY(gmap) entry;
 	int refs;
 	Gpx__MemKind kind;
 	int dev;
-	uint8_t key[64];
+	uint8_t key[GMAP_KEY];
 	uint64_t base;
 	uint64_t size;
-	uint64_t vmm_handle;
+	uint64_t handle;        /* VMM: the imported allocation; pool: the imported pool */
 	/*
 	 * IPC only: the allocation opened again in each peer's context.  A copy engine or kernel
 	 * of GPU d reaches a peer's IPC memory at link speed only through a mapping in d's own
@@ -150,29 +154,58 @@ static TAILQ_HEAD(, gmap) gmaps = TAILQ_HEAD_INITIALIZER(gmaps);
 static atomic_uint_fast64_t gmap_opens, gmap_hits;
 
 static struct gmap *
-gmap_find(Gpx__MemKind kind, int dev, const uint8_t key[64])
+gmap_find(Gpx__MemKind kind, int dev, const uint8_t key[GMAP_KEY])
 {
 	struct gmap *m;
 
 	TAILQ_FOREACH(m, &gmaps, entry)
-		if (m->kind == kind && m->dev == dev && memcmp(m->key, key, 64) == 0)
+		if (m->kind == kind && m->dev == dev && memcmp(m->key, key, GMAP_KEY) == 0)
 			return m;
 	return NULL;
 }
+
+static const char *
+gmap_kind(const struct gmap *m)
+{
+	switch (m->kind) {
+	case GPX__MEM_KIND__MEM_CUDA_IPC:
+		return "cuda-ipc";
+	case GPX__MEM_KIND__MEM_CUDA_POOL:
+		return "cuda-pool";
+	default:
+		return "cuda-vmm";
+	}
+}
+
+/* Undoes what cuda_open opened for m; blocking driver calls. */
+static void
+gmap_release(struct gmap *m)
+{
+	switch (m->kind) {
+	case GPX__MEM_KIND__MEM_CUDA_IPC:
+		gmap_close_peers(m);
+		cuda_ipc_close(m->dev, m->base);
+		break;
+	case GPX__MEM_KIND__MEM_CUDA_POOL:
+		cuda_pool_release(m->dev, m->base, m->handle);
+		break;
+	default:
+		cuda_vmm_release(m->base, m->size, m->handle);
+		break;
+	}
+}
+
+static atomic_int gmap_closing;     /* mappings handed to a task thread, not yet closed */
 
 static void
 gmap_close_work(void *arg)
 {
 	struct gmap *m = arg;
 
-	if (m->kind == GPX__MEM_KIND__MEM_CUDA_IPC) {
-		gmap_close_peers(m);
-		cuda_ipc_close(m->dev, m->base);
-	} else
-		cuda_vmm_release(m->base, m->size, m->vmm_handle);
-	log_debug("gpu", "closed %s mapping of %llu bytes on GPU%d",
-	    m->kind == GPX__MEM_KIND__MEM_CUDA_IPC ? "cuda-ipc" : "cuda-vmm",
+	gmap_release(m);
+	log_debug("gpu", "closed %s mapping of %llu bytes on GPU%d", gmap_kind(m),
 	    (unsigned long long)m->size, m->dev);
+	atomic_fetch_sub(&gmap_closing, 1);
 	free(m);
 }
 
@@ -191,8 +224,20 @@ gmap_unref(struct gmap *m)
 	if (last)
 		TAILQ_REMOVE(&gmaps, m, entry);
 	pthread_mutex_unlock(&gmap_lock);
-	if (last)
+	if (last) {
+		atomic_fetch_add(&gmap_closing, 1);
 		defer_run(gmap_close_work, gmap_noop, m);
+	}
+}
+
+/*
+ * Whether the driver has let go of r's memory: its mapping is closed and no closing is
+ * still under way (a closing is not tied to its region once it starts, so any counts).
+ */
+bool
+gpu_released(struct region *r)
+{
+	return __atomic_load_n(&r->priv, __ATOMIC_ACQUIRE) == NULL && atomic_load(&gmap_closing) == 0;
 }
 
 /* Binds r to m after checking the requested window against the allocation. */
@@ -216,12 +261,13 @@ region_bind(struct region *r, struct gmap *m, char *err, size_t errlen)
  * node is one trust domain when they are accepted at all).  A VMM export is an anonymous open
  * of /dev/nvidiactl that names nothing, so a VMM mapping is shared only within the connection
  * that opened it, keyed by the driver's buffer id the client gives: a client that lies about
- * it can only confuse its own registrations.
+ * it can only confuse its own registrations.  The same holds for pool memory (its export
+ * data is no capability, and differs from one export of an allocation to the next).
  */
 static bool
-region_key(struct region *r, uint8_t key[64])
+region_key(struct region *r, uint8_t key[GMAP_KEY])
 {
-	memset(key, 0, 64);
+	memset(key, 0, GMAP_KEY);
 	if (r->kind == GPX__MEM_KIND__MEM_CUDA_IPC) {
 		memcpy(key, r->handle, 64);
 		return true;
@@ -234,14 +280,17 @@ region_key(struct region *r, uint8_t key[64])
 	return true;
 }
 
-/* A VMM export is an open file of the NVIDIA control device; anything else is refused. */
+/*
+ * A VMM export, and a pool's, is an open file of the NVIDIA control device; anything else is
+ * refused before the driver sees it.
+ */
 bool
 gpu_vmm_fd_ok(int fd, char *err, size_t errlen)
 {
 	struct stat st;
 
 	if (fstat(fd, &st) < 0 || !S_ISCHR(st.st_mode) || major(st.st_rdev) != 195 || minor(st.st_rdev) != 255) {
-		snprintf(err, errlen, "the passed fd is not a CUDA VMM export (an open of /dev/nvidiactl)");
+		snprintf(err, errlen, "the passed fd is not a CUDA VMM or pool export (an open of /dev/nvidiactl)");
 		return false;
 	}
 	return true;
@@ -250,7 +299,7 @@ gpu_vmm_fd_ok(int fd, char *err, size_t errlen)
 static bool
 cuda_try_open(struct region *r)
 {
-	uint8_t key[64];
+	uint8_t key[GMAP_KEY];
 	struct gmap *m;
 	int dev = gpu_by_uuid(r->uuid);
 
@@ -278,7 +327,7 @@ cuda_try_open(struct region *r)
 static int
 cuda_open(struct region *r, char *err, size_t errlen)
 {
-	uint8_t key[64];
+	uint8_t key[GMAP_KEY];
 	struct gmap *m;
 	int dev = gpu_by_uuid(r->uuid), e;
 
@@ -306,7 +355,7 @@ cuda_open(struct region *r, char *err, size_t errlen)
 	}
 	m->kind = r->kind;
 	m->dev = dev;
-	memcpy(m->key, key, 64);
+	memcpy(m->key, key, GMAP_KEY);
 	if (r->kind == GPX__MEM_KIND__MEM_CUDA_IPC) {
 		uint64_t base;
 		if ((e = cuda_ipc_open(dev, r->handle, &m->base)) < 0)
@@ -315,26 +364,35 @@ cuda_open(struct region *r, char *err, size_t errlen)
 			snprintf(err, errlen, "cannot size the allocation");
 		else
 			gmap_open_peers(m, r->handle);
+	} else if (r->kind == GPX__MEM_KIND__MEM_CUDA_POOL) {
+		/* The size is the driver's, never the client's: it bounds every copy. */
+		uint64_t base = 0;
+		if ((e = cuda_pool_import(dev, r->fd, r->handle, gpus[dev].access_mask, &m->base, &m->handle)) < 0)
+			snprintf(err, errlen, "the driver refused the pool fd or the allocation's export data "
+			    "(forged, freed, of another pool or another device)");
+		else if ((e = cuda_addr_range(m->base, &base, &m->size)) < 0 || base != m->base) {
+			snprintf(err, errlen, "cannot size the pool allocation (its range starts at %#llx, "
+			    "the import at %#llx)", (unsigned long long)base, (unsigned long long)m->base);
+			cuda_pool_release(dev, m->base, m->handle);
+			e = e < 0 ? e : -GPX__STATUS__EIO;
+		}
 	} else {
 		m->size = r->alloc_size;
-		e = cuda_vmm_import(dev, r->fd, r->alloc_size, gpus[dev].access_mask, &m->base, &m->vmm_handle);
+		e = cuda_vmm_import(dev, r->fd, r->alloc_size, gpus[dev].access_mask, &m->base, &m->handle);
 		if (e < 0)
 			snprintf(err, errlen, "the driver refused the VMM handle or its size (%llu bytes)",
 			    (unsigned long long)r->alloc_size);
 	}
-	if (e == 0 && (e = region_bind(r, m, err, errlen)) < 0) {
-		if (r->kind == GPX__MEM_KIND__MEM_CUDA_IPC) {
-			gmap_close_peers(m);
-			cuda_ipc_close(dev, m->base);
-		} else
-			cuda_vmm_release(m->base, m->size, m->vmm_handle);
-	}
+	if (e == 0 && (e = region_bind(r, m, err, errlen)) < 0)
+		gmap_release(m);
 	if (e < 0) {
 		free(m);
 	} else {
 		m->refs = 1;
 		TAILQ_INSERT_TAIL(&gmaps, m, entry);
 		atomic_fetch_add(&gmap_opens, 1);
+		log_debug("gpu", "opened %s mapping of %llu bytes on GPU%d", gmap_kind(m),
+		    (unsigned long long)m->size, m->dev);
 	}
 	pthread_mutex_unlock(&gmap_lock);
 out:
@@ -348,9 +406,10 @@ out:
 static void
 cuda_close(struct region *r)
 {
+	fabric_rdma_region_gone(r);      /* the NIC lets go of it before the mapping goes */
 	if (r->priv != NULL)
 		gmap_unref(r->priv);
-	r->priv = NULL;
+	__atomic_store_n(&r->priv, NULL, __ATOMIC_RELEASE);
 }
 
 const struct mem_ops mem_cuda_ipc_ops = {
@@ -358,6 +417,9 @@ const struct mem_ops mem_cuda_ipc_ops = {
 };
 const struct mem_ops mem_cuda_vmm_ops = {
 	.name = "cuda-vmm", .open = cuda_open, .close = cuda_close, .try_open = cuda_try_open,
+};
+const struct mem_ops mem_cuda_pool_ops = {
+	.name = "cuda-pool", .open = cuda_open, .close = cuda_close, .try_open = cuda_try_open,
 };
 
 /* Host regions are pinned for DMA when a GPU is present; failure only costs speed. */
@@ -397,7 +459,7 @@ addr_on(const struct region *r, int dev)
 		const struct gmap *m = r->priv;
 		return m->base_on[dev] ? m->base_on[dev] + r->offset : 0;
 	}
-	return r->dptr;    /* VMM: one address, access granted to every peer */
+	return r->dptr;    /* VMM and pool: one address, access granted to every peer */
 }
 
 /*

@@ -49,9 +49,12 @@ void cuda_host_unregister(void *p);
 int cuda_ipc_open(int dev, const uint8_t handle[64], uint64_t *dptr);
 void cuda_ipc_close(int dev, uint64_t dptr);
 int cuda_addr_range(uint64_t dptr, uint64_t *base, uint64_t *size);
+int cuda_pool_import(int owner, int fd, const uint8_t data[64], uint32_t access_mask, uint64_t *dptr,
+    uint64_t *pool);
+void cuda_pool_release(int owner, uint64_t dptr, uint64_t pool);
 int cuda_vmm_import(int owner, int fd, uint64_t size, uint32_t access_mask, uint64_t *va, uint64_t *handle);
 void cuda_vmm_release(uint64_t va, uint64_t size, uint64_t handle);
-int cuda_dmabuf(uint64_t dptr, uint64_t len);
+int cuda_dmabuf(uint64_t dptr, uint64_t len);   /* fd, or -CUresult */
 
 /* One segment of an SM-kernel copy: absolute addresses (copy-kernel.cu has the same layout). */
 struct gpu_kseg {

@@ -128,7 +128,7 @@ struct user *user_get(uid_t);
 #define DEV_HOST (-1)
 
 struct mem_ops {
-	const char *name;            /* "host", "cuda-ipc", "cuda-vmm" */
+	const char *name;            /* "host", "cuda-ipc", "cuda-vmm", "cuda-pool" */
 	/* Runs on a task thread: opens and maps what the request describes into r. */
 	int (*open)(struct region *r, char *err, size_t errlen);
 	/* Optional, loop thread: opens r from a cache without blocking; false if not cached. */
@@ -175,6 +175,7 @@ struct region {
 extern const struct mem_ops mem_host_ops;
 extern const struct mem_ops mem_cuda_ipc_ops;
 extern const struct mem_ops mem_cuda_vmm_ops;
+extern const struct mem_ops mem_cuda_pool_ops;
 const struct mem_ops *mem_ops_for(Gpx__MemKind);
 bool mem_host_fd_ok(int fd, char *err, size_t errlen);
 /* memmove for a host-path chunk; streaming stores when the job (job_bytes) exceeds the caches. */
@@ -410,6 +411,7 @@ void gpu_topo_free(Gpx__QueryReply *);
 const char *gpu_pci(int dev);                /* its PCI bus id, NULL for none */
 void gpu_host_register(struct region *);     /* pins a host mapping for DMA, best effort */
 uint64_t gpu_cache_stats(uint64_t *hits);
+bool gpu_released(struct region *r);        /* the driver has let go of r's memory */
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen);  /* cheap type check before any driver call */     /* driver opens, and registrations served cached */
 void gpu_host_unpin(void *map);         /* undoes gpu_host_register; may block */
 void gpu_shutdown(void);

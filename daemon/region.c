@@ -91,6 +91,8 @@ mem_ops_for(Gpx__MemKind kind)
 		return gpu_count() > 0 ? &mem_cuda_ipc_ops : NULL;
 	case GPX__MEM_KIND__MEM_CUDA_VMM:
 		return gpu_count() > 0 ? &mem_cuda_vmm_ops : NULL;
+	case GPX__MEM_KIND__MEM_CUDA_POOL:
+		return gpu_count() > 0 ? &mem_cuda_pool_ops : NULL;
 	default:
 		return NULL;
 	}
