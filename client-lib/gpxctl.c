@@ -498,7 +498,7 @@ do_peers(int argc, char **argv)
 	char b1[32], b2[32];
 
 	if (!json)
-		printf("%-16s %-22s %-10s %-5s %-3s %5s %5s %5s %5s %10s %10s %6s %s\n", "NODE", "ADDRESS",
+		printf("%-16s %-22s %-10s %-5s %-6s %5s %5s %5s %5s %10s %10s %6s %s\n", "NODE", "ADDRESS",
 		    "STATE", "TRANS", "DIR", "QPS", "REGS", "IMP", "EXP", "TX", "RX", "ERRORS", "EPOCH/WHY");
 	for (size_t i = 0; i < q->n_peers; i++) {
 		Gpx__PeerInfo *p = q->peers[i];
@@ -509,6 +509,7 @@ do_peers(int argc, char **argv)
 			J_ADD(o, "state", J_STR(p->state));
 			J_ADD(o, "transport", J_STR(p->transport));
 			J_ADD(o, "outbound", J_BOOL(p->outbound));
+			J_ADD(o, "on_demand", J_BOOL(p->on_demand));
 			J_ADD(o, "version", J_U64(p->version));
 			J_ADD(o, "epoch", J_U64(p->epoch));
 			J_ADD(o, "queue_pairs", J_U64(p->queue_pairs));
@@ -529,9 +530,12 @@ do_peers(int argc, char **argv)
 				snprintf(tail, sizeof(tail), "%08x", p->epoch);
 			else
 				snprintf(tail, sizeof(tail), "%s", p->why);
-			printf("%-16s %-22s %-10s %-5s %-3s %5u %5u %5u %5u %10s %10s %6llu %s\n",
+			/* DIR: how it came: we dialled it (configured, or on demand for an import by
+			 * address), or it dialled us */
+			printf("%-16s %-22s %-10s %-5s %-6s %5u %5u %5u %5u %10s %10s %6llu %s\n",
 			    p->node[0] ? p->node : "-", p->address, p->state, p->transport,
-			    p->outbound ? "out" : "in", p->queue_pairs, p->registrations, p->imports, p->exported,
+			    p->on_demand ? "demand" : p->outbound ? "out" : "in", p->queue_pairs, p->registrations,
+			    p->imports, p->exported,
 			    human(p->bytes_tx, b1, sizeof(b1)), human(p->bytes_rx, b2, sizeof(b2)),
 			    (unsigned long long)p->errors, tail);
 		}

@@ -49,6 +49,7 @@ conf_defaults(struct conf *c)
 	c->fabric_transport = strdup("auto");
 	c->fabric_timeout_s = 10;
 	c->fabric_retry_s = 2;
+	c->fabric_dial_on_demand = false;    /* clients may not point the daemon at any address */
 	c->fabric_chunk = 1 << 20;
 }
 
@@ -208,6 +209,8 @@ on_key(void *user, const char *sec, const char *key, const char *v)
 		bad = v[0] != '/' || set_str(&c->fabric_key_file, v);
 	else if (KEY("fabric", "peers"))
 		bad = set_str(&c->fabric_peers, v);
+	else if (KEY("fabric", "dial_on_demand"))
+		bad = parse_bool(v, &c->fabric_dial_on_demand);
 	else if (KEY("fabric", "transport"))
 		bad = (strcmp(v, "auto") && strcmp(v, "rdma") && strcmp(v, "tcp")) ||
 		    set_str(&c->fabric_transport, v);

@@ -95,7 +95,7 @@ struct peer {
 	struct bufferevent *bev;
 	enum peer_state state;
 	bool outbound;
-	struct ptarget *target;      /* the configured address we dialled, outbound only */
+	struct ptarget *target;      /* the address we dialled (configured or on demand), outbound only */
 	char addr[96];
 	char node[PEER_NAME_MAX + 1];
 	uint8_t nonce_local[PEER_NONCE_LEN], nonce_remote[PEER_NONCE_LEN];

@@ -75,11 +75,13 @@ struct conf {
 	char *log_level;
 	char *metrics_listen;        /* "127.0.0.1:9464", NULL = off */
 	bool metrics_allow_remote;   /* serve metrics on a non-loopback address too */
-	/* [fabric]: gpxd to gpxd (daemon/peer.c, daemon/fabric.c); off without listen and peers */
+	/* [fabric]: gpxd to gpxd (daemon/peer.c, daemon/fabric.c); off without listen, peers and
+	 * dial_on_demand */
 	char *fabric_node;           /* this node's name among peers (default: the hostname) */
 	char *fabric_listen;         /* "ADDR:PORT" for peer connections, NULL = none */
 	char *fabric_key_file;       /* key shared by the nodes (required when the fabric is on) */
 	char *fabric_peers;          /* "HOST:PORT,HOST:PORT" to connect to */
+	bool fabric_dial_on_demand;  /* an import "@HOST:PORT/name" may dial an address not in peers */
 	char *fabric_transport;      /* auto | rdma | tcp */
 	char *fabric_rdma_device;    /* NULL = chosen from the topology */
 	char *fabric_nic_for_gpu[16];   /* nic_for_gpuN: GPU N's NIC; NULL = nearest (daemon/nic.c) */

@@ -15,6 +15,15 @@
  *
  * Two daemons that both list each other end up with two connections; once both are
  * authenticated, the one opened by the node with the smaller name is kept on both sides.
+ *
+ * A client imports "NODE:name" from a ready peer, or "@HOST:PORT/name" (IPv6 as [ADDR]:PORT)
+ * from the daemon at an address: the configured peer of that address if there is one, else,
+ * only with [fabric] dial_on_demand, a connection dialled then for the import, authenticated
+ * exactly like the others.  The import waits for that connection without blocking the loop
+ * (a pimport with a target and no peer yet) and fails with the reason as soon as the attempt
+ * fails, or after [fabric] timeout.  An address dialled on demand is never redialled by the
+ * tick: when its connection is gone it is forgotten, and the next import by address dials it
+ * again, so an address that was mistyped or went away costs nothing after its last import.
  */
 #include "config.h"
 
@@ -25,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -39,25 +49,32 @@
 
 #include "daemon/fabric.h"
 
-/* A configured peer address: dialled until a connection to it is up. */
+/*
+ * A peer address: a configured one is dialled until a connection to it is up; one dialled on
+ * demand, for imports by address, only when an import asks for it, and forgotten at the next
+ * tick once no connection reaches its node and no import waits for it.
+ */
 struct ptarget {
 	TAILQ_ENTRY(ptarget) entry;
 	char addr[96];
 	char node[PEER_NAME_MAX + 1];    /* learned at the first handshake */
 	struct peer *p;                  /* the outbound connection, while there is one */
 	bool resolving;
+	bool on_demand;
 	double t_next;
 	char why[160];
 };
 
-/* An import a local client asked for, waiting for the peer's answer. */
+/* An import a local client asked for, waiting for its peer to be ready or for its answer. */
 struct pimport {
 	TAILQ_ENTRY(pimport) entry;
 	uint64_t id;
-	struct peer *p;
+	struct peer *p;                  /* asked through this one, NULL while waiting for t */
+	struct ptarget *t;               /* the address whose connection it waits for */
 	struct conn *c;                  /* kept alive by c->pending */
 	uint32_t seq;
 	double deadline;
+	char name[65];                   /* the export's name on the peer */
 };
 
 struct peer_list peers = TAILQ_HEAD_INITIALIZER(peers);
@@ -79,11 +96,17 @@ static uint8_t packbuf[PEER_MSG_MAX];
 
 #define PEER_MAX_HANDLES 65536          /* handles one peer may hold on our exports */
 #define PEER_OUT_MAX (96u << 20)        /* output a peer leaves unread before it is dropped */
+#define PEER_MAX_ON_DEMAND 64           /* addresses dialled on demand at once */
 #define TICK_MS 100
 
 static void peer_free(struct peer *);
 static void on_event(struct bufferevent *, short, void *);
 static void on_read(struct bufferevent *, void *);
+static void import_fail(struct pimport *, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void target_ready(struct ptarget *, struct peer *);
+static void target_down(struct ptarget *, const char *why);
+static void dial(struct ptarget *);
 
 /* Node names: 1..64 of [A-Za-z0-9._-]; no ':', which separates NODE from name in imports. */
 static bool
@@ -309,6 +332,8 @@ peer_kill(struct peer *p, const char *fmt, ...)
 {
 	struct pimport *pi, *pt;
 	struct phandle *h;
+	struct ptarget *t;
+	struct peer *q;
 	va_list ap;
 
 	if (p->state == PEER_DEAD)
@@ -332,31 +357,28 @@ peer_kill(struct peer *p, const char *fmt, ...)
 		p->bev = NULL;
 	}
 	fabric_peer_down(p);
-	TAILQ_FOREACH_SAFE(pi, &pimports, entry, pt) {
-		if (pi->p != p)
-			continue;
-		TAILQ_REMOVE(&pimports, pi, entry);
-		pi->c->pending--;
-		if (pi->c->state != CONN_DEAD) {
-			char err[320];
-			snprintf(err, sizeof(err), "peer %s went down during the import: %s", p->node, p->why);
-			conn_reply(pi->c, pi->seq, GPX__STATUS__EIO, err, NULL, NULL, 0);
-		} else
-			levent_request_reap();
-		free(pi);
-	}
+	TAILQ_FOREACH_SAFE(pi, &pimports, entry, pt)
+		if (pi->p == p)
+			import_fail(pi, GPX__STATUS__EIO, "peer %s went down during the import: %s", p->node,
+			    p->why);
 	while ((h = TAILQ_FIRST(&p->handles)) != NULL) {
 		TAILQ_REMOVE(&p->handles, h, entry);
 		phandle_drop(h);
 	}
-	if (p->target != NULL) {
-		snprintf(p->target->why, sizeof(p->target->why), "%s", p->why);
-		p->target->p = NULL;
-		p->target->t_next = now_s() + cfg->fabric_retry_s;
-		p->target = NULL;
-	}
 	TAILQ_REMOVE(&peers, p, entry);
 	TAILQ_INSERT_TAIL(&dead, p, entry);
+	if ((t = p->target) != NULL) {
+		snprintf(t->why, sizeof(t->why), "%s", p->why);
+		t->p = NULL;
+		t->t_next = now_s() + cfg->fabric_retry_s;
+		p->target = NULL;
+		/* Lost to the node's other connection as a duplicate: that one serves the imports
+		 * that waited for this one. */
+		if (p->node[0] != '\0' && (q = peer_by_node(p->node)) != NULL)
+			target_ready(t, q);
+		else
+			target_down(t, p->why);
+	}
 }
 
 static void
@@ -443,8 +465,11 @@ become_ready(struct peer *p)
 			return;
 	}
 	log_info("fabric: peer %s (%s, %s) ready: protocol %u, epoch %08x, transport %s", p->node,
-	    p->addr, p->outbound ? "outbound" : "inbound", p->version, p->epoch,
+	    p->addr, p->target && p->target->on_demand ? "dialled on demand" : p->outbound ? "outbound" :
+	    "inbound", p->version, p->epoch,
 	    fabric_rdma_device() ? "tcp until its rdma queue pairs connect" : "tcp");
+	if (p->target != NULL)
+		target_ready(p->target, p);
 }
 
 static void
@@ -666,16 +691,205 @@ on_release(struct peer *p, const Gpxpeer__Release *r)
 
 /* ---- imports: asking side ---- */
 
-bool
-peer_import(struct conn *c, uint32_t seq, const char *name)
+/* A waiting import of export `name` for c's request seq; NULL (and c answered) without memory. */
+static struct pimport *
+import_new(struct conn *c, uint32_t seq, const char *name)
+{
+	struct pimport *pi = calloc(1, sizeof(*pi));
+
+	if (pi == NULL) {
+		conn_reply(c, seq, GPX__STATUS__ENOMEM, "out of memory", NULL, NULL, 0);
+		return NULL;
+	}
+	pi->id = ++next_import;
+	pi->c = c;
+	pi->seq = seq;
+	pi->deadline = now_s() + cfg->fabric_timeout_s;
+	snprintf(pi->name, sizeof(pi->name), "%s", name);
+	c->pending++;
+	TAILQ_INSERT_TAIL(&pimports, pi, entry);
+	return pi;
+}
+
+/* Asks ready peer p for the export; its answer is due within the timeout. */
+static void
+import_send(struct pimport *pi, struct peer *p)
 {
 	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
 	Gpxpeer__ImportReq q = GPXPEER__IMPORT_REQ__INIT;
+
+	pi->p = p;
+	pi->t = NULL;
+	pi->deadline = now_s() + cfg->fabric_timeout_s;
+	q.id = pi->id;
+	q.name = pi->name;
+	m.body_case = GPXPEER__PEER_MSG__BODY_IMPORT_REQ;
+	m.import_req = &q;
+	peer_send(p, &m, NULL, 0);
+}
+
+/* Answers an import with an error and forgets it. */
+static void
+import_fail(struct pimport *pi, int status, const char *fmt, ...)
+{
+	char err[320];
+	va_list ap;
+
+	TAILQ_REMOVE(&pimports, pi, entry);
+	pi->c->pending--;
+	if (pi->c->state != CONN_DEAD) {
+		va_start(ap, fmt);
+		vsnprintf(err, sizeof(err), fmt, ap);
+		va_end(ap);
+		conn_reply(pi->c, pi->seq, status, err, NULL, NULL, 0);
+	} else
+		levent_request_reap();
+	free(pi);
+}
+
+/* The connection for t is ready, p or the node's one kept instead: its waiting imports go out. */
+static void
+target_ready(struct ptarget *t, struct peer *p)
+{
+	struct pimport *pi;
+
+	for (;;) {
+		/* From the top each time: a failed send kills p, which rewrites the list. */
+		TAILQ_FOREACH(pi, &pimports, entry)
+			if (pi->t == t)
+				break;
+		if (pi == NULL)
+			return;
+		if (p->state != PEER_READY)
+			import_fail(pi, GPX__STATUS__EIO, "peer %s went down: %s", p->node, p->why);
+		else
+			import_send(pi, p);
+	}
+}
+
+/* The attempt to reach t failed: the imports waiting for it fail now, with the reason. */
+static void
+target_down(struct ptarget *t, const char *why)
+{
+	int st = strstr(why, "authentication failed") ? GPX__STATUS__EACCES : GPX__STATUS__EIO;
+	struct pimport *pi, *pt;
+
+	TAILQ_FOREACH_SAFE(pi, &pimports, entry, pt)
+		if (pi->t == t)
+			import_fail(pi, st, "peer at %s not reached: %s", t->addr, why);
+}
+
+static bool
+target_waited_for(const struct ptarget *t)
+{
+	struct pimport *pi;
+
+	TAILQ_FOREACH(pi, &pimports, entry)
+		if (pi->t == t)
+			return true;
+	return false;
+}
+
+/* Addresses as clients may write them: what getaddrinfo takes, printable in logs and JSON. */
+static bool
+addr_chars_ok(const char *a)
+{
+	return strspn(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:[]%") ==
+	    strlen(a);
+}
+
+/*
+ * "@HOST:PORT/name", a past the '@': through the configured peer at that address, else one
+ * dialled now if dial_on_demand allows it; the import waits for it (see the top of the file).
+ */
+static void
+import_by_addr(struct conn *c, uint32_t seq, const char *a)
+{
+	const char *slash = strchr(a, '/');
+	char addr[96], host[80], port[16];
+	struct ptarget *t;
+	struct pimport *pi;
+	struct peer *p;
+	unsigned n = 0;
+
+	if (slash != NULL && (size_t)(slash - a) < sizeof(addr))
+		snprintf(addr, sizeof(addr), "%.*s", (int)(slash - a), a);
+	if (slash == NULL || (size_t)(slash - a) >= sizeof(addr) || !addr_chars_ok(addr) ||
+	    !split_addr(addr, host, sizeof(host), port, sizeof(port)) || host[0] == '\0' ||
+	    strtoul(port, NULL, 10) - 1 >= 65535) {
+		conn_reply(c, seq, GPX__STATUS__EINVAL, "an import by address is @HOST:PORT/name or "
+		    "@[IPV6]:PORT/name", NULL, NULL, 0);
+		return;
+	}
+	if (!export_name_ok(slash + 1)) {
+		conn_reply(c, seq, GPX__STATUS__EINVAL, "export names are 1..64 bytes of [A-Za-z0-9._:/-]",
+		    NULL, NULL, 0);
+		return;
+	}
+	if (!enabled) {
+		conn_reply(c, seq, GPX__STATUS__EACCES, "importing by address needs the fabric: "
+		    "[fabric] dial_on_demand = yes in gpxd.conf", NULL, NULL, 0);
+		return;
+	}
+	TAILQ_FOREACH(t, &targets, entry) {
+		if (strcasecmp(t->addr, addr) == 0)
+			break;
+		n += t->on_demand;
+	}
+	if (t == NULL) {
+		char err[256];
+		/*
+		 * Off by default: it lets any local client make the daemon open connections to any
+		 * address it can reach, and learn from the errors which of them listen.
+		 */
+		if (!cfg->fabric_dial_on_demand) {
+			snprintf(err, sizeof(err), "%s is not a configured peer, and [fabric] dial_on_demand "
+			    "is off", addr);
+			conn_reply(c, seq, GPX__STATUS__EACCES, err, NULL, NULL, 0);
+			return;
+		}
+		if (n >= PEER_MAX_ON_DEMAND) {
+			snprintf(err, sizeof(err), "%u addresses are being dialled on demand already",
+			    PEER_MAX_ON_DEMAND);
+			conn_reply(c, seq, GPX__STATUS__EQUOTA, err, NULL, NULL, 0);
+			return;
+		}
+		if ((t = calloc(1, sizeof(*t))) == NULL) {
+			conn_reply(c, seq, GPX__STATUS__ENOMEM, "out of memory", NULL, NULL, 0);
+			return;
+		}
+		t->on_demand = true;
+		snprintf(t->addr, sizeof(t->addr), "%s", addr);
+		TAILQ_INSERT_TAIL(&targets, t, entry);
+	}
+	if ((pi = import_new(c, seq, slash + 1)) == NULL)
+		return;          /* a fresh target with no import is forgotten at the next tick */
+	if (t->node[0] != '\0' && (p = peer_by_node(t->node)) != NULL) {
+		import_send(pi, p);
+		return;
+	}
+	pi->t = t;
+	if (t->p == NULL && !t->resolving) {
+		if (t->on_demand)
+			log_info("fabric: dialling %s on demand, for an import by uid %u", addr,
+			    (unsigned)c->uid);
+		dial(t);
+	}
+}
+
+bool
+peer_import(struct conn *c, uint32_t seq, const char *name)
+{
 	const char *colon = strchr(name, ':');
 	char n[PEER_NAME_MAX + 1], err[256];
 	struct pimport *pi;
 	struct peer *p;
 
+	/* '@' is in neither node nor export names: "@..." is an address, never NODE:name. */
+	if (name[0] == '@') {
+		import_by_addr(c, seq, name + 1);
+		return true;
+	}
 	if (!enabled || colon == NULL || colon == name || colon - name > PEER_NAME_MAX)
 		return false;
 	snprintf(n, sizeof(n), "%.*s", (int)(colon - name), name);
@@ -691,22 +905,8 @@ peer_import(struct conn *c, uint32_t seq, const char *name)
 		    NULL, NULL, 0);
 		return true;
 	}
-	if ((pi = calloc(1, sizeof(*pi))) == NULL) {
-		conn_reply(c, seq, GPX__STATUS__ENOMEM, "out of memory", NULL, NULL, 0);
-		return true;
-	}
-	pi->id = ++next_import;
-	pi->p = p;
-	pi->c = c;
-	pi->seq = seq;
-	pi->deadline = now_s() + cfg->fabric_timeout_s;
-	c->pending++;
-	TAILQ_INSERT_TAIL(&pimports, pi, entry);
-	q.id = pi->id;
-	q.name = (char *)colon + 1;
-	m.body_case = GPXPEER__PEER_MSG__BODY_IMPORT_REQ;
-	m.import_req = &q;
-	peer_send(p, &m, NULL, 0);
+	if ((pi = import_new(c, seq, colon + 1)) != NULL)
+		import_send(pi, p);
 	return true;
 }
 
@@ -1038,6 +1238,7 @@ resolve_done(void *arg)
 	t->resolving = false;
 	if (!enabled) {
 		free(op);
+		target_down(t, t->why);
 		return;
 	}
 	if (op->sslen == 0) {
@@ -1051,8 +1252,10 @@ resolve_done(void *arg)
 	if (p == NULL) {
 		if (bev != NULL)
 			bufferevent_free(bev);
+		snprintf(t->why, sizeof(t->why), "out of memory");
 		t->t_next = now_s() + cfg->fabric_retry_s;
 		free(op);
+		target_down(t, t->why);
 		return;
 	}
 	p->target = t;
@@ -1080,17 +1283,26 @@ static void
 on_tick(evutil_socket_t fd, short what, void *arg)
 {
 	double now = now_s(), to = cfg->fabric_timeout_s;
-	struct ptarget *t;
+	struct ptarget *t, *tt;
 	struct peer *p, *pt;
 	struct pimport *pi, *pit;
 
 	(void)fd;
 	(void)what;
 	(void)arg;
-	TAILQ_FOREACH(t, &targets, entry)
-		if (t->p == NULL && !t->resolving && now >= t->t_next &&
-		    (t->node[0] == '\0' || peer_by_node(t->node) == NULL))
+	TAILQ_FOREACH_SAFE(t, &targets, entry, tt) {
+		bool up = t->p != NULL || t->resolving ||
+		    (t->node[0] != '\0' && peer_by_node(t->node) != NULL);
+		if (!t->on_demand && !up && now >= t->t_next)
 			dial(t);
+		else if (t->on_demand && !up && !target_waited_for(t)) {
+			/* Gone, and no import asks for it: the next import by address dials again. */
+			log_debug("fabric", "%s, dialled on demand, is forgotten%s%s", t->addr,
+			    t->why[0] ? ": " : "", t->why);
+			TAILQ_REMOVE(&targets, t, entry);
+			free(t);
+		}
+	}
 	TAILQ_FOREACH_SAFE(p, &peers, entry, pt) {
 		if (p->state != PEER_READY) {
 			if (now - p->t_start > to)
@@ -1110,11 +1322,19 @@ on_tick(evutil_socket_t fd, short what, void *arg)
 			peer_send(p, &m, NULL, 0);
 		}
 	}
-	TAILQ_FOREACH_SAFE(pi, &pimports, entry, pit)
-		if (now > pi->deadline) {
-			peer_kill(pi->p, "no answer to an import within %.1f s", to);
-			break;      /* the kill rewrote the list */
+	TAILQ_FOREACH_SAFE(pi, &pimports, entry, pit) {
+		if (now <= pi->deadline)
+			continue;
+		if (pi->p == NULL) {
+			t = pi->t;
+			import_fail(pi, GPX__STATUS__EIO, "peer at %s not ready within %.1f s: %s", t->addr,
+			    to, t->resolving ? "its name is not resolved yet" : t->p == NULL ? "not connected" :
+			    t->p->state == PEER_CONNECTING ? "no TCP connection" : "no answer to the handshake");
+			continue;
 		}
+		peer_kill(pi->p, "no answer to an import within %.1f s", to);
+		break;      /* the kill rewrote the list */
+	}
 	fabric_tick(now);
 	while ((p = TAILQ_FIRST(&dead)) != NULL)
 		peer_free(p);
@@ -1129,7 +1349,7 @@ peer_start(struct event_base *b)
 	struct timeval tv = { 0, TICK_MS * 1000 };
 
 	base = b;
-	if (cfg->fabric_listen == NULL && cfg->fabric_peers == NULL) {
+	if (cfg->fabric_listen == NULL && cfg->fabric_peers == NULL && !cfg->fabric_dial_on_demand) {
 		snprintf(status_buf, sizeof(status_buf), "off");
 		return 0;
 	}
@@ -1199,13 +1419,15 @@ peer_start(struct event_base *b)
 	tick_ev = event_new(b, -1, EV_PERSIST, on_tick, NULL);
 	event_add(tick_ev, &tv);
 	enabled = true;
-	snprintf(status_buf, sizeof(status_buf), "node %s, %s%s, transport %s%s%s", node,
+	snprintf(status_buf, sizeof(status_buf), "node %s, %s%s, transport %s%s%s%s", node,
 	    listen_addr[0] ? "listening on " : "not listening", listen_addr,
 	    fabric_rdma_device() ? "rdma" : "tcp", fabric_rdma_device() ? " on " : "",
-	    fabric_rdma_device() ? fabric_rdma_device() : "");
-	log_info("fabric: node %s%s%s, transport %s, %s", node, listen_addr[0] ? ", listening on " : "",
+	    fabric_rdma_device() ? fabric_rdma_device() : "",
+	    cfg->fabric_dial_on_demand ? ", dials on demand" : "");
+	log_info("fabric: node %s%s%s, transport %s, %s%s", node, listen_addr[0] ? ", listening on " : "",
 	    listen_addr, fabric_rdma_device() ? "rdma" : "tcp",
-	    cfg->fabric_peers ? cfg->fabric_peers : "no configured peers");
+	    cfg->fabric_peers ? cfg->fabric_peers : "no configured peers",
+	    cfg->fabric_dial_on_demand ? ", dials on demand" : "");
 	return 0;
 }
 
@@ -1214,6 +1436,7 @@ peer_stop(void)
 {
 	struct peer *p;
 	struct ptarget *t;
+	struct pimport *pi;
 
 	if (!enabled)
 		return;
@@ -1225,6 +1448,8 @@ peer_stop(void)
 	}
 	while ((p = TAILQ_FIRST(&dead)) != NULL)
 		peer_free(p);
+	while ((pi = TAILQ_FIRST(&pimports)) != NULL)       /* those still resolving a name */
+		import_fail(pi, GPX__STATUS__ESHUTDOWN, "the daemon is stopping");
 	while ((t = TAILQ_FIRST(&targets)) != NULL) {
 		if (t->resolving)
 			break;      /* its resolve_done still refers to it: left to the exit */
@@ -1290,9 +1515,11 @@ peer_query(Gpx__QueryReply *q)
 		i->inflight = p->inflight;
 		i->connected_s = p->state == PEER_READY ? now - p->t_ready : 0;
 		i->why = p->why;
+		i->on_demand = p->target != NULL && p->target->on_demand;
 		q->peers[n++] = i;
 	}
-	/* Configured addresses with no connection now: why not. */
+	/* Addresses with no connection now (configured, or dialled on demand and not forgotten
+	 * yet): why not. */
 	TAILQ_FOREACH(t, &targets, entry) {
 		if (t->p != NULL || (t->node[0] && peer_by_node(t->node) != NULL))
 			continue;
@@ -1306,6 +1533,7 @@ peer_query(Gpx__QueryReply *q)
 		i->transport = "tcp";
 		i->outbound = true;
 		i->why = t->why;
+		i->on_demand = t->on_demand;
 		q->peers[n++] = i;
 	}
 	q->n_peers = n;

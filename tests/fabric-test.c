@@ -9,6 +9,16 @@
  *
  * Usage: fabric-test SOCK_A SOCK_B PID_A   (FABRIC_RESTART_A: a command that restarts A and
  * prints nothing; FABRIC_BOUND: seconds a failure may take, default 8)
+ *
+ * Imports by address ("@HOST:PORT/name", [fabric] dial_on_demand), against a third daemon E
+ * (node "nodee") that no one lists in peers, and C, which holds another key:
+ *   fabric-test addr SOCK_B SOCK_E SOCK_A PORT_E PORT_B PORT_C
+ * B (dial_on_demand = yes) imports E's export by address and copies both ways (checksums); A
+ * (the option off) is refused, but reaches its configured peer B by B's address; malformed
+ * addresses are refused; an address where nothing listens, one that accepts and never
+ * answers, and C fail within the bound, each with its reason.
+ *   fabric-test addr-again SOCK_B SOCK_E PORT_E
+ * after E went away and came back: B's next import by address dials it again.
  */
 #include "config.h"
 
@@ -20,6 +30,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "client-lib/gpx.h"
 #include "tests/tap.h"
@@ -56,6 +69,159 @@ wait_notify(gpx_conn *c, uint64_t tag, uint64_t *bytes)
 	return -1;
 }
 
+/* A port of 127.0.0.1 where nothing listens now; with listening, one that accepts connections
+ * into its backlog and never answers (fd in *fd). */
+static int
+local_port(bool listening, int *fd)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sin);
+	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (s < 0 || bind(s, (struct sockaddr *)&sin, sizeof(sin)) < 0 ||
+	    getsockname(s, (struct sockaddr *)&sin, &sl) < 0 || (listening && listen(s, 8) < 0)) {
+		if (s >= 0)
+			close(s);
+		return -1;
+	}
+	if (listening)
+		*fd = s;
+	else
+		close(s);
+	return ntohs(sin.sin_port);
+}
+
+/* An import by address that must fail with status want, within the bound, saying why. */
+static void
+import_fails(gpx_conn *c, const char *name, int want, const char *says, double bound, const char *what)
+{
+	gpx_region r;
+	uint64_t len;
+	double t0 = now();
+	int e = gpx_import(c, name, &r, &len);
+	double dt = now() - t0;
+	const char *msg = e < 0 ? gpx_last_error(c) : "";
+
+	ok(e == want && dt < bound && strstr(msg, says) != NULL, "%s: %s in %.2f s (bound %.0f s): %s",
+	    what, e < 0 ? gpx_strerror(e) : "imported", dt, bound, msg);
+}
+
+/* The export kv of E, imported by B by address, copied both ways with checksums. */
+static void
+addr_copy(gpx_conn *cb, int port_e, void *pe, void *pb, gpx_region rb, unsigned seed)
+{
+	char name[64];
+	gpx_region r;
+	uint64_t len = 0;
+	double t0 = now();
+	int e;
+
+	snprintf(name, sizeof(name), "@127.0.0.1:%d/kv", port_e);
+	e = gpx_import(cb, name, &r, &len);
+	ok(e == 0 && len == SZ, "B imports %s, E not in its peers (%s, %.2f s)", name,
+	    e ? gpx_last_error(cb) : "ok", now() - t0);
+	if (e != 0)
+		return;
+	fill(pe, SZ, seed);
+	e = gpx_copy_sync(cb, r, 0, rb, 0, SZ);
+	ok(e == 0 && fnv(pb, SZ) == fnv(pe, SZ), "8 MiB read by address (nodee -> nodeb): checksum %016llx",
+	    (unsigned long long)fnv(pb, SZ));
+	fill(pb, SZ, seed + 1);
+	e = gpx_copy_sync(cb, rb, 0, r, 0, SZ);
+	ok(e == 0 && fnv(pe, SZ) == fnv(pb, SZ),
+	    "8 MiB written by address (nodeb -> nodee): checksum %016llx", (unsigned long long)fnv(pe, SZ));
+}
+
+/* fabric-test addr ... and addr-again ...: see the top of the file. */
+static int
+by_address(int argc, char **argv, double bound)
+{
+	bool again = strcmp(argv[1], "addr-again") == 0;
+	gpx_conn *ca = NULL, *cb, *ce;
+	gpx_region re, rb, rx;
+	void *pe, *pb;
+	int fe, fb, e, port_e, silent = -1;
+	uint64_t len;
+	char name[96];
+
+	if (argc != (again ? 5 : 8)) {
+		fprintf(stderr, "usage: fabric-test addr SOCK_B SOCK_E SOCK_A PORT_E PORT_B PORT_C\n"
+		    "       fabric-test addr-again SOCK_B SOCK_E PORT_E\n");
+		return 99;
+	}
+	port_e = atoi(argv[again ? 4 : 5]);
+	if (gpx_connect(argv[2], "addr-user", &cb) < 0 || gpx_connect(argv[3], "addr-owner", &ce) < 0 ||
+	    (!again && gpx_connect(argv[4], "addr-other", &ca) < 0)) {
+		printf("Bail out! cannot connect to the daemons\n");
+		return 99;
+	}
+	if (gpx_host_alloc(SZ, &fe, &pe) < 0 || gpx_host_alloc(SZ, &fb, &pb) < 0 ||
+	    gpx_register_host(ce, fe, 0, SZ, 0, &re) < 0 || gpx_register_host(cb, fb, 0, SZ, 0, &rb) < 0) {
+		printf("Bail out! cannot register host memory\n");
+		return 99;
+	}
+	ok(gpx_export_remote(ce, re, "kv", NULL, NULL) == 0, "E exports kv to any peer");
+	addr_copy(cb, port_e, pe, pb, rb, again ? 20 : 10);
+	if (again)
+		goto out;
+
+	snprintf(name, sizeof(name), "@127.0.0.1:%d/kv", port_e);
+	e = gpx_import(cb, name, &rx, &len);
+	ok(e == 0, "a second import by the same address (fabric-tcp.test checks it used the same connection)");
+	snprintf(name, sizeof(name), "@127.0.0.1:%d/nothere", port_e);
+	ok(gpx_import(cb, name, &rx, &len) == -GPX_ENOENT, "no such export at the address: ENOENT (%s)",
+	    gpx_last_error(cb));
+
+	/* The syntax. */
+	const char *bad[] = { "@127.0.0.1/kv", "@127.0.0.1:0/kv", "@127.0.0.1:65536/kv", "@[::1:7000/kv",
+		"@127.0.0.1:7000", "@127.0.0.1:7000/", "@:7000/kv", "@127.0.0.1:7000/a b",
+		"@host name:7000/kv" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		ok(gpx_import(cb, bad[i], &rx, &len) == -GPX_EINVAL, "'%s' is refused: EINVAL (%s)", bad[i],
+		    gpx_last_error(cb));
+
+	/* A, where dial_on_demand is off: only its configured peers, by their address. */
+	snprintf(name, sizeof(name), "@127.0.0.1:%d/kv", port_e);
+	import_fails(ca, name, -GPX_EACCES, "dial_on_demand is off", bound,
+	    "A (dial_on_demand off) imports by E's address");
+	void *pa;
+	int fa;
+	gpx_region ra, rbkv;
+	fill(pb, SZ, 30);
+	e = gpx_export_remote(cb, rb, "bkv", NULL, "nodea");
+	e = e ? e : gpx_host_alloc(SZ, &fa, &pa);
+	e = e ? e : gpx_register_host(ca, fa, 0, SZ, 0, &ra);
+	snprintf(name, sizeof(name), "@127.0.0.1:%s/bkv", argv[6]);
+	e = e ? e : gpx_import(ca, name, &rbkv, &len);
+	ok(e == 0, "A imports %s, its configured peer B by address, with the option off (%s)", name,
+	    e ? gpx_last_error(ca) : "ok");
+	ok(e == 0 && gpx_copy_sync(ca, rbkv, 0, ra, 0, SZ) == 0 && fnv(pa, SZ) == fnv(pb, SZ),
+	    "8 MiB read from B by its address: checksum %016llx", (unsigned long long)fnv(pa, SZ));
+
+	/* Failures, each within the bound, with its reason. */
+	int port = local_port(false, NULL);
+	snprintf(name, sizeof(name), "@127.0.0.1:%d/kv", port);
+	import_fails(cb, name, -GPX_EIO, "refused", bound, "an address where nothing listens");
+	snprintf(name, sizeof(name), "@[::1]:%d/kv", port);
+	import_fails(cb, name, -GPX_EIO, "not reached", bound, "the same port as an IPv6 address");
+	port = local_port(true, &silent);
+	snprintf(name, sizeof(name), "@127.0.0.1:%d/kv", port);
+	import_fails(cb, name, -GPX_EIO, "within", bound, "an address that accepts and never answers");
+	if (silent >= 0)
+		close(silent);
+	snprintf(name, sizeof(name), "@127.0.0.1:%s/kv", argv[7]);
+	import_fails(cb, name, -GPX_EACCES, "authentication failed", bound,
+	    "C, which holds another key, by address");
+	import_fails(cb, name, -GPX_EACCES, "authentication failed", bound,
+	    "... and again: dialled again, refused again");
+	gpx_close(ca);
+out:
+	gpx_close(ce);
+	gpx_close(cb);
+	printf("1..%d\n", tap_count);
+	return tap_failed ? 1 : 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -68,6 +234,8 @@ main(int argc, char **argv)
 	struct gpx_export_opts notify = { .rule = GPX_EXPORT_UID, .notify = 1, .notify_tag = 77 };
 	struct gpx_export_opts ro = { .rule = GPX_EXPORT_UID, .read_only = 1 };
 
+	if (argc >= 2 && strncmp(argv[1], "addr", 4) == 0)
+		return by_address(argc, argv, bound);
 	if (argc != 4) {
 		fprintf(stderr, "usage: fabric-test SOCK_A SOCK_B PID_A\n");
 		return 99;
