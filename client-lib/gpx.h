@@ -129,7 +129,9 @@ int gpx_import(gpx_conn *c, const char *name, gpx_region *out, uint64_t *length)
  * key.  (The uid/gid rule of opts applies to clients of this daemon only.)  An import of
  * "NODE:name" on another node yields an ordinary region of kind remote: gpx_copy to or from it
  * moves the bytes over the fabric, completes as any copy does, and notifies the owner if it
- * asked.  Host memory only for now.
+ * asked.  Either side may be host or GPU memory (gpxd.conf(5) says how GPU memory moves).
+ * The importer may name the node by the address its daemon listens on instead,
+ * "@HOST:PORT/name" or "@[IPV6]:PORT/name" (gpxd.conf(5): dial_on_demand).
  */
 int gpx_export_remote(gpx_conn *c, gpx_region r, const char *name, const struct gpx_export_opts *opts,
     const char *peers);

@@ -251,13 +251,17 @@ do_exports(int argc, char **argv)
 			J_ADD(o, "read_only", J_BOOL(e->read_only));
 			J_ADD(o, "remote", J_BOOL(e->remote));
 			J_ADD(o, "peers", J_STR(e->peers));
+			J_ADD(o, "gpudirect", J_STR(e->gpudirect));
 			json_object_array_add(a, o);
-		} else
+		} else {
 			printf("%-24s %-6llu %#-18llx %-5s %-6u %-6u %9u %-6s %s%s%s%s\n", e->name,
 			    (unsigned long long)e->client, (unsigned long long)e->region, e->rule, e->uid, e->gid,
 			    e->importers, e->notify ? "yes" : "no", e->read_only ? "ro" : "rw",
 			    e->remote ? ",remote" : "", e->remote && e->peers && e->peers[0] ? ":" : "",
 			    e->remote && e->peers ? e->peers : "");
+			if (e->gpudirect && e->gpudirect[0])
+				printf("%-24s GPU memory to peers: %s\n", "", e->gpudirect);
+		}
 	}
 	if (json)
 		print_json(a);
@@ -495,7 +499,7 @@ do_peers(int argc, char **argv)
 {
 	Gpx__QueryReply *q = query(GPX_Q_PEERS);
 	json_object *a = json ? json_object_new_array() : NULL;
-	char b1[32], b2[32];
+	char b1[32], b2[32], b3[32];
 
 	if (!json)
 		printf("%-16s %-22s %-10s %-5s %-6s %5s %5s %5s %5s %10s %10s %6s %s\n", "NODE", "ADDRESS",
@@ -540,6 +544,21 @@ do_peers(int argc, char **argv)
 			    (unsigned long long)p->errors, tail);
 		}
 	}
+	const Gpx__FabricGpu *g = q->fabric_gpu;
+	if (json && g != NULL) {
+		json_object *o = json_object_new_object(), *top = json_object_new_object();
+		J_ADD(o, "direct_bytes", J_U64(g->direct_bytes));
+		J_ADD(o, "staged_bytes", J_U64(g->staged_bytes));
+		J_ADD(o, "staged_copies", J_U64(g->staged_copies));
+		J_ADD(o, "heap_copies", J_U64(g->heap_copies));
+		J_ADD(o, "dmabuf_registrations", J_U64(g->dmabuf_regs));
+		J_ADD(o, "peermem_registrations", J_U64(g->peermem_regs));
+		J_ADD(o, "unregistrable", J_U64(g->unregistrable));
+		J_ADD(o, "staging_pool_bytes", J_U64(g->pool_bytes));
+		J_ADD(top, "peers", a);
+		J_ADD(top, "gpu_memory", o);
+		a = top;
+	}
 	if (json)
 		print_json(a);
 	else if (q->n_peers == 0) {
@@ -547,6 +566,13 @@ do_peers(int argc, char **argv)
 		printf("no peers (fabric: %s)\n", s->status && s->status->fabric[0] ? s->status->fabric : "off");
 		gpx__query_reply__free_unpacked(s, NULL);
 	}
+	if (!json && g != NULL && g->pool_bytes + g->direct_bytes + g->staged_bytes + g->unregistrable > 0)
+		printf("GPU memory: %s by the NIC (registrations: %llu dma-buf, %llu peermem, %llu neither); "
+		    "%s staged in %llu copies (%llu through the heap), %s of pinned buffers\n",
+		    human(g->direct_bytes, b1, sizeof(b1)), (unsigned long long)g->dmabuf_regs,
+		    (unsigned long long)g->peermem_regs, (unsigned long long)g->unregistrable,
+		    human(g->staged_bytes, b2, sizeof(b2)), (unsigned long long)g->staged_copies,
+		    (unsigned long long)g->heap_copies, human(g->pool_bytes, b3, sizeof(b3)));
 	gpx__query_reply__free_unpacked(q, NULL);
 	return 0;
 }

@@ -631,6 +631,8 @@ on_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 	}
 	c->user->exports++;
 	TAILQ_INSERT_TAIL(&exports, e, entry);
+	if (e->remote)
+		stage_probe(h->r);     /* GPU memory: what a peer's NIC would get */
 	log_debug("export", "client %llu exports %#llx as %s", (unsigned long long)c->id,
 	    (unsigned long long)h->id, e->name);
 	reply_err(c, seq, 0, NULL);

@@ -16,6 +16,7 @@
 
 #include "gpxd.h"
 #include "nic.h"
+#include "fabric.h"
 
 static const char *state_names[] = { "hello", "ready", "draining", "dead" };
 
@@ -142,9 +143,26 @@ q_exports(Gpx__QueryReply *q)
 		i->read_only = e->read_only;
 		i->remote = e->remote;
 		i->peers = e->peers ? e->peers : (char *)"";
+		i->gpudirect = e->remote && e->r->host == NULL ? e->r->gdr : (char *)"";
 		q->exports[n++] = i;
 	}
 	q->n_exports = n;
+}
+
+/* GPU memory between nodes, by path (daemon/stage.c, daemon/fabric-rdma.c). */
+static void
+q_fabric_gpu(Gpx__QueryReply *q, Gpx__FabricGpu *g)
+{
+	struct stage_stats s;
+
+	stage_stats(&s);
+	g->direct_bytes = s.direct_bytes;
+	g->staged_bytes = s.staged_bytes;
+	g->staged_copies = s.staged_copies;
+	g->heap_copies = s.heap_copies;
+	g->pool_bytes = s.pool_bytes;
+	fabric_rdma_gpu_regs(&g->dmabuf_regs, &g->peermem_regs, &g->unregistrable);
+	q->fabric_gpu = g;
 }
 
 struct tvisit {
@@ -236,6 +254,7 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 {
 	Gpx__QueryReply q = GPX__QUERY_REPLY__INIT;
 	Gpx__DaemonStatus st = GPX__DAEMON_STATUS__INIT;
+	Gpx__FabricGpu fg = GPX__FABRIC_GPU__INIT;
 	struct tvisit v = { .q = &q, .now = now_s() };
 
 	switch (m->what) {
@@ -263,6 +282,7 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 		break;
 	case GPX__QUERY_WHAT__Q_PEERS:
 		peer_query(&q);
+		q_fabric_gpu(&q, &fg);
 		break;
 	default:
 		conn_reply(c, seq, GPX__STATUS__EINVAL, "unknown query", NULL, NULL, 0);

@@ -32,11 +32,12 @@
  * the libevent loop: nothing here blocks or runs on another thread, except
  * fabric_rdma_region_gone, which takes the registration lock.
  *
- * GPU memory (GPUDirect RDMA) is not moved by this transport yet: fabric_xfer_check refuses
- * it with the reason.  The registration order it would use (ibv_reg_dmabuf_mr on a dma-buf
- * from cuda_dmabuf, then ibv_reg_mr on the device pointer with nvidia-peermem, then staging
- * through pinned host buffers) is written down in daemon/fabric.h; no machine of this
- * project has both a GPU and an RDMA NIC to prove it on.
+ * GPU memory (GPUDirect RDMA) is registered only on its GPU's NIC, from a dma-buf that the
+ * driver exports for the range (ibv_reg_dmabuf_mr, no kernel module needed), else from the
+ * device pointer itself (ibv_reg_mr, which only nvidia-peermem makes work); when neither
+ * works the registration fails here, the failure is cached with the region, and the caller
+ * stages the chunk through host buffers (daemon/stage.c).  No machine of this project has
+ * both a GPU and an RDMA NIC: these two registrations have never run.
  *
  * Built without rdma-core, the stubs at the end keep the interface and say why.
  *
@@ -52,6 +53,9 @@
 
 #include "daemon/fabric.h"
 #include "daemon/nic.h"
+#ifdef HAVE_CUDA
+#include "daemon/gpu.h"
+#endif
 
 #ifdef HAVE_RDMA
 
@@ -124,6 +128,7 @@ struct rmr {
 	struct phandle *h;
 	const struct peer *p;        /* the importer, only compared */
 	bool writable;               /* local: LOCAL_WRITE (may be an RDMA READ's destination) */
+	/* a local region in GPU memory that the NIC cannot register: mr is NULL, it is staged */
 };
 
 static struct {
@@ -141,6 +146,7 @@ static struct {
 	struct event *cq_ev, *cm_ev, *async_ev;
 	char name[80];
 	uint64_t nreg, regfail;
+	uint64_t gpu_dmabuf, gpu_peermem, gpu_none;   /* GPU memory registrations, by how */
 } dev;
 
 static pthread_mutex_t mlock = PTHREAD_MUTEX_INITIALIZER;
@@ -573,6 +579,53 @@ fabric_rdma_device(void)
 
 /* ---- registrations ---- */
 
+static bool nic_is_open(const struct region *);
+
+/*
+ * r's GPU memory for the NIC, at iova: from the dma-buf the driver exports for the pages
+ * around it, else from the device pointer (nvidia-peermem).  NULL when neither works.  A
+ * driver call on the loop thread, once per region and import (its result is kept).
+ */
+static struct ibv_mr *
+gpu_reg(const struct region *r, uint64_t iova, int acc)
+{
+#ifndef HAVE_CUDA
+	(void)r, (void)iova, (void)acc;
+	return NULL;
+#else
+	uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t a0 = r->dptr & ~(pg - 1), a1 = (r->dptr + r->length + pg - 1) & ~(pg - 1);
+	struct ibv_mr *mr = NULL;
+	int fd = cuda_use(r->dev) == 0 ? cuda_dmabuf(a0, a1 - a0) : -1;
+
+	if (fd >= 0) {
+		mr = ibv_reg_dmabuf_mr(dev.pd, r->dptr - a0, r->length, iova, fd, acc);
+		close(fd);              /* the registration holds the dma-buf */
+		if (mr != NULL) {
+			dev.gpu_dmabuf++;
+			return mr;
+		}
+	}
+	if ((mr = ibv_reg_mr_iova(dev.pd, (void *)(uintptr_t)r->dptr, r->length, iova, acc)) != NULL) {
+		dev.gpu_peermem++;
+		return mr;
+	}
+	dev.gpu_none++;
+	log_warnx("fabric: %s cannot register %llu bytes of GPU %d memory (dma-buf: %s; peermem: %s): "
+	    "they are staged through host buffers", dev.name, (unsigned long long)r->length, r->dev,
+	    fd >= 0 ? "refused by the NIC" : "none from the driver", strerror(errno));
+	return NULL;
+#endif
+}
+
+void
+fabric_rdma_gpu_regs(uint64_t *dmabuf, uint64_t *peermem, uint64_t *none)
+{
+	*dmabuf = dev.gpu_dmabuf;
+	*peermem = dev.gpu_peermem;
+	*none = dev.gpu_none;
+}
+
 bool
 fabric_rdma_export(struct peer *p, struct phandle *h, uint64_t *addr, uint32_t *rkey)
 {
@@ -580,20 +633,22 @@ fabric_rdma_export(struct peer *p, struct phandle *h, uint64_t *addr, uint32_t *
 	struct rmr *m;
 	int acc = IBV_ACCESS_REMOTE_READ;
 
-	if (!dev.on || r->host == NULL || r->length == 0 || (m = calloc(1, sizeof(*m))) == NULL)
+	if (!dev.on || r->length == 0 || (r->host == NULL && !nic_is_open(r)) ||
+	    (m = calloc(1, sizeof(*m))) == NULL)
 		return false;
 	if (!h->read_only && !r->read_only)
 		acc |= IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 	/* iova 0: the peer addresses the export by offset and learns no address of ours. */
 	*addr = 0;
-	m->mr = ibv_reg_mr_iova(dev.pd, r->host, r->length, 0, acc);
-	if (m->mr == NULL) {
+	if (r->host == NULL)
+		m->mr = gpu_reg(r, 0, acc);
+	else if ((m->mr = ibv_reg_mr_iova(dev.pd, r->host, r->length, 0, acc)) == NULL) {
 		*addr = (uintptr_t)r->host;
 		m->mr = ibv_reg_mr(dev.pd, r->host, r->length, acc);
 	}
 	if (m->mr == NULL) {
-		log_warn("fabric: peer %s: registering export %s (%llu bytes) for rdma; it goes over tcp",
-		    p->node, h->export_name, (unsigned long long)r->length);
+		log_warn("fabric: peer %s: registering export %s (%llu bytes) for rdma; it goes over tcp%s",
+		    p->node, h->export_name, (unsigned long long)r->length, r->host ? "" : ", staged");
 		dev.regfail++;
 		free(m);
 		return false;
@@ -641,11 +696,20 @@ local_mr(struct region *r, bool write_into)
 			break;
 		}
 	pthread_mutex_unlock(&mlock);
-	if (mr != NULL || r->host == NULL || (write_into && r->read_only))
+	if (m != NULL || (write_into && r->read_only))
 		return mr;
 	if ((m = calloc(1, sizeof(*m))) == NULL)
 		return NULL;
 	m->writable = !r->read_only;
+	if (r->host == NULL) {
+		/* Cached even when it fails: the chunks of this region are staged from now on. */
+		m->mr = gpu_reg(r, r->dptr, m->writable ? IBV_ACCESS_LOCAL_WRITE : 0);
+		m->r = r;
+		pthread_mutex_lock(&mlock);
+		TAILQ_INSERT_TAIL(&mrs, m, entry);
+		pthread_mutex_unlock(&mlock);
+		return m->mr;
+	}
 	if ((m->mr = ibv_reg_mr(dev.pd, r->host, r->length, m->writable ? IBV_ACCESS_LOCAL_WRITE : 0)) == NULL) {
 		log_warn("fabric: registering a %llu-byte region for rdma", (unsigned long long)r->length);
 		dev.regfail++;
@@ -678,7 +742,8 @@ fabric_rdma_region_gone(struct region *r)
 	pthread_mutex_unlock(&mlock);
 	while ((m = TAILQ_FIRST(&gone)) != NULL) {
 		TAILQ_REMOVE(&gone, m, entry);
-		ibv_dereg_mr(m->mr);
+		if (m->mr != NULL)
+			ibv_dereg_mr(m->mr);
 		free(m);
 	}
 }
@@ -722,9 +787,10 @@ nic_is_open(const struct region *r)
 }
 
 int
-fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, void *buf, uint64_t len,
+fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, uint64_t off, uint64_t len,
     uint64_t raddr, uint32_t rkey)
 {
+	uintptr_t buf = local->host != NULL ? (uintptr_t)local->host + off : (uintptr_t)(local->dptr + off);
 	struct rpeer *rp = p->rdma;
 	struct rqp *q = NULL;
 	struct ibv_mr *mr;
@@ -743,20 +809,18 @@ fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, 
 	struct ibv_send_wr wr[RQP_DEPTH], *bad;
 	uint64_t wrid = id | (uint64_t)nwr << WRID_SHIFT;
 	for (unsigned i = 0; i < nwr; i++) {
-		uint64_t off = write ? 0 : (uint64_t)i * RDMA_READ_SEG;
-		uint32_t l = write ? (uint32_t)len : (uint32_t)(len - off < RDMA_READ_SEG ? len - off : RDMA_READ_SEG);
-		sge[i] = (struct ibv_sge){ .addr = (uintptr_t)buf + off, .length = l, .lkey = mr->lkey };
+		uint64_t o = write ? 0 : (uint64_t)i * RDMA_READ_SEG;
+		uint32_t l = write ? (uint32_t)len : (uint32_t)(len - o < RDMA_READ_SEG ? len - o : RDMA_READ_SEG);
+		sge[i] = (struct ibv_sge){ .addr = buf + o, .length = l, .lkey = mr->lkey };
 		wr[i] = (struct ibv_send_wr){
 			.wr_id = wrid, .sg_list = &sge[i], .num_sge = 1, .next = i + 1 < nwr ? &wr[i + 1] : NULL,
 			.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ,
 			.send_flags = i + 1 == nwr ? IBV_SEND_SIGNALED : 0,
 		};
-		wr[i].wr.rdma.remote_addr = raddr + off;
+		wr[i].wr.rdma.remote_addr = raddr + o;
 		wr[i].wr.rdma.rkey = rkey;
 	}
 	if ((errno = ibv_post_send(q->id->qp, wr, &bad)) != 0) {
-		/* Nothing of a list that failed at its first request was posted; anything else was,
-		 * and the rest would never complete: the queue pair cannot be trusted any more. */
 		log_warn("fabric: peer %s: posting on rdma queue pair %d", p->node, q->idx);
 		/* Nothing of a list refused at its first request was posted.  A part of it was: its
 		 * completion would never come, so the queue pair carries nothing more, and this
@@ -952,8 +1016,10 @@ void fabric_rdma_unexport(struct phandle *h) { (void)h; }
 void fabric_rdma_region_gone(struct region *r) { (void)r; }
 bool fabric_rdma_nic(const struct region *r, char *name, size_t namelen, const char **why)
 { (void)r; (void)name; (void)namelen; (void)why; return false; }
-int fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, void *buf, uint64_t len,
+int fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, uint64_t off, uint64_t len,
     uint64_t raddr, uint32_t rkey)
-{ (void)p; (void)id; (void)write; (void)local; (void)buf; (void)len; (void)raddr; (void)rkey; return -1; }
+{ (void)p; (void)id; (void)write; (void)local; (void)off; (void)len; (void)raddr; (void)rkey; return -1; }
+void fabric_rdma_gpu_regs(uint64_t *dmabuf, uint64_t *peermem, uint64_t *none)
+{ *dmabuf = *peermem = *none = 0; }
 
 #endif

@@ -20,6 +20,14 @@
  * (daemon/fabric-rdma.c), a chunk is posted as one RDMA WRITE or READ instead of a message and
  * ends with its work completion; everything else (windows, notifications, deadlines) is the same.
  *
+ * GPU memory on our side of a chunk goes by RDMA straight from or to the GPU when the NIC can
+ * register it, and is staged otherwise (daemon/stage.c): a write's chunk is first copied from
+ * the GPU into a host buffer, which then goes as host memory would; a read's chunk lands in a
+ * host buffer and is done once copied into the GPU.  While its copy runs, a chunk belongs to
+ * the stage thread (f->staging): it is on no list, so a peer going down does not free it, and
+ * its done function finds the peer again by name and epoch.  A peer's Write or Read of an
+ * export in GPU memory is served the same way, answered when the copy is done.
+ *
  * Failures end every waiting chunk with EIO, never a hang: the peer connection going down
  * (daemon/peer.c), a request unanswered for [fabric] timeout seconds (the connection is then
  * dropped: a peer that lost one answer cannot be trusted with the rest), or a region imported
@@ -44,10 +52,25 @@ struct fop {
 	struct peer *p;
 	enum fop_kind kind;
 	struct chunk c;
-	void *local;                 /* Read: where the bytes land */
+	uint64_t loff, roff;         /* the chunk's offsets in the local and the remote region */
+	void *local;                 /* Read over tcp: where the bytes land */
+	void *stage;                 /* GPU memory staged through this host buffer (stage.c) */
+	bool staging;                /* its copy to or from the GPU is running */
+	bool landed;                 /* a staged Read's bytes are in f->stage */
 	bool notified;               /* the Write carried the transfer's Notify */
 	bool rdma;                   /* posted as RDMA WRITE/READ: ends with its work completion */
 	double deadline;
+};
+
+/* A peer's Write or Read of an export in GPU memory, while its bytes are staged. */
+struct sreq {
+	char node[PEER_NAME_MAX + 1];
+	uint32_t epoch;
+	uint64_t id;
+	struct region *r;            /* a mapping user until the answer */
+	void *buf;
+	uint64_t len, notify;
+	bool read;
 };
 
 /* A Release queued by a thread other than the loop's. */
@@ -60,8 +83,8 @@ struct rel {
 
 #define FABRIC_WINDOW 32             /* chunks in flight over all peers */
 
-static TAILQ_HEAD(, fop) fops = TAILQ_HEAD_INITIALIZER(fops);
-static uint32_t nfops;
+static TAILQ_HEAD(, fop) fops = TAILQ_HEAD_INITIALIZER(fops);   /* waiting on a peer */
+static uint32_t nfops;                                          /* alive: waiting or staging */
 static uint64_t next_id;
 static struct event *kick_ev;
 static pthread_mutex_t rlock = PTHREAD_MUTEX_INITIALIZER;
@@ -138,23 +161,13 @@ int
 fabric_xfer_check(const struct region *src, const struct region *dst, char *err, size_t errlen)
 {
 	bool rs = src->kind == GPX__MEM_KIND__MEM_REMOTE, rd = dst->kind == GPX__MEM_KIND__MEM_REMOTE;
-	const struct region *local = rs ? dst : src, *far = rs ? src : dst;
-	const struct remote *rm = far->priv;
+	const struct remote *rm = (rs ? src : dst)->priv;
 	struct peer *p;
 
 	if (!rs && !rd)
 		return 0;
 	if (rs && rd) {
 		snprintf(err, errlen, "both regions are remote: copy through a local region");
-		return -GPX__STATUS__ENOTSUP;
-	}
-	if (local->kind != GPX__MEM_KIND__MEM_HOST || local->host == NULL) {
-		char nic[64];
-		const char *why = "";
-		bool has = local->dev != DEV_HOST && fabric_rdma_nic(local, nic, sizeof(nic), &why);
-		snprintf(err, errlen, "GPU memory to or from another node needs GPUDirect RDMA or staging, "
-		    "which this gpxd does not have (its NIC would be %s%s%s%s): the tcp transport moves "
-		    "host memory only", has ? nic : "none", has ? " (" : "", why, has ? ")" : "");
 		return -GPX__STATUS__ENOTSUP;
 	}
 	if (rm == NULL || (p = peer_by_node(rm->node)) == NULL || p->epoch != rm->epoch) {
@@ -170,17 +183,32 @@ fabric_xfer_check(const struct region *src, const struct region *dst, char *err,
 static void
 fop_free(struct fop *f, bool ok)
 {
+	stage_put(f->stage);
+	nfops--;
 	engine_chunk_done(&f->c, ok);
 	free(f);
+}
+
+/* f now waits on its peer, for an answer or a work completion, until its deadline. */
+static void
+fop_list(struct fop *f)
+{
+	f->deadline = now_s() + cfg->fabric_timeout_s;
+	TAILQ_INSERT_TAIL(&fops, f, entry);
+	f->p->inflight++;
+}
+
+static void
+fop_unlist(struct fop *f)
+{
+	TAILQ_REMOVE(&fops, f, entry);
+	f->p->inflight--;
 }
 
 static void
 fop_send(struct fop *f, const Gpxpeer__PeerMsg *m, const void *data, size_t len)
 {
-	f->deadline = now_s() + cfg->fabric_timeout_s;
-	TAILQ_INSERT_TAIL(&fops, f, entry);
-	nfops++;
-	f->p->inflight++;
+	fop_list(f);
 	/* On failure the peer was killed, and fabric_peer_down has failed f already. */
 	peer_send(f->p, m, data, len);
 }
@@ -190,21 +218,96 @@ static void
 fop_track(struct fop *f)
 {
 	f->rdma = true;
-	f->deadline = now_s() + cfg->fabric_timeout_s;
-	TAILQ_INSERT_TAIL(&fops, f, entry);
-	nfops++;
-	f->p->inflight++;
+	fop_list(f);
+}
+
+static void pump(void);
+
+/* The chunk as a message: a Write carrying bytes (host memory or a staged copy), or a Read. */
+static void
+send_chunk(struct fop *f, const struct remote *rm, const void *bytes)
+{
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
+	Gpxpeer__Write w = GPXPEER__WRITE__INIT;
+	Gpxpeer__Read rd = GPXPEER__READ__INIT;
+	struct job *j = f->c.job;
+
+	if (f->kind == FOP_WRITE) {
+		w.id = f->id;
+		w.handle = rm->handle;
+		w.offset = f->roff;
+		w.length = f->c.bytes;
+		if (rm->notify && f->c.bytes == j->total) {
+			w.notify = j->total;
+			f->notified = true;
+		}
+		m.body_case = GPXPEER__PEER_MSG__BODY_WRITE;
+		m.write = &w;
+		fop_send(f, &m, bytes, f->c.bytes);
+	} else {
+		f->local = f->stage != NULL ? f->stage : (char *)j->dst->host + f->loff;
+		rd.id = f->id;
+		rd.handle = rm->handle;
+		rd.offset = f->roff;
+		rd.length = f->c.bytes;
+		m.body_case = GPXPEER__PEER_MSG__BODY_READ;
+		m.read = &rd;
+		fop_send(f, &m, NULL, 0);
+	}
+}
+
+/* By RDMA from or into f's staging buffer when the import allows; false: as a message. */
+static bool
+post_staged(struct fop *f, const struct remote *rm)
+{
+	uint64_t off;
+	struct region *pool = stage_pool(f->stage, &off);
+
+	if (!rm->rdma || pool == NULL ||
+	    fabric_rdma_post(f->p, f->id, f->kind == FOP_WRITE, pool, off, f->c.bytes, rm->raddr + f->roff,
+	    rm->rkey) < 0)
+		return false;
+	fop_track(f);
+	return true;
+}
+
+/* Loop thread: a staged Write's bytes are out of the GPU. */
+static void
+staged_out(void *arg, bool ok)
+{
+	struct fop *f = arg;
+	const struct remote *rm = f->c.job->dst->priv;
+	struct peer *p = rm ? peer_by_node(rm->node) : NULL;
+
+	f->staging = false;
+	if (!ok || !running || p == NULL || p->epoch != rm->epoch) {
+		fop_free(f, false);
+		pump();
+		return;
+	}
+	f->p = p;
+	if (!post_staged(f, rm))
+		send_chunk(f, rm, f->stage);
+}
+
+/* Loop thread: a staged Read's bytes are in the GPU: the chunk is done. */
+static void
+staged_in(void *arg, bool ok)
+{
+	struct fop *f = arg;
+
+	f->staging = false;
+	fop_free(f, ok && running);
+	pump();
 }
 
 static void
 start_chunk(struct chunk *c)
 {
-	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
-	Gpxpeer__Write w = GPXPEER__WRITE__INIT;
-	Gpxpeer__Read rd = GPXPEER__READ__INIT;
 	struct job *j = c->job;
 	const struct gpx_wire_seg *g = &j->segs[c->seg];
 	bool write = j->dst->kind == GPX__MEM_KIND__MEM_REMOTE;
+	struct region *local = write ? j->src : j->dst;
 	const struct remote *rm = (write ? j->dst : j->src)->priv;
 	struct peer *p = rm ? peer_by_node(rm->node) : NULL;
 	struct fop *f;
@@ -215,44 +318,36 @@ start_chunk(struct chunk *c)
 		engine_chunk_done(c, false);
 		return;
 	}
+	nfops++;
 	f->id = ++next_id;
 	f->p = p;
 	f->c = *c;
-	if (rm->rdma) {
-		uint64_t roff = write ? g->dst_offset + c->off : g->src_offset + c->off;
-		void *buf = write ? (char *)j->src->host + g->src_offset + c->off :
-		    (char *)j->dst->host + g->dst_offset + c->off;
-		f->kind = write ? FOP_WRITE : FOP_READ;
-		if (fabric_rdma_post(p, f->id, write, write ? j->src : j->dst, buf, c->bytes,
-		    rm->raddr + roff, rm->rkey) == 0) {
-			fop_track(f);
+	f->kind = write ? FOP_WRITE : FOP_READ;
+	f->loff = (write ? g->src_offset : g->dst_offset) + c->off;
+	f->roff = (write ? g->dst_offset : g->src_offset) + c->off;
+	/* Host memory, or GPU memory the NIC registered itself: by RDMA, no copy. */
+	if (rm->rdma && fabric_rdma_post(p, f->id, write, local, f->loff, c->bytes, rm->raddr + f->roff,
+	    rm->rkey) == 0) {
+		if (local->host == NULL)
+			stage_count_direct(c->bytes);
+		fop_track(f);
+		return;
+	}
+	if (local->host == NULL) {
+		/* GPU memory the NIC cannot reach, or the tcp transport: through a host buffer. */
+		if ((f->stage = stage_get(c->bytes)) == NULL) {
+			fop_free(f, false);
 			return;
 		}
-	}
-	if (write) {
-		f->kind = FOP_WRITE;
-		w.id = f->id;
-		w.handle = rm->handle;
-		w.offset = g->dst_offset + c->off;
-		w.length = c->bytes;
-		if (rm->notify && c->bytes == j->total) {
-			w.notify = j->total;
-			f->notified = true;
+		if (write) {
+			f->staging = true;
+			stage_copy(false, local->dev, local->dptr + f->loff, f->stage, c->bytes, staged_out, f);
+			return;
 		}
-		m.body_case = GPXPEER__PEER_MSG__BODY_WRITE;
-		m.write = &w;
-		fop_send(f, &m, (const char *)j->src->host + g->src_offset + c->off, c->bytes);
-	} else {
-		f->kind = FOP_READ;
-		f->local = (char *)j->dst->host + g->dst_offset + c->off;
-		rd.id = f->id;
-		rd.handle = rm->handle;
-		rd.offset = g->src_offset + c->off;
-		rd.length = c->bytes;
-		m.body_case = GPXPEER__PEER_MSG__BODY_READ;
-		m.read = &rd;
-		fop_send(f, &m, NULL, 0);
+		if (post_staged(f, rm))
+			return;
 	}
+	send_chunk(f, rm, write ? (const char *)local->host + f->loff : NULL);
 }
 
 /* Takes chunks while the window has room. */
@@ -277,6 +372,12 @@ fop_end(struct fop *f, bool ok)
 {
 	struct job *j = f->c.job;
 
+	if (ok && f->kind == FOP_READ && f->stage != NULL && !f->landed) {
+		/* In the host buffer: done when it is in the GPU too. */
+		f->landed = f->staging = true;
+		stage_copy(true, j->dst->dev, j->dst->dptr + f->loff, f->stage, f->c.bytes, staged_in, f);
+		return;
+	}
 	if (ok && f->kind == FOP_WRITE) {
 		uint64_t acked = (uint64_t)(uintptr_t)j->priv + f->c.bytes;
 		const struct remote *rm = j->dst->priv;
@@ -321,9 +422,7 @@ on_done(struct peer *p, const Gpxpeer__Done *d, struct evbuffer *in, size_t dlen
 		peer_kill(p, "data in an answer that takes none");
 		return;
 	}
-	TAILQ_REMOVE(&fops, f, entry);
-	nfops--;
-	p->inflight--;
+	fop_unlist(f);
 	if (d->status != 0) {
 		p->errors++;
 		log_info("fabric: peer %s refused a %s of client %llu tag %llu: status %u", p->node,
@@ -351,9 +450,7 @@ fabric_rdma_done(uint64_t id, bool ok, const char *why)
 		    (unsigned long long)id, why);
 		return;
 	}
-	TAILQ_REMOVE(&fops, f, entry);
-	nfops--;
-	p->inflight--;
+	fop_unlist(f);
 	p->ops++;
 	if (f->kind == FOP_WRITE)
 		p->bytes_tx += f->c.bytes;
@@ -413,6 +510,50 @@ check(struct peer *p, uint64_t handle, uint64_t off, uint64_t len, bool write, s
 	return 0;
 }
 
+/* Loop thread: a staged Write is in the GPU, or a staged Read's bytes are out of it. */
+static void
+served(void *arg, bool ok)
+{
+	struct sreq *q = arg;
+	struct peer *p = peer_by_node(q->node);
+
+	if (ok && q->notify != 0)
+		notify_owner(q->r, q->notify);
+	region_unuse(q->r);
+	if (p != NULL && p->epoch == q->epoch)
+		answer(p, q->id, ok ? 0 : GPX__STATUS__EIO, ok && q->read ? q->buf : NULL, ok && q->read ? q->len : 0);
+	stage_put(q->buf);
+	free(q);
+}
+
+/* A peer's Write or Read of an export in GPU memory (h checked, its region in use): staged. */
+static void
+serve_staged(struct peer *p, struct phandle *h, uint64_t id, uint64_t off, uint64_t len, uint64_t notify,
+    struct evbuffer *in)
+{
+	struct sreq *q = calloc(1, sizeof(*q));
+	struct region *r = h->r;
+
+	if (q == NULL || (q->buf = stage_get(len)) == NULL) {
+		free(q);
+		if (in != NULL)
+			evbuffer_drain(in, len);
+		region_unuse(r);
+		answer(p, id, GPX__STATUS__ENOMEM, NULL, 0);
+		return;
+	}
+	snprintf(q->node, sizeof(q->node), "%s", p->node);
+	q->epoch = p->epoch;
+	q->id = id;
+	q->r = r;
+	q->len = len;
+	q->notify = notify;
+	q->read = in == NULL;
+	if (in != NULL)
+		evbuffer_remove(in, q->buf, len);
+	stage_copy(in != NULL, r->dev, r->dptr + off, q->buf, len, served, q);
+}
+
 static void
 serve_write(struct peer *p, const Gpxpeer__Write *w, struct evbuffer *in, size_t dlen)
 {
@@ -423,7 +564,11 @@ serve_write(struct peer *p, const Gpxpeer__Write *w, struct evbuffer *in, size_t
 		peer_kill(p, "a Write of %llu bytes carries %zu", (unsigned long long)w->length, dlen);
 		return;
 	}
-	if ((st = check(p, w->handle, w->offset, w->length, true, &h)) == 0) {
+	if ((st = check(p, w->handle, w->offset, w->length, true, &h)) == 0 && h->r->host == NULL) {
+		serve_staged(p, h, w->id, w->offset, w->length, w->notify, in);
+		return;
+	}
+	if (st == 0) {
 		evbuffer_remove(in, (char *)h->r->host + w->offset, dlen);
 		if (w->notify != 0)
 			notify_owner(h->r, w->notify);
@@ -441,6 +586,10 @@ serve_read(struct peer *p, const Gpxpeer__Read *r)
 
 	if ((st = check(p, r->handle, r->offset, r->length, false, &h)) != 0) {
 		answer(p, r->id, st, NULL, 0);
+		return;
+	}
+	if (h->r->host == NULL) {
+		serve_staged(p, h, r->id, r->offset, r->length, 0, NULL);
 		return;
 	}
 	answer(p, r->id, 0, (const char *)h->r->host + r->offset, r->length);
@@ -495,7 +644,6 @@ fabric_peer_down(struct peer *p)
 	TAILQ_FOREACH_SAFE(f, &fops, entry, t)
 		if (f->p == p) {
 			TAILQ_REMOVE(&fops, f, entry);
-			nfops--;
 			p->errors++;
 			TAILQ_INSERT_TAIL(&failed, f, entry);
 		}
@@ -571,7 +719,7 @@ fabric_kick(void)
 int
 fabric_init(struct event_base *b)
 {
-	if ((kick_ev = event_new(b, -1, 0, on_kick, NULL)) == NULL)
+	if ((kick_ev = event_new(b, -1, 0, on_kick, NULL)) == NULL || stage_init(b) < 0)
 		return -1;
 	pthread_mutex_lock(&rlock);
 	running = true;
@@ -593,9 +741,10 @@ fabric_shutdown(void)
 		free(x);
 	}
 	pthread_mutex_unlock(&rlock);
+	/* Staged chunks end (failed: the fabric is stopped), then those waiting on peers. */
+	stage_shutdown();
 	while ((f = TAILQ_FIRST(&fops)) != NULL) {
-		TAILQ_REMOVE(&fops, f, entry);
-		nfops--;
+		fop_unlist(f);
 		fop_free(f, false);
 	}
 	/* Chunks still queued on the path fail now, so their transfers end. */

@@ -8,28 +8,30 @@
  *             and the serving side of Write/Read/Notify for our exports
  *   fabric-rdma.c  the RDMA data transport: rdma_cm queue pairs announced on the control
  *             connection, registrations, RDMA WRITE/READ of a chunk, their completions
- * The rest of the daemon sees only the hooks declared at the end of daemon/gpxd.h.
  *
  * Threads: everything here runs on the loop thread, except mem_remote_ops.close, which may run
  * on a copy worker and only queues a Release for the loop.
  *
+ *   stage.c   GPU memory on one side of a remote copy when the NIC cannot reach it: staging
+ *             through pinned host buffers, and the dma-buf probe of exported GPU memory
+ * The rest of the daemon sees only the hooks declared at the end of daemon/gpxd.h.
+ *
  * Where it stands: the control plane (peering, authentication, versions, remote exports and
  * imports, epochs, keepalive) and the tcp data transport are done and tested by
- * tests/fabric-tcp.test.  The RDMA data transport for host memory (fabric-rdma.c: librdmacm,
- * RC queue pairs shared per peer, RDMA WRITE/READ, per-import registrations of exports, a
- * registration cache for local regions) is tested between two Soft-RoCE guests by
+ * tests/fabric-tcp.test.  The RDMA data transport (fabric-rdma.c: librdmacm, RC queue pairs
+ * shared per peer, RDMA WRITE/READ, per-import registrations of exports, a registration cache
+ * for local regions) is tested with host memory between two Soft-RoCE guests by
  * tests/vm-rdma.test; the owner's notification after an RDMA WRITE goes as a Notify message
  * on the control connection once every chunk's completion is in (not as a write with
- * immediate).  Not written yet: GPU memory on either side of a remote copy (refused with
- * ENOTSUP and the reason); it would register a dma-buf from cuda_dmabuf with
- * ibv_reg_dmabuf_mr, else the device pointer with ibv_reg_mr (nvidia-peermem), else stage
- * through pinned host buffers, each only when the one before is impossible.  GPU memory over
- * RDMA cannot be run on any machine available to this project: the GPU machines have no RDMA
- * NIC and the Soft-RoCE guests (tests/vm) have no GPU, so that path can only be shown on real
- * hardware.  The NIC of each GPU is chosen by PCI distance from sysfs (daemon/nic.c, shown by
- * gpxctl topo, overridden by [fabric] nic_for_gpuN); fabric-rdma.c opens one device, the first
- * with an active port or [fabric] rdma_device, which carries host memory, and would carry a
- * GPU's memory only when it is that GPU's NIC (a context per NIC is not written yet).
+ * immediate).  GPU memory on either side: registered with the NIC from a dma-buf
+ * (ibv_reg_dmabuf_mr), else the device pointer (ibv_reg_mr, nvidia-peermem), else staged
+ * (stage.c), each only when the one before is impossible; the staged path over tcp runs on the
+ * GPU machines (tests/gpu/fabric-gpu.test), the registrations need a GPU and an RDMA NIC in
+ * one machine, which this project has never had.  The NIC of each GPU is chosen by PCI
+ * distance from sysfs (daemon/nic.c, shown by gpxctl topo, overridden by [fabric]
+ * nic_for_gpuN); fabric-rdma.c opens one device, the first with an active port or [fabric]
+ * rdma_device, which carries host memory and staged buffers, and registers a GPU's memory
+ * only when it is that GPU's NIC (a context per NIC is not written yet).
  */
 #ifndef GPX_FABRIC_H
 #define GPX_FABRIC_H
@@ -163,8 +165,32 @@ bool fabric_rdma_export(struct peer *, struct phandle *, uint64_t *addr, uint32_
 void fabric_rdma_unexport(struct phandle *);
 /* The NIC a transfer with local side r uses: its GPU's (daemon/nic.c) or rdma_device. */
 bool fabric_rdma_nic(const struct region *, char *name, size_t namelen, const char **why);
-/* Posts one RDMA WRITE (buf -> remote) or READ (remote -> buf); 0, or -1: send it over tcp. */
-int fabric_rdma_post(struct peer *, uint64_t id, bool write, struct region *local, void *buf, uint64_t len,
+/*
+ * Posts one RDMA WRITE (local -> remote) or READ (remote -> local) of len bytes at offset off
+ * of the local region, host or GPU memory; 0, or -1: not by RDMA (over tcp, or staged first).
+ */
+int fabric_rdma_post(struct peer *, uint64_t id, bool write, struct region *local, uint64_t off, uint64_t len,
     uint64_t raddr, uint32_t rkey);
+/* GPU memory registered with the NIC so far: from a dma-buf, through peermem, neither. */
+void fabric_rdma_gpu_regs(uint64_t *dmabuf, uint64_t *peermem, uint64_t *none);
+
+/* ---- stage.c ---- */
+typedef void (*stage_fn)(void *arg, bool ok);
+struct stage_stats {
+	uint64_t direct_bytes;       /* GPU memory moved by the NIC itself */
+	uint64_t staged_bytes, staged_copies, heap_copies;
+	uint64_t pool_bytes;
+};
+int stage_init(struct event_base *);         /* after gpu_init; nothing without a GPU */
+void stage_shutdown(void);                   /* after the queue pairs are down */
+/* Loop thread: a buffer for len bytes (pinned when one of the pool is free); NULL: no memory. */
+void *stage_get(size_t len);
+void stage_put(void *buf);
+/* The pool's host region when buf is one of its buffers, with buf's offset in it. */
+struct region *stage_pool(const void *buf, uint64_t *off);
+/* Loop thread: copies len bytes between GPU memory (dev, dptr) and buf; done(arg, ok) later on it. */
+void stage_copy(bool to_gpu, int dev, uint64_t dptr, void *buf, uint64_t len, stage_fn done, void *arg);
+void stage_count_direct(uint64_t bytes);
+void stage_stats(struct stage_stats *);
 
 #endif

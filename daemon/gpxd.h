@@ -172,6 +172,7 @@ struct region {
 	atomic_bool notify_on;
 	_Atomic uint64_t notify_tag;
 	char export_name[65];
+	char gdr[112];               /* an export's GPU memory to peers: what daemon/stage.c found */
 };
 
 extern const struct mem_ops mem_host_ops;
@@ -429,6 +430,9 @@ void peer_query(Gpx__QueryReply *);          /* Q_PEERS */
 void peer_query_free(Gpx__QueryReply *);
 const char *peer_status(void);               /* one line for status */
 void fabric_kick(void);                      /* any thread: PATH_FABRIC has new work */
+/* Loop thread: an export peers may import; of GPU memory, its dma-buf is obtained and checked
+ * (daemon/stage.c), the verdict in r->gdr, shown by gpxctl exports. */
+void stage_probe(struct region *r);
 /* mem-host.c, any thread: r's mapping closes; its RDMA registrations go (fabric-rdma.c). */
 void fabric_rdma_region_gone(struct region *);
 /* xfer.c: a transfer with a remote side is possible (host memory, connection alive)? */

@@ -29,6 +29,7 @@
 #include <event2/util.h>
 
 #include "gpxd.h"
+#include "fabric.h"
 
 #define NBUCKETS 19                  /* finite bucket bounds; +Inf is the count */
 #define NSTATUS 32                   /* gpx.Status values; larger ones count as the last */
@@ -320,6 +321,22 @@ render(struct evbuffer *b, struct snapshot *sn)
 	evbuffer_add_printf(b, "gpx_exports %u\n", export_count());
 	head(b, "gpx_transfers_in_flight", "gauge", "Transfers accepted and not yet completed.");
 	evbuffer_add_printf(b, "gpx_transfers_in_flight %u\n", engine_inflight());
+
+	struct stage_stats st;
+	uint64_t reg[3];
+	stage_stats(&st);
+	fabric_rdma_gpu_regs(&reg[0], &reg[1], &reg[2]);
+	head(b, "gpx_fabric_gpu_bytes_total", "counter",
+	    "GPU memory moved to or from other nodes: by the NIC itself (gpudirect) or through host buffers (staged).");
+	evbuffer_add_printf(b, "gpx_fabric_gpu_bytes_total{path=\"gpudirect\"} %llu\n",
+	    (unsigned long long)st.direct_bytes);
+	evbuffer_add_printf(b, "gpx_fabric_gpu_bytes_total{path=\"staged\"} %llu\n",
+	    (unsigned long long)st.staged_bytes);
+	head(b, "gpx_fabric_gpu_registrations_total", "counter",
+	    "GPU memory registered with the RDMA NIC, by how: dmabuf, peermem, or none (staged).");
+	for (int i = 0; i < 3; i++)
+		evbuffer_add_printf(b, "gpx_fabric_gpu_registrations_total{how=\"%s\"} %llu\n",
+		    (const char *[]){ "dmabuf", "peermem", "none" }[i], (unsigned long long)reg[i]);
 
 	head(b, "gpx_transfers_refused_total", "counter",
 	    "Transfers refused before any byte moved (bounds, rights, regions), by status.");

@@ -647,10 +647,6 @@ on_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
 		rep.status = GPX__STATUS__EACCES;
 		snprintf(msg, sizeof(msg), "export %s on %s is not open to peer %s", e->name, node, p->node);
 		log_info("fabric: peer %s: import of %s refused by the export's remote rule", p->node, e->name);
-	} else if (e->r->kind != GPX__MEM_KIND__MEM_HOST || e->r->host == NULL) {
-		rep.status = GPX__STATUS__ENOTSUP;
-		snprintf(msg, sizeof(msg), "export %s is %s memory; the tcp transport reaches host memory only",
-		    e->name, e->r->ops ? e->r->ops->name : "?");
 	} else if (atomic_load(&e->r->revoked)) {
 		rep.status = GPX__STATUS__EREVOKED;
 		snprintf(msg, sizeof(msg), "export %s was withdrawn", e->name);
@@ -1238,13 +1234,13 @@ resolve_done(void *arg)
 	t->resolving = false;
 	if (!enabled) {
 		free(op);
-		target_down(t, t->why);
 		return;
 	}
 	if (op->sslen == 0) {
 		snprintf(t->why, sizeof(t->why), "cannot resolve: %s", op->err);
 		t->t_next = now_s() + cfg->fabric_retry_s;
 		free(op);
+		target_down(t, t->why);
 		return;
 	}
 	struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
