@@ -5,19 +5,27 @@
  * have an RDMA device up ([fabric] transport = auto or rdma), and otherwise says no, so that
  * fabric.c sends Write and Read messages over the control connection instead.
  *
+ * Devices.  Every RDMA device with an active port is opened (or those [fabric] rdma_device
+ * names), each with its protection domain, completion queue and events: the NICs of a node,
+ * its rails.  Memory is registered per device.
+ *
  * Connection setup never trusts the RDMA side on its own.  The control connection
  * (daemon/peer.c) authenticates first; the answering daemon then announces in Ready the port
- * of its rdma_cm listener and a fresh 32-byte random token, and the connecting daemon opens
- * RQP_POOL reliable-connected queue pairs to that port, each with the magic, the epoch, its
- * index and the token in the rdma_cm private data.  A request whose token, epoch and index do
- * not match a ready, announced connection is rejected and logged.  The queue pairs of a peer
- * are shared by every local client; chunks go to them round-robin.
+ * of its rdma_cm listener, a fresh 32-byte random token and the address of each of its
+ * devices, and the connecting daemon opens a pool of RQP_POOL reliable-connected queue pairs
+ * to each of those addresses (from whichever of its devices the route leaves by), each with
+ * the magic, the epoch, its index, its device and the token in the rdma_cm private data; the
+ * acceptance says which device answered.  A request whose token, epoch and index do not match
+ * a ready, announced connection is rejected and logged.  The queue pairs of a peer are shared
+ * by every local client; chunks go to them round-robin, so that a large transfer is striped
+ * over every rail, except GPU memory, which goes only through its GPU's NIC.
  *
- * Registrations.  A local region used by a transfer is registered once (ibv_reg_mr) and kept
- * in a cache keyed by the region, like the GPU driver's mapping cache, until its mapping
- * closes (fabric_rdma_region_gone, from daemon/mem-host.c).  An export is registered again
- * for each import of it, with the rights of that import only (REMOTE_READ, plus REMOTE_WRITE
- * when it is writable), and its rkey is handed to the peer in ImportRep: the rkey is valid
+ * Registrations.  A local region used by a transfer is registered once per device
+ * (ibv_reg_mr) and kept in a cache keyed by the region and device, like the GPU driver's
+ * mapping cache, until its mapping closes (fabric_rdma_region_gone, from daemon/mem-host.c
+ * and daemon/gpu.c).  An export is registered again for each import of it, on each device,
+ * with the rights of that import only (REMOTE_READ, plus REMOTE_WRITE when it is writable),
+ * and its rkeys are handed to the peer in ImportRep, by device: an rkey is valid
  * for that import on that connection and dies with the Release, with the connection (every
  * handle of the epoch is dropped) or with the region's mapping.  The NIC enforces the bounds
  * of the registration, so a peer's address and length reach nothing else; the registration
@@ -60,9 +68,11 @@
 #ifdef HAVE_RDMA
 
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <unistd.h>
 #include <arpa/inet.h>
+#include <net/if.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <event2/bufferevent.h>
@@ -98,25 +108,36 @@
 struct rdma_hello {
 	uint32_t magic;              /* big-endian, like the rest */
 	uint32_t epoch;
-	uint32_t index;
+	uint32_t index;              /* of the queue pair in the peer's pool */
+	uint32_t dev;                /* the connecting side's device it runs on */
 	uint8_t token[FABRIC_RDMA_TOKEN];
 } __attribute__((packed));
+
+/* ... and of its acceptance: the answering side's device, whose keys the other side uses. */
+struct rdma_welcome {
+	uint32_t magic;
+	uint32_t dev;
+} __attribute__((packed));
+
+#define RQP_MAX (RQP_POOL * FABRIC_RDMA_DEVS)
 
 struct rqp {
 	struct rpeer *rp;
 	struct rdma_cm_id *id;
 	int idx;
+	int dev;                     /* our device it runs on (-1: not known yet) */
+	int rdev;                    /* the peer's device at its other end (-1: not known yet) */
 	bool up;
 	unsigned wrs;                /* work requests posted and not yet completed */
 };
 
-/* p->rdma: a peer's queue pairs. */
+/* p->rdma: a peer's queue pairs, RQP_POOL for each pair of devices. */
 struct rpeer {
 	struct peer *p;
 	uint8_t token[FABRIC_RDMA_TOKEN];
 	bool offered;                /* we announced the token (inbound side) */
 	bool said_up;
-	struct rqp qp[RQP_POOL];
+	struct rqp qp[RQP_MAX];
 	unsigned next;
 };
 
@@ -124,6 +145,7 @@ struct rpeer {
 struct rmr {
 	TAILQ_ENTRY(rmr) entry;
 	struct region *r;
+	int dev;                     /* the device it is registered on */
 	struct ibv_mr *mr;
 	struct phandle *h;
 	const struct peer *p;        /* the importer, only compared */
@@ -131,20 +153,30 @@ struct rmr {
 	/* a local region in GPU memory that the NIC cannot register: mr is NULL, it is staged */
 };
 
-static struct {
-	bool on;
+/* One open RDMA device: a NIC, one rail. */
+struct rdev {
+	int index;
 	struct ibv_context *ctx;
 	uint8_t port_num;
 	struct ibv_pd *pd;
 	struct ibv_comp_channel *cc;
 	struct ibv_cq *cq;
+	uint8_t rd_atom;             /* RDMA READs in flight per queue pair */
+	int max_cqe;
+	struct event *cq_ev, *async_ev;
+	char name[80];               /* "rxe0 port 1" */
+	char addr[64];               /* an IP address of its netdev, "" if none */
+};
+
+static struct {
+	bool on;
+	struct rdev d[FABRIC_RDMA_DEVS];
+	int n;
 	struct rdma_event_channel *ech;
 	struct rdma_cm_id *listen_id;
 	uint16_t port;               /* of listen_id, host order; 0: we cannot answer */
-	uint8_t rd_atom;             /* RDMA READs in flight per queue pair */
-	int max_cqe;
-	struct event *cq_ev, *cm_ev, *async_ev;
-	char name[80];
+	struct event *cm_ev;
+	char names[FABRIC_RDMA_DEVS * 24];   /* "rxe0 port 1, rxe1 port 1" */
 	uint64_t nreg, regfail;
 	uint64_t gpu_dmabuf, gpu_peermem, gpu_none;   /* GPU memory registrations, by how */
 } dev;
@@ -159,6 +191,16 @@ nonblock(int fd)
 
 	if (fl >= 0)
 		fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* Our device of a verbs context (from an rdma_cm id), or NULL. */
+static struct rdev *
+rdev_of(const struct ibv_context *ctx)
+{
+	for (int i = 0; i < dev.n; i++)
+		if (dev.d[i].ctx == ctx)
+			return &dev.d[i];
+	return NULL;
 }
 
 /* ---- queue pairs ---- */
@@ -183,9 +225,10 @@ rpeer_get(struct peer *p)
 {
 	if (p->rdma == NULL && (p->rdma = calloc(1, sizeof(*p->rdma))) != NULL) {
 		p->rdma->p = p;
-		for (int i = 0; i < RQP_POOL; i++) {
+		for (int i = 0; i < RQP_MAX; i++) {
 			p->rdma->qp[i].rp = p->rdma;
 			p->rdma->qp[i].idx = i;
+			p->rdma->qp[i].dev = p->rdma->qp[i].rdev = -1;
 		}
 	}
 	return p->rdma;
@@ -194,7 +237,7 @@ rpeer_get(struct peer *p)
 /*
  * A queue pair failed.  One that carried data (or any, once the peer is on rdma) takes the
  * whole peer down: its chunks fail now and the connection comes back with a new epoch.  One
- * that never came up only leaves the peer on tcp.
+ * that never came up only leaves the peer on tcp (or on its other rails).
  */
 static void
 qp_fail(struct rqp *q, const char *why)
@@ -206,23 +249,26 @@ qp_fail(struct rqp *q, const char *why)
 		peer_kill(p, "rdma queue pair %d: %s", q->idx, why);
 		return;
 	}
-	log_info("fabric: peer %s: rdma queue pair %d not connected (%s): data over tcp", p->node, q->idx, why);
+	log_info("fabric: peer %s: rdma queue pair %d not connected (%s)", p->node, q->idx, why);
 	qp_teardown(q);
 }
 
+/* The queue pair on the device rdma_cm routed it to, which must be the one it was meant for. */
 static int
 qp_create(struct rqp *q)
 {
-	struct ibv_qp_init_attr a = {
-		.send_cq = dev.cq, .recv_cq = dev.cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 0,
-		.cap = { .max_send_wr = RQP_DEPTH, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 },
-	};
+	struct rdev *d = rdev_of(q->id->verbs);
 
-	if (q->id->verbs != dev.ctx) {
+	if (d == NULL || (q->dev >= 0 && q->dev != d->index)) {
 		errno = ENODEV;          /* routed to another device than the one we registered on */
 		return -1;
 	}
-	return rdma_create_qp(q->id, dev.pd, &a);
+	q->dev = d->index;
+	struct ibv_qp_init_attr a = {
+		.send_cq = d->cq, .recv_cq = d->cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 0,
+		.cap = { .max_send_wr = RQP_DEPTH, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	return rdma_create_qp(q->id, d->pd, &a);
 }
 
 /* Before connect or accept: the ack timeout its queue pair gets (see RQP_ACK_TIMEOUT). */
@@ -236,13 +282,13 @@ ack_timeout(struct rdma_cm_id *id)
 }
 
 static void
-conn_param(struct rdma_conn_param *cp, const void *pd, size_t pdl)
+conn_param(struct rdma_conn_param *cp, const struct rqp *q, const void *pd, size_t pdl)
 {
 	memset(cp, 0, sizeof(*cp));
 	cp->private_data = pd;
 	cp->private_data_len = (uint8_t)pdl;
-	cp->responder_resources = dev.rd_atom;
-	cp->initiator_depth = dev.rd_atom;
+	cp->responder_resources = dev.d[q->dev].rd_atom;
+	cp->initiator_depth = dev.d[q->dev].rd_atom;
 	cp->retry_count = 7;
 	cp->rnr_retry_count = 7;
 }
@@ -251,14 +297,18 @@ static void
 qp_established(struct rqp *q)
 {
 	struct rpeer *rp = q->rp;
-	int n = 0;
+	int n = 0, want = 0;
 
 	q->up = true;
-	for (int i = 0; i < RQP_POOL; i++)
+	for (int i = 0; i < RQP_MAX; i++) {
 		n += rp->qp[i].up;
-	if (n == RQP_POOL || !rp->said_up)
+		want += rp->qp[i].id != NULL;
+	}
+	log_debug("fabric", "peer %s: rdma queue pair %d up on %s (its device %d)", rp->p->node, q->idx,
+	    dev.d[q->dev].name, q->rdev);
+	if (n == want || !rp->said_up)
 		log_info("fabric: peer %s (epoch %08x): transport rdma, %d of %d queue pairs on %s", rp->p->node,
-		    rp->p->epoch, n, RQP_POOL, dev.name);
+		    rp->p->epoch, n, want, dev.names);
 	rp->said_up = true;
 	fabric_kick();
 }
@@ -268,8 +318,10 @@ static void
 on_request(struct rdma_cm_id *id, const uint8_t *pd, size_t pdl)
 {
 	struct rdma_hello h;
+	struct rdma_welcome w;
 	struct rdma_conn_param cp;
 	struct peer *p = NULL;
+	struct rdev *d = rdev_of(id->verbs);
 	const char *why = NULL;
 	uint32_t idx = 0;
 
@@ -280,8 +332,10 @@ on_request(struct rdma_cm_id *id, const uint8_t *pd, size_t pdl)
 		idx = ntohl(h.index);
 		if (ntohl(h.magic) != RDMA_MAGIC)
 			why = "no gpx private data";
-		else if (idx >= RQP_POOL)
-			why = "queue pair index out of range";
+		else if (idx >= RQP_MAX || ntohl(h.dev) >= FABRIC_RDMA_DEVS)
+			why = "queue pair or device index out of range";
+		else if (d == NULL)
+			why = "it arrived on a device this gpxd does not use";
 		else {
 			TAILQ_FOREACH(p, &peers, entry)
 				if (p->state == PEER_READY && !p->outbound && p->epoch == ntohl(h.epoch) &&
@@ -292,8 +346,6 @@ on_request(struct rdma_cm_id *id, const uint8_t *pd, size_t pdl)
 				why = "not announced on an authenticated control connection";
 			else if (p->rdma->qp[idx].id != NULL)
 				why = "that queue pair is connected already";
-			else if (id->verbs != dev.ctx)
-				why = "it arrived on another device";
 		}
 	}
 	if (why != NULL) {
@@ -310,8 +362,12 @@ on_request(struct rdma_cm_id *id, const uint8_t *pd, size_t pdl)
 	}
 	struct rqp *q = &p->rdma->qp[idx];
 	q->id = id;
+	q->dev = d->index;
+	q->rdev = (int)ntohl(h.dev);
 	id->context = q;
-	conn_param(&cp, NULL, 0);
+	w.magic = htonl(RDMA_MAGIC);
+	w.dev = htonl((uint32_t)d->index);
+	conn_param(&cp, q, &w, sizeof(w));
 	ack_timeout(id);
 	if (qp_create(q) < 0 || rdma_accept(id, &cp) < 0) {
 		log_warn("fabric: peer %s: accepting rdma queue pair %u", p->node, idx);
@@ -326,6 +382,7 @@ cm_event(const struct rdma_cm_event *e, const uint8_t *pd, size_t pdl)
 	struct rqp *q = e->id != NULL ? e->id->context : NULL;
 	struct rdma_conn_param cp;
 	struct rdma_hello h;
+	struct rdma_welcome w;
 
 	if (e->event == RDMA_CM_EVENT_CONNECT_REQUEST) {
 		on_request(e->id, pd, pdl);
@@ -339,16 +396,30 @@ cm_event(const struct rdma_cm_event *e, const uint8_t *pd, size_t pdl)
 			qp_fail(q, strerror(errno));
 		break;
 	case RDMA_CM_EVENT_ROUTE_RESOLVED:
+		if (qp_create(q) < 0) {
+			qp_fail(q, strerror(errno));
+			break;
+		}
 		h.magic = htonl(RDMA_MAGIC);
 		h.epoch = htonl(q->rp->p->epoch);
 		h.index = htonl((uint32_t)q->idx);
+		h.dev = htonl((uint32_t)q->dev);
 		memcpy(h.token, q->rp->token, sizeof(h.token));
-		conn_param(&cp, &h, sizeof(h));
+		conn_param(&cp, q, &h, sizeof(h));
 		ack_timeout(q->id);
-		if (qp_create(q) < 0 || rdma_connect(q->id, &cp) < 0)
+		if (rdma_connect(q->id, &cp) < 0)
 			qp_fail(q, strerror(errno));
 		break;
 	case RDMA_CM_EVENT_ESTABLISHED:
+		/* The outbound side learns here which of the peer's devices answered. */
+		if (q->rdev < 0) {
+			if (pdl < sizeof(w) || (memcpy(&w, pd, sizeof(w)), ntohl(w.magic)) != RDMA_MAGIC ||
+			    ntohl(w.dev) >= FABRIC_RDMA_DEVS) {
+				qp_fail(q, "accepted without saying on which device");
+				break;
+			}
+			q->rdev = (int)ntohl(w.dev);
+		}
 		qp_established(q);
 		break;
 	case RDMA_CM_EVENT_ADDR_ERROR:
@@ -378,7 +449,8 @@ on_cm(evutil_socket_t fd, short what, void *arg)
 		struct rdma_cm_event e = *ev;
 		uint8_t pd[64];
 		size_t pdl = 0;
-		if (e.event == RDMA_CM_EVENT_CONNECT_REQUEST && ev->param.conn.private_data != NULL) {
+		if ((e.event == RDMA_CM_EVENT_CONNECT_REQUEST || e.event == RDMA_CM_EVENT_ESTABLISHED) &&
+		    ev->param.conn.private_data != NULL) {
 			pdl = ev->param.conn.private_data_len < sizeof(pd) ? ev->param.conn.private_data_len : sizeof(pd);
 			memcpy(pd, ev->param.conn.private_data, pdl);
 		}
@@ -390,21 +462,23 @@ on_cm(evutil_socket_t fd, short what, void *arg)
 /* ---- completions and async events ---- */
 
 static struct rqp *
-qp_by_num(uint32_t num)
+qp_by_num(const struct rdev *d, uint32_t num)
 {
 	struct peer *p;
 
 	TAILQ_FOREACH(p, &peers, entry)
-		for (int i = 0; p->rdma != NULL && i < RQP_POOL; i++)
-			if (p->rdma->qp[i].id != NULL && p->rdma->qp[i].id->qp != NULL &&
-			    p->rdma->qp[i].id->qp->qp_num == num)
-				return &p->rdma->qp[i];
+		for (int i = 0; p->rdma != NULL && i < RQP_MAX; i++) {
+			struct rqp *q = &p->rdma->qp[i];
+			if (q->id != NULL && q->id->qp != NULL && q->dev == d->index && q->id->qp->qp_num == num)
+				return q;
+		}
 	return NULL;
 }
 
 static void
 on_cq(evutil_socket_t fd, short what, void *arg)
 {
+	struct rdev *d = arg;
 	struct ibv_cq *cq;
 	void *ctx;
 	struct ibv_wc wc[16];
@@ -413,16 +487,15 @@ on_cq(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	(void)arg;
-	while (ibv_get_cq_event(dev.cc, &cq, &ctx) == 0)
+	while (ibv_get_cq_event(d->cc, &cq, &ctx) == 0)
 		ev++;
 	if (ev > 0)
-		ibv_ack_cq_events(dev.cq, ev);
-	ibv_req_notify_cq(dev.cq, 0);
-	while ((n = ibv_poll_cq(dev.cq, 16, wc)) > 0)
+		ibv_ack_cq_events(d->cq, ev);
+	ibv_req_notify_cq(d->cq, 0);
+	while ((n = ibv_poll_cq(d->cq, 16, wc)) > 0)
 		for (int i = 0; i < n; i++) {
 			uint64_t id = wc[i].wr_id & ((1ULL << WRID_SHIFT) - 1);
-			struct rqp *q = qp_by_num(wc[i].qp_num);
+			struct rqp *q = qp_by_num(d, wc[i].qp_num);
 			if (q != NULL && wc[i].status == IBV_WC_SUCCESS) {
 				unsigned nwr = (unsigned)(wc[i].wr_id >> WRID_SHIFT);
 				q->wrs = q->wrs > nwr ? q->wrs - nwr : 0;
@@ -431,27 +504,30 @@ on_cq(evutil_socket_t fd, short what, void *arg)
 		}
 }
 
-/* Every peer with a queue pair on this device goes down (port or device error). */
+/* Every peer with a queue pair on device d goes down (port or device error). */
 static void
-kill_all(const char *why)
+kill_all(const struct rdev *d, const char *why)
 {
 	struct peer *p, *t;
 
 	TAILQ_FOREACH_SAFE(p, &peers, entry, t)
-		if (p->rdma != NULL && p->rdma->said_up)
-			peer_kill(p, "rdma: %s", why);
+		for (int i = 0; p->rdma != NULL && i < RQP_MAX; i++)
+			if (p->rdma->qp[i].id != NULL && p->rdma->qp[i].dev == d->index) {
+				peer_kill(p, "rdma on %s: %s", d->name, why);
+				break;
+			}
 }
 
 static void
 on_async(evutil_socket_t fd, short what, void *arg)
 {
+	struct rdev *d = arg;
 	struct ibv_async_event ae;
 	struct peer *p, *t;
 
 	(void)fd;
 	(void)what;
-	(void)arg;
-	while (ibv_get_async_event(dev.ctx, &ae) == 0) {
+	while (ibv_get_async_event(d->ctx, &ae) == 0) {
 		enum ibv_event_type type = ae.event_type;
 		struct ibv_qp *qp = ae.element.qp;
 		ibv_ack_async_event(&ae);
@@ -461,7 +537,7 @@ on_async(evutil_socket_t fd, short what, void *arg)
 		case IBV_EVENT_QP_ACCESS_ERR:
 		case IBV_EVENT_PATH_MIG_ERR:
 			TAILQ_FOREACH_SAFE(p, &peers, entry, t)
-				for (int i = 0; p->rdma != NULL && i < RQP_POOL; i++)
+				for (int i = 0; p->rdma != NULL && i < RQP_MAX; i++)
 					if (p->rdma->qp[i].id != NULL && p->rdma->qp[i].id->qp == qp) {
 						peer_kill(p, "rdma queue pair %d: %s", i, ibv_event_type_str(type));
 						break;
@@ -469,14 +545,14 @@ on_async(evutil_socket_t fd, short what, void *arg)
 			break;
 		case IBV_EVENT_PORT_ERR:
 		case IBV_EVENT_DEVICE_FATAL:
-			log_warnx("fabric: %s: %s", dev.name, ibv_event_type_str(type));
-			kill_all(ibv_event_type_str(type));
+			log_warnx("fabric: %s: %s", d->name, ibv_event_type_str(type));
+			kill_all(d, ibv_event_type_str(type));
 			break;
 		case IBV_EVENT_PORT_ACTIVE:
-			log_info("fabric: %s: port active", dev.name);
+			log_info("fabric: %s: port active", d->name);
 			break;
 		default:
-			log_debug("fabric", "%s: %s", dev.name, ibv_event_type_str(type));
+			log_debug("fabric", "%s: %s", d->name, ibv_event_type_str(type));
 		}
 	}
 }
@@ -484,10 +560,12 @@ on_async(evutil_socket_t fd, short what, void *arg)
 /* ---- what peer.c calls ---- */
 
 bool
-fabric_rdma_offer(struct peer *p, uint32_t *port, uint8_t token[FABRIC_RDMA_TOKEN])
+fabric_rdma_offer(struct peer *p, uint32_t *port, uint8_t token[FABRIC_RDMA_TOKEN],
+    struct peer_rdev devs[FABRIC_RDMA_DEVS], size_t *ndevs)
 {
 	struct rpeer *rp;
 
+	*ndevs = 0;
 	if (!dev.on || dev.port == 0 || (rp = rpeer_get(p)) == NULL)
 		return false;
 	if (getrandom(rp->token, sizeof(rp->token), 0) != (ssize_t)sizeof(rp->token))
@@ -495,15 +573,63 @@ fabric_rdma_offer(struct peer *p, uint32_t *port, uint8_t token[FABRIC_RDMA_TOKE
 	rp->offered = true;
 	memcpy(token, rp->token, FABRIC_RDMA_TOKEN);
 	*port = dev.port;
+	for (int i = 0; i < dev.n; i++)
+		if (dev.d[i].addr[0] != '\0') {
+			devs[*ndevs].index = (uint32_t)i;
+			snprintf(devs[*ndevs].addr, sizeof(devs[0].addr), "%s", dev.d[i].addr);
+			(*ndevs)++;
+		}
 	return true;
 }
 
+static bool
+sockaddr_of(const char *addr, uint16_t port, struct sockaddr_storage *ss)
+{
+	struct addrinfo hints = { .ai_flags = AI_NUMERICHOST }, *res = NULL;
+
+	if (getaddrinfo(addr, NULL, &hints, &res) != 0 || res->ai_addrlen > sizeof(*ss)) {
+		if (res != NULL)
+			freeaddrinfo(res);
+		return false;
+	}
+	memset(ss, 0, sizeof(*ss));
+	memcpy(ss, res->ai_addr, res->ai_addrlen);
+	freeaddrinfo(res);
+	if (ss->ss_family == AF_INET)
+		((struct sockaddr_in *)ss)->sin_port = htons(port);
+	else
+		((struct sockaddr_in6 *)ss)->sin6_port = htons(port);
+	return true;
+}
+
+/* Opens a pool of queue pairs to dst (from src, or NULL: as routed). */
+static void
+open_pool(struct rpeer *rp, int pool, struct sockaddr *src, struct sockaddr *dst)
+{
+	for (int i = 0; i < RQP_POOL; i++) {
+		struct rqp *q = &rp->qp[pool * RQP_POOL + i];
+		if (rdma_create_id(dev.ech, &q->id, q, RDMA_PS_TCP) < 0) {
+			q->id = NULL;
+			log_warn("fabric: peer %s: rdma_create_id", rp->p->node);
+			continue;
+		}
+		if (rdma_resolve_addr(q->id, src, dst, CM_TIMEOUT_MS) < 0)
+			qp_fail(q, strerror(errno));
+	}
+}
+
+/*
+ * One pool of queue pairs to each device the peer announced, each from whichever of our
+ * devices the route to it leaves by (rails: NIC k reaches the peer's NIC k on its own
+ * network).  A peer that announced none: one pool to the address of the control connection.
+ */
 void
-fabric_rdma_connect(struct peer *p, uint32_t port, const uint8_t *token, size_t tokenlen)
+fabric_rdma_connect(struct peer *p, uint32_t port, const uint8_t *token, size_t tokenlen,
+    const struct peer_rdev *devs, size_t ndevs)
 {
 	struct sockaddr_storage src, dst;
 	socklen_t sl = sizeof(src), dl = sizeof(dst);
-	int fd = p->bev != NULL ? bufferevent_getfd(p->bev) : -1;
+	int fd = p->bev != NULL ? bufferevent_getfd(p->bev) : -1, pools = 0;
 	struct rpeer *rp;
 
 	if (!dev.on || port == 0 || port > 65535 || tokenlen != FABRIC_RDMA_TOKEN) {
@@ -511,10 +637,19 @@ fabric_rdma_connect(struct peer *p, uint32_t port, const uint8_t *token, size_t 
 			log_info("fabric: peer %s offers no rdma: data over tcp", p->node);
 		return;
 	}
-	if (fd < 0 || getsockname(fd, (struct sockaddr *)&src, &sl) < 0 ||
-	    getpeername(fd, (struct sockaddr *)&dst, &dl) < 0 || (rp = rpeer_get(p)) == NULL)
+	if ((rp = rpeer_get(p)) == NULL)
 		return;
 	memcpy(rp->token, token, FABRIC_RDMA_TOKEN);
+	for (size_t k = 0; k < ndevs && pools < FABRIC_RDMA_DEVS; k++)
+		if (sockaddr_of(devs[k].addr, (uint16_t)port, &dst)) {
+			log_info("fabric: peer %s: rdma to %s (its device %u)", p->node, devs[k].addr, devs[k].index);
+			open_pool(rp, pools++, NULL, (struct sockaddr *)&dst);
+		}
+	if (pools > 0)
+		return;
+	if (fd < 0 || getsockname(fd, (struct sockaddr *)&src, &sl) < 0 ||
+	    getpeername(fd, (struct sockaddr *)&dst, &dl) < 0)
+		return;
 	if (src.ss_family == AF_INET) {
 		((struct sockaddr_in *)&src)->sin_port = 0;
 		((struct sockaddr_in *)&dst)->sin_port = htons((uint16_t)port);
@@ -522,16 +657,7 @@ fabric_rdma_connect(struct peer *p, uint32_t port, const uint8_t *token, size_t 
 		((struct sockaddr_in6 *)&src)->sin6_port = 0;
 		((struct sockaddr_in6 *)&dst)->sin6_port = htons((uint16_t)port);
 	}
-	for (int i = 0; i < RQP_POOL; i++) {
-		struct rqp *q = &rp->qp[i];
-		if (rdma_create_id(dev.ech, &q->id, q, RDMA_PS_TCP) < 0) {
-			q->id = NULL;
-			log_warn("fabric: peer %s: rdma_create_id", p->node);
-			continue;
-		}
-		if (rdma_resolve_addr(q->id, (struct sockaddr *)&src, (struct sockaddr *)&dst, CM_TIMEOUT_MS) < 0)
-			qp_fail(q, strerror(errno));
-	}
+	open_pool(rp, 0, (struct sockaddr *)&src, (struct sockaddr *)&dst);
 }
 
 /* Before the peer's chunks fail: afterwards the device touches none of their buffers. */
@@ -543,7 +669,7 @@ fabric_rdma_peer_down(struct peer *p)
 	if (rp == NULL)
 		return;
 	p->rdma = NULL;
-	for (int i = 0; i < RQP_POOL; i++)
+	for (int i = 0; i < RQP_MAX; i++)
 		qp_teardown(&rp->qp[i]);
 	free(rp);
 }
@@ -553,7 +679,7 @@ fabric_rdma_qps(const struct peer *p)
 {
 	uint32_t n = 0;
 
-	for (int i = 0; p->rdma != NULL && i < RQP_POOL; i++)
+	for (int i = 0; p->rdma != NULL && i < RQP_MAX; i++)
 		n += p->rdma->qp[i].up;
 	return n;
 }
@@ -574,23 +700,23 @@ fabric_rdma_regs(const struct peer *p)
 const char *
 fabric_rdma_device(void)
 {
-	return dev.on ? dev.name : NULL;
+	return dev.on ? dev.names : NULL;
 }
 
 /* ---- registrations ---- */
 
-static bool nic_is_open(const struct region *);
+static int nic_dev(const struct region *);
 
 /*
- * r's GPU memory for the NIC, at iova: from the dma-buf the driver exports for the pages
- * around it, else from the device pointer (nvidia-peermem).  NULL when neither works.  A
- * driver call on the loop thread, once per region and import (its result is kept).
+ * r's GPU memory for device d's NIC, at iova: from the dma-buf the driver exports for the
+ * pages around it, else from the device pointer (nvidia-peermem).  NULL when neither works.
+ * A driver call on the loop thread, once per region and import (its result is kept).
  */
 static struct ibv_mr *
-gpu_reg(const struct region *r, uint64_t iova, int acc)
+gpu_reg(const struct region *r, const struct rdev *d, uint64_t iova, int acc)
 {
 #ifndef HAVE_CUDA
-	(void)r, (void)iova, (void)acc;
+	(void)r, (void)d, (void)iova, (void)acc;
 	return NULL;
 #else
 	uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
@@ -599,20 +725,20 @@ gpu_reg(const struct region *r, uint64_t iova, int acc)
 	int fd = cuda_use(r->dev) == 0 ? cuda_dmabuf(a0, a1 - a0) : -1;
 
 	if (fd >= 0) {
-		mr = ibv_reg_dmabuf_mr(dev.pd, r->dptr - a0, r->length, iova, fd, acc);
+		mr = ibv_reg_dmabuf_mr(d->pd, r->dptr - a0, r->length, iova, fd, acc);
 		close(fd);              /* the registration holds the dma-buf */
 		if (mr != NULL) {
 			dev.gpu_dmabuf++;
 			return mr;
 		}
 	}
-	if ((mr = ibv_reg_mr_iova(dev.pd, (void *)(uintptr_t)r->dptr, r->length, iova, acc)) != NULL) {
+	if ((mr = ibv_reg_mr_iova(d->pd, (void *)(uintptr_t)r->dptr, r->length, iova, acc)) != NULL) {
 		dev.gpu_peermem++;
 		return mr;
 	}
 	dev.gpu_none++;
 	log_warnx("fabric: %s cannot register %llu bytes of GPU %d memory (dma-buf: %s; peermem: %s): "
-	    "they are staged through host buffers", dev.name, (unsigned long long)r->length, r->dev,
+	    "they are staged through host buffers", d->name, (unsigned long long)r->length, r->dev,
 	    fd >= 0 ? "refused by the NIC" : "none from the driver", strerror(errno));
 	return NULL;
 #endif
@@ -626,72 +752,88 @@ fabric_rdma_gpu_regs(uint64_t *dmabuf, uint64_t *peermem, uint64_t *none)
 	*none = dev.gpu_none;
 }
 
+/*
+ * On every device that may carry the region (host memory: all; GPU memory: its GPU's NIC
+ * only), for this import alone.  iova 0: the peer addresses the export by offset and learns
+ * no address of ours; a device that cannot take an iova gets no registration, unless none
+ * can, when the first takes the region at its address.
+ */
 bool
-fabric_rdma_export(struct peer *p, struct phandle *h, uint64_t *addr, uint32_t *rkey)
+fabric_rdma_export(struct peer *p, struct phandle *h, uint64_t *addr, uint32_t rkeys[FABRIC_RDMA_DEVS])
 {
 	struct region *r = h->r;
-	struct rmr *m;
-	int acc = IBV_ACCESS_REMOTE_READ;
+	int acc = IBV_ACCESS_REMOTE_READ, only = nic_dev(r), n = 0;
 
-	if (!dev.on || r->length == 0 || (r->host == NULL && !nic_is_open(r)) ||
-	    (m = calloc(1, sizeof(*m))) == NULL)
+	memset(rkeys, 0, sizeof(uint32_t) * FABRIC_RDMA_DEVS);
+	*addr = 0;
+	if (!dev.on || r->length == 0 || only == -2)
 		return false;
 	if (!h->read_only && !r->read_only)
 		acc |= IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-	/* iova 0: the peer addresses the export by offset and learns no address of ours. */
-	*addr = 0;
-	if (r->host == NULL)
-		m->mr = gpu_reg(r, 0, acc);
-	else if ((m->mr = ibv_reg_mr_iova(dev.pd, r->host, r->length, 0, acc)) == NULL) {
-		*addr = (uintptr_t)r->host;
-		m->mr = ibv_reg_mr(dev.pd, r->host, r->length, acc);
+	for (int i = 0; i < dev.n; i++) {
+		struct rdev *d = &dev.d[i];
+		struct rmr *m;
+		if ((only >= 0 && i != only) || (m = calloc(1, sizeof(*m))) == NULL)
+			continue;
+		if (r->host == NULL)
+			m->mr = gpu_reg(r, d, 0, acc);
+		else if ((m->mr = ibv_reg_mr_iova(d->pd, r->host, r->length, 0, acc)) == NULL && n == 0 &&
+		    i == dev.n - 1 && (m->mr = ibv_reg_mr(d->pd, r->host, r->length, acc)) != NULL)
+			*addr = (uintptr_t)r->host;
+		if (m->mr == NULL) {
+			log_warn("fabric: peer %s: registering export %s (%llu bytes) on %s", p->node,
+			    h->export_name, (unsigned long long)r->length, d->name);
+			dev.regfail++;
+			free(m);
+			continue;
+		}
+		m->r = r;
+		m->h = h;
+		m->p = p;
+		m->dev = i;
+		rkeys[i] = m->mr->rkey;
+		n++;
+		pthread_mutex_lock(&mlock);
+		TAILQ_INSERT_TAIL(&mrs, m, entry);
+		dev.nreg++;
+		pthread_mutex_unlock(&mlock);
 	}
-	if (m->mr == NULL) {
-		log_warn("fabric: peer %s: registering export %s (%llu bytes) for rdma; it goes over tcp%s",
-		    p->node, h->export_name, (unsigned long long)r->length, r->host ? "" : ", staged");
-		dev.regfail++;
-		free(m);
-		return false;
-	}
-	m->r = r;
-	m->h = h;
-	m->p = p;
-	*rkey = m->mr->rkey;
-	pthread_mutex_lock(&mlock);
-	TAILQ_INSERT_TAIL(&mrs, m, entry);
-	h->mr = m;
-	dev.nreg++;
-	pthread_mutex_unlock(&mlock);
-	return true;
+	if (n == 0)
+		log_warnx("fabric: peer %s: export %s is not registered for rdma: it goes over tcp%s", p->node,
+		    h->export_name, r->host ? "" : ", staged");
+	return n > 0;
 }
 
 void
 fabric_rdma_unexport(struct phandle *h)
 {
-	struct rmr *m;
+	TAILQ_HEAD(, rmr) gone = TAILQ_HEAD_INITIALIZER(gone);
+	struct rmr *m, *t;
 
 	pthread_mutex_lock(&mlock);
-	if ((m = h->mr) != NULL) {
-		TAILQ_REMOVE(&mrs, m, entry);
-		h->mr = NULL;
-	}
+	TAILQ_FOREACH_SAFE(m, &mrs, entry, t)
+		if (m->h == h) {
+			TAILQ_REMOVE(&mrs, m, entry);
+			TAILQ_INSERT_TAIL(&gone, m, entry);
+		}
 	pthread_mutex_unlock(&mlock);
-	if (m != NULL) {
+	while ((m = TAILQ_FIRST(&gone)) != NULL) {
+		TAILQ_REMOVE(&gone, m, entry);
 		ibv_dereg_mr(m->mr);
 		free(m);
 	}
 }
 
-/* The cached registration of a local region, made on first use; NULL if it cannot be. */
+/* The cached registration of a local region on device d, made on first use; NULL if it cannot be. */
 static struct ibv_mr *
-local_mr(struct region *r, bool write_into)
+local_mr(struct region *r, int d, bool write_into)
 {
 	struct rmr *m;
 	struct ibv_mr *mr = NULL;
 
 	pthread_mutex_lock(&mlock);
 	TAILQ_FOREACH(m, &mrs, entry)
-		if (m->r == r && m->h == NULL && (m->writable || !write_into)) {
+		if (m->r == r && m->h == NULL && m->dev == d && (m->writable || !write_into)) {
 			mr = m->mr;
 			break;
 		}
@@ -701,25 +843,22 @@ local_mr(struct region *r, bool write_into)
 	if ((m = calloc(1, sizeof(*m))) == NULL)
 		return NULL;
 	m->writable = !r->read_only;
-	if (r->host == NULL) {
+	m->dev = d;
+	m->r = r;
+	if (r->host == NULL)
 		/* Cached even when it fails: the chunks of this region are staged from now on. */
-		m->mr = gpu_reg(r, r->dptr, m->writable ? IBV_ACCESS_LOCAL_WRITE : 0);
-		m->r = r;
-		pthread_mutex_lock(&mlock);
-		TAILQ_INSERT_TAIL(&mrs, m, entry);
-		pthread_mutex_unlock(&mlock);
-		return m->mr;
-	}
-	if ((m->mr = ibv_reg_mr(dev.pd, r->host, r->length, m->writable ? IBV_ACCESS_LOCAL_WRITE : 0)) == NULL) {
-		log_warn("fabric: registering a %llu-byte region for rdma", (unsigned long long)r->length);
+		m->mr = gpu_reg(r, &dev.d[d], r->dptr, m->writable ? IBV_ACCESS_LOCAL_WRITE : 0);
+	else if ((m->mr = ibv_reg_mr(dev.d[d].pd, r->host, r->length,
+	    m->writable ? IBV_ACCESS_LOCAL_WRITE : 0)) == NULL) {
+		log_warn("fabric: registering a %llu-byte region for rdma on %s", (unsigned long long)r->length,
+		    dev.d[d].name);
 		dev.regfail++;
 		free(m);
 		return NULL;
 	}
-	m->r = r;
 	pthread_mutex_lock(&mlock);
 	TAILQ_INSERT_TAIL(&mrs, m, entry);
-	dev.nreg++;
+	dev.nreg += m->mr != NULL;
 	pthread_mutex_unlock(&mlock);
 	return m->mr;
 }
@@ -735,8 +874,6 @@ fabric_rdma_region_gone(struct region *r)
 	TAILQ_FOREACH_SAFE(m, &mrs, entry, t)
 		if (m->r == r) {
 			TAILQ_REMOVE(&mrs, m, entry);
-			if (m->h != NULL)
-				m->h->mr = NULL;
 			TAILQ_INSERT_TAIL(&gone, m, entry);
 		}
 	pthread_mutex_unlock(&mlock);
@@ -752,8 +889,8 @@ fabric_rdma_region_gone(struct region *r)
 
 /*
  * The NIC for a transfer whose local side is r: for GPU memory the one daemon/nic.c chooses
- * for its GPU (nic_for_gpuN, else the nearest by PCI), for host memory rdma_device (else the
- * device open).  Its name into name; false when there is none.
+ * for its GPU (nic_for_gpuN, else the nearest by PCI), for host memory every open device
+ * (rdma_device, else all with an active port).  Its name into name; false when there is none.
  */
 bool
 fabric_rdma_nic(const struct region *r, char *name, size_t namelen, const char **why)
@@ -766,44 +903,53 @@ fabric_rdma_nic(const struct region *r, char *name, size_t namelen, const char *
 		*why = nic_why_str(w);
 		return true;
 	}
-	*why = cfg->fabric_rdma_device != NULL ? "rdma_device" : "first with an active port";
-	snprintf(name, namelen, "%s", cfg->fabric_rdma_device != NULL ? cfg->fabric_rdma_device : dev.on ? dev.name : "");
-	name[strcspn(name, " ")] = '\0';                  /* dev.name: "rxe0 port 1" */
+	*why = cfg->fabric_rdma_device != NULL ? "rdma_device" : "every device with an active port";
+	snprintf(name, namelen, "%s", cfg->fabric_rdma_device != NULL ? cfg->fabric_rdma_device : dev.on ? dev.names : "");
 	return name[0] != '\0';
 }
 
-/* GPU memory goes only through its GPU's NIC: the one open, or none (tcp refuses it anyway). */
-static bool
-nic_is_open(const struct region *r)
+/* Which of our devices may carry r: -1 any (host memory), the GPU's NIC's index, -2 none. */
+static int
+nic_dev(const struct region *r)
 {
 	char want[64];
-	const char *why;
+	enum nic_why w;
 
-	if (r->dev == DEV_HOST)
-		return true;
-	if (!fabric_rdma_nic(r, want, sizeof(want), &why))
-		return false;
-	return strncmp(dev.name, want, strlen(want)) == 0 && dev.name[strlen(want)] == ' ';
+	if (r->host != NULL)
+		return -1;
+	if (!nic_for_dev(r->dev, want, sizeof(want), &w))
+		return -2;
+	for (int i = 0; i < dev.n; i++)
+		if (strncmp(dev.d[i].name, want, strlen(want)) == 0 && dev.d[i].name[strlen(want)] == ' ')
+			return i;
+	return -2;
 }
 
+/*
+ * A queue pair of the peer for a chunk: up, with room, on a device that may carry the local
+ * memory, its other end on a device the remote region is registered on; round-robin over all
+ * of them, so that the chunks of a large transfer spread over every rail.
+ */
 int
 fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, uint64_t off, uint64_t len,
-    uint64_t raddr, uint32_t rkey)
+    uint64_t raddr, const uint32_t rkeys[FABRIC_RDMA_DEVS])
 {
-	uintptr_t buf = local->host != NULL ? (uintptr_t)local->host + off : (uintptr_t)(local->dptr + off);
 	struct rpeer *rp = p->rdma;
 	struct rqp *q = NULL;
-	struct ibv_mr *mr;
+	struct ibv_mr *mr = NULL;
 	unsigned nwr = write ? 1 : (unsigned)((len + RDMA_READ_SEG - 1) / RDMA_READ_SEG);
+	uintptr_t buf = local->host != NULL ? (uintptr_t)local->host + off : (uintptr_t)(local->dptr + off);
+	int want = nic_dev(local);
 
-	if (rp == NULL || len == 0 || len > UINT32_MAX || nwr > RQP_DEPTH || id >> WRID_SHIFT != 0)
+	if (rp == NULL || len == 0 || len > UINT32_MAX || nwr > RQP_DEPTH || id >> WRID_SHIFT != 0 || want == -2)
 		return -1;
-	for (int i = 0; i < RQP_POOL && q == NULL; i++) {
-		struct rqp *c = &rp->qp[(rp->next + i) % RQP_POOL];
-		if (c->up && c->wrs + nwr <= RQP_DEPTH)
+	for (int i = 0; i < RQP_MAX && mr == NULL; i++) {
+		struct rqp *c = &rp->qp[(rp->next + i) % RQP_MAX];
+		if (c->up && c->wrs + nwr <= RQP_DEPTH && (want < 0 || c->dev == want) && c->rdev >= 0 &&
+		    rkeys[c->rdev] != 0 && (mr = local_mr(local, c->dev, !write)) != NULL)
 			q = c;
 	}
-	if (q == NULL || !nic_is_open(local) || (mr = local_mr(local, !write)) == NULL)
+	if (q == NULL)
 		return -1;
 	struct ibv_sge sge[RQP_DEPTH];
 	struct ibv_send_wr wr[RQP_DEPTH], *bad;
@@ -818,7 +964,7 @@ fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, 
 			.send_flags = i + 1 == nwr ? IBV_SEND_SIGNALED : 0,
 		};
 		wr[i].wr.rdma.remote_addr = raddr + o;
-		wr[i].wr.rdma.rkey = rkey;
+		wr[i].wr.rdma.rkey = rkeys[q->rdev];
 	}
 	if ((errno = ibv_post_send(q->id->qp, wr, &bad)) != 0) {
 		log_warn("fabric: peer %s: posting on rdma queue pair %d", p->node, q->idx);
@@ -830,13 +976,27 @@ fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, 
 		return -1;
 	}
 	q->wrs += nwr;
-	rp->next = (unsigned)(q->idx + 1) % RQP_POOL;
+	rp->next = (unsigned)(q->idx + 1) % RQP_MAX;
 	return 0;
 }
 
 /* ---- start and stop ---- */
 
-/* The first device (or [fabric] rdma_device) with an active port. */
+/* Whether name is one of the comma-separated list. */
+static bool
+name_listed(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (const char *p = list; *p != '\0'; p += strcspn(p, ",")) {
+		p += strspn(p, ", ");
+		if (strncmp(p, name, n) == 0 && (p[n] == '\0' || p[n] == ',' || p[n] == ' '))
+			return true;
+	}
+	return false;
+}
+
+/* Every device with an active port (or those [fabric] rdma_device names, comma-separated). */
 static bool
 pick(char *why, size_t whylen)
 {
@@ -844,10 +1004,10 @@ pick(char *why, size_t whylen)
 	struct ibv_context **l = rdma_get_devices(&n);
 	bool named = false;
 
-	for (int i = 0; l != NULL && i < n && !dev.on; i++) {
+	for (int i = 0; l != NULL && i < n && dev.n < FABRIC_RDMA_DEVS; i++) {
 		const char *nm = ibv_get_device_name(l[i]->device);
 		struct ibv_device_attr da;
-		if (cfg->fabric_rdma_device != NULL && strcmp(cfg->fabric_rdma_device, nm) != 0)
+		if (cfg->fabric_rdma_device != NULL && !name_listed(cfg->fabric_rdma_device, nm))
 			continue;
 		named = true;
 		if (ibv_query_device(l[i], &da) != 0)
@@ -855,22 +1015,51 @@ pick(char *why, size_t whylen)
 		for (uint8_t pn = 1; pn <= da.phys_port_cnt; pn++) {
 			struct ibv_port_attr pa;
 			if (ibv_query_port(l[i], pn, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) {
-				dev.ctx = l[i];
-				dev.port_num = pn;
-				dev.max_cqe = da.max_cqe;
-				dev.rd_atom = (uint8_t)(da.max_qp_rd_atom < RQP_RD_ATOM ? da.max_qp_rd_atom : RQP_RD_ATOM);
-				snprintf(dev.name, sizeof(dev.name), "%s port %u", nm, pn);
-				dev.on = true;
+				struct rdev *d = &dev.d[dev.n];
+				d->index = dev.n++;
+				d->ctx = l[i];
+				d->port_num = pn;
+				d->max_cqe = da.max_cqe;
+				d->rd_atom = (uint8_t)(da.max_qp_rd_atom < RQP_RD_ATOM ? da.max_qp_rd_atom : RQP_RD_ATOM);
+				snprintf(d->name, sizeof(d->name), "%s port %u", nm, pn);
 				break;
 			}
 		}
 	}
-	if (!dev.on)
+	if (dev.n == 0)
 		snprintf(why, whylen, "%s", n == 0 ? "no RDMA device" : cfg->fabric_rdma_device && !named ?
 		    "rdma_device names no RDMA device" : "no RDMA device has an active port");
 	if (l != NULL)
 		rdma_free_devices(l);
-	return dev.on;
+	return dev.n > 0;
+}
+
+/*
+ * The IP address of each device, which the connecting side's rdma_cm needs for the pairs of
+ * devices: the first address of the host that rdma_cm binds to that device.
+ */
+static void
+find_addrs(void)
+{
+	struct ifaddrs *ifs = NULL;
+
+	if (getifaddrs(&ifs) < 0)
+		return;
+	for (struct ifaddrs *a = ifs; a != NULL; a = a->ifa_next) {
+		struct rdma_cm_id *id;
+		struct rdev *d;
+		char host[64];
+		if (a->ifa_addr == NULL || (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6) ||
+		    (a->ifa_flags & IFF_LOOPBACK) || rdma_create_id(dev.ech, &id, NULL, RDMA_PS_TCP) < 0)
+			continue;
+		if (rdma_bind_addr(id, a->ifa_addr) == 0 && (d = rdev_of(id->verbs)) != NULL && d->addr[0] == '\0' &&
+		    getnameinfo(a->ifa_addr, a->ifa_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in) :
+		    sizeof(struct sockaddr_in6), host, sizeof(host), NULL, 0, NI_NUMERICHOST) == 0 &&
+		    strchr(host, '%') == NULL)
+			snprintf(d->addr, sizeof(d->addr), "%s", host);
+		rdma_destroy_id(id);
+	}
+	freeifaddrs(ifs);
 }
 
 /* The rdma_cm listener on the host of [fabric] listen, port chosen by the system. */
@@ -888,6 +1077,9 @@ listen_rdma(void)
 		memmove(host, host + 1, strlen(host));
 		host[strlen(host) - 1] = '\0';
 	}
+	/* A listener on one device's address would not hear the others: any address then. */
+	if (dev.n > 1)
+		host[0] = '\0';
 	if (getaddrinfo(host[0] ? host : NULL, "0", &hints, &res) != 0 ||
 	    rdma_create_id(dev.ech, &dev.listen_id, NULL, RDMA_PS_TCP) < 0) {
 		log_warnx("fabric: no rdma listener on %s: peers connecting here use tcp", host);
@@ -905,6 +1097,24 @@ listen_rdma(void)
 	freeaddrinfo(res);
 }
 
+static int
+rdev_open(struct event_base *b, struct rdev *d)
+{
+	if ((d->pd = ibv_alloc_pd(d->ctx)) == NULL || (d->cc = ibv_create_comp_channel(d->ctx)) == NULL ||
+	    (d->cq = ibv_create_cq(d->ctx, d->max_cqe < CQ_DEPTH ? d->max_cqe : CQ_DEPTH, NULL, d->cc, 0)) == NULL ||
+	    ibv_req_notify_cq(d->cq, 0) != 0)
+		return -1;
+	nonblock(d->cc->fd);
+	nonblock(d->ctx->async_fd);
+	d->cq_ev = event_new(b, d->cc->fd, EV_READ | EV_PERSIST, on_cq, d);
+	d->async_ev = event_new(b, d->ctx->async_fd, EV_READ | EV_PERSIST, on_async, d);
+	if (d->cq_ev == NULL || d->async_ev == NULL)
+		return -1;
+	event_add(d->cq_ev, NULL);
+	event_add(d->async_ev, NULL);
+	return 0;
+}
+
 int
 fabric_rdma_init(struct event_base *b, char *why, size_t whylen)
 {
@@ -916,39 +1126,44 @@ fabric_rdma_init(struct event_base *b, char *why, size_t whylen)
 	}
 	if (!pick(why, whylen))
 		goto off;
-	if ((dev.pd = ibv_alloc_pd(dev.ctx)) == NULL || (dev.cc = ibv_create_comp_channel(dev.ctx)) == NULL ||
-	    (dev.cq = ibv_create_cq(dev.ctx, dev.max_cqe < CQ_DEPTH ? dev.max_cqe : CQ_DEPTH, NULL, dev.cc, 0)) == NULL ||
-	    ibv_req_notify_cq(dev.cq, 0) != 0 || (dev.ech = rdma_create_event_channel()) == NULL) {
-		snprintf(why, whylen, "%s: setting up: %s", dev.name, strerror(errno));
+	if ((dev.ech = rdma_create_event_channel()) == NULL) {
+		snprintf(why, whylen, "rdma_cm: %s", strerror(errno));
 		fabric_rdma_shutdown();
 		goto off;
 	}
-	nonblock(dev.cc->fd);
-	nonblock(dev.ctx->async_fd);
+	for (int i = 0; i < dev.n; i++)
+		if (rdev_open(b, &dev.d[i]) < 0) {
+			snprintf(why, whylen, "%s: setting up: %s", dev.d[i].name, strerror(errno));
+			fabric_rdma_shutdown();
+			goto off;
+		}
 	nonblock(dev.ech->fd);
-	dev.cq_ev = event_new(b, dev.cc->fd, EV_READ | EV_PERSIST, on_cq, NULL);
-	dev.cm_ev = event_new(b, dev.ech->fd, EV_READ | EV_PERSIST, on_cm, NULL);
-	dev.async_ev = event_new(b, dev.ctx->async_fd, EV_READ | EV_PERSIST, on_async, NULL);
-	if (dev.cq_ev == NULL || dev.cm_ev == NULL || dev.async_ev == NULL) {
+	if ((dev.cm_ev = event_new(b, dev.ech->fd, EV_READ | EV_PERSIST, on_cm, NULL)) == NULL) {
 		snprintf(why, whylen, "out of memory");
 		fabric_rdma_shutdown();
 		goto off;
 	}
-	event_add(dev.cq_ev, NULL);
 	event_add(dev.cm_ev, NULL);
-	event_add(dev.async_ev, NULL);
+	dev.on = true;
+	find_addrs();
+	for (int i = 0; i < dev.n; i++) {
+		size_t k = strlen(dev.names);
+		snprintf(dev.names + k, sizeof(dev.names) - k, "%s%s", k ? ", " : "", dev.d[i].name);
+		log_info("fabric: rdma device %d: %s, address %s", i, dev.d[i].name,
+		    dev.d[i].addr[0] ? dev.d[i].addr : "none (reached only as the control connection's)");
+	}
 	listen_rdma();
 	for (int g = 0; g < gpu_count() && g < NIC_GPUS; g++) {
 		char nic[64];
 		enum nic_why w;
 		if (nic_for_dev(g, nic, sizeof(nic), &w))
-			log_info("fabric: GPU%d's memory would go through %s (%s); host memory through %s", g, nic,
-			    nic_why_str(w), dev.name);
+			log_info("fabric: GPU%d's memory goes through %s (%s)%s", g, nic, nic_why_str(w),
+			    nic_dev(&(struct region){ .dev = g }) >= 0 ? "" : ", which is not open: staged");
 	}
 	if (dev.port)
-		snprintf(why, whylen, "rdma on %s, rdma_cm port %u", dev.name, dev.port);
+		snprintf(why, whylen, "rdma on %s, rdma_cm port %u", dev.names, dev.port);
 	else
-		snprintf(why, whylen, "rdma on %s (outbound only)", dev.name);
+		snprintf(why, whylen, "rdma on %s (outbound only)", dev.names);
 	return 1;
 off:
 	if (must)
@@ -966,28 +1181,30 @@ fabric_rdma_shutdown(void)
 	pthread_mutex_lock(&mlock);
 	while ((m = TAILQ_FIRST(&mrs)) != NULL) {
 		TAILQ_REMOVE(&mrs, m, entry);
-		if (m->h != NULL)
-			m->h->mr = NULL;
-		ibv_dereg_mr(m->mr);
+		if (m->mr != NULL)
+			ibv_dereg_mr(m->mr);
 		free(m);
 	}
 	pthread_mutex_unlock(&mlock);
-	if (dev.cq_ev != NULL)
-		event_free(dev.cq_ev);
 	if (dev.cm_ev != NULL)
 		event_free(dev.cm_ev);
-	if (dev.async_ev != NULL)
-		event_free(dev.async_ev);
 	if (dev.listen_id != NULL)
 		rdma_destroy_id(dev.listen_id);
 	if (dev.ech != NULL)
 		rdma_destroy_event_channel(dev.ech);
-	if (dev.cq != NULL)
-		ibv_destroy_cq(dev.cq);
-	if (dev.cc != NULL)
-		ibv_destroy_comp_channel(dev.cc);
-	if (dev.pd != NULL)
-		ibv_dealloc_pd(dev.pd);
+	for (int i = 0; i < dev.n; i++) {
+		struct rdev *d = &dev.d[i];
+		if (d->cq_ev != NULL)
+			event_free(d->cq_ev);
+		if (d->async_ev != NULL)
+			event_free(d->async_ev);
+		if (d->cq != NULL)
+			ibv_destroy_cq(d->cq);
+		if (d->cc != NULL)
+			ibv_destroy_comp_channel(d->cc);
+		if (d->pd != NULL)
+			ibv_dealloc_pd(d->pd);
+	}
 	memset(&dev, 0, sizeof(dev));
 }
 
@@ -1002,23 +1219,25 @@ fabric_rdma_init(struct event_base *b, char *why, size_t whylen)
 	return strcmp(cfg->fabric_transport, "rdma") == 0 ? -1 : 0;
 }
 void fabric_rdma_shutdown(void) {}
-bool fabric_rdma_offer(struct peer *p, uint32_t *port, uint8_t token[FABRIC_RDMA_TOKEN])
-{ (void)p; (void)port; (void)token; return false; }
-void fabric_rdma_connect(struct peer *p, uint32_t port, const uint8_t *token, size_t tokenlen)
-{ (void)p; (void)port; (void)token; (void)tokenlen; }
+bool fabric_rdma_offer(struct peer *p, uint32_t *port, uint8_t token[FABRIC_RDMA_TOKEN],
+    struct peer_rdev devs[FABRIC_RDMA_DEVS], size_t *ndevs)
+{ (void)p; (void)port; (void)token; (void)devs; *ndevs = 0; return false; }
+void fabric_rdma_connect(struct peer *p, uint32_t port, const uint8_t *token, size_t tokenlen,
+    const struct peer_rdev *devs, size_t ndevs)
+{ (void)p; (void)port; (void)token; (void)tokenlen; (void)devs; (void)ndevs; }
 void fabric_rdma_peer_down(struct peer *p) { (void)p; }
 uint32_t fabric_rdma_qps(const struct peer *p) { (void)p; return 0; }
 uint32_t fabric_rdma_regs(const struct peer *p) { (void)p; return 0; }
 const char *fabric_rdma_device(void) { return NULL; }
-bool fabric_rdma_export(struct peer *p, struct phandle *h, uint64_t *addr, uint32_t *rkey)
-{ (void)p; (void)h; (void)addr; (void)rkey; return false; }
+bool fabric_rdma_export(struct peer *p, struct phandle *h, uint64_t *addr, uint32_t rkeys[FABRIC_RDMA_DEVS])
+{ (void)p; (void)h; (void)addr; (void)rkeys; return false; }
 void fabric_rdma_unexport(struct phandle *h) { (void)h; }
 void fabric_rdma_region_gone(struct region *r) { (void)r; }
 bool fabric_rdma_nic(const struct region *r, char *name, size_t namelen, const char **why)
 { (void)r; (void)name; (void)namelen; (void)why; return false; }
 int fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, uint64_t off, uint64_t len,
-    uint64_t raddr, uint32_t rkey)
-{ (void)p; (void)id; (void)write; (void)local; (void)off; (void)len; (void)raddr; (void)rkey; return -1; }
+    uint64_t raddr, const uint32_t rkeys[FABRIC_RDMA_DEVS])
+{ (void)p; (void)id; (void)write; (void)local; (void)off; (void)len; (void)raddr; (void)rkeys; return -1; }
 void fabric_rdma_gpu_regs(uint64_t *dmabuf, uint64_t *peermem, uint64_t *none)
 { *dmabuf = *peermem = *none = 0; }
 

@@ -265,7 +265,7 @@ post_staged(struct fop *f, const struct remote *rm)
 
 	if (!rm->rdma || pool == NULL ||
 	    fabric_rdma_post(f->p, f->id, f->kind == FOP_WRITE, pool, off, f->c.bytes, rm->raddr + f->roff,
-	    rm->rkey) < 0)
+	    rm->rkeys) < 0)
 		return false;
 	fop_track(f);
 	return true;
@@ -327,7 +327,7 @@ start_chunk(struct chunk *c)
 	f->roff = (write ? g->dst_offset : g->src_offset) + c->off;
 	/* Host memory, or GPU memory the NIC registered itself: by RDMA, no copy. */
 	if (rm->rdma && fabric_rdma_post(p, f->id, write, local, f->loff, c->bytes, rm->raddr + f->roff,
-	    rm->rkey) == 0) {
+	    rm->rkeys) == 0) {
 		if (local->host == NULL)
 			stage_count_direct(c->bytes);
 		fop_track(f);

@@ -29,9 +29,9 @@
  * GPU machines (tests/gpu/fabric-gpu.test), the registrations need a GPU and an RDMA NIC in
  * one machine, which this project has never had.  The NIC of each GPU is chosen by PCI
  * distance from sysfs (daemon/nic.c, shown by gpxctl topo, overridden by [fabric]
- * nic_for_gpuN); fabric-rdma.c opens one device, the first with an active port or [fabric]
- * rdma_device, which carries host memory and staged buffers, and registers a GPU's memory
- * only when it is that GPU's NIC (a context per NIC is not written yet).
+ * nic_for_gpuN); fabric-rdma.c opens every device with an active port (or those [fabric]
+ * rdma_device names), stripes host memory and staged buffers over all of them, and registers
+ * a GPU's memory only on its own NIC.
  */
 #ifndef GPX_FABRIC_H
 #define GPX_FABRIC_H
@@ -87,7 +87,6 @@ struct phandle {
 	struct region *r;            /* a reference */
 	char export_name[65];
 	bool read_only;
-	struct rmr *mr;              /* its RDMA registration (fabric-rdma.c), under that file's lock */
 };
 
 struct rpeer;
@@ -122,6 +121,8 @@ struct peer *peer_by_node(const char *name);
 struct phandle *peer_handle(struct peer *, uint64_t id);
 void peer_kill(struct peer *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+#define FABRIC_RDMA_DEVS 8           /* RDMA devices a gpxd opens (its NICs, the rails) */
+
 /* ---- fabric.c ---- */
 extern const struct mem_ops mem_remote_ops;
 struct remote {                  /* r->priv of a `remote` region */
@@ -131,7 +132,8 @@ struct remote {                  /* r->priv of a `remote` region */
 	bool notify;                 /* the export notifies its owner: send Notify at a transfer's end */
 	bool rdma;                   /* the owner registered the export for this import: */
 	uint64_t raddr;              /* ... RDMA address of its first byte */
-	uint32_t rkey;               /* ... and the key; bounds and rights enforced by its NIC */
+	uint32_t rkeys[FABRIC_RDMA_DEVS];   /* ... and the key on each of its devices (0: none);
+	                                       bounds and rights enforced by its NIC */
 };
 int fabric_init(struct event_base *);
 void fabric_shutdown(void);
@@ -151,17 +153,27 @@ void fabric_rdma_done(uint64_t id, bool ok, const char *why);
 /* 1: rdma is on; 0: tcp (why says why); -1: transport = rdma and it cannot be. */
 int fabric_rdma_init(struct event_base *, char *why, size_t whylen);
 void fabric_rdma_shutdown(void);
-const char *fabric_rdma_device(void);        /* "rxe0 port 1", NULL when off */
-/* Inbound side, before Ready: the rdma_cm port and a fresh token to announce; false: none. */
-bool fabric_rdma_offer(struct peer *, uint32_t *port, uint8_t token[FABRIC_RDMA_TOKEN]);
-/* Outbound side, after Ready: opens the queue pairs the peer announced. */
-void fabric_rdma_connect(struct peer *, uint32_t port, const uint8_t *token, size_t tokenlen);
+const char *fabric_rdma_device(void);        /* "rxe0 port 1, rxe1 port 1", NULL when off */
+/*
+ * Inbound side, before Ready: the rdma_cm port, a fresh token and our devices (index and
+ * address, at most FABRIC_RDMA_DEVS) to announce; false: none.
+ */
+struct peer_rdev {
+	uint32_t index;
+	char addr[64];
+};
+bool fabric_rdma_offer(struct peer *, uint32_t *port, uint8_t token[FABRIC_RDMA_TOKEN],
+    struct peer_rdev devs[FABRIC_RDMA_DEVS], size_t *ndevs);
+/* Outbound side, after Ready: opens the queue pairs the peer announced, a pool per pair of devices. */
+void fabric_rdma_connect(struct peer *, uint32_t port, const uint8_t *token, size_t tokenlen,
+    const struct peer_rdev *devs, size_t ndevs);
 /* The peer is going down: its queue pairs go first, before its chunks fail. */
 void fabric_rdma_peer_down(struct peer *);
 uint32_t fabric_rdma_qps(const struct peer *);     /* connected queue pairs */
 uint32_t fabric_rdma_regs(const struct peer *);    /* registrations of our exports it holds */
-/* An import of one of our exports: registers it for this import alone; false: tcp only. */
-bool fabric_rdma_export(struct peer *, struct phandle *, uint64_t *addr, uint32_t *rkey);
+/* An import of one of our exports: registers it for this import alone, on each device that
+ * may carry it (its key by device index, 0 where not); false: tcp only. */
+bool fabric_rdma_export(struct peer *, struct phandle *, uint64_t *addr, uint32_t rkeys[FABRIC_RDMA_DEVS]);
 void fabric_rdma_unexport(struct phandle *);
 /* The NIC a transfer with local side r uses: its GPU's (daemon/nic.c) or rdma_device. */
 bool fabric_rdma_nic(const struct region *, char *name, size_t namelen, const char **why);
@@ -170,7 +182,7 @@ bool fabric_rdma_nic(const struct region *, char *name, size_t namelen, const ch
  * of the local region, host or GPU memory; 0, or -1: not by RDMA (over tcp, or staged first).
  */
 int fabric_rdma_post(struct peer *, uint64_t id, bool write, struct region *local, uint64_t off, uint64_t len,
-    uint64_t raddr, uint32_t rkey);
+    uint64_t raddr, const uint32_t rkeys[FABRIC_RDMA_DEVS]);
 /* GPU memory registered with the NIC so far: from a dma-buf, through peermem, neither. */
 void fabric_rdma_gpu_regs(uint64_t *dmabuf, uint64_t *peermem, uint64_t *none);
 

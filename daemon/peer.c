@@ -565,6 +565,9 @@ on_auth(struct peer *p, const Gpxpeer__Auth *a)
 	Gpxpeer__Ready r = GPXPEER__READY__INIT;
 	uint8_t mac[SHA256_LEN], token[FABRIC_RDMA_TOKEN];
 	uint32_t rport;
+	struct peer_rdev devs[FABRIC_RDMA_DEVS];
+	Gpxpeer__RdmaDev rd[FABRIC_RDMA_DEVS], *rdp[FABRIC_RDMA_DEVS];
+	size_t ndevs = 0;
 
 	if (p->outbound || p->state != PEER_AUTH) {
 		peer_kill(p, "unexpected Auth");
@@ -582,11 +585,19 @@ on_auth(struct peer *p, const Gpxpeer__Auth *a)
 	} while (p->epoch == 0);
 	r.epoch = p->epoch;
 	r.transport = "tcp";
-	if (fabric_rdma_offer(p, &rport, token)) {
+	if (fabric_rdma_offer(p, &rport, token, devs, &ndevs)) {
 		r.transport = "rdma";
 		r.rdma_port = rport;
 		r.rdma_token.data = token;
 		r.rdma_token.len = sizeof(token);
+		for (size_t i = 0; i < ndevs; i++) {
+			gpxpeer__rdma_dev__init(&rd[i]);
+			rd[i].index = devs[i].index;
+			rd[i].addr = devs[i].addr;
+			rdp[i] = &rd[i];
+		}
+		r.n_rdma_devs = ndevs;
+		r.rdma_devs = rdp;
 	}
 	m.body_case = GPXPEER__PEER_MSG__BODY_READY;
 	m.ready = &r;
@@ -601,10 +612,21 @@ on_ready(struct peer *p, const Gpxpeer__Ready *r)
 		peer_kill(p, "unexpected Ready");
 		return;
 	}
+	struct peer_rdev devs[FABRIC_RDMA_DEVS];
+	size_t ndevs = 0;
+
 	p->epoch = r->epoch;
 	become_ready(p);
+	/* The devices it offers, as far as they make sense (an address we fail to read is left out). */
+	for (size_t i = 0; i < r->n_rdma_devs && ndevs < FABRIC_RDMA_DEVS; i++)
+		if (r->rdma_devs[i]->index < FABRIC_RDMA_DEVS && r->rdma_devs[i]->addr != NULL &&
+		    strlen(r->rdma_devs[i]->addr) < sizeof(devs[0].addr)) {
+			devs[ndevs].index = r->rdma_devs[i]->index;
+			snprintf(devs[ndevs].addr, sizeof(devs[0].addr), "%s", r->rdma_devs[i]->addr);
+			ndevs++;
+		}
 	if (p->state == PEER_READY)
-		fabric_rdma_connect(p, r->rdma_port, r->rdma_token.data, r->rdma_token.len);
+		fabric_rdma_connect(p, r->rdma_port, r->rdma_token.data, r->rdma_token.len, devs, ndevs);
 }
 
 /* ---- imports: serving side ---- */
@@ -633,7 +655,7 @@ on_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
 	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
 	Gpxpeer__ImportRep rep = GPXPEER__IMPORT_REP__INIT;
 	struct export *e = q->name != NULL && export_name_ok(q->name) ? export_find(q->name) : NULL;
-	uint32_t n = 0;
+	uint32_t n = 0, rkeys[FABRIC_RDMA_DEVS] = { 0 };
 	struct phandle *h;
 	char msg[256] = "";
 
@@ -665,7 +687,10 @@ on_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
 		rep.length = e->r->length;
 		rep.read_only = h->read_only;
 		rep.notify = e->notify;
-		rep.rdma = fabric_rdma_export(p, h, &rep.rdma_addr, &rep.rdma_rkey);
+		rep.rdma = fabric_rdma_export(p, h, &rep.rdma_addr, rkeys);
+		rep.rdma_rkey = rkeys[0];
+		rep.n_rdma_rkeys = rep.rdma ? FABRIC_RDMA_DEVS : 0;
+		rep.rdma_rkeys = rkeys;
 		log_debug("fabric", "peer %s imports %s as %#llx", p->node, e->name, (unsigned long long)h->id);
 	}
 	rep.message = msg;
@@ -972,8 +997,12 @@ on_import_rep(struct peer *p, const Gpxpeer__ImportRep *rep)
 	if (rep->rdma) {
 		/* Trusted no further than its NIC: the registration bounds what the key reaches. */
 		((struct remote *)r->priv)->rdma = true;
-		((struct remote *)r->priv)->raddr = rep->rdma_addr;
-		((struct remote *)r->priv)->rkey = rep->rdma_rkey;
+		struct remote *rm = r->priv;
+		rm->raddr = rep->rdma_addr;
+		/* A peer that sends one key has one device: it is the key at every queue pair's end. */
+		rm->rkeys[0] = rep->rdma_rkey;
+		for (size_t i = 0; i < rep->n_rdma_rkeys && i < FABRIC_RDMA_DEVS; i++)
+			rm->rkeys[i] = rep->rdma_rkeys[i];
 	}
 	r->uid = c->uid;
 	conn_import_remote(c, seq, r, rep->read_only);
