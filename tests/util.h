@@ -1,6 +1,7 @@
 /*
  * Small tools the test programs share: a monotonic clock in seconds, a checksum of a buffer
- * (FNV-1a) and a deterministic fill of a buffer from a seed (xorshift).  Header-only.
+ * (FNV-1a), a xorshift generator and a deterministic fill of a buffer from a seed with it.
+ * Header-only.
  */
 #ifndef GPX_TESTS_UTIL_H
 #define GPX_TESTS_UTIL_H
@@ -30,15 +31,22 @@ fnv(const void *p, size_t n)
 	return h;
 }
 
+static inline uint64_t
+xorshift(uint64_t *x)
+{
+	*x ^= *x << 13;
+	*x ^= *x >> 7;
+	*x ^= *x << 17;
+	return *x;
+}
+
 static inline void
 fill(void *p, size_t n, unsigned seed)
 {
 	uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
 
 	for (size_t i = 0; i < n; i += 8) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
+		xorshift(&x);
 		memcpy((char *)p + i, &x, n - i < 8 ? n - i : 8);
 	}
 }

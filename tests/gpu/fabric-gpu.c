@@ -40,10 +40,7 @@ static uint64_t rng = 0x2545f4914f6cdd1dull;
 static uint64_t
 rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return xorshift(&rng);
 }
 
 #define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *n_ = "?"; \
@@ -85,8 +82,7 @@ binit(struct buf *b, const char *name, int kind, gpx_conn *c)
 	b->name = name;
 	b->kind = kind;
 	b->mirror = malloc(BUF);
-	for (size_t i = 0; i < BUF; i++)
-		b->mirror[i] = (unsigned char)rnd();
+	fill(b->mirror, BUF, (unsigned)rnd());
 	if (kind == 0) {
 		if (gpx_host_alloc(BUF, &b->fd, (void **)&b->host) < 0)
 			tap_bail("gpx_host_alloc");
