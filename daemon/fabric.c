@@ -82,9 +82,17 @@ struct rel {
 };
 
 #define FABRIC_WINDOW 32             /* chunks in flight over all peers */
+/*
+ * ... and bytes: Writes queue their data on the peer's connection and Reads have the answers
+ * queued on the peer's, and a connection that holds more than 96 MiB unread is dropped as
+ * stuck (peer.c): 32 chunks of 4 MiB were enough to trip it.  The next chunk is taken below
+ * this, so at most this plus one chunk (16 MiB) is ever in flight.
+ */
+#define FABRIC_WINDOW_BYTES (64u << 20)
 
 static TAILQ_HEAD(, fop) fops = TAILQ_HEAD_INITIALIZER(fops);   /* waiting on a peer */
 static uint32_t nfops;                                          /* alive: waiting or staging */
+static uint64_t nfbytes;                                        /* ... and their bytes */
 static uint64_t next_id;
 static struct event *kick_ev;
 static pthread_mutex_t rlock = PTHREAD_MUTEX_INITIALIZER;
@@ -185,6 +193,7 @@ fop_free(struct fop *f, bool ok)
 {
 	stage_put(f->stage);
 	nfops--;
+	nfbytes -= f->c.bytes;
 	engine_chunk_done(&f->c, ok);
 	free(f);
 }
@@ -319,6 +328,7 @@ start_chunk(struct chunk *c)
 		return;
 	}
 	nfops++;
+	nfbytes += c->bytes;
 	f->id = ++next_id;
 	f->p = p;
 	f->c = *c;
@@ -356,7 +366,7 @@ pump(void)
 {
 	struct chunk c;
 
-	while (running && nfops < FABRIC_WINDOW &&
+	while (running && nfops < FABRIC_WINDOW && nfbytes < FABRIC_WINDOW_BYTES &&
 	    engine_next_chunk(PATH_FABRIC, &c, false, cfg->fabric_chunk, 1))
 		start_chunk(&c);
 }

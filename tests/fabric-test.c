@@ -321,6 +321,23 @@ main(int argc, char **argv)
 	ok(e == 0 && gpx_copy_sync(cb, rb, 0, rro, 0, 64) == -GPX_EACCES, "writing into it: EACCES");
 	ok(e == 0 && gpx_copy_sync(cb, rro, 0, rb, 0, 4096) == 0 && memcmp(pa, pb, 4096) == 0, "reading from it works");
 
+	/* Many large copies at once: B's chunks in flight stay below what A may leave unread. */
+	{
+		enum { M = 24 };
+		int good = 0, seen = 0;
+		for (int i = 0; i < M; i++)
+			gpx_copy(cb, rb, 0, rkv, 0, SZ, 700 + i);
+		for (double end = now() + 60; seen < M && now() < end;)
+			if (gpx_wait(cb, &comp, 1, 200) == 1 && !(comp.flags & GPX_COMP_NOTIFY)) {
+				seen++;
+				good += comp.status == 0;
+			}
+		ok(good == M && memcmp(pa, pb, SZ) == 0, "%d concurrent 8 MiB writes across: %d ok, bytes match",
+		    M, good);
+		while (gpx_poll(ca, &comp, 1) > 0)
+			;     /* the owner's notifications of them */
+	}
+
 	/* A is killed in the middle of a stream of copies: every copy ends, some with an error. */
 	enum { N = 32 };
 	int okc = 0, errc = 0, got = 0;
