@@ -15,7 +15,10 @@
  * Buffers: STAGE_BYTES of pinned memory cut into buffers of [fabric] chunk_size, allocated
  * at start when the node has a GPU, and known to fabric-rdma.c as one host region (pool_r),
  * so that a staged chunk can still go by RDMA.  When every buffer is taken a chunk is staged
- * through the heap (the driver then copies pageable memory itself): slower, never stuck.
+ * through the heap (the driver then copies pageable memory itself): slower, never stuck; up
+ * to STAGE_HEAP_MAX bytes at once (two peers' full windows of the largest chunks), beyond
+ * which a chunk fails (ENOMEM to a peer) rather than let requests grow the daemon without
+ * bound.  A peer's chunks may be larger than ours: those are served through the heap.
  *
  * Threads: stage_get, stage_put, stage_copy and stage_probe run on the loop thread, and the
  * done functions are called there; the copies and the probes run on the stage thread, which
@@ -40,6 +43,7 @@
 
 #define STAGE_BYTES (32u << 20)
 #define STAGE_MAX 64                 /* buffers in the pool */
+#define STAGE_HEAP_MAX (1ull << 30)
 #define DMA_BUF_MAGIC 0x444d4142     /* statfs f_type of a dma-buf (linux/magic.h) */
 
 enum sop_kind { SOP_TO_GPU, SOP_FROM_GPU, SOP_PROBE };
@@ -70,6 +74,7 @@ static struct {
 	char *pool;
 	size_t slot, nslots;
 	uint64_t free_mask;               /* loop thread */
+	size_t heap_bytes;                /* loop thread */
 	struct region pool_r;
 	_Atomic uint64_t staged_bytes, staged_copies, heap_copies, direct_bytes;
 } st = {
@@ -89,8 +94,14 @@ stage_get(size_t len)
 		st.free_mask &= ~(1ull << i);
 		return st.pool + (size_t)i * st.slot;
 	}
+	/* A heap buffer: its size in front of it, so that stage_put can count it back. */
+	size_t *h;
+	if (len > STAGE_HEAP_MAX - st.heap_bytes || (h = malloc(sizeof(size_t) * 2 + len)) == NULL)
+		return NULL;
 	atomic_fetch_add(&st.heap_copies, 1);
-	return malloc(len ? len : 1);
+	st.heap_bytes += len;
+	h[0] = len;
+	return h + 2;
 }
 
 void
@@ -102,8 +113,11 @@ stage_put(void *buf)
 		return;
 	if (stage_pool(buf, &off) != NULL)
 		st.free_mask |= 1ull << (off / st.slot);
-	else
-		free(buf);
+	else {
+		size_t *h = (size_t *)buf - 2;
+		st.heap_bytes -= h[0];
+		free(h);
+	}
 }
 
 struct region *

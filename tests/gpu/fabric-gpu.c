@@ -206,14 +206,14 @@ notified(gpx_conn *c, uint64_t tag, uint64_t want)
 }
 
 static void
-conf(char *out, size_t n, const char *node, int port, int peer, const char *key)
+conf(char *out, size_t n, const char *node, int port, int peer, const char *key, const char *chunk)
 {
 	char peers[64] = "";
 
 	if (peer != 0)
 		snprintf(peers, sizeof(peers), "peers = 127.0.0.1:%d\n", peer);
 	snprintf(out, n, "[cuda]\ntrust_legacy_ipc = yes\n[fabric]\nnode = %s\nlisten = 127.0.0.1:%d\n%s"
-	    "key_file = %s\ntimeout = 3\nretry_interval = 0.3\nchunk_size = 1M\n", node, port, peers, key);
+	    "key_file = %s\ntimeout = 3\nretry_interval = 0.3\nchunk_size = %s\n", node, port, peers, key, chunk);
 }
 
 int
@@ -238,8 +238,9 @@ main(void)
 	if ((fd = mkstemp(key)) < 0 || getrandom(k, sizeof(k), 0) != sizeof(k) || write(fd, k, sizeof(k)) != sizeof(k))
 		tap_bail("key file");
 	close(fd);
-	conf(ca_conf, sizeof(ca_conf), "gpua", port, port + 1, key);
-	conf(cb_conf, sizeof(cb_conf), "gpub", port + 1, 0, key);
+	/* A's chunks of 4 MiB: 8 pinned buffers for a window of 32 chunks, so bursts use the heap. */
+	conf(ca_conf, sizeof(ca_conf), "gpua", port, port + 1, key, "4M");
+	conf(cb_conf, sizeof(cb_conf), "gpub", port + 1, 0, key, "1M");
 	if (harness_start(&hb, cb_conf) < 0 || harness_start(&ha, ca_conf) < 0)
 		tap_bail("cannot start the two daemons");
 	if (gpx_connect(ha.sock, "fabric-gpu-a", &ca) < 0 || gpx_connect(hb.sock, "fabric-gpu-b", &cb) < 0)
@@ -290,11 +291,35 @@ main(void)
 	ok(e == 0 && notified(cb, 91, 5u << 20), "B's owner notified of 5 MiB copied into its GPU memory");
 	memcpy(bg.mirror, av.mirror, 5u << 20);
 
+	/* A burst: more of A's chunks in flight than it has pinned buffers. */
+	int burst = 16, good = 0, seen = 0;
+	for (int i = 0; i < burst; i++)
+		gpx_copy(ca, av.region, 0, rg, (uint64_t)(i % 2) << 23, 8u << 20, 500 + i);
+	for (double end = now() + 20; seen < burst && now() < end;)
+		if (gpx_wait(ca, &comp, 1, 200) == 1 && !(comp.flags & GPX_COMP_NOTIFY)) {
+			seen++;
+			good += comp.status == 0;
+		}
+	memcpy(bg.mirror, av.mirror, 8u << 20);
+	memcpy(bg.mirror + (8u << 20), av.mirror, 8u << 20);
+	unsigned char *got = malloc(BUF);
+	bread(&bg, 0, got, BUF);
+	bool same = memcmp(got, bg.mirror, BUF) == 0;
+	if (!ok(good == burst && same, "%d concurrent 8 MiB copies into B's GPU memory, more chunks than "
+	    "pinned buffers: %d ok, bytes %s", burst, good, same ? "verified" : "differ")) {
+		harness_dump_log(&ha);
+		harness_dump_log(&hb);
+	}
+	free(got);
+	while (gpx_poll(cb, &comp, 1) > 0)
+		;
+
 	/* Both daemons staged: nothing went by GPUDirect here. */
 	for (int side = 0; side < 2; side++) {
 		Gpx__QueryReply *q = query(side ? cb : ca, GPX_Q_PEERS);
 		const Gpx__FabricGpu *g = q ? q->fabric_gpu : NULL;
-		ok(g != NULL && g->staged_bytes > 0 && g->direct_bytes == 0 && g->pool_bytes > 0,
+		ok(g != NULL && g->staged_bytes > 0 && g->direct_bytes == 0 && g->pool_bytes > 0 &&
+		    (side == 1 || g->heap_copies > 0),
 		    "%s: %llu bytes of GPU memory staged in %llu copies (%llu through the heap), none direct",
 		    side ? "B" : "A", g ? (unsigned long long)g->staged_bytes : 0ull,
 		    g ? (unsigned long long)g->staged_copies : 0ull, g ? (unsigned long long)g->heap_copies : 0ull);
