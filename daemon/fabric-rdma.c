@@ -887,27 +887,6 @@ fabric_rdma_region_gone(struct region *r)
 
 /* ---- the data path ---- */
 
-/*
- * The NIC for a transfer whose local side is r: for GPU memory the one daemon/nic.c chooses
- * for its GPU (nic_for_gpuN, else the nearest by PCI), for host memory every open device
- * (rdma_device, else all with an active port).  Its name into name; false when there is none.
- */
-bool
-fabric_rdma_nic(const struct region *r, char *name, size_t namelen, const char **why)
-{
-	enum nic_why w;
-
-	if (r->dev != DEV_HOST) {
-		if (!nic_for_dev(r->dev, name, namelen, &w))
-			return false;
-		*why = nic_why_str(w);
-		return true;
-	}
-	*why = cfg->fabric_rdma_device != NULL ? "rdma_device" : "every device with an active port";
-	snprintf(name, namelen, "%s", cfg->fabric_rdma_device != NULL ? cfg->fabric_rdma_device : dev.on ? dev.names : "");
-	return name[0] != '\0';
-}
-
 /* Which of our devices may carry r: -1 any (host memory), the GPU's NIC's index, -2 none. */
 static int
 nic_dev(const struct region *r)
@@ -1233,8 +1212,6 @@ bool fabric_rdma_export(struct peer *p, struct phandle *h, uint64_t *addr, uint3
 { (void)p; (void)h; (void)addr; (void)rkeys; return false; }
 void fabric_rdma_unexport(struct phandle *h) { (void)h; }
 void fabric_rdma_region_gone(struct region *r) { (void)r; }
-bool fabric_rdma_nic(const struct region *r, char *name, size_t namelen, const char **why)
-{ (void)r; (void)name; (void)namelen; (void)why; return false; }
 int fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, uint64_t off, uint64_t len,
     uint64_t raddr, const uint32_t rkeys[FABRIC_RDMA_DEVS])
 { (void)p; (void)id; (void)write; (void)local; (void)off; (void)len; (void)raddr; (void)rkeys; return -1; }

@@ -175,8 +175,6 @@ uint32_t fabric_rdma_regs(const struct peer *);    /* registrations of our expor
  * may carry it (its key by device index, 0 where not); false: tcp only. */
 bool fabric_rdma_export(struct peer *, struct phandle *, uint64_t *addr, uint32_t rkeys[FABRIC_RDMA_DEVS]);
 void fabric_rdma_unexport(struct phandle *);
-/* The NIC a transfer with local side r uses: its GPU's (daemon/nic.c) or rdma_device. */
-bool fabric_rdma_nic(const struct region *, char *name, size_t namelen, const char **why);
 /*
  * Posts one RDMA WRITE (local -> remote) or READ (remote -> local) of len bytes at offset off
  * of the local region, host or GPU memory; 0, or -1: not by RDMA (over tcp, or staged first).
