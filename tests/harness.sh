@@ -12,32 +12,9 @@ set -u
 : "${GPXD:=$GPX_BUILDDIR/gpxd}"
 : "${GPXCTL:=$GPX_BUILDDIR/gpxctl}"
 
-t_n=0
-t_fail=0
+. "$GPX_SRCDIR/tests/tap.sh"
 H_DIR=
 H_PID=
-
-ok() { t_n=$((t_n + 1)); echo "ok $t_n - $*"; }
-not_ok() { t_n=$((t_n + 1)); t_fail=$((t_fail + 1)); echo "not ok $t_n - $*"; }
-skip() { t_n=$((t_n + 1)); echo "ok $t_n # SKIP $*"; }
-# check DESCRIPTION COMMAND...: one check from a command's exit status.
-check() {
-	_d=$1
-	shift
-	if "$@"; then ok "$_d"; else not_ok "$_d"; fi
-}
-# diag FILE: a file as TAP comments.
-diag() { sed 's/^/# /' "$1"; }
-bail() {
-	echo "Bail out! $*"
-	exit 99
-}
-# finish: the plan, and the test's exit status.
-finish() {
-	echo "1..$t_n"
-	[ "$t_fail" = 0 ]
-	exit $?
-}
 
 h_cleanup() {
 	if [ -n "$H_PID" ]; then

@@ -15,34 +15,13 @@ set -u
 OPS_CLIENT=$GPX_BUILDDIR/tests/ops-client
 NOTIFY_SINK=$GPX_BUILDDIR/tests/notify-sink
 
-t_n=0
-t_fail=0
+. "$GPX_SRCDIR/tests/tap.sh"
 t_pids=()
 T=
 
-ok() { t_n=$((t_n + 1)); echo "ok $t_n - $*"; }
-not_ok() { t_n=$((t_n + 1)); t_fail=$((t_fail + 1)); echo "not ok $t_n - $*"; }
-# check DESCRIPTION COMMAND...: one TAP line from a command's exit status.
-check() {
-	local d=$1
-	shift
-	if "$@"; then ok "$d"; else not_ok "$d"; fi
-}
-# diag FILE|-: a file (or stdin) as TAP comments.
-diag() { sed 's/^/# /' "${1:--}"; }
 skip_all() {
 	echo "1..0 # SKIP $*"
 	exit "${GPX_SKIP_STATUS:-77}"
-}
-bail() {
-	echo "Bail out! $*"
-	exit 99
-}
-# finish: the plan, and the exit status of the whole test.
-finish() {
-	echo "1..$t_n"
-	[ "$t_fail" = 0 ]
-	exit $?
 }
 
 # track PID: killed (TERM, then KILL) when the test exits.
