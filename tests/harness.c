@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 
 #include "tests/harness.h"
+#include "tests/util.h"
 #include "tests/tap.h"
 
 /* The configuration every integration test runs with; `extra` may add sections after it. */
@@ -62,18 +63,9 @@ int
 harness_fds(const struct harness *h)
 {
 	char path[64];
-	struct dirent *e;
-	DIR *d;
-	int n = 0;
 
 	snprintf(path, sizeof(path), "/proc/%d/fd", (int)h->pid);
-	if ((d = opendir(path)) == NULL)
-		return -1;
-	while ((e = readdir(d)) != NULL)
-		if (e->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n;
+	return fds_in(path);
 }
 
 int

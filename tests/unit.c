@@ -7,7 +7,6 @@
  */
 #include "config.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -21,23 +20,17 @@
 
 #include "daemon/gpxd.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 static char tmpdir[64];
 
+/* Our own descriptors, less the one reading the directory. */
 static int
 count_fds(void)
 {
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-	int n = 0;
+	int n = fds_in("/proc/self/fd");
 
-	if (d == NULL)
-		return -1;
-	while ((e = readdir(d)) != NULL)
-		if (e->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n - 1;   /* the directory's own descriptor */
+	return n < 0 ? n : n - 1;
 }
 
 /* ---- conf.c ---- */

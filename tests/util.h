@@ -1,11 +1,12 @@
 /*
  * Small tools the test programs share: a monotonic clock in seconds, a checksum of a buffer
- * (FNV-1a), a xorshift generator and a deterministic fill of a buffer from a seed with it.
- * Header-only.
+ * (FNV-1a), a xorshift generator and a deterministic fill of a buffer from a seed with it,
+ * and a count of a process's open descriptors.  Header-only.
  */
 #ifndef GPX_TESTS_UTIL_H
 #define GPX_TESTS_UTIL_H
 
+#include <dirent.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -49,6 +50,23 @@ fill(void *p, size_t n, unsigned seed)
 		xorshift(&x);
 		memcpy((char *)p + i, &x, n - i < 8 ? n - i : 8);
 	}
+}
+
+/* The entries of a /proc/PID/fd directory: that process's open descriptors, or -1. */
+static inline int
+fds_in(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+
+	if (d == NULL)
+		return -1;
+	while ((e = readdir(d)) != NULL)
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n;
 }
 
 #endif
