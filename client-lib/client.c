@@ -803,6 +803,19 @@ sq_put(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *s, uin
 	return 0;
 }
 
+/* Whether c may take a list of n segments now: what submit and gpx_segs_reserve both ask. */
+static int
+segs_usable(gpx_conn *c, size_t n)
+{
+	if (c->ring == NULL)
+		return set_err(c, GPX_EINVAL, "this connection has no completion queue");
+	if (c->dead)
+		return set_err(c, GPX_ECONN, "the connection to gpxd was lost");
+	if (n == 0 || n > c->max_segs)
+		return set_err(c, GPX_EINVAL, "segment count out of range");
+	return 0;
+}
+
 static int
 submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, size_t n, uint64_t tag)
 {
@@ -812,12 +825,8 @@ submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, 
 	Gpx__Segment *arr = NULL, **ptrs = NULL;
 	int fd = -1, r;
 
-	if (c->ring == NULL)
-		return set_err(c, GPX_EINVAL, "this connection has no completion queue");
-	if (c->dead)
-		return set_err(c, GPX_ECONN, "the connection to gpxd was lost");
-	if (n == 0 || n > c->max_segs)
-		return set_err(c, GPX_EINVAL, "segment count out of range");
+	if ((r = segs_usable(c, n)) < 0)
+		return r;
 	if (c->outstanding >= c->entries)
 		return set_err(c, GPX_EBUSY, "no credit left: collect completions first");
 	/* A reserved list goes as it lies in the area; the room is given up with this transfer. */
@@ -902,12 +911,8 @@ gpx_segs_reserve(gpx_conn *c, size_t n, struct gpx_seg **out)
 	int r;
 
 	*out = NULL;
-	if (c->ring == NULL)
-		return set_err(c, GPX_EINVAL, "this connection has no completion ring");
-	if (c->dead)
-		return set_err(c, GPX_ECONN, "the connection to gpxd was lost");
-	if (n == 0 || n > c->max_segs)
-		return set_err(c, GPX_EINVAL, "segment count out of range");
+	if ((r = segs_usable(c, n)) < 0)
+		return r;
 	c->area.resv_n = 0;
 	if ((r = area_room(c, n * sizeof(**out), &pos)) < 0)
 		return r;
