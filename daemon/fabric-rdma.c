@@ -177,7 +177,6 @@ static struct {
 	uint16_t port;               /* of listen_id, host order; 0: we cannot answer */
 	struct event *cm_ev;
 	char names[FABRIC_RDMA_DEVS * 24];   /* "rxe0 port 1, rxe1 port 1" */
-	uint64_t nreg, regfail;
 	uint64_t gpu_dmabuf, gpu_peermem, gpu_none;   /* GPU memory registrations, by how */
 } dev;
 
@@ -783,7 +782,6 @@ fabric_rdma_export(struct peer *p, struct phandle *h, uint64_t *addr, uint32_t r
 		if (m->mr == NULL) {
 			log_warn("fabric: peer %s: registering export %s (%llu bytes) on %s", p->node,
 			    h->export_name, (unsigned long long)r->length, d->name);
-			dev.regfail++;
 			free(m);
 			continue;
 		}
@@ -795,7 +793,6 @@ fabric_rdma_export(struct peer *p, struct phandle *h, uint64_t *addr, uint32_t r
 		n++;
 		pthread_mutex_lock(&mlock);
 		TAILQ_INSERT_TAIL(&mrs, m, entry);
-		dev.nreg++;
 		pthread_mutex_unlock(&mlock);
 	}
 	if (n == 0)
@@ -852,13 +849,11 @@ local_mr(struct region *r, int d, bool write_into)
 	    m->writable ? IBV_ACCESS_LOCAL_WRITE : 0)) == NULL) {
 		log_warn("fabric: registering a %llu-byte region for rdma on %s", (unsigned long long)r->length,
 		    dev.d[d].name);
-		dev.regfail++;
 		free(m);
 		return NULL;
 	}
 	pthread_mutex_lock(&mlock);
 	TAILQ_INSERT_TAIL(&mrs, m, entry);
-	dev.nreg += m->mr != NULL;
 	pthread_mutex_unlock(&mlock);
 	return m->mr;
 }

@@ -24,7 +24,7 @@
  * register it, and is staged otherwise (daemon/stage.c): a write's chunk is first copied from
  * the GPU into a host buffer, which then goes as host memory would; a read's chunk lands in a
  * host buffer and is done once copied into the GPU.  While its copy runs, a chunk belongs to
- * the stage thread (f->staging): it is on no list, so a peer going down does not free it, and
+ * the stage thread: it is on no list, so a peer going down does not free it, and
  * its done function finds the peer again by name and epoch.  A peer's Write or Read of an
  * export in GPU memory is served the same way, answered when the copy is done.
  *
@@ -55,7 +55,6 @@ struct fop {
 	uint64_t loff, roff;         /* the chunk's offsets in the local and the remote region */
 	void *local;                 /* Read over tcp: where the bytes land */
 	void *stage;                 /* GPU memory staged through this host buffer (stage.c) */
-	bool staging;                /* its copy to or from the GPU is running */
 	bool landed;                 /* a staged Read's bytes are in f->stage */
 	bool notified;               /* the Write carried the transfer's Notify */
 	bool rdma;                   /* posted as RDMA WRITE/READ: ends with its work completion */
@@ -288,7 +287,6 @@ staged_out(void *arg, bool ok)
 	const struct remote *rm = f->c.job->dst->priv;
 	struct peer *p = rm ? peer_by_node(rm->node) : NULL;
 
-	f->staging = false;
 	if (!ok || !running || p == NULL || p->epoch != rm->epoch) {
 		fop_free(f, false);
 		pump();
@@ -305,7 +303,6 @@ staged_in(void *arg, bool ok)
 {
 	struct fop *f = arg;
 
-	f->staging = false;
 	fop_free(f, ok && running);
 	pump();
 }
@@ -350,7 +347,6 @@ start_chunk(struct chunk *c)
 			return;
 		}
 		if (write) {
-			f->staging = true;
 			stage_copy(false, local->dev, local->dptr + f->loff, f->stage, c->bytes, staged_out, f);
 			return;
 		}
@@ -384,7 +380,7 @@ fop_end(struct fop *f, bool ok)
 
 	if (ok && f->kind == FOP_READ && f->stage != NULL && !f->landed) {
 		/* In the host buffer: done when it is in the GPU too. */
-		f->landed = f->staging = true;
+		f->landed = true;
 		stage_copy(true, j->dst->dev, j->dst->dptr + f->loff, f->stage, f->c.bytes, staged_in, f);
 		return;
 	}
