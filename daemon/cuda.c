@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <cuda.h>
 
 #include "gpxd.h"
@@ -611,17 +612,22 @@ cuda_vmm_release(uint64_t va, uint64_t size, uint64_t handle)
 }
 
 /*
- * A dma-buf fd for [dptr, dptr+len) of device memory (both aligned to the host page), for
- * RDMA registration; or minus the CUDA error code (cuda_errstr names it).  Any thread with a
- * context current.
+ * A dma-buf fd for the host pages around [dptr, dptr+len) of device memory (the driver takes
+ * whole pages only), for RDMA registration: dptr lies *off bytes into it, and it holds *size
+ * bytes.  Or minus the CUDA error code (cuda_errstr names it).  Any thread with a context
+ * current.
  */
 int
-cuda_dmabuf(uint64_t dptr, uint64_t len)
+cuda_dmabuf(uint64_t dptr, uint64_t len, uint64_t *off, uint64_t *size)
 {
+	uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t a0 = dptr & ~(pg - 1), a1 = (dptr + len + pg - 1) & ~(pg - 1);
 	int fd = -1;
-	CUresult r = p_cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)dptr, len,
+	CUresult r = p_cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)a0, a1 - a0,
 	    CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
 
+	*off = dptr - a0;
+	*size = a1 - a0;
 	if (r != CUDA_SUCCESS)
 		return r > 0 ? -(int)r : -1;
 	return fd;

@@ -718,13 +718,12 @@ gpu_reg(const struct region *r, const struct rdev *d, uint64_t iova, int acc)
 	(void)r, (void)d, (void)iova, (void)acc;
 	return NULL;
 #else
-	uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
-	uint64_t a0 = r->dptr & ~(pg - 1), a1 = (r->dptr + r->length + pg - 1) & ~(pg - 1);
+	uint64_t off, size;
 	struct ibv_mr *mr = NULL;
-	int fd = cuda_use(r->dev) == 0 ? cuda_dmabuf(a0, a1 - a0) : -1;
+	int fd = cuda_use(r->dev) == 0 ? cuda_dmabuf(r->dptr, r->length, &off, &size) : -1;
 
 	if (fd >= 0) {
-		mr = ibv_reg_dmabuf_mr(d->pd, r->dptr - a0, r->length, iova, fd, acc);
+		mr = ibv_reg_dmabuf_mr(d->pd, off, r->length, iova, fd, acc);
 		close(fd);              /* the registration holds the dma-buf */
 		if (mr != NULL) {
 			dev.gpu_dmabuf++;

@@ -54,7 +54,7 @@ int cuda_pool_import(int owner, int fd, const uint8_t data[64], uint32_t access_
 void cuda_pool_release(int owner, uint64_t dptr, uint64_t pool);
 int cuda_vmm_import(int owner, int fd, uint64_t size, uint32_t access_mask, uint64_t *va, uint64_t *handle);
 void cuda_vmm_release(uint64_t va, uint64_t size, uint64_t handle);
-int cuda_dmabuf(uint64_t dptr, uint64_t len);   /* fd, or -CUresult */
+int cuda_dmabuf(uint64_t dptr, uint64_t len, uint64_t *off, uint64_t *size);   /* fd, or -CUresult */
 
 /* One segment of an SM-kernel copy: absolute addresses (copy-kernel.cu has the same layout). */
 struct gpu_kseg {

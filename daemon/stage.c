@@ -140,15 +140,14 @@ stage_pool(const void *buf, uint64_t *off)
 static void
 probe(struct sop *o)
 {
-	long pg = sysconf(_SC_PAGESIZE);
-	uint64_t a0 = o->dptr & ~(uint64_t)(pg - 1), a1 = (o->dptr + o->len + pg - 1) & ~(uint64_t)(pg - 1);
+	uint64_t off, want;
 	char path[64], line[128], exp[64] = "?";
 	unsigned long long size = 0;
 	struct statfs sf;
 	FILE *f;
 	int fd = -1;
 
-	if (cuda_use(o->dev) < 0 || (fd = cuda_dmabuf(a0, a1 - a0)) < 0) {
+	if (cuda_use(o->dev) < 0 || (fd = cuda_dmabuf(o->dptr, o->len, &off, &want)) < 0) {
 		snprintf(o->result, sizeof(o->result), "staging: the driver gives no dma-buf for it (%s)",
 		    fd < -1 ? cuda_errstr(-fd) : "no context");
 		return;
@@ -162,9 +161,9 @@ probe(struct sop *o)
 	}
 	if (fstatfs(fd, &sf) < 0 || sf.f_type != DMA_BUF_MAGIC)
 		snprintf(o->result, sizeof(o->result), "staging: the driver's handle is not a dma-buf");
-	else if (size != a1 - a0)
+	else if (size != want)
 		snprintf(o->result, sizeof(o->result), "staging: the dma-buf holds %llu bytes, not %llu", size,
-		    (unsigned long long)(a1 - a0));
+		    (unsigned long long)want);
 	else {
 		snprintf(o->result, sizeof(o->result), "dma-buf (%s, %llu bytes)", exp, size);
 		o->ok = true;
