@@ -905,6 +905,48 @@ gpx_copyv(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *seg
 }
 
 API int
+gpx_copy_pages(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,
+    uint64_t page_size, const uint32_t *src_pages, const uint32_t *dst_pages, size_t n, uint64_t tag)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Transfer t = GPX__TRANSFER__INIT;
+	struct gpx_wire_page *w;
+	uint64_t pos;
+	int r;
+
+	if ((r = segs_usable(c, n)) < 0)
+		return r;
+	if (page_size == 0 || src_pages == NULL || dst_pages == NULL)
+		return set_err(c, GPX_EINVAL, "a page transfer needs a page size and both page lists");
+	if (c->outstanding >= c->entries)
+		return set_err(c, GPX_EBUSY, "no credit left: collect completions first");
+	c->area.resv_n = 0;        /* any transfer ends a reservation */
+	if ((r = area_room(c, n * sizeof(*w), &pos)) < 0)
+		return r;
+	/* The pairs, side by side: the one pass over the lists this transfer makes here. */
+	w = (struct gpx_wire_page *)(c->area.p + pos % c->area.len);
+	for (size_t i = 0; i < n; i++)
+		w[i] = (struct gpx_wire_page){ src_pages[i], dst_pages[i] };
+	c->area.head = pos + n * sizeof(*w);
+	t.tag = tag;
+	t.src_region = src;
+	t.dst_region = dst;
+	t.seg_count = n;
+	t.area_offset = pos % c->area.len;
+	t.page_size = page_size;
+	t.src_offset = src_off;
+	t.dst_offset = dst_off;
+	m.seq = next_seq(c);
+	m.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
+	m.transfer = &t;
+	if ((r = send_msg(c, &m, NULL, 0)) == 0) {
+		c->outstanding++;
+		area_sent(c);
+	}
+	return r;
+}
+
+API int
 gpx_segs_reserve(gpx_conn *c, size_t n, struct gpx_seg **out)
 {
 	uint64_t pos;

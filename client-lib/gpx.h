@@ -156,6 +156,15 @@ int gpx_copyv(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg 
  * alone once it is submitted.  (GPXCLIENT_0.3)
  */
 int gpx_segs_reserve(gpx_conn *c, size_t n, struct gpx_seg **out);
+/*
+ * Pages: n copies of page_size bytes, page src_pages[i] of src (at src_off + src_pages[i] *
+ * page_size) to page dst_pages[i] of dst; KV-cache blocks by their block numbers.  The list
+ * takes 8 bytes a page instead of a segment's 24, and where a GPU's copy kernel runs it, gpxd
+ * hands the kernel its checked copy as it is.  The whole list is checked before any page moves.
+ * (GPXCLIENT_0.4)
+ */
+int gpx_copy_pages(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,
+    uint64_t page_size, const uint32_t *src_pages, const uint32_t *dst_pages, size_t n, uint64_t tag);
 int gpx_cancel(gpx_conn *c, uint64_t tag);
 /* Blocking: submits and waits for this transfer's own completion; returns its status. */
 int gpx_copy_sync(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,

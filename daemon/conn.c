@@ -268,9 +268,9 @@ on_hello(struct conn *c, uint32_t seq, const Gpx__Hello *h, int *fds, int nfds)
 	for (char *p = c->name; *p; p++)
 		if (*p < 0x20 || *p > 0x7e)
 			*p = '?';
-	if (h->version != GPX_PROTO_VERSION) {
-		snprintf(err, sizeof(err), "protocol version %u is not spoken here (this daemon speaks %u)",
-		    h->version, GPX_PROTO_VERSION);
+	if (h->version < GPX_PROTO_MIN || h->version > GPX_PROTO_VERSION) {
+		snprintf(err, sizeof(err), "protocol version %u is not spoken here (this daemon speaks %u to %u)",
+		    h->version, GPX_PROTO_MIN, GPX_PROTO_VERSION);
 		reply_err(c, seq, GPX__STATUS__EVERSION, err);
 		conn_kill(c, err);
 		return;
@@ -300,7 +300,8 @@ on_hello(struct conn *c, uint32_t seq, const Gpx__Hello *h, int *fds, int nfds)
 		}
 		c->cq->user = c->user;
 	}
-	w.version = GPX_PROTO_VERSION;
+	c->version = h->version;
+	w.version = h->version;      /* what this connection speaks from now on */
 	w.client_id = c->id;
 	w.ring_entries = c->cq ? c->cq->entries : 0;
 	w.max_segs = cfg->max_segs;

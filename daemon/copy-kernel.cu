@@ -9,6 +9,7 @@
  * A lane issues eight 16-byte loads before its eight stores, which hides the latency of the
  * link; segments whose source, destination or length are not 16-byte aligned take 8-byte or
  * byte steps for what remains.  The segment list holds absolute addresses, checked by gpxd.
+ * gpx_copy_pages does the same for a list of page numbers (gpx_copy_pages(3)).
  */
 #include <stdint.h>
 
@@ -20,6 +21,41 @@ struct gpx_kseg {
 
 #define UNROLL 8
 
+/* One segment by one warp: 16-byte steps where source and destination allow, else 8, else bytes. */
+static __device__ __forceinline__ void
+copy_one(const char *src, char *dst, uint64_t len, uint32_t lane)
+{
+	uint64_t done = 0;
+
+	if ((((uintptr_t)src | (uintptr_t)dst) & 15) == 0) {
+		const uint4 *s4 = (const uint4 *)src;
+		uint4 *d4 = (uint4 *)dst;
+		const uint64_t words = len >> 4;
+		uint64_t i = lane;
+		for (; i + (UNROLL - 1) * 32 < words; i += UNROLL * 32) {
+			uint4 v[UNROLL];
+#pragma unroll
+			for (int k = 0; k < UNROLL; k++)
+				v[k] = s4[i + k * 32];
+#pragma unroll
+			for (int k = 0; k < UNROLL; k++)
+				d4[i + k * 32] = v[k];
+		}
+		for (; i < words; i += 32)
+			d4[i] = s4[i];
+		done = words << 4;
+	} else if ((((uintptr_t)src | (uintptr_t)dst) & 7) == 0) {
+		const uint64_t *s8 = (const uint64_t *)src;
+		uint64_t *d8 = (uint64_t *)dst;
+		const uint64_t words = len >> 3;
+		for (uint64_t i = lane; i < words; i += 32)
+			d8[i] = s8[i];
+		done = words << 3;
+	}
+	for (uint64_t i = done + lane; i < len; i += 32)
+		dst[i] = src[i];
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 gpx_copy_segments(const struct gpx_kseg *__restrict__ segs, uint32_t n)
 {
@@ -29,36 +65,35 @@ gpx_copy_segments(const struct gpx_kseg *__restrict__ segs, uint32_t n)
 
 	for (uint32_t s = warp; s < n; s += warps) {
 		const struct gpx_kseg g = segs[s];
-		const char *src = (const char *)g.src;
-		char *dst = (char *)g.dst;
-		uint64_t done = 0;
+		copy_one((const char *)g.src, (char *)g.dst, g.len, lane);
+	}
+}
 
-		if (((g.src | g.dst) & 15) == 0) {
-			const uint4 *s4 = (const uint4 *)src;
-			uint4 *d4 = (uint4 *)dst;
-			const uint64_t words = g.len >> 4;
-			uint64_t i = lane;
-			for (; i + (UNROLL - 1) * 32 < words; i += UNROLL * 32) {
-				uint4 v[UNROLL];
-#pragma unroll
-				for (int k = 0; k < UNROLL; k++)
-					v[k] = s4[i + k * 32];
-#pragma unroll
-				for (int k = 0; k < UNROLL; k++)
-					d4[i + k * 32] = v[k];
-			}
-			for (; i < words; i += 32)
-				d4[i] = s4[i];
-			done = words << 4;
-		} else if (((g.src | g.dst) & 7) == 0) {
-			const uint64_t *s8 = (const uint64_t *)src;
-			uint64_t *d8 = (uint64_t *)dst;
-			const uint64_t words = g.len >> 3;
-			for (uint64_t i = lane; i < words; i += 32)
-				d8[i] = s8[i];
-			done = words << 3;
-		}
-		for (uint64_t i = done + lane; i < g.len; i += 32)
-			dst[i] = src[i];
+/*
+ * Pages: n pairs of page numbers (source, destination), page p of a side at base + p * size.
+ * The list is gpxd's checked private copy in pinned host memory, read in place: each warp
+ * loads the pair of its next page before copying the current one, so the bus latency of the
+ * list hides behind the copy.  A chunk is bytes [head, head + bytes) of the pages from the
+ * list's first on: the first and last page may be cut.
+ */
+extern "C" __global__ void __launch_bounds__(256)
+gpx_copy_pages(const uint2 *__restrict__ pages, uint32_t n, uint64_t src, uint64_t dst, uint64_t size,
+    uint64_t head, uint64_t bytes)
+{
+	const uint32_t lane = threadIdx.x & 31;
+	const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	const uint32_t warps = (gridDim.x * blockDim.x) >> 5;
+	const uint64_t end = head + bytes;
+
+	if (warp >= n)
+		return;
+	uint2 cur = pages[warp];
+	for (uint32_t k = warp; k < n; k += warps) {
+		const uint2 next = k + warps < n ? pages[k + warps] : cur;
+		const uint64_t at = (uint64_t)k * size;
+		const uint64_t lo = head > at ? head - at : 0;
+		const uint64_t hi = end < at + size ? end - at : size;
+		copy_one((const char *)(src + cur.x * size + lo), (char *)(dst + cur.y * size + lo), hi - lo, lane);
+		cur = next;
 	}
 }

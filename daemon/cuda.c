@@ -48,7 +48,7 @@ static void *libcuda;
 static int ndev;
 static CUdevice devs[GPX_MAX_GPUS];
 static CUcontext ctxs[GPX_MAX_GPUS];
-static CUfunction kfn[GPX_MAX_GPUS];
+static CUfunction kfn[GPX_MAX_GPUS], kfn_pages[GPX_MAX_GPUS];
 static int driver_version;
 
 static bool
@@ -227,7 +227,8 @@ cuda_load_kernel(int dev)
 	CUmodule m;
 
 	if (cuda_use(dev) < 0 || CU(cuModuleLoadData(&m, gpx_copy_fatbin)) < 0 ||
-	    CU(cuModuleGetFunction(&kfn[dev], m, "gpx_copy_segments")) < 0)
+	    CU(cuModuleGetFunction(&kfn[dev], m, "gpx_copy_segments")) < 0 ||
+	    CU(cuModuleGetFunction(&kfn_pages[dev], m, "gpx_copy_pages")) < 0)
 		return -1;
 	return 0;
 }
@@ -303,6 +304,18 @@ cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t block
 	if (blocks > need)
 		blocks = need;
 	return CU(cuLaunchKernel(kfn[dev], blocks, 1, 1, 256, 1, 1, 0, (CUstream)s, args, NULL));
+}
+
+int
+cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t n, uint64_t src, uint64_t dst,
+    uint64_t size, uint64_t head, uint64_t bytes, uint32_t blocks)
+{
+	void *args[] = { &pages, &n, &src, &dst, &size, &head, &bytes };
+	uint32_t need = (n + 7) / 8;      /* a warp per page, 8 warps per block */
+
+	if (blocks > need)
+		blocks = need;
+	return CU(cuLaunchKernel(kfn_pages[dev], blocks, 1, 1, 256, 1, 1, 0, (CUstream)s, args, NULL));
 }
 
 int

@@ -177,35 +177,32 @@ seg_start(const struct job *j, uint32_t i, uint32_t from, uint64_t at)
 	return at;
 }
 
-bool
-engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, uint32_t max_segs)
+/* Pages are all alike: a chunk is a byte range of at most max_bytes (no list is staged). */
+static void
+cut_pages(struct job *j, struct chunk *c, uint64_t max_bytes)
 {
-	struct epath *p = &paths[pk];
-	struct equeue *q;
-	struct job *j;
+	uint64_t start = j->handed, end = j->total - start > max_bytes ? start + max_bytes : j->total;
 
-	pthread_mutex_lock(&elock);
-	while ((q = TAILQ_FIRST(&p->active)) == NULL) {
-		if (quit || !wait) {
-			pthread_mutex_unlock(&elock);
-			return false;
-		}
-		pthread_cond_wait(&p->cond, &elock);
-	}
-	j = TAILQ_FIRST(&q->jobs);
-	if (j->t_start == 0)
-		j->t_start = now_s();
+	c->seg = (uint32_t)(start / j->page_size);
+	c->off = start % j->page_size;
+	c->bytes = end - start;
+	c->pieces = (uint32_t)((end - 1) / j->page_size) - c->seg + 1;
+	j->handed = end;
+}
+
+/*
+ * Cuts up to max_bytes from at most max_segs segments.  The running byte counts of every
+ * SEG_BLOCK segments (blocks[]) make this a binary search plus a walk through one block, so
+ * a request of 65,536 segments costs nothing per segment here.
+ */
+static void
+cut_segs(struct job *j, struct chunk *c, uint64_t max_bytes, uint32_t max_segs)
+{
 	/* A chunk starts on a byte: zero-length segments are passed over (a queued job has bytes left). */
 	while (j->cur_off == 0 && j->segs[j->cur_seg].length == 0)
 		j->cur_seg++;
-	c->job = j;
 	c->seg = j->cur_seg;
 	c->off = j->cur_off;
-	/*
-	 * Cut up to max_bytes from at most max_segs segments.  The running byte counts of every
-	 * SEG_BLOCK segments (blocks[]) make this a binary search plus a walk through one block, so
-	 * a request of 65,536 segments costs nothing per segment here.
-	 */
 	uint64_t start = j->handed, base = start - j->cur_off;   /* base: bytes before cur_seg */
 	uint32_t last = j->nseg - j->cur_seg > max_segs ? j->cur_seg + max_segs : j->nseg;
 	uint64_t end = last == j->nseg ? j->total : seg_start(j, last, j->cur_seg, base);
@@ -233,9 +230,34 @@ engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_by
 		j->cur_seg = s;
 		j->cur_off = end - at;
 	}
+}
+
+bool
+engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, uint32_t max_segs)
+{
+	struct epath *p = &paths[pk];
+	struct equeue *q;
+	struct job *j;
+
+	pthread_mutex_lock(&elock);
+	while ((q = TAILQ_FIRST(&p->active)) == NULL) {
+		if (quit || !wait) {
+			pthread_mutex_unlock(&elock);
+			return false;
+		}
+		pthread_cond_wait(&p->cond, &elock);
+	}
+	j = TAILQ_FIRST(&q->jobs);
+	if (j->t_start == 0)
+		j->t_start = now_s();
+	c->job = j;
+	if (j->pages != NULL)
+		cut_pages(j, c, max_bytes);
+	else
+		cut_segs(j, c, max_bytes, max_segs);
 	j->chunks_out++;
 	TAILQ_REMOVE(&q->jobs, j, qe);
-	if (end == j->total)
+	if (j->handed == j->total)
 		j->handed_out = true;
 	else
 		TAILQ_INSERT_TAIL(&q->jobs, j, qe);     /* round-robin between a client's jobs */
@@ -262,6 +284,7 @@ engine_free_job(struct job *j)
 		region_unuse(j->dst);
 		region_unref(j->dst);
 	}
+	gpu_pages_free(j->pages);
 	free(j->segs);
 	free(j);
 }

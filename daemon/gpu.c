@@ -17,7 +17,9 @@
  * pinned host memory.  The worker polls those words (spinning while work is due soon, sleeping
  * in proportion otherwise): no host callbacks, no driver lock taken per completion.
  * Contiguous pieces go to copy engines; chunks of many small segments go to one launch of the
- * SM copy kernel (copy-kernel.cu), with a bounded grid.
+ * SM copy kernel (copy-kernel.cu), with a bounded grid.  A page transfer (gpx_copy_pages) keeps
+ * its checked page list in pinned memory (the page arena), which the kernel reads in place: no
+ * list is built or staged per chunk, and a chunk is a byte range of up to BULK_CHUNK.
  */
 #include "config.h"
 
@@ -447,6 +449,58 @@ gpu_cache_stats(uint64_t *hits)
 	return atomic_load(&gmap_opens);
 }
 
+/* ---- the page arena: pinned page lists the kernel reads in place ---- */
+
+#define ARENA_SIZE (16u << 20)        /* 2M pages in flight */
+#define ARENA_GRAIN (64u << 10)
+#define ARENA_GRAINS (ARENA_SIZE / ARENA_GRAIN)
+
+static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char *arena;                     /* NULL: none (no kernel) */
+static uint16_t arena_len[ARENA_GRAINS];        /* at a list's first grain: its grains; 0: free */
+static bool arena_used[ARENA_GRAINS];
+
+static bool kernel_reach(const struct region *r, int dev);
+
+struct gpx_wire_page *
+gpu_pages_alloc(const struct region *src, const struct region *dst, uint64_t page_size, uint32_t n)
+{
+	int dev = src->dev != DEV_HOST ? src->dev : dst->dev;
+	uint32_t need = (uint32_t)(((uint64_t)n * sizeof(struct gpx_wire_page) + ARENA_GRAIN - 1) / ARENA_GRAIN);
+	struct gpx_wire_page *p = NULL;
+
+	/* As issue() decides for segments: only where the kernel would run the copy. */
+	if (arena == NULL || dev == DEV_HOST || dev >= ngpus || !gpus[dev].kernel_ok || !cfg->sm_copy ||
+	    page_size > KERNEL_MAX_AVG || !kernel_reach(src, dev) || !kernel_reach(dst, dev) ||
+	    need > ARENA_GRAINS)
+		return NULL;
+	pthread_mutex_lock(&arena_lock);
+	for (uint32_t i = 0, run = 0; i < ARENA_GRAINS; i++) {
+		run = arena_used[i] ? 0 : run + 1;
+		if (run == need) {
+			uint32_t first = i + 1 - need;
+			memset(&arena_used[first], 1, need);
+			arena_len[first] = (uint16_t)need;
+			p = (struct gpx_wire_page *)(arena + (size_t)first * ARENA_GRAIN);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&arena_lock);
+	return p;
+}
+
+void
+gpu_pages_free(struct gpx_wire_page *p)
+{
+	if (p == NULL)
+		return;
+	uint32_t first = (uint32_t)(((unsigned char *)p - arena) / ARENA_GRAIN);
+	pthread_mutex_lock(&arena_lock);
+	memset(&arena_used[first], 0, arena_len[first]);
+	arena_len[first] = 0;
+	pthread_mutex_unlock(&arena_lock);
+}
+
 /* ---- copy workers ---- */
 
 /* The address of r in GPU dev's context, or 0 if r is not mapped there. */
@@ -506,7 +560,11 @@ issue(struct gdev *g, struct chunk *c)
 		src = j->src->dev == DEV_HOST ? src : j->src->dptr;
 		dst = j->dst->dev == DEV_HOST ? dst : j->dst->dptr;
 	}
-	if (kernel) {
+	if (j->pages != NULL) {
+		/* Only taken where the kernel runs (gpu_pages_alloc): the list is read in place. */
+		r = cuda_kernel_pages(g->index, g->stream[s], j->pages + c->seg, pieces, src + j->src_base,
+		    dst + j->dst_base, j->page_size, c->off, c->bytes, cfg->sm_copy_blocks);
+	} else if (kernel) {
 		/*
 		 * The chunk's segments whole, then trimmed to the chunk: it starts c->off into the
 		 * first and ends in the last (the engine counts the pieces up to the one holding the
@@ -716,6 +774,9 @@ gpu_init(char *why, size_t whylen)
 			ngpus = 0;
 			return -1;
 		}
+	void *a;
+	if (gpus[0].kernel_ok && cuda_host_alloc(&a, ARENA_SIZE) == 0)
+		arena = a;
 	int v = cuda_driver_version();
 	snprintf(status_text, sizeof(status_text), "available: %d GPU%s, driver API %d.%d", n,
 	    n == 1 ? "" : "s", v / 1000, v % 1000 / 10);

@@ -40,6 +40,9 @@ int cuda_copy_peer(void *s, uint64_t dst, int dst_dev, uint64_t src, int src_dev
 int cuda_htod(void *s, uint64_t dst, const void *src, uint64_t n);
 int cuda_signal(void *s, uint64_t word, uint64_t val);
 int cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t blocks);
+/* pages: n struct gpx_wire_page in pinned host memory, read by the kernel in place */
+int cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t n, uint64_t src, uint64_t dst,
+    uint64_t size, uint64_t head, uint64_t bytes, uint32_t blocks);
 int cuda_alloc(uint64_t *p, size_t n);
 void cuda_free(uint64_t p);
 int cuda_host_alloc(void **p, size_t n);

@@ -251,7 +251,9 @@ struct job {
 	uint64_t tag;
 	uint32_t flags;
 	struct region *src, *dst;    /* mapping users held until the job ends */
-	struct gpx_wire_seg *segs;
+	struct gpx_wire_seg *segs;   /* NULL for a page job: */
+	struct gpx_wire_page *pages; /* segment i is page pages[i] (gpu_pages_alloc) */
+	uint64_t page_size, src_base, dst_base;
 	uint64_t *blocks;            /* blocks[k]: bytes of the segments before (k + 1) * SEG_BLOCK
 	                              * (of all, for the last block): chunking in O(log n) */
 	uint32_t nseg;
@@ -331,6 +333,7 @@ struct conn {
 	uint64_t sq_head;            /* submissions taken from the shared queue (our copy) */
 	double audit_window;         /* log_audit's rate limit: start of the current second */
 	uint32_t audit_lines, audit_dropped;
+	uint32_t version;            /* the protocol it speaks (Hello) */
 	const unsigned char *area;   /* the segment area, mapped read-only */
 	size_t area_len;
 };
@@ -413,9 +416,17 @@ void gpu_topo(Gpx__QueryReply *);
 void gpu_topo_free(Gpx__QueryReply *);
 const char *gpu_pci(int dev);                /* its PCI bus id, NULL for none */
 void gpu_host_register(struct region *);     /* pins a host mapping for DMA, best effort */
-uint64_t gpu_cache_stats(uint64_t *hits);
+uint64_t gpu_cache_stats(uint64_t *hits);  /* driver opens, and registrations served cached */
 bool gpu_released(struct region *r);        /* the driver has let go of r's memory */
-bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen);  /* cheap type check before any driver call */     /* driver opens, and registrations served cached */
+bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen);  /* cheap type check before any driver call */
+/*
+ * A page transfer between src and dst that the copy kernel would run: room for its page list
+ * (n struct gpx_wire_page) in pinned memory the kernel reads in place, else NULL (then the
+ * pages go as plain segments).  Freed with gpu_pages_free.
+ */
+struct gpx_wire_page *gpu_pages_alloc(const struct region *src, const struct region *dst,
+    uint64_t page_size, uint32_t n);
+void gpu_pages_free(struct gpx_wire_page *);
 void gpu_host_unpin(void *map);         /* undoes gpu_host_register; may block */
 void gpu_shutdown(void);
 

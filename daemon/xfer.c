@@ -190,6 +190,84 @@ take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int
 	return check_segs(j, j->segs, src, dst, c, err, errlen);
 }
 
+/*
+ * Page transfers (protocol 2).  Record i of the list copies page_size bytes from page src of
+ * the source (at src_base + src * page_size) to page dst of the destination.  page_size is at
+ * most 2^31 and page numbers below 2^32, so base + (page + 1) * page_size stays below 2^64 with
+ * bases below 2^62: the whole check is the largest page number of each side, one comparison each.
+ */
+#define PAGE_SIZE_MAX (1ull << 31)
+
+/* The first page of the private copy that leaves its region, for the message. */
+static int
+pages_refused(const struct gpx_wire_page *pg, uint32_t n, const struct job *j, const struct region *src,
+    const struct region *dst, struct conn *c, char *err, size_t errlen)
+{
+	uint32_t i = 0;
+
+	while (i < n - 1 && j->src_base + ((uint64_t)pg[i].src + 1) * j->page_size <= src->length &&
+	    j->dst_base + ((uint64_t)pg[i].dst + 1) * j->page_size <= dst->length)
+		i++;
+	snprintf(err, errlen, "page %u (%u -> %u, %llu bytes each from %llu -> %llu) leaves its region "
+	    "(source %llu bytes, destination %llu bytes)", i, pg[i].src, pg[i].dst,
+	    (unsigned long long)j->page_size, (unsigned long long)j->src_base, (unsigned long long)j->dst_base,
+	    (unsigned long long)src->length, (unsigned long long)dst->length);
+	log_audit(c, "%s", err);
+	return -GPX__STATUS__ERANGE;
+}
+
+/*
+ * Takes the n page records at `in` (the segment area): copied once into private memory, the
+ * kernel's pinned list when the GPU takes the job as pages, else a scratch array that becomes
+ * plain segments; then checked from that copy only.
+ */
+static int
+take_pages(struct job *j, const Gpx__Transfer *t, const unsigned char *in, const struct region *src,
+    const struct region *dst, struct conn *c, char *err, size_t errlen)
+{
+	const uint32_t n = j->nseg;
+	const uint64_t ps = t->page_size;
+	struct gpx_wire_page *pg;
+	uint32_t ms = 0, md = 0;
+
+	if (ps > PAGE_SIZE_MAX || t->src_offset >= SEG_LIMIT || t->dst_offset >= SEG_LIMIT ||
+	    (uint64_t)n * ps >= SEG_LIMIT) {
+		snprintf(err, errlen, "%u pages of %llu bytes from %llu -> %llu: pages are 1..2^31 bytes, "
+		    "offsets and the whole below 2^62", n, (unsigned long long)ps,
+		    (unsigned long long)t->src_offset, (unsigned long long)t->dst_offset);
+		return -GPX__STATUS__ERANGE;
+	}
+	j->page_size = ps;
+	j->src_base = t->src_offset;
+	j->dst_base = t->dst_offset;
+	j->total = n * ps;
+	j->pages = gpu_pages_alloc(src, dst, ps, n);
+	pg = j->pages != NULL ? j->pages : (struct gpx_wire_page *)(j->segs + n) - n;
+	memcpy(pg, in, (size_t)n * sizeof(*pg));
+	for (uint32_t i = 0; i < n; i++) {
+		ms = pg[i].src > ms ? pg[i].src : ms;
+		md = pg[i].dst > md ? pg[i].dst : md;
+	}
+	if (j->src_base + ((uint64_t)ms + 1) * ps > src->length ||
+	    j->dst_base + ((uint64_t)md + 1) * ps > dst->length)
+		return pages_refused(pg, n, j, src, dst, c, err, errlen);
+	if (j->pages != NULL)
+		return 0;
+	/*
+	 * Plain segments, written over the scratch copy (the array's last third) from the front:
+	 * segment i ends at byte 24 (i + 1), where record i + 1 at 16 n + 8 (i + 1) has not begun,
+	 * and record i was read before.
+	 */
+	for (uint32_t i = 0; i < n; i++) {
+		const struct gpx_wire_page p = pg[i];
+		j->segs[i] = (struct gpx_wire_seg){ j->src_base + p.src * ps, j->dst_base + p.dst * ps, ps };
+		if ((i + 1) % SEG_BLOCK == 0 || i + 1 == n)
+			j->blocks[i / SEG_BLOCK] = (uint64_t)(i + 1) * ps;
+	}
+	j->page_size = 0;
+	return 0;
+}
+
 /* Maps the client's segment area read-only, replacing the previous one. */
 int
 xfer_set_area(struct conn *c, int fd, uint64_t length, char *err, size_t errlen)
@@ -243,6 +321,11 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 	/* fabric: another node's region on one side (daemon/fabric.c) */
 	if ((r = fabric_xfer_check(sh->r, dh->r, err, errlen)) < 0)
 		return r;
+	if (t->page_size > 0 && (c->version < 2 || t->seg_count == 0 || segfd >= 0)) {
+		snprintf(err, errlen, c->version < 2 ? "page transfers need protocol 2 (this connection speaks %u)"
+		    : "a page list comes as seg_count records in the segment area", c->version);
+		return -GPX__STATUS__EPROTO;
+	}
 	if ((segfd >= 0 && t->seg_count == 0) || (t->seg_count > 0 && t->n_segments > 0)) {
 		snprintf(err, errlen, "segments come inline, or as seg_count in the segment area or one memfd");
 		return -GPX__STATUS__EPROTO;
@@ -254,7 +337,7 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 	}
 	/* The claimed count is checked against the area or memfd before anything is allocated. */
 	if (t->seg_count > 0 && segfd < 0) {
-		uint64_t want = (uint64_t)n * sizeof(struct gpx_wire_seg);
+		uint64_t want = (uint64_t)n * (t->page_size > 0 ? sizeof(struct gpx_wire_page) : sizeof(struct gpx_wire_seg));
 		if (c->area == NULL || t->area_offset % 8 != 0 || !inside(t->area_offset, want, c->area_len)) {
 			snprintf(err, errlen, "%u segments at %llu leave the segment area (%zu bytes)", n,
 			    (unsigned long long)t->area_offset, c->area_len);
@@ -277,23 +360,24 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 	j->blocks = (uint64_t *)(j->segs + n);
 	j->nseg = n;
 	j->t_build = t_build;
-	if ((r = take_segs(j, t, table, segfd, sh->r, dh->r, c, err, errlen)) < 0) {
-		free(j->segs);
-		free(j);
-		return r;
+	r = t->page_size > 0 ? take_pages(j, t, table, sh->r, dh->r, c, err, errlen)
+	    : take_segs(j, t, table, segfd, sh->r, dh->r, c, err, errlen);
+	if (r == 0 && j->pages != NULL) {
+		free(j->segs);     /* the job runs from the pinned page list */
+		j->segs = NULL;
+		j->blocks = NULL;
 	}
-	if (!region_use(sh->r)) {
-		free(j->segs);
-		free(j);
+	if (r == 0 && !region_use(sh->r)) {
 		snprintf(err, errlen, "source region was withdrawn by its owner");
-		return -GPX__STATUS__EREVOKED;
-	}
-	if (!region_use(dh->r)) {
+		r = -GPX__STATUS__EREVOKED;
+	} else if (r == 0 && !region_use(dh->r)) {
 		region_unuse(sh->r);
-		free(j->segs);
-		free(j);
 		snprintf(err, errlen, "destination region was withdrawn by its owner");
-		return -GPX__STATUS__EREVOKED;
+		r = -GPX__STATUS__EREVOKED;
+	}
+	if (r < 0) {
+		engine_free_job(j);     /* no regions held yet: its lists and itself */
+		return r;
 	}
 	region_ref(sh->r);
 	region_ref(dh->r);

@@ -16,7 +16,8 @@
  * Each entry is read once into private memory and checked like any Transfer message.
  *
  * The segment lists of large vectored transfers: struct gpx_wire_seg records in the
- * connection's segment area (or a memfd of its own).
+ * connection's segment area (or a memfd of its own); the page lists of page transfers
+ * (Transfer.page_size set): struct gpx_wire_page records in the segment area.
  */
 #ifndef GPX_RING_H
 #define GPX_RING_H
@@ -75,6 +76,12 @@ struct gpx_wire_seg {
 	uint64_t src_offset;
 	uint64_t dst_offset;
 	uint64_t length;
+};
+
+/* A page transfer's pair: page src of the source to page dst of the destination. */
+struct gpx_wire_page {
+	uint32_t src;
+	uint32_t dst;
 };
 
 static inline uint64_t

@@ -12,7 +12,8 @@
 #include <sys/types.h>
 #include <protobuf-c/protobuf-c.h>
 
-#define GPX_PROTO_VERSION 1
+#define GPX_PROTO_VERSION 2            /* 2: page transfers (Transfer.page_size) */
+#define GPX_PROTO_MIN 1                /* the oldest a daemon still speaks */
 #define GPX_MSG_MAX (64 * 1024)        /* largest datagram either side sends or accepts */
 #define GPX_MAX_FDS 2                  /* most fds any message carries */
 #define GPX_ARENA_SIZE (16 * GPX_MSG_MAX)

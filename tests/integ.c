@@ -492,6 +492,100 @@ test_bounds(void)
 	buf_free(&b);
 }
 
+/* ---- page transfers (gpx_copy_pages) ---- */
+
+static void
+test_pages(void)
+{
+	const uint32_t n = 6000, page = 4096, slots = 8192;
+	uint32_t *sp = malloc(n * sizeof(*sp)), *dp = malloc(n * sizeof(*dp));
+	struct buf a, b;
+	uint64_t seed = 4242, bytes = 0;
+	gpx_conn *c = client("integ-pages");
+
+	if (c == NULL || sp == NULL || dp == NULL || buf_new(&a, (size_t)slots * page) < 0 ||
+	    buf_new(&b, (size_t)slots * page + 3) < 0 || buf_reg(c, &a, 0) < 0 || buf_reg(c, &b, 0) < 0)
+		tap_bail("cannot set up the page test");
+	fill_random(a.p, a.len, &seed);
+	memset(b.p, 0, b.len);
+	/* Distinct destinations in a shuffled order, sources anywhere (repeats allowed). */
+	for (uint32_t i = 0; i < n; i++)
+		dp[i] = i;
+	for (uint32_t i = n - 1; i > 0; i--) {
+		uint32_t j = rnd(&seed) % (i + 1), x = dp[i];
+		dp[i] = dp[j];
+		dp[j] = x;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		sp[i] = rnd(&seed) % slots;
+	int r = gpx_copy_pages(c, a.r, 0, b.r, 3, page, sp, dp, n, 90);
+	r = r < 0 ? r : wait_tag(c, 90, &bytes);
+	ok(r == 0 && bytes == (uint64_t)n * page, "%u pages of 4 KiB by number complete (%llu bytes)", n,
+	    (unsigned long long)bytes);
+	bool same = true;
+	for (uint32_t i = 0; i < n && same; i++)
+		same = memcmp(b.p + 3 + (size_t)dp[i] * page, a.p + (size_t)sp[i] * page, page) == 0;
+	ok(same, "each page landed at its destination page, 3 bytes into the region");
+
+	/* Odd sizes and bases: pages of 1000 bytes from byte 17 on, to byte 5 on. */
+	memset(b.p, 0, b.len);
+	for (uint32_t i = 0; i < 3000; i++)
+		sp[i] = (i * 7u) % 3000;
+	ok(gpx_copy_pages(c, a.r, 17, b.r, 5, 1000, sp, dp, 3000, 91) == 0 && wait_tag(c, 91, &bytes) == 0 &&
+	    bytes == 3000000, "3,000 pages of 1,000 bytes at odd bases complete");
+	same = true;
+	for (uint32_t i = 0; i < 3000 && same; i++)
+		same = memcmp(b.p + 5 + (size_t)dp[i] * 1000, a.p + 17 + (size_t)sp[i] * 1000, 1000) == 0;
+	ok(same, "their bytes are where page size and bases put them");
+
+	/* The last page ends exactly at the end of the destination: fine; one byte further: refused. */
+	sp[0] = 0;
+	dp[0] = slots - 1;
+	ok(gpx_copy_pages(c, a.r, 0, b.r, 3, page, sp, dp, 1, 92) == 0 && wait_tag(c, 92, NULL) == 0,
+	    "a page ending exactly at the region's end is copied");
+	fill_random(b.p, b.len, &seed);
+	uint64_t before = fnv(b.p, b.len);
+	static const struct {
+		uint64_t soff, doff, size;
+		uint32_t sp, dp;
+		int status;
+		const char *what;
+	} bad[] = {
+		{ 0, 4, 4096, 0, 8191, GPX__STATUS__ERANGE, "the last destination page one byte past the end" },
+		{ 0, 0, 4096, 8192, 0, GPX__STATUS__ERANGE, "a source page number one past the region" },
+		{ 0, 0, 4096, UINT32_MAX, 0, GPX__STATUS__ERANGE, "source page 2^32-1" },
+		{ 0, 0, (1ull << 31) + 1, 0, 0, GPX__STATUS__ERANGE, "pages of 2 GiB + 1 byte" },
+		{ UINT64_MAX - 10, 0, 16, 0, 0, GPX__STATUS__ERANGE, "a source base near 2^64" },
+		{ 0, 1ull << 62, 16, 0, 0, GPX__STATUS__ERANGE, "a destination base of 2^62" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		/* The bad page last, after 99 good ones: the whole request is refused. */
+		for (uint32_t k = 0; k < 99; k++)
+			sp[k] = dp[k] = k;
+		sp[99] = bad[i].sp;
+		dp[99] = bad[i].dp;
+		r = gpx_copy_pages(c, a.r, bad[i].soff, b.r, bad[i].doff, bad[i].size, sp, dp, 100, 93 + i);
+		int st = r < 0 ? r : wait_tag(c, 93 + i, NULL);
+		ok(st == -bad[i].status, "%s: refused with %s (got %s)", bad[i].what,
+		    gpx_strerror(-bad[i].status), gpx_strerror(st));
+	}
+	ok(strstr(gpx_last_error(c), "page") != NULL, "the refusal says what was wrong (%s)", gpx_last_error(c));
+	ok(fnv(b.p, b.len) == before, "no byte of the refused page transfers reached the destination");
+	for (uint32_t k = 0; k < 99; k++)
+		sp[k] = dp[k] = k;
+	sp[99] = 8192;
+	ok(gpx_copy_pages(c, a.r, 0, b.r, 0, page, sp, dp, 100, 110) == 0 && wait_tag(c, 110, NULL) == -GPX_ERANGE &&
+	    strstr(gpx_last_error(c), "page 99 ") != NULL, "the message names the page: %s", gpx_last_error(c));
+	ok(gpx_copy_pages(c, a.r, 0, b.r, 0, 0, sp, dp, 1, 111) == -GPX_EINVAL, "page size 0 is refused by the library");
+	ok(gpx_copy_pages(c, a.r, 0, b.r, 0, page, sp, NULL, 1, 112) == -GPX_EINVAL, "so is a missing list");
+	ok(gpx_copy_pages(c, a.r, 0, b.r, 0, page, sp, dp, 0, 113) == -GPX_EINVAL, "and 0 pages");
+	gpx_close(c);
+	buf_free(&a);
+	buf_free(&b);
+	free(sp);
+	free(dp);
+}
+
 /* ---- region ids are scoped to their connection ---- */
 
 static bool
@@ -949,7 +1043,7 @@ struct raw {
 };
 
 static int
-raw_open(struct raw *w)
+raw_open_v(struct raw *w, uint32_t version)
 {
 	int ring_fd;
 
@@ -957,8 +1051,8 @@ raw_open(struct raw *w)
 	w->seq = 10;
 	if ((w->sock = harness_connect(&H)) < 0 || (w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
 		return -1;
-	Gpx__DaemonMsg *m = harness_hello(w->sock, GPX_PROTO_VERSION, w->efd, &ring_fd);
-	if (m == NULL || m->reply->status != 0 || ring_fd < 0) {
+	Gpx__DaemonMsg *m = harness_hello(w->sock, version, w->efd, &ring_fd);
+	if (m == NULL || m->reply->status != 0 || ring_fd < 0 || m->reply->welcome->version != version) {
 		if (m)
 			gpx__daemon_msg__free_unpacked(m, NULL);
 		return -1;
@@ -986,6 +1080,12 @@ raw_open(struct raw *w)
 		w->region = m->reply->registered->region;
 	gpx__daemon_msg__free_unpacked(m, NULL);
 	return r;
+}
+
+static int
+raw_open(struct raw *w)
+{
+	return raw_open_v(w, GPX_PROTO_VERSION);
 }
 
 static int
@@ -1120,6 +1220,44 @@ test_credits_raw(void)
 			gpx__daemon_msg__free_unpacked(m, NULL);
 	}
 
+	/* Page transfers come only as records in the segment area, which this client has none of. */
+	static const struct {
+		int kind;           /* 0: no area, 1: a memfd, 2: inline segments */
+		int status;
+		const char *what;
+	} pages[] = {
+		{ 0, GPX__STATUS__EINVAL, "a page list with no segment area" },
+		{ 1, GPX__STATUS__EPROTO, "a page list in a memfd" },
+		{ 2, GPX__STATUS__EPROTO, "pages as inline segments" },
+	};
+	for (size_t i = 0; i < sizeof(pages) / sizeof(pages[0]); i++) {
+		Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
+		Gpx__Transfer t = GPX__TRANSFER__INIT;
+		Gpx__Segment sg = GPX__SEGMENT__INIT, *sgp = &sg;
+		int fd = pages[i].kind == 1 ? memfd_create("integ-pages", MFD_CLOEXEC) : -1;
+		if (fd >= 0)
+			(void)!ftruncate(fd, 4096);
+		t.tag = 6100 + i;
+		t.src_region = t.dst_region = w.region;
+		t.page_size = 16;
+		if (pages[i].kind == 2) {
+			t.n_segments = 1;
+			t.segments = &sgp;
+		} else
+			t.seg_count = 4;
+		cm.seq = ++w.seq;
+		cm.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
+		cm.transfer = &t;
+		harness_send(w.sock, &cm, fd >= 0 ? &fd : NULL, fd >= 0);
+		if (fd >= 0)
+			close(fd);
+		m = harness_recv(w.sock, WAIT_MS, NULL, NULL, NULL);
+		ok(m != NULL && (int)m->reply->status == pages[i].status && m->reply->tag == 6100 + i,
+		    "%s: refused (%s)", pages[i].what, m ? m->reply->message : "no reply");
+		if (m)
+			gpx__daemon_msg__free_unpacked(m, NULL);
+	}
+
 	/* A tail that runs ahead of head is a broken client: refused, then disconnected. */
 	__atomic_store_n(&w.ring->tail, ring_head(&w) + 3, __ATOMIC_RELEASE);
 	raw_transfer(&w, 5001);
@@ -1129,6 +1267,28 @@ test_credits_raw(void)
 	if (m)
 		gpx__daemon_msg__free_unpacked(m, NULL);
 	ok(harness_wait_eof(w.sock, WAIT_MS), "and gpxd closes that connection");
+	raw_close(&w);
+
+	/* A client of protocol 1 is still served, and a page transfer on it is refused. */
+	if (raw_open_v(&w, 1) < 0)
+		tap_bail("cannot set up a raw client of protocol 1");
+	ok(raw_transfer(&w, 7000) == 0 && wait_head(&w, 1) && gpx_ring_slot(w.ring, 0)->status == 0,
+	    "a client speaking protocol 1 is welcomed as such, and its copies run");
+	Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
+	Gpx__Transfer t = GPX__TRANSFER__INIT;
+	t.tag = 7001;
+	t.src_region = t.dst_region = w.region;
+	t.page_size = 16;
+	t.seg_count = 4;
+	cm.seq = ++w.seq;
+	cm.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
+	cm.transfer = &t;
+	harness_send(w.sock, &cm, NULL, 0);
+	m = harness_recv(w.sock, WAIT_MS, NULL, NULL, NULL);
+	ok(m != NULL && m->reply->status == GPX__STATUS__EPROTO && m->reply->tag == 7001,
+	    "a page transfer on it is refused EPROTO (%s)", m ? m->reply->message : "no reply");
+	if (m)
+		gpx__daemon_msg__free_unpacked(m, NULL);
 	raw_close(&w);
 	ok(daemon_fds_settle(H.baseline) == H.baseline, "gpxd's descriptors back to baseline");
 }
@@ -1780,6 +1940,7 @@ main(void)
 	test_concurrent();
 	test_big_vector();
 	test_bounds();
+	test_pages();
 	test_foreign_region();
 	test_exports();
 	test_revoke_running();
