@@ -29,7 +29,8 @@ void gpu_host_register(struct region *r) { (void)r; }
 void gpu_host_unpin(void *map) { (void)map; }
 uint64_t gpu_cache_stats(uint64_t *hits) { *hits = 0; return 0; }
 bool gpu_released(struct region *r) { (void)r; return true; }
-struct gpx_wire_page *gpu_pages_alloc(const struct region *s, const struct region *d, uint64_t ps, uint32_t n)
-{ (void)s; (void)d; (void)ps; (void)n; return NULL; }
+struct gpx_wire_page *gpu_pages_alloc(const struct region *s, const struct region *d, uint64_t ps, uint32_t n,
+    int *dev)
+{ (void)s; (void)d; (void)ps; (void)n; (void)dev; return NULL; }
 void gpu_pages_free(struct gpx_wire_page *p) { (void)p; }
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen) { (void)fd; snprintf(err, errlen, "no GPU support"); return false; }

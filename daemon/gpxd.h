@@ -254,6 +254,7 @@ struct job {
 	struct gpx_wire_seg *segs;   /* NULL for a page job: */
 	struct gpx_wire_page *pages; /* segment i is page pages[i] (gpu_pages_alloc) */
 	uint64_t page_size, src_base, dst_base;
+	int page_dev;                /* the GPU whose kernel runs a page job */
 	uint64_t *blocks;            /* blocks[k]: bytes of the segments before (k + 1) * SEG_BLOCK
 	                              * (of all, for the last block): chunking in O(log n) */
 	uint32_t nseg;
@@ -421,11 +422,12 @@ bool gpu_released(struct region *r);        /* the driver has let go of r's memo
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen);  /* cheap type check before any driver call */
 /*
  * A page transfer between src and dst that the copy kernel would run: room for its page list
- * (n struct gpx_wire_page) in pinned memory the kernel reads in place, else NULL (then the
- * pages go as plain segments).  Freed with gpu_pages_free.
+ * (n struct gpx_wire_page) in pinned memory the kernel reads in place, and in *dev the GPU
+ * whose worker runs it; else NULL (then the pages go as plain segments).  Freed with
+ * gpu_pages_free.
  */
 struct gpx_wire_page *gpu_pages_alloc(const struct region *src, const struct region *dst,
-    uint64_t page_size, uint32_t n);
+    uint64_t page_size, uint32_t n, int *dev);
 void gpu_pages_free(struct gpx_wire_page *);
 void gpu_host_unpin(void *map);         /* undoes gpu_host_register; may block */
 void gpu_shutdown(void);

@@ -190,36 +190,68 @@ take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int
 	return check_segs(j, j->segs, src, dst, c, err, errlen);
 }
 
-/*
- * Page transfers (protocol 2).  Record i of the list copies page_size bytes from page src of
- * the source (at src_base + src * page_size) to page dst of the destination.  page_size is at
- * most 2^31 and page numbers below 2^32, so base + (page + 1) * page_size stays below 2^64 with
- * bases below 2^62: the whole check is the largest page number of each side, one comparison each.
- */
-#define PAGE_SIZE_MAX (1ull << 31)
-
-/* The first page of the private copy that leaves its region, for the message. */
+/* The job's private segment array, with room for blocks[] after it. */
 static int
-pages_refused(const struct gpx_wire_page *pg, uint32_t n, const struct job *j, const struct region *src,
-    const struct region *dst, struct conn *c, char *err, size_t errlen)
+segs_alloc(struct job *j, char *err, size_t errlen)
 {
-	uint32_t i = 0;
+	size_t nblocks = (j->nseg + SEG_BLOCK - 1) / SEG_BLOCK;
 
-	while (i < n - 1 && j->src_base + ((uint64_t)pg[i].src + 1) * j->page_size <= src->length &&
-	    j->dst_base + ((uint64_t)pg[i].dst + 1) * j->page_size <= dst->length)
-		i++;
-	snprintf(err, errlen, "page %u (%u -> %u, %llu bytes each from %llu -> %llu) leaves its region "
-	    "(source %llu bytes, destination %llu bytes)", i, pg[i].src, pg[i].dst,
-	    (unsigned long long)j->page_size, (unsigned long long)j->src_base, (unsigned long long)j->dst_base,
-	    (unsigned long long)src->length, (unsigned long long)dst->length);
-	log_audit(c, "%s", err);
-	return -GPX__STATUS__ERANGE;
+	j->segs = malloc((size_t)j->nseg * sizeof(*j->segs) + nblocks * sizeof(*j->blocks));
+	if (j->segs == NULL) {
+		snprintf(err, errlen, "out of memory for %u segments", j->nseg);
+		return -GPX__STATUS__ENOMEM;
+	}
+	j->blocks = (uint64_t *)(j->segs + j->nseg);
+	return 0;
 }
 
 /*
- * Takes the n page records at `in` (the segment area): copied once into private memory, the
- * kernel's pinned list when the GPU takes the job as pages, else a scratch array that becomes
- * plain segments; then checked from that copy only.
+ * Page transfers (protocol 2).  Record i of the list copies page_size bytes from page src of
+ * the source (at src_base + src * page_size) to page dst of the destination.  page_size is at
+ * most 2^31 and bases below 2^62, so no page's place wraps; a side of L whole pages takes page
+ * numbers below L.
+ */
+#define PAGE_SIZE_MAX (1ull << 31)
+
+typedef uint32_t page_quad __attribute__((vector_size(16), aligned(4)));   /* two records */
+
+/*
+ * The one pass over the records at `in`: each loaded once, stored into the private copy `out`,
+ * and checked with the segments' trick (SEG_LIMIT above) in 32 bits: with lim = L - 1 below
+ * 2^31, p | (lim - p) has its top bit set exactly when p > lim.  Two records per vector, no
+ * branch; true when some page may be out of its region (exactly so when both L <= 2^31).
+ */
+static bool
+pages_copy(struct gpx_wire_page *out, const unsigned char *in, uint32_t n, uint32_t lim_s, uint32_t lim_d)
+{
+	const page_quad lim = { lim_s, lim_d, lim_s, lim_d };
+	page_quad bad = { 0, 0, 0, 0 };
+	uint32_t i = 0, b;
+
+	for (; i + 2 <= n; i += 2) {
+		const page_quad v = *(const volatile page_quad *)(in + (size_t)i * sizeof(*out));
+		memcpy(&out[i], &v, sizeof(v));
+		bad |= v | (lim - v);
+	}
+	b = bad[0] | bad[1] | bad[2] | bad[3];
+	if (i < n) {
+		memcpy(&out[i], in + (size_t)i * sizeof(*out), sizeof(*out));
+		b |= out[i].src | (lim_s - out[i].src) | out[i].dst | (lim_d - out[i].dst);
+	}
+	return b >> 31;
+}
+
+/* Whole pages of a side from its base on. */
+static uint64_t
+pages_in(const struct region *r, uint64_t base, uint64_t ps)
+{
+	return r->length > base ? (r->length - base) / ps : 0;
+}
+
+/*
+ * Takes the n page records at `in` (the segment area) into private memory, the kernel's pinned
+ * list when the GPU takes the job as pages, else a scratch array that becomes plain segments,
+ * and checks them from that copy only.
  */
 static int
 take_pages(struct job *j, const Gpx__Transfer *t, const unsigned char *in, const struct region *src,
@@ -228,7 +260,7 @@ take_pages(struct job *j, const Gpx__Transfer *t, const unsigned char *in, const
 	const uint32_t n = j->nseg;
 	const uint64_t ps = t->page_size;
 	struct gpx_wire_page *pg;
-	uint32_t ms = 0, md = 0;
+	int r;
 
 	if (ps > PAGE_SIZE_MAX || t->src_offset >= SEG_LIMIT || t->dst_offset >= SEG_LIMIT ||
 	    (uint64_t)n * ps >= SEG_LIMIT) {
@@ -241,22 +273,35 @@ take_pages(struct job *j, const Gpx__Transfer *t, const unsigned char *in, const
 	j->src_base = t->src_offset;
 	j->dst_base = t->dst_offset;
 	j->total = n * ps;
-	j->pages = gpu_pages_alloc(src, dst, ps, n);
-	pg = j->pages != NULL ? j->pages : (struct gpx_wire_page *)(j->segs + n) - n;
-	memcpy(pg, in, (size_t)n * sizeof(*pg));
-	for (uint32_t i = 0; i < n; i++) {
-		ms = pg[i].src > ms ? pg[i].src : ms;
-		md = pg[i].dst > md ? pg[i].dst : md;
+	if ((j->pages = gpu_pages_alloc(src, dst, ps, n, &j->page_dev)) != NULL)
+		pg = j->pages;
+	else if ((r = segs_alloc(j, err, errlen)) < 0)
+		return r;
+	else
+		pg = (struct gpx_wire_page *)(j->segs + n) - n;    /* the array's last third */
+	const uint64_t ls = pages_in(src, j->src_base, ps), ld = pages_in(dst, j->dst_base, ps);
+	if (ls == 0 || ld == 0 ||
+	    pages_copy(pg, in, n, (uint32_t)((ls < (1ull << 31) ? ls : 1ull << 31) - 1),
+		(uint32_t)((ld < (1ull << 31) ? ld : 1ull << 31) - 1))) {
+		/* Some page may be out (or sides of more than 2^31 pages): exactly, from the copy. */
+		for (uint32_t i = 0; i < n; i++)
+			if (ls == 0 || ld == 0 || pg[i].src >= ls || pg[i].dst >= ld) {
+				snprintf(err, errlen, "page %u (%u -> %u, %llu bytes each from %llu -> %llu) leaves "
+				    "its region (source %llu bytes, destination %llu bytes)", i,
+				    ls == 0 || ld == 0 ? 0 : pg[i].src, ls == 0 || ld == 0 ? 0 : pg[i].dst,
+				    (unsigned long long)ps, (unsigned long long)j->src_base,
+				    (unsigned long long)j->dst_base, (unsigned long long)src->length,
+				    (unsigned long long)dst->length);
+				log_audit(c, "%s", err);
+				return -GPX__STATUS__ERANGE;
+			}
 	}
-	if (j->src_base + ((uint64_t)ms + 1) * ps > src->length ||
-	    j->dst_base + ((uint64_t)md + 1) * ps > dst->length)
-		return pages_refused(pg, n, j, src, dst, c, err, errlen);
 	if (j->pages != NULL)
 		return 0;
 	/*
-	 * Plain segments, written over the scratch copy (the array's last third) from the front:
-	 * segment i ends at byte 24 (i + 1), where record i + 1 at 16 n + 8 (i + 1) has not begun,
-	 * and record i was read before.
+	 * Plain segments, written over the scratch copy from the front: segment i ends at byte
+	 * 24 (i + 1), where record i + 1 at 16 n + 8 (i + 1) has not begun, and record i was read
+	 * before.
 	 */
 	for (uint32_t i = 0; i < n; i++) {
 		const struct gpx_wire_page p = pg[i];
@@ -349,24 +394,16 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 		return r;
 
 	struct job *j = calloc(1, sizeof(*j));
-	size_t nblocks = (n + SEG_BLOCK - 1) / SEG_BLOCK;
-	if (j != NULL)
-		j->segs = malloc((size_t)n * sizeof(*j->segs) + nblocks * sizeof(*j->blocks));
-	if (j == NULL || j->segs == NULL) {
-		free(j);
-		snprintf(err, errlen, "out of memory for %u segments", n);
+	if (j == NULL) {
+		snprintf(err, errlen, "out of memory for a transfer");
 		return -GPX__STATUS__ENOMEM;
 	}
-	j->blocks = (uint64_t *)(j->segs + n);
 	j->nseg = n;
 	j->t_build = t_build;
-	r = t->page_size > 0 ? take_pages(j, t, table, sh->r, dh->r, c, err, errlen)
-	    : take_segs(j, t, table, segfd, sh->r, dh->r, c, err, errlen);
-	if (r == 0 && j->pages != NULL) {
-		free(j->segs);     /* the job runs from the pinned page list */
-		j->segs = NULL;
-		j->blocks = NULL;
-	}
+	if (t->page_size > 0)
+		r = take_pages(j, t, table, sh->r, dh->r, c, err, errlen);
+	else if ((r = segs_alloc(j, err, errlen)) == 0)
+		r = take_segs(j, t, table, segfd, sh->r, dh->r, c, err, errlen);
 	if (r == 0 && !region_use(sh->r)) {
 		snprintf(err, errlen, "source region was withdrawn by its owner");
 		r = -GPX__STATUS__EREVOKED;
@@ -386,7 +423,7 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 	j->tag = t->tag;
 	j->flags = t->flags;
 	j->client = c->id;
-	j->path = engine_path_for(sh->r, dh->r);
+	j->path = j->pages != NULL ? (enum path_kind)(PATH_GPU0 + j->page_dev) : engine_path_for(sh->r, dh->r);
 	j->t_submit = now_s();
 	*out = j;
 	return 0;

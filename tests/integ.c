@@ -576,6 +576,24 @@ test_pages(void)
 	sp[99] = 8192;
 	ok(gpx_copy_pages(c, a.r, 0, b.r, 0, page, sp, dp, 100, 110) == 0 && wait_tag(c, 110, NULL) == -GPX_ERANGE &&
 	    strstr(gpx_last_error(c), "page 99 ") != NULL, "the message names the page: %s", gpx_last_error(c));
+	/* A side of more than 2^31 pages: 1-byte pages of a sparse 3 GiB region, above page 2^31. */
+	struct buf big;
+	if (buf_new(&big, 3ull << 30) == 0 && buf_reg(c, &big, 0) == 0) {
+		for (uint32_t k = 0; k < 100; k++) {
+			sp[k] = (1u << 31) + 4096 * k;
+			dp[k] = k;
+			big.p[sp[k]] = (unsigned char)(k + 1);
+		}
+		memset(b.p, 0, 100);
+		ok(gpx_copy_pages(c, big.r, 0, b.r, 0, 1, sp, dp, 100, 114) == 0 && wait_tag(c, 114, NULL) == 0 &&
+		    b.p[0] == 1 && b.p[99] == 100, "1-byte pages above page 2^31 of a 3 GiB region are copied");
+		sp[99] = 3u << 30;
+		ok(gpx_copy_pages(c, big.r, 0, b.r, 0, 1, sp, dp, 100, 115) == 0 &&
+		    wait_tag(c, 115, NULL) == -GPX_ERANGE, "page 3 Gi of it, one past its end, is refused");
+		gpx_deregister(c, big.r);
+		buf_free(&big);
+	} else
+		ok(false, "a sparse 3 GiB region for pages above 2^31");
 	ok(gpx_copy_pages(c, a.r, 0, b.r, 0, 0, sp, dp, 1, 111) == -GPX_EINVAL, "page size 0 is refused by the library");
 	ok(gpx_copy_pages(c, a.r, 0, b.r, 0, page, sp, NULL, 1, 112) == -GPX_EINVAL, "so is a missing list");
 	ok(gpx_copy_pages(c, a.r, 0, b.r, 0, page, sp, dp, 0, 113) == -GPX_EINVAL, "and 0 pages");

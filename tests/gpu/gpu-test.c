@@ -226,6 +226,103 @@ test_vectored(gpx_conn *c, struct buf *a, struct buf *b, size_t page, int n, boo
 	free(s);
 }
 
+/*
+ * Pages by number (gpx_copy_pages): the copy kernel reads gpxd's checked list in place where it
+ * runs the copy; pages above 256 KiB go to copy engines as plain segments.
+ */
+static void
+test_pages(gpx_conn *c, struct buf *a, struct buf *b, size_t page, uint32_t n, size_t so, size_t dof)
+{
+	size_t slots = (BUF - (so > dof ? so : dof)) / page;
+	uint32_t *sp = malloc(n * sizeof(*sp)), *dp = malloc(n * sizeof(*dp));
+	struct gpx_completion done;
+
+	uint32_t *perm = malloc(slots * sizeof(*perm));
+
+	if (n > slots)
+		tap_bail("test_pages: %u pages of %zu do not fit", n, page);
+	for (uint32_t i = 0; i < slots; i++)
+		perm[i] = i;
+	for (uint32_t i = slots - 1; i > 0; i--) {
+		uint32_t k = rnd() % (i + 1), t = perm[i];
+		perm[i] = perm[k];
+		perm[k] = t;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		dp[i] = perm[i];       /* distinct destinations, in a random order */
+		sp[i] = rnd() % slots;
+	}
+	free(perm);
+	int r = gpx_copy_pages(c, a->region, so, b->region, dof, page, sp, dp, n, 78);
+	if (r == 0)
+		r = gpx_wait_tag(c, 78, &done, 30000);
+	if (r == 0)
+		r = done.status;
+	for (uint32_t i = 0; i < n && r == 0; i++)
+		memmove(b->mirror + dof + dp[i] * page, a->mirror + so + sp[i] * page, page);
+	unsigned char *got = malloc(BUF);
+	buf_read(b, 0, got, BUF);
+	ok(r == 0 && memcmp(got, b->mirror, BUF) == 0, "pages %u x %zu (bases %zu -> %zu) %s -> %s verified", n,
+	    page, so, dof, a->name, b->name);
+	if (r != 0)
+		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
+	free(got);
+	free(sp);
+	free(dp);
+}
+
+/*
+ * A page transfer past the GPU worker's largest chunk (1 GiB), so the kernel gets it in two
+ * launches cut inside a page: 131,072 pages (the harness's max_segments) of 9,000 bytes into
+ * the last GPU.
+ */
+static void
+test_pages_big(gpx_conn *c)
+{
+	const uint32_t n = 131072, page = 9000;
+	const size_t len = (size_t)n * page;
+	int dd = ndev > 1 ? 1 : 0;
+	uint64_t *src = malloc(len), *got = malloc(len);
+	uint32_t *sp = malloc(n * sizeof(*sp)), *dp = malloc(n * sizeof(*dp));
+	CUdeviceptr a, b;
+	gpx_region ra, rb;
+	struct gpx_completion done;
+
+	for (size_t i = 0; i < len / 8; i++)
+		src[i] = rnd();
+	for (uint32_t i = 0; i < n; i++) {
+		dp[i] = (uint32_t)((i * 7919ull) % n);      /* a permutation: n is a power of two */
+		sp[i] = rnd() % n;
+	}
+	CK(cuCtxSetCurrent(ctx[0]));
+	CK(cuMemAlloc(&a, len));
+	CK(cuMemcpyHtoD(a, src, len));
+	CK(cuCtxSetCurrent(ctx[dd]));
+	CK(cuMemAlloc(&b, len));
+	CK(cuMemsetD8(b, 0, len));
+	int r = gpx_register_cuda(c, (void *)a, len, 0, &ra);
+	r = r ? r : gpx_register_cuda(c, (void *)b, len, 0, &rb);
+	r = r ? r : gpx_copy_pages(c, ra, 0, rb, 0, page, sp, dp, n, 79);
+	r = r ? r : gpx_wait_tag(c, 79, &done, 60000);
+	r = r ? r : done.status;
+	CK(cuMemcpyDtoH(got, b, len));
+	bool same = r == 0 && done.bytes == len;
+	for (uint32_t i = 0; i < n && same; i++)
+		same = memcmp((char *)got + (size_t)dp[i] * page, (char *)src + (size_t)sp[i] * page, page) == 0;
+	ok(same, "pages past one chunk: %u x %u bytes (%.2f GiB) GPU0 -> GPU%d, cut inside a page, verified",
+	    n, page, len / 1073741824.0, dd);
+	if (r != 0)
+		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
+	gpx_deregister(c, ra);
+	gpx_deregister(c, rb);
+	cuMemFree(a);
+	cuMemFree(b);
+	free(src);
+	free(got);
+	free(sp);
+	free(dp);
+}
+
 /* An interior pointer of a larger cuMemAlloc, as PyTorch's caching allocator hands out. */
 static void
 test_interior(gpx_conn *c, struct buf *src)
@@ -1089,6 +1186,17 @@ main(int argc, char **argv)
 		test_vectored(c, &bufs[1], &bufs[3], 4096, 4096, false);   /* ipc -> peer's ipc */
 		test_vectored(c, &bufs[4], &bufs[1], 4096, 1024, true);
 	}
+	test_pages(c, &bufs[2], &bufs[1], 4096, 4096, 0, 0);
+	test_pages(c, &bufs[1], &bufs[2], 1000, 8000, 13, 5);          /* unaligned steps */
+	test_pages(c, &bufs[0], &bufs[1], 16384, 1000, 4096, 0);       /* pinned host -> GPU */
+	test_pages(c, &bufs[1], &bufs[0], 4096, 2048, 0, 64);          /* GPU -> pinned host */
+	test_pages(c, &bufs[1], &bufs[2], 1 << 20, 8, 0, 0);           /* copy engines */
+	if (ndev > 1) {
+		test_pages(c, &bufs[2], &bufs[4], 4096, 4096, 0, 0);
+		test_pages(c, &bufs[1], &bufs[3], 4096, 4000, 0, 4096);     /* ipc -> peer's ipc */
+		test_pages(c, &bufs[4], &bufs[1], 1000, 4000, 3, 0);
+	}
+	test_pages_big(c);
 	test_interior(c, &bufs[0]);
 	test_cached_registration(c, &bufs[1]);
 	test_two_processes(argv[0], h.sock, c, ndev > 1 ? 1 : 0);
