@@ -441,6 +441,8 @@ harness_stop(struct harness *h)
 		msleep(5);
 	}
 	h->pid = -1;
+	if (WIFSIGNALED(st))
+		diag("gpxd died of signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
 	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 

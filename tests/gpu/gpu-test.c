@@ -1209,7 +1209,9 @@ main(int argc, char **argv)
 	test_sticky();
 
 	gpx_close(c);
-	ok(harness_stop(&h) == 0, "gpxd stopped cleanly");
+	int st = harness_stop(&h);
+	if (!ok(st == 0, "gpxd stopped cleanly (exit %d)", st))
+		harness_dump_log(&h);
 	harness_cleanup(&h);
 	return tap_done();
 }
