@@ -460,7 +460,7 @@ static unsigned char *arena;                     /* NULL: none (no kernel) */
 static uint16_t arena_len[ARENA_GRAINS];        /* at a list's first grain: its grains; 0: free */
 static bool arena_used[ARENA_GRAINS];
 
-static bool kernel_reach(const struct region *r, int dev);
+static bool kernel_takes(int dev, const struct region *src, const struct region *dst, uint64_t avg);
 
 struct gpx_wire_page *
 gpu_pages_alloc(const struct region *src, const struct region *dst, uint64_t page_size, uint32_t n, int *devp)
@@ -473,9 +473,7 @@ gpu_pages_alloc(const struct region *src, const struct region *dst, uint64_t pag
 	uint32_t need = (uint32_t)(((uint64_t)n * sizeof(struct gpx_wire_page) + ARENA_GRAIN - 1) / ARENA_GRAIN);
 	struct gpx_wire_page *p = NULL;
 
-	/* As issue() decides for segments: only where the kernel would run the copy. */
-	if (arena == NULL || dev == DEV_HOST || dev >= ngpus || !gpus[dev].kernel_ok || !cfg->sm_copy ||
-	    page_size > KERNEL_MAX_AVG || !kernel_reach(src, dev) || !kernel_reach(dst, dev) ||
+	if (arena == NULL || dev == DEV_HOST || dev >= ngpus || !kernel_takes(dev, src, dst, page_size) ||
 	    need > ARENA_GRAINS)
 		return NULL;
 	pthread_mutex_lock(&arena_lock);
@@ -533,6 +531,14 @@ kernel_reach(const struct region *r, int dev)
 	return addr_on(r, dev) != 0;
 }
 
+/* Whether GPU dev's copy kernel runs copies of pieces of avg bytes between src and dst. */
+static bool
+kernel_takes(int dev, const struct region *src, const struct region *dst, uint64_t avg)
+{
+	return gpus[dev].kernel_ok && cfg->sm_copy && avg <= KERNEL_MAX_AVG && kernel_reach(src, dev) &&
+	    kernel_reach(dst, dev);
+}
+
 static int
 free_slot(struct gdev *g)
 {
@@ -556,9 +562,7 @@ issue(struct gdev *g, struct chunk *c)
 		log_warnx("GPU%d: injecting a sticky fault (GPXD_FAULT_INJECT=sticky)", g->index);
 		cuda_kernel_copy(g->index, g->stream[s], 16, 1, 1);
 	}
-	bool kernel = g->kernel_ok && cfg->sm_copy && pieces >= KERNEL_MIN_SEGS &&
-	    c->bytes / pieces <= KERNEL_MAX_AVG && kernel_reach(j->src, g->index) &&
-	    kernel_reach(j->dst, g->index);
+	bool kernel = pieces >= KERNEL_MIN_SEGS && kernel_takes(g->index, j->src, j->dst, c->bytes / pieces);
 	/* Not mapped in this context (a peer's IPC memory it could not open): name the owners. */
 	bool peer = src == 0 || dst == 0;
 	if (peer) {
