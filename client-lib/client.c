@@ -816,14 +816,32 @@ segs_usable(gpx_conn *c, size_t n)
 	return 0;
 }
 
+/* Sends a Transfer (a list it names in the segment area was put there): credit and area use. */
+static int
+transfer_send(gpx_conn *c, Gpx__Transfer *t)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	int r;
+
+	c->area.resv_n = 0;        /* any transfer ends a reservation */
+	m.seq = next_seq(c);
+	m.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
+	m.transfer = t;
+	if ((r = send_msg(c, &m, NULL, 0)) == 0) {
+		c->outstanding++;
+		if (t->seg_count > 0)
+			area_sent(c);
+	}
+	return r;
+}
+
 static int
 submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, size_t n, uint64_t tag)
 {
-	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
 	Gpx__Transfer t = GPX__TRANSFER__INIT;
 	Gpx__Segment one = GPX__SEGMENT__INIT, *onep = &one;
 	Gpx__Segment *arr = NULL, **ptrs = NULL;
-	int fd = -1, r;
+	int r;
 
 	if ((r = segs_usable(c, n)) < 0)
 		return r;
@@ -873,19 +891,9 @@ submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, 
 		t.seg_count = n;
 		t.area_offset = off;
 	}
-	c->area.resv_n = 0;        /* any transfer ends a reservation */
-	m.seq = next_seq(c);
-	m.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
-	m.transfer = &t;
-	r = send_msg(c, &m, fd >= 0 ? &fd : NULL, fd >= 0);
-	if (fd >= 0)
-		close(fd);
+	r = transfer_send(c, &t);
 	free(arr);
 	free(ptrs);
-	if (r == 0)
-		c->outstanding++;
-	if (r == 0 && t.seg_count > 0)
-		area_sent(c);
 	return r;
 }
 
@@ -908,7 +916,6 @@ API int
 gpx_copy_pages(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,
     uint64_t page_size, const uint32_t *src_pages, const uint32_t *dst_pages, size_t n, uint64_t tag)
 {
-	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
 	Gpx__Transfer t = GPX__TRANSFER__INIT;
 	struct gpx_wire_page *w;
 	uint64_t pos;
@@ -936,14 +943,7 @@ gpx_copy_pages(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, ui
 	t.page_size = page_size;
 	t.src_offset = src_off;
 	t.dst_offset = dst_off;
-	m.seq = next_seq(c);
-	m.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
-	m.transfer = &t;
-	if ((r = send_msg(c, &m, NULL, 0)) == 0) {
-		c->outstanding++;
-		area_sent(c);
-	}
-	return r;
+	return transfer_send(c, &t);
 }
 
 API int
