@@ -141,19 +141,54 @@ gmap_close_peers(struct gmap *m)
 			cuda_ipc_close(d, m->base_on[d]);
 }
 
-/* Opens an IPC allocation in every context that can reach it; failures only cost speed. */
-static void
-gmap_open_peers(struct gmap *m, const uint8_t handle[64])
-{
-	m->base_on[m->dev] = m->base;
-	for (int d = 0; d < ngpus; d++)
-		if (d != m->dev && gpus[d].link[m->dev].access && cuda_ipc_open(d, handle, &m->base_on[d]) < 0)
-			m->base_on[d] = 0;
-}
-
 static pthread_mutex_t gmap_lock = PTHREAD_MUTEX_INITIALIZER;
 static TAILQ_HEAD(, gmap) gmaps = TAILQ_HEAD_INITIALIZER(gmaps);
 static atomic_uint_fast64_t gmap_opens, gmap_hits;
+
+/*
+ * Whether the driver handed back, in GPU dev's context, a mapping that an entry opened under
+ * other handle bytes already holds.  gmap_lock held.
+ *
+ * The driver returns the existing mapping, and counts one more reference, for any handle it
+ * takes to name an allocation it has mapped, including one altered in bytes it does not
+ * compare.  Closing such a reference corrupts the driver's own heap (libcuda's, in this
+ * process) once the mapping's last reference goes, seen on CUDA 13 with handles changed in
+ * their exporter-process field: the daemon then aborts later, anywhere.  Since a real handle
+ * is the same 64 bytes every time, a second set of bytes for one mapping is an altered or
+ * forged handle: it is refused, and what it opened is never closed (a few references and at
+ * most a mapping per GPU, until the daemon exits).  An altered handle that is the first to
+ * open its allocation cannot be told from a real one; that is left to the trust that
+ * accepting legacy handles declares (gpxd.conf(5)).
+ */
+static bool
+ipc_held(int dev, uint64_t p)
+{
+	struct gmap *m;
+
+	TAILQ_FOREACH(m, &gmaps, entry)
+		if (m->kind == GPX__MEM_KIND__MEM_CUDA_IPC && m->base_on[dev] == p)
+			return true;
+	return false;
+}
+
+/*
+ * Opens an IPC allocation in every context that can reach it; a failure only costs speed.
+ * False if some context handed back a mapping already held under other bytes (ipc_held).
+ */
+static bool
+gmap_open_peers(struct gmap *m, const uint8_t handle[64])
+{
+	bool ok = true;
+
+	m->base_on[m->dev] = m->base;
+	for (int d = 0; d < ngpus; d++) {
+		if (d == m->dev || !gpus[d].link[m->dev].access || cuda_ipc_open(d, handle, &m->base_on[d]) < 0)
+			continue;
+		if (ipc_held(d, m->base_on[d]))
+			ok = false;
+	}
+	return ok;
+}
 
 static struct gmap *
 gmap_find(Gpx__MemKind kind, int dev, const uint8_t key[GMAP_KEY])
@@ -362,10 +397,19 @@ cuda_open(struct region *r, char *err, size_t errlen)
 		uint64_t base;
 		if ((e = cuda_ipc_open(dev, r->handle, &m->base)) < 0)
 			snprintf(err, errlen, "the driver refused the IPC handle (forged, stale, or of another device)");
-		else if ((e = cuda_addr_range(m->base, &base, &m->size)) < 0)
+		else if ((e = cuda_addr_range(m->base, &base, &m->size)) < 0) {
 			snprintf(err, errlen, "cannot size the allocation");
-		else
-			gmap_open_peers(m, r->handle);
+			cuda_ipc_close(dev, m->base);
+		} else if (ipc_held(dev, m->base) || !gmap_open_peers(m, r->handle)) {
+			/* Never closed: see ipc_held. */
+			snprintf(err, errlen, "the IPC handle maps an allocation already open under another "
+			    "handle: it was altered or forged");
+			log_warnx("cuda: %s; its driver references are kept until gpxd exits", err);
+			free(m);
+			pthread_mutex_unlock(&gmap_lock);
+			e = -GPX__STATUS__EINVAL;
+			goto out;
+		}
 	} else if (r->kind == GPX__MEM_KIND__MEM_CUDA_POOL) {
 		/* The size is the driver's, never the client's: it bounds every copy. */
 		uint64_t base = 0;
