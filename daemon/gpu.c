@@ -687,16 +687,6 @@ reap(struct gdev *g)
 	return n;
 }
 
-static inline void
-cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield");
-#endif
-}
-
 static uint64_t
 mono_ns(void)
 {
@@ -720,6 +710,14 @@ gpu_worker(void *arg)
 		int pending = g->npend[S_BULK] + g->npend[S_QUICK];
 		struct chunk c;
 
+		/*
+		 * A completion counts as activity: a long job just ended, and its client's next
+		 * request is likely on its way; blocking now (the last issue may be long past) would
+		 * make it pay a wake-up.
+		 */
+		if (progress)
+			idle_since = mono_ns();
+
 		while (pending < PEND_MAX && g->npend[S_BULK] < PEND_MAX / 2 &&
 		    (engine_has_work(path) || (pending == 0 && mono_ns() - idle_since > IDLE_SPIN_NS))) {
 			/* Block only when idle for a while: the spin keeps small-copy latency low. */
@@ -732,8 +730,6 @@ gpu_worker(void *arg)
 			idle_since = mono_ns();
 		}
 		if (progress) {
-			/* A completion counts as activity too: a long job just ended, and its client's
-			 * next request is likely on its way; sleeping now would make it pay a wake-up. */
 			stuck_since = 0;
 			idle_since = mono_ns();
 			continue;
@@ -751,7 +747,7 @@ gpu_worker(void *arg)
 			struct timespec ts = { 0, 20000 };
 			nanosleep(&ts, NULL);
 		} else
-			cpu_relax();
+			cpu_pause();
 		if (now - stuck_since > 1000000000ull) {
 			for (int s = 0; s < NSTREAMS; s++)
 				cuda_stream_busy(g->stream[s]);   /* exits the daemon on a sticky error */

@@ -35,6 +35,17 @@ struct job;
 
 #define GPXD_VERSION PACKAGE_VERSION
 
+/* The body of a spin-wait loop: lets the sibling hardware thread run, saves power. */
+static inline void
+cpu_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
 /* ---- log.c: stderr or the journal, with subsystem tokens for debug filtering ---- */
 enum { LOG_L_ERR, LOG_L_WARN, LOG_L_INFO, LOG_L_DEBUG };
 void log_init(int level, const char *debug_subsys, bool to_journal);
