@@ -735,6 +735,7 @@ gpu_worker(void *arg)
 			continue;
 		}
 		if (pending == 0) {
+			xfer_help();       /* idle: lend this core to a long page list's check */
 			sched_yield();
 			continue;
 		}

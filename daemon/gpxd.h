@@ -393,6 +393,7 @@ void export_remove_region(struct region *);
 uint32_t export_count(void);
 
 /* ---- xfer.c: turning a Transfer message into a checked job ---- */
+void xfer_help(void);
 int xfer_build(struct conn *, const Gpx__Transfer *, int segfd, struct job **out, char *err, size_t errlen);
 int xfer_set_area(struct conn *, int fd, uint64_t length, char *err, size_t errlen);
 void xfer_drop_area(struct conn *);

@@ -241,6 +241,62 @@ pages_copy(struct gpx_wire_page *out, const unsigned char *in, uint32_t n, uint3
 	return b >> 31;
 }
 
+/*
+ * A second core for long page lists.  The pass above runs at the speed one core reads lines
+ * the client's core has just written (65,536 pages: ~30 us); two cores take ~19.  The loop
+ * thread posts the list's second half here, and an idle GPU worker, spinning between jobs
+ * anyway, may claim it (xfer_help).  If none has claimed it once the loop thread's own half
+ * is done, the loop thread takes it back: never slower than one core, and never waiting on
+ * a thread that is not already working on it.
+ */
+#define HELP_MIN 16384
+enum { HELP_FREE, HELP_POSTED, HELP_CLAIMED, HELP_DONE };
+static struct {
+	_Atomic int state;
+	struct gpx_wire_page *out;
+	const unsigned char *in;
+	uint32_t n, lim_s, lim_d;
+	bool bad;
+} help;
+
+void
+xfer_help(void)
+{
+	int posted = HELP_POSTED;
+
+	if (atomic_load_explicit(&help.state, memory_order_relaxed) != HELP_POSTED ||
+	    !atomic_compare_exchange_strong(&help.state, &posted, HELP_CLAIMED))
+		return;
+	help.bad = pages_copy(help.out, help.in, help.n, help.lim_s, help.lim_d);
+	atomic_store_explicit(&help.state, HELP_DONE, memory_order_release);
+}
+
+/* pages_copy of n records, the second half offered to a helper.  Loop thread only. */
+static bool
+pages_copy2(struct gpx_wire_page *out, const unsigned char *in, uint32_t n, uint32_t lim_s, uint32_t lim_d)
+{
+	const uint32_t h = n / 2 & ~1u;
+	int posted = HELP_POSTED;
+	bool bad;
+
+	if (n < HELP_MIN)
+		return pages_copy(out, in, n, lim_s, lim_d);
+	help.out = out + h;
+	help.in = in + (size_t)h * sizeof(*out);
+	help.n = n - h;
+	help.lim_s = lim_s;
+	help.lim_d = lim_d;
+	atomic_store_explicit(&help.state, HELP_POSTED, memory_order_release);
+	bad = pages_copy(out, in, h, lim_s, lim_d);
+	if (atomic_compare_exchange_strong(&help.state, &posted, HELP_FREE))
+		return pages_copy(out + h, in + (size_t)h * sizeof(*out), n - h, lim_s, lim_d) || bad;
+	while (atomic_load_explicit(&help.state, memory_order_acquire) != HELP_DONE)
+		cpu_pause();
+	bad |= help.bad;
+	atomic_store_explicit(&help.state, HELP_FREE, memory_order_relaxed);
+	return bad;
+}
+
 /* Whole pages of a side from its base on. */
 static uint64_t
 pages_in(const struct region *r, uint64_t base, uint64_t ps)
@@ -281,7 +337,7 @@ take_pages(struct job *j, const Gpx__Transfer *t, const unsigned char *in, const
 		pg = (struct gpx_wire_page *)(j->segs + n) - n;    /* the array's last third */
 	const uint64_t ls = pages_in(src, j->src_base, ps), ld = pages_in(dst, j->dst_base, ps);
 	if (ls == 0 || ld == 0 ||
-	    pages_copy(pg, in, n, (uint32_t)((ls < (1ull << 31) ? ls : 1ull << 31) - 1),
+	    pages_copy2(pg, in, n, (uint32_t)((ls < (1ull << 31) ? ls : 1ull << 31) - 1),
 		(uint32_t)((ld < (1ull << 31) ? ld : 1ull << 31) - 1))) {
 		/* Some page may be out (or sides of more than 2^31 pages): exactly, from the copy. */
 		for (uint32_t i = 0; i < n; i++)

@@ -576,6 +576,36 @@ test_pages(void)
 	sp[99] = 8192;
 	ok(gpx_copy_pages(c, a.r, 0, b.r, 0, page, sp, dp, 100, 110) == 0 && wait_tag(c, 110, NULL) == -GPX_ERANGE &&
 	    strstr(gpx_last_error(c), "page 99 ") != NULL, "the message names the page: %s", gpx_last_error(c));
+	/* A list long enough to be checked in two halves (the second perhaps on another core). */
+	const uint32_t ln = 20000, lp = 64;
+	uint32_t *ls = malloc(ln * sizeof(*ls)), *ld = malloc(ln * sizeof(*ld));
+	if (ls == NULL || ld == NULL)
+		tap_bail("out of memory");
+	for (uint32_t i = 0; i < ln; i++) {
+		ls[i] = rnd(&seed) % (a.len / lp);
+		ld[i] = i;
+	}
+	uint64_t h0 = fnv(b.p, b.len);
+	for (int k = 0; k < 2; k++) {
+		uint32_t at = k ? ln - 1 : 3;
+		char want[32];
+		ld[at] = (uint32_t)(b.len / lp);      /* one past the destination's last whole page */
+		snprintf(want, sizeof(want), "page %u ", at);
+		ok(gpx_copy_pages(c, a.r, 0, b.r, 0, lp, ls, ld, ln, 120 + k) == 0 &&
+		    wait_tag(c, 120 + k, NULL) == -GPX_ERANGE && strstr(gpx_last_error(c), want) != NULL,
+		    "%u pages, page %u out (%s half): refused, named (%s)", ln, at, k ? "second" : "first",
+		    gpx_last_error(c));
+		ld[at] = at;
+	}
+	ok(fnv(b.p, b.len) == h0, "no byte of either reached the destination");
+	r = gpx_copy_pages(c, a.r, 0, b.r, 0, lp, ls, ld, ln, 122);
+	r = r < 0 ? r : wait_tag(c, 122, NULL);
+	same = r == 0;
+	for (uint32_t i = 0; i < ln && same; i++)
+		same = memcmp(b.p + (size_t)i * lp, a.p + (size_t)ls[i] * lp, lp) == 0;
+	ok(same, "the same %u pages, all in: verified", ln);
+	free(ls);
+	free(ld);
 	/* A side of more than 2^31 pages: 1-byte pages of a sparse 3 GiB region, above page 2^31. */
 	struct buf big;
 	if (buf_new(&big, 3ull << 30) == 0 && buf_reg(c, &big, 0) == 0) {

@@ -302,6 +302,21 @@ test_pages_big(gpx_conn *c)
 	CK(cuMemsetD8(b, 0, len));
 	int r = gpx_register_cuda(c, (void *)a, len, 0, &ra);
 	r = r ? r : gpx_register_cuda(c, (void *)b, len, 0, &rb);
+	/* One page out, in the list's first and in its second half (checked on two cores). */
+	for (int k = 0; k < 2 && r == 0; k++) {
+		uint32_t at = k ? n - 1 : 5, keep = sp[at];
+		sp[at] = n;
+		int e = gpx_copy_pages(c, ra, 0, rb, 0, page, sp, dp, n, 80 + k);
+		e = e ? e : gpx_wait_tag(c, 80 + k, &done, 60000);
+		e = e ? e : done.status;
+		ok(e == -GPX_ERANGE, "pages past one chunk, page %u out of its region: refused (%s)", at, gpx_strerror(e));
+		sp[at] = keep;
+	}
+	CK(cuMemcpyDtoH(got, b, len));
+	bool zero = true;
+	for (size_t i = 0; i < len / 8 && zero; i++)
+		zero = got[i] == 0;
+	ok(zero, "no byte of either reached the destination");
 	r = r ? r : gpx_copy_pages(c, ra, 0, rb, 0, page, sp, dp, n, 79);
 	r = r ? r : gpx_wait_tag(c, 79, &done, 60000);
 	r = r ? r : done.status;
