@@ -405,10 +405,7 @@ cuda_open(struct region *r, char *err, size_t errlen)
 			snprintf(err, errlen, "the IPC handle maps an allocation already open under another "
 			    "handle: it was altered or forged");
 			log_warnx("cuda: %s; its driver references are kept until gpxd exits", err);
-			free(m);
-			pthread_mutex_unlock(&gmap_lock);
 			e = -GPX__STATUS__EINVAL;
-			goto out;
 		}
 	} else if (r->kind == GPX__MEM_KIND__MEM_CUDA_POOL) {
 		/* The size is the driver's, never the client's: it bounds every copy. */
@@ -731,7 +728,6 @@ gpu_worker(void *arg)
 		}
 		if (progress) {
 			stuck_since = 0;
-			idle_since = mono_ns();
 			continue;
 		}
 		if (pending == 0) {

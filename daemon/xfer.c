@@ -289,7 +289,7 @@ pages_copy2(struct gpx_wire_page *out, const unsigned char *in, uint32_t n, uint
 	atomic_store_explicit(&help.state, HELP_POSTED, memory_order_release);
 	bad = pages_copy(out, in, h, lim_s, lim_d);
 	if (atomic_compare_exchange_strong(&help.state, &posted, HELP_FREE))
-		return pages_copy(out + h, in + (size_t)h * sizeof(*out), n - h, lim_s, lim_d) || bad;
+		return pages_copy(help.out, help.in, help.n, lim_s, lim_d) || bad;
 	while (atomic_load_explicit(&help.state, memory_order_acquire) != HELP_DONE)
 		cpu_pause();
 	bad |= help.bad;
