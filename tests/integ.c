@@ -58,6 +58,19 @@ rnd(uint64_t *s)
 	return x * 0x2545f4914f6cdd1dULL;
 }
 
+/* p[0..n) becomes 0..n-1 in a random order. */
+static void
+shuffle(uint32_t *p, uint32_t n, uint64_t *seed)
+{
+	for (uint32_t i = 0; i < n; i++)
+		p[i] = i;
+	for (uint32_t i = n - 1; i > 0; i--) {
+		uint32_t j = rnd(seed) % (i + 1), x = p[i];
+		p[i] = p[j];
+		p[j] = x;
+	}
+}
+
 static void
 fill_random(void *p, size_t n, uint64_t *seed)
 {
@@ -366,13 +379,7 @@ test_big_vector(void)
 	fill_random(src.p, src.len, &seed);
 	memset(dst.p, 0, dst.len);
 	/* Sources: a random permutation of the even slots of src, so every segment is distinct. */
-	for (uint32_t i = 0; i < nseg; i++)
-		perm[i] = i;
-	for (uint32_t i = nseg - 1; i > 0; i--) {
-		uint32_t j = rnd(&seed) % (i + 1), x = perm[i];
-		perm[i] = perm[j];
-		perm[j] = x;
-	}
+	shuffle(perm, nseg, &seed);
 	for (uint32_t i = 0; i < nseg; i++)
 		segs[i] = (struct gpx_seg){ (uint64_t)perm[i] * seg * 2, (uint64_t)i * seg, seg };
 	ok(gpx_copyv(c, src.r, dst.r, segs, nseg, 77) == 0, "a vectored request of %u segments is accepted", nseg);
@@ -509,13 +516,7 @@ test_pages(void)
 	fill_random(a.p, a.len, &seed);
 	memset(b.p, 0, b.len);
 	/* Distinct destinations in a shuffled order, sources anywhere (repeats allowed). */
-	for (uint32_t i = 0; i < n; i++)
-		dp[i] = i;
-	for (uint32_t i = n - 1; i > 0; i--) {
-		uint32_t j = rnd(&seed) % (i + 1), x = dp[i];
-		dp[i] = dp[j];
-		dp[j] = x;
-	}
+	shuffle(dp, n, &seed);
 	for (uint32_t i = 0; i < n; i++)
 		sp[i] = rnd(&seed) % slots;
 	int r = gpx_copy_pages(c, a.r, 0, b.r, 3, page, sp, dp, n, 90);

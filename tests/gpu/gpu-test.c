@@ -186,23 +186,34 @@ test_matrix(gpx_conn *c, struct buf *bufs, int nb)
 		}
 }
 
+/* 0..n-1 in a random order, allocated. */
+static uint32_t *
+shuffled(size_t n)
+{
+	uint32_t *p = malloc(n * sizeof(*p));
+
+	if (p == NULL)
+		tap_bail("out of memory");
+	for (size_t i = 0; i < n; i++)
+		p[i] = i;
+	for (size_t i = n - 1; i > 0; i--) {
+		size_t k = rnd() % (i + 1);
+		uint32_t t = p[i];
+		p[i] = p[k];
+		p[k] = t;
+	}
+	return p;
+}
+
 /* Scattered pages in one vectored request: the SM kernel between GPUs, copy engines otherwise. */
 static void
 test_vectored(gpx_conn *c, struct buf *a, struct buf *b, size_t page, int n, bool odd)
 {
 	struct gpx_seg *s = calloc(n, sizeof(*s));
 	size_t slots = BUF / page;
-	int *perm = malloc(slots * sizeof(int));
+	uint32_t *perm = shuffled(slots);
 	struct gpx_completion done;
 
-	for (size_t i = 0; i < slots; i++)
-		perm[i] = i;
-	for (size_t i = slots - 1; i > 0; i--) {
-		size_t k = rnd() % (i + 1);
-		int t = perm[i];
-		perm[i] = perm[k];
-		perm[k] = t;
-	}
 	for (int i = 0; i < n; i++) {
 		s[i].src_offset = (rnd() % slots) * page + (odd ? rnd() % 16 : 0);
 		s[i].dst_offset = (size_t)perm[i] * page + (odd ? rnd() % 16 : 0);
@@ -237,17 +248,9 @@ test_pages(gpx_conn *c, struct buf *a, struct buf *b, size_t page, uint32_t n, s
 	uint32_t *sp = malloc(n * sizeof(*sp)), *dp = malloc(n * sizeof(*dp));
 	struct gpx_completion done;
 
-	uint32_t *perm = malloc(slots * sizeof(*perm));
-
 	if (n > slots)
 		tap_bail("test_pages: %u pages of %zu do not fit", n, page);
-	for (uint32_t i = 0; i < slots; i++)
-		perm[i] = i;
-	for (uint32_t i = slots - 1; i > 0; i--) {
-		uint32_t k = rnd() % (i + 1), t = perm[i];
-		perm[i] = perm[k];
-		perm[k] = t;
-	}
+	uint32_t *perm = shuffled(slots);
 	for (uint32_t i = 0; i < n; i++) {
 		dp[i] = perm[i];       /* distinct destinations, in a random order */
 		sp[i] = rnd() % slots;
