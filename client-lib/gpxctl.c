@@ -524,6 +524,10 @@ do_peers(int argc, char **argv)
 			J_ADD(o, "bytes_rx", J_U64(p->bytes_rx));
 			J_ADD(o, "ops", J_U64(p->ops));
 			J_ADD(o, "errors", J_U64(p->errors));
+			J_ADD(o, "notes_imm_tx", J_U64(p->notes_imm_tx));
+			J_ADD(o, "notes_imm_rx", J_U64(p->notes_imm_rx));
+			J_ADD(o, "notes_msg_tx", J_U64(p->notes_msg_tx));
+			J_ADD(o, "notes_msg_rx", J_U64(p->notes_msg_rx));
 			J_ADD(o, "inflight", J_U64(p->inflight));
 			J_ADD(o, "connected_s", J_DBL(p->connected_s));
 			J_ADD(o, "why", J_STR(p->why));

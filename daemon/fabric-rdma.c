@@ -31,6 +31,20 @@
  * of the registration, so a peer's address and length reach nothing else; the registration
  * starts at iova 0 where the device allows it, so the peer learns no address of ours.
  *
+ * Owners' notifications.  Each queue pair has at each end a mailbox of RQP_NOTES slots,
+ * registered at iova 0 for remote writes only, with a receive posted for every slot; its rkey
+ * goes in the rdma_cm private data.  A daemon that wrote a transfer into a notifying export
+ * sends the note (handle and bytes) as an RDMA WRITE with immediate data into the next slot
+ * of the peer's mailbox, the immediate naming the slot: right behind the bytes on the same
+ * queue pair when the transfer is one chunk (a reliable connection delivers in order, so the
+ * note lands after them), else alone once every chunk has completed.  The peer's receives
+ * complete in order, slot after slot; it reads the note, posts the receive again and
+ * notifies the owner.  A slot is written again only after the receive it consumed was posted
+ * again, so a note is never overwritten unread; a writer ahead of the reader waits for a
+ * receive in its NIC (receiver-not-ready retries, unbounded; the request deadline bounds it).
+ * A queue pair without a mailbox at the other end, or that cannot send inline, carries no
+ * notes: they go as Notify messages.
+ *
  * Failures: a work completion in error, a queue pair or port error (async events), the
  * peer's disconnection or the control connection going down all end in peer_kill, which
  * destroys the queue pairs first (so the device no longer touches any buffer) and then fails
@@ -67,6 +81,7 @@
 
 #ifdef HAVE_RDMA
 
+#include <endian.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <netdb.h>
@@ -82,7 +97,13 @@
 
 #define RQP_POOL 2                   /* queue pairs per peer, shared by all clients */
 #define RQP_DEPTH 256                /* send work requests per queue pair */
-#define CQ_DEPTH 4096                /* every posted request may complete (flushed) in error */
+#define RQP_NOTES 32                 /* notifications a queue pair holds unread: its receives */
+/*
+ * Every work request posted may complete, if only flushed in error, and a completion queue
+ * that overflows takes its device down: a queue pair is created only while the queue has
+ * room for all of its own (RQP_DEPTH + RQP_NOTES), up to this many entries per device.
+ */
+#define CQ_DEPTH 32768
 #define RDMA_MAGIC 0x47505852u       /* "GPXR" */
 #define CM_TIMEOUT_MS 2000
 /*
@@ -103,6 +124,7 @@
 #define RQP_ACK_TIMEOUT 14
 /* wr_id: the request id, and in the top bits how many work requests it posted. */
 #define WRID_SHIFT 48
+#define WRID_RECV (1ULL << 63)       /* a receive: its mailbox slot in the low bits */
 
 /* The rdma_cm private data of a connection request: what the control plane announced. */
 struct rdma_hello {
@@ -111,13 +133,34 @@ struct rdma_hello {
 	uint32_t index;              /* of the queue pair in the peer's pool */
 	uint32_t dev;                /* the connecting side's device it runs on */
 	uint8_t token[FABRIC_RDMA_TOKEN];
+	uint32_t box;                /* the rkey of the connecting side's mailbox (0: none) */
 } __attribute__((packed));
 
 /* ... and of its acceptance: the answering side's device, whose keys the other side uses. */
 struct rdma_welcome {
 	uint32_t magic;
 	uint32_t dev;
+	uint32_t box;                /* the rkey of the answering side's mailbox (0: none) */
 } __attribute__((packed));
+
+/*
+ * A daemon that has no mailbox sends neither key (its private data ends before it, or, on
+ * InfiniBand and RoCE, is padded with zeros): its peer then sends it Notify messages.  The
+ * hello must fit the 56 bytes rdma_cm carries in a connection request.
+ */
+#define HELLO_MIN offsetof(struct rdma_hello, box)
+#define WELCOME_MIN offsetof(struct rdma_welcome, box)
+_Static_assert(sizeof(struct rdma_hello) <= 56, "rdma_cm private data of a request");
+
+/*
+ * An owner's notification, as the writing daemon puts it into a slot of the mailbox of the
+ * queue pair at the other end, with RDMA WRITE with immediate data, the immediate being the
+ * slot: the handle of the import written into and the bytes of the transfer, big-endian.
+ */
+struct note {
+	uint64_t handle;
+	uint64_t bytes;
+};
 
 #define RQP_MAX (RQP_POOL * FABRIC_RDMA_DEVS)
 
@@ -129,6 +172,12 @@ struct rqp {
 	int rdev;                    /* the peer's device at its other end (-1: not known yet) */
 	bool up;
 	unsigned wrs;                /* work requests posted and not yet completed */
+	bool inl;                    /* it sends a note inline (from the stack, no registration) */
+	bool charged;                /* its entries are counted in its device's completion queue */
+	struct note *box;            /* our mailbox on it: RQP_NOTES slots the peer writes */
+	struct ibv_mr *box_mr;       /* ... registered at iova 0, remote write only */
+	uint32_t rbox;               /* the rkey of the peer's mailbox at the other end (0: none) */
+	uint32_t wseq, rseq;         /* notes written into the peer's mailbox, read from ours */
 };
 
 /* p->rdma: a peer's queue pairs, RQP_POOL for each pair of devices. */
@@ -163,6 +212,7 @@ struct rdev {
 	struct ibv_cq *cq;
 	uint8_t rd_atom;             /* RDMA READs in flight per queue pair */
 	int max_cqe;
+	int cq_used;                 /* entries its queue pairs may fill (RQP_DEPTH + RQP_NOTES each) */
 	struct event *cq_ev, *async_ev;
 	char name[80];               /* "rxe0 port 1" */
 	char addr[64];               /* an IP address of its netdev, "" if none */
@@ -214,9 +264,17 @@ qp_teardown(struct rqp *q)
 	if (q->id->qp != NULL)
 		rdma_destroy_qp(q->id);
 	rdma_destroy_id(q->id);
+	/* The queue pair is gone: the device writes no more into its mailbox. */
+	if (q->box_mr != NULL)
+		ibv_dereg_mr(q->box_mr);
+	free(q->box);
+	if (q->charged)
+		dev.d[q->dev].cq_used -= RQP_DEPTH + RQP_NOTES;
 	q->id = NULL;
-	q->up = false;
-	q->wrs = 0;
+	q->up = q->charged = q->inl = false;
+	q->wrs = q->wseq = q->rseq = q->rbox = 0;
+	q->box = NULL;
+	q->box_mr = NULL;
 }
 
 static struct rpeer *
@@ -252,7 +310,54 @@ qp_fail(struct rqp *q, const char *why)
 	qp_teardown(q);
 }
 
-/* The queue pair on the device rdma_cm routed it to, which must be the one it was meant for. */
+static int
+post_recv(struct rqp *q, uint32_t slot)
+{
+	/* No scatter list: a write with immediate data consumes a receive but lands where it says. */
+	struct ibv_recv_wr wr = { .wr_id = WRID_RECV | slot }, *bad;
+
+	return ibv_post_recv(q->id->qp, &wr, &bad);
+}
+
+/*
+ * Our mailbox on q: RQP_NOTES slots registered at iova 0 for the peer's writes with
+ * immediate data, a receive posted for each.  Without one, the peer's notifications come
+ * as Notify messages on the control connection (said here, and counted in gpxctl peers).
+ */
+static void
+box_open(struct rqp *q, struct rdev *d)
+{
+	size_t len = RQP_NOTES * sizeof(struct note);
+
+	/* A page of its own: the kernel takes iova 0 only for memory at the start of a page. */
+	_Static_assert(RQP_NOTES * sizeof(struct note) <= 4096, "a mailbox in one page");
+	if ((q->box = aligned_alloc(4096, 4096)) != NULL) {
+		memset(q->box, 0, 4096);
+		q->box_mr = ibv_reg_mr_iova(d->pd, q->box, len, 0, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	}
+	if (q->box_mr == NULL) {
+		log_warn("fabric: peer %s: no rdma mailbox on queue pair %d: its notifications come as messages",
+		    q->rp->p->node, q->idx);
+		free(q->box);
+		q->box = NULL;
+		return;
+	}
+	for (uint32_t i = 0; i < RQP_NOTES; i++)
+		if ((errno = post_recv(q, i)) != 0) {
+			/* The receives posted need no memory; the peer just gets no key. */
+			log_warn("fabric: peer %s: posting receives on queue pair %d", q->rp->p->node, q->idx);
+			ibv_dereg_mr(q->box_mr);
+			q->box_mr = NULL;
+			free(q->box);
+			q->box = NULL;
+			return;
+		}
+}
+
+/*
+ * The queue pair on the device rdma_cm routed it to, which must be the one it was meant for,
+ * while that device's completion queue has room for every request it may post.
+ */
 static int
 qp_create(struct rqp *q)
 {
@@ -262,12 +367,29 @@ qp_create(struct rqp *q)
 		errno = ENODEV;          /* routed to another device than the one we registered on */
 		return -1;
 	}
+	if (d->cq_used + RQP_DEPTH + RQP_NOTES > d->cq->cqe) {
+		log_warnx("fabric: %s: its completion queue (%d entries) holds no more queue pairs", d->name,
+		    d->cq->cqe);
+		errno = ENOSPC;
+		return -1;
+	}
 	q->dev = d->index;
 	struct ibv_qp_init_attr a = {
 		.send_cq = d->cq, .recv_cq = d->cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 0,
-		.cap = { .max_send_wr = RQP_DEPTH, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1 },
+		.cap = { .max_send_wr = RQP_DEPTH, .max_recv_wr = RQP_NOTES, .max_send_sge = 1, .max_recv_sge = 1,
+		    .max_inline_data = sizeof(struct note) },
 	};
-	return rdma_create_qp(q->id, d->pd, &a);
+	if (rdma_create_qp(q->id, d->pd, &a) < 0) {
+		/* A device that sends nothing inline: no notes from this end, data as before. */
+		a.cap.max_inline_data = 0;
+		if (rdma_create_qp(q->id, d->pd, &a) < 0)
+			return -1;
+	}
+	q->inl = a.cap.max_inline_data >= sizeof(struct note);
+	d->cq_used += RQP_DEPTH + RQP_NOTES;
+	q->charged = true;
+	box_open(q, d);
+	return 0;
 }
 
 /* Before connect or accept: the ack timeout its queue pair gets (see RQP_ACK_TIMEOUT). */
@@ -324,10 +446,11 @@ on_request(struct rdma_cm_id *id, const uint8_t *pd, size_t pdl)
 	const char *why = NULL;
 	uint32_t idx = 0;
 
-	if (pdl < sizeof(h))
+	memset(&h, 0, sizeof(h));
+	if (pdl < HELLO_MIN)
 		why = "no gpx private data";
 	else {
-		memcpy(&h, pd, sizeof(h));
+		memcpy(&h, pd, pdl < sizeof(h) ? pdl : sizeof(h));
 		idx = ntohl(h.index);
 		if (ntohl(h.magic) != RDMA_MAGIC)
 			why = "no gpx private data";
@@ -363,12 +486,16 @@ on_request(struct rdma_cm_id *id, const uint8_t *pd, size_t pdl)
 	q->id = id;
 	q->dev = d->index;
 	q->rdev = (int)ntohl(h.dev);
+	q->rbox = ntohl(h.box);
 	id->context = q;
-	w.magic = htonl(RDMA_MAGIC);
-	w.dev = htonl((uint32_t)d->index);
-	conn_param(&cp, q, &w, sizeof(w));
 	ack_timeout(id);
-	if (qp_create(q) < 0 || rdma_accept(id, &cp) < 0) {
+	if (qp_create(q) == 0) {
+		w.magic = htonl(RDMA_MAGIC);
+		w.dev = htonl((uint32_t)d->index);
+		w.box = htonl(q->box_mr != NULL ? q->box_mr->rkey : 0);
+		conn_param(&cp, q, &w, sizeof(w));
+	}
+	if (q->id->qp == NULL || rdma_accept(id, &cp) < 0) {
 		log_warn("fabric: peer %s: accepting rdma queue pair %u", p->node, idx);
 		rdma_reject(id, NULL, 0);
 		qp_teardown(q);
@@ -404,6 +531,7 @@ cm_event(const struct rdma_cm_event *e, const uint8_t *pd, size_t pdl)
 		h.index = htonl((uint32_t)q->idx);
 		h.dev = htonl((uint32_t)q->dev);
 		memcpy(h.token, q->rp->token, sizeof(h.token));
+		h.box = htonl(q->box_mr != NULL ? q->box_mr->rkey : 0);
 		conn_param(&cp, q, &h, sizeof(h));
 		ack_timeout(q->id);
 		if (rdma_connect(q->id, &cp) < 0)
@@ -412,12 +540,15 @@ cm_event(const struct rdma_cm_event *e, const uint8_t *pd, size_t pdl)
 	case RDMA_CM_EVENT_ESTABLISHED:
 		/* The outbound side learns here which of the peer's devices answered. */
 		if (q->rdev < 0) {
-			if (pdl < sizeof(w) || (memcpy(&w, pd, sizeof(w)), ntohl(w.magic)) != RDMA_MAGIC ||
-			    ntohl(w.dev) >= FABRIC_RDMA_DEVS) {
+			memset(&w, 0, sizeof(w));
+			if (pdl >= WELCOME_MIN)
+				memcpy(&w, pd, pdl < sizeof(w) ? pdl : sizeof(w));
+			if (pdl < WELCOME_MIN || ntohl(w.magic) != RDMA_MAGIC || ntohl(w.dev) >= FABRIC_RDMA_DEVS) {
 				qp_fail(q, "accepted without saying on which device");
 				break;
 			}
 			q->rdev = (int)ntohl(w.dev);
+			q->rbox = ntohl(w.box);
 		}
 		qp_established(q);
 		break;
@@ -474,6 +605,45 @@ qp_by_num(const struct rdev *d, uint32_t num)
 	return NULL;
 }
 
+/* A receive completed: the peer wrote a note into our mailbox on its queue pair, or it flushed. */
+static void
+note_in(const struct rdev *d, const struct ibv_wc *wc)
+{
+	struct rqp *q = qp_by_num(d, wc->qp_num);
+	uint32_t slot = (uint32_t)(wc->wr_id & ~WRID_RECV);
+	struct note n;
+
+	if (q == NULL || wc->status == IBV_WC_WR_FLUSH_ERR)
+		return;              /* its queue pair is going or gone */
+	if (wc->status != IBV_WC_SUCCESS) {
+		qp_fail(q, ibv_wc_status_str(wc->status));
+		return;
+	}
+	/* In order, one slot after the other, each as announced by its immediate. */
+	if (q->box == NULL || wc->opcode != IBV_WC_RECV_RDMA_WITH_IMM || !(wc->wc_flags & IBV_WC_WITH_IMM) ||
+	    slot != q->rseq % RQP_NOTES || ntohl(wc->imm_data) != slot || wc->byte_len != sizeof(n)) {
+		peer_kill(q->rp->p, "rdma queue pair %d: a receive that is not its next notification", q->idx);
+		return;
+	}
+	memcpy(&n, &q->box[slot], sizeof(n));
+	q->rseq++;
+	if ((errno = post_recv(q, slot)) != 0) {
+		qp_fail(q, strerror(errno));
+		return;
+	}
+	fabric_rdma_notified(q->rp->p, be64toh(n.handle), be64toh(n.bytes));
+}
+
+static void on_cq(evutil_socket_t, short, void *);
+
+/* Every completion waiting on any device: before a Release drops a handle, the notes for it. */
+void
+fabric_rdma_drain(void)
+{
+	for (int i = 0; i < dev.n; i++)
+		on_cq(-1, 0, &dev.d[i]);
+}
+
 static void
 on_cq(evutil_socket_t fd, short what, void *arg)
 {
@@ -494,6 +664,10 @@ on_cq(evutil_socket_t fd, short what, void *arg)
 	while ((n = ibv_poll_cq(d->cq, 16, wc)) > 0)
 		for (int i = 0; i < n; i++) {
 			uint64_t id = wc[i].wr_id & ((1ULL << WRID_SHIFT) - 1);
+			if (wc[i].wr_id & WRID_RECV) {
+				note_in(d, &wc[i]);
+				continue;
+			}
 			struct rqp *q = qp_by_num(d, wc[i].qp_num);
 			if (q != NULL && wc[i].status == IBV_WC_SUCCESS) {
 				unsigned nwr = (unsigned)(wc[i].wr_id >> WRID_SHIFT);
@@ -898,14 +1072,64 @@ nic_dev(const struct region *r)
 	return -2;
 }
 
+/* q may carry a note: the peer has a mailbox at its other end, and we can send inline. */
+static bool
+note_ok(const struct rqp *q)
+{
+	return q->rbox != 0 && q->inl;
+}
+
+/*
+ * The note (the owner's notification) as the work request that ends a list on q: an RDMA
+ * WRITE with immediate of n into the next slot of the peer's mailbox, inline (n may be on
+ * the stack), its immediate the slot.  On a reliable connection it lands after every write
+ * posted before it on q, and the peer's receive completes only then.
+ */
+static void
+note_wr(struct rqp *q, struct ibv_send_wr *wr, struct ibv_sge *sge, struct note *n,
+    const struct fabric_note *note, uint64_t wrid)
+{
+	uint32_t slot = q->wseq++ % RQP_NOTES;
+
+	n->handle = htobe64(note->handle);
+	n->bytes = htobe64(note->bytes);
+	*sge = (struct ibv_sge){ .addr = (uintptr_t)n, .length = sizeof(*n) };
+	*wr = (struct ibv_send_wr){
+		.wr_id = wrid, .sg_list = sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+		.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE, .imm_data = htonl(slot),
+	};
+	wr->wr.rdma.remote_addr = (uint64_t)slot * sizeof(*n);
+	wr->wr.rdma.rkey = q->rbox;
+}
+
+static int
+post(struct rpeer *rp, struct rqp *q, struct ibv_send_wr *wr, unsigned nwr)
+{
+	struct ibv_send_wr *bad;
+
+	if ((errno = ibv_post_send(q->id->qp, wr, &bad)) != 0) {
+		log_warn("fabric: peer %s: posting on rdma queue pair %d", rp->p->node, q->idx);
+		/* Nothing of a list refused at its first request was posted.  A part of it was: its
+		 * completion would never come, so the queue pair carries nothing more, and this
+		 * chunk goes over tcp (the parts posted only read or write the same bytes again). */
+		if (bad != &wr[0])
+			q->up = false;
+		return -1;
+	}
+	q->wrs += nwr;
+	rp->next = (unsigned)(q->idx + 1) % RQP_MAX;
+	return 0;
+}
+
 /*
  * A queue pair of the peer for a chunk: up, with room, on a device that may carry the local
  * memory, its other end on a device the remote region is registered on; round-robin over all
- * of them, so that the chunks of a large transfer spread over every rail.
+ * of them, so that the chunks of a large transfer spread over every rail.  With a note, one
+ * that can carry it too, else any (1: posted without the note).
  */
 int
 fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, uint64_t off, uint64_t len,
-    uint64_t raddr, const uint32_t rkeys[FABRIC_RDMA_DEVS])
+    uint64_t raddr, const uint32_t rkeys[FABRIC_RDMA_DEVS], const struct fabric_note *note)
 {
 	struct rpeer *rp = p->rdma;
 	struct rqp *q = NULL;
@@ -914,19 +1138,28 @@ fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, 
 	uintptr_t buf = local->host != NULL ? (uintptr_t)local->host + off : (uintptr_t)(local->dptr + off);
 	int want = nic_dev(local);
 
+	bool with = false;
+
+	if (!write)
+		note = NULL;
 	if (rp == NULL || len == 0 || len > UINT32_MAX || nwr > RQP_DEPTH || id >> WRID_SHIFT != 0 || want == -2)
 		return -1;
-	for (int i = 0; i < RQP_MAX && mr == NULL; i++) {
-		struct rqp *c = &rp->qp[(rp->next + i) % RQP_MAX];
-		if (c->up && c->wrs + nwr <= RQP_DEPTH && (want < 0 || c->dev == want) && c->rdev >= 0 &&
-		    rkeys[c->rdev] != 0 && (mr = local_mr(local, c->dev, !write)) != NULL)
-			q = c;
-	}
+	for (int pass = note != NULL ? 0 : 1; pass < 2 && q == NULL; pass++)
+		for (int i = 0; i < RQP_MAX && mr == NULL; i++) {
+			struct rqp *c = &rp->qp[(rp->next + i) % RQP_MAX];
+			if (c->up && c->wrs + nwr + (pass == 0) <= RQP_DEPTH && (want < 0 || c->dev == want) && c->rdev >= 0 &&
+			    rkeys[c->rdev] != 0 && (pass == 1 || note_ok(c)) &&
+			    (mr = local_mr(local, c->dev, !write)) != NULL) {
+				q = c;
+				with = pass == 0;
+			}
+		}
 	if (q == NULL)
 		return -1;
-	struct ibv_sge sge[RQP_DEPTH];
-	struct ibv_send_wr wr[RQP_DEPTH], *bad;
-	uint64_t wrid = id | (uint64_t)nwr << WRID_SHIFT;
+	struct ibv_sge sge[RQP_DEPTH + 1];
+	struct ibv_send_wr wr[RQP_DEPTH + 1];
+	struct note n;
+	uint64_t wrid = id | (uint64_t)(nwr + with) << WRID_SHIFT;
 	for (unsigned i = 0; i < nwr; i++) {
 		uint64_t o = write ? 0 : (uint64_t)i * RDMA_READ_SEG;
 		uint32_t l = write ? (uint32_t)len : (uint32_t)(len - o < RDMA_READ_SEG ? len - o : RDMA_READ_SEG);
@@ -934,23 +1167,45 @@ fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, 
 		wr[i] = (struct ibv_send_wr){
 			.wr_id = wrid, .sg_list = &sge[i], .num_sge = 1, .next = i + 1 < nwr ? &wr[i + 1] : NULL,
 			.opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ,
-			.send_flags = i + 1 == nwr ? IBV_SEND_SIGNALED : 0,
+			.send_flags = i + 1 == nwr && !with ? IBV_SEND_SIGNALED : 0,
 		};
 		wr[i].wr.rdma.remote_addr = raddr + o;
 		wr[i].wr.rdma.rkey = rkeys[q->rdev];
 	}
-	if ((errno = ibv_post_send(q->id->qp, wr, &bad)) != 0) {
-		log_warn("fabric: peer %s: posting on rdma queue pair %d", p->node, q->idx);
-		/* Nothing of a list refused at its first request was posted.  A part of it was: its
-		 * completion would never come, so the queue pair carries nothing more, and this
-		 * chunk goes over tcp (the parts posted only read the same bytes into it). */
-		if (bad != &wr[0])
-			q->up = false;
+	if (with) {
+		note_wr(q, &wr[nwr], &sge[nwr], &n, note, wrid);
+		wr[nwr - 1].next = &wr[nwr];
+	}
+	if (post(rp, q, wr, nwr + with) < 0) {
+		if (with)
+			q->wseq--;
 		return -1;
 	}
-	q->wrs += nwr;
-	rp->next = (unsigned)(q->idx + 1) % RQP_MAX;
-	return 0;
+	return note != NULL && !with;
+}
+
+/* A note alone, after the chunks of a transfer on whatever queue pairs carried them completed. */
+int
+fabric_rdma_note(struct peer *p, uint64_t id, const struct fabric_note *note)
+{
+	struct rpeer *rp = p->rdma;
+	struct ibv_sge sge;
+	struct ibv_send_wr wr;
+	struct note n;
+
+	if (rp == NULL || id >> WRID_SHIFT != 0)
+		return -1;
+	for (int i = 0; i < RQP_MAX; i++) {
+		struct rqp *q = &rp->qp[(rp->next + i) % RQP_MAX];
+		if (!q->up || q->wrs + 1 > RQP_DEPTH || !note_ok(q))
+			continue;
+		note_wr(q, &wr, &sge, &n, note, id | 1ULL << WRID_SHIFT);
+		if (post(rp, q, &wr, 1) == 0)
+			return 0;
+		q->wseq--;
+		return -1;
+	}
+	return -1;
 }
 
 /* ---- start and stop ---- */
@@ -1207,8 +1462,11 @@ bool fabric_rdma_export(struct peer *p, struct phandle *h, uint64_t *addr, uint3
 void fabric_rdma_unexport(struct phandle *h) { (void)h; }
 void fabric_rdma_region_gone(struct region *r) { (void)r; }
 int fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, uint64_t off, uint64_t len,
-    uint64_t raddr, const uint32_t rkeys[FABRIC_RDMA_DEVS])
-{ (void)p; (void)id; (void)write; (void)local; (void)off; (void)len; (void)raddr; (void)rkeys; return -1; }
+    uint64_t raddr, const uint32_t rkeys[FABRIC_RDMA_DEVS], const struct fabric_note *note)
+{ (void)p; (void)id; (void)write; (void)local; (void)off; (void)len; (void)raddr; (void)rkeys; (void)note; return -1; }
+int fabric_rdma_note(struct peer *p, uint64_t id, const struct fabric_note *note)
+{ (void)p; (void)id; (void)note; return -1; }
+void fabric_rdma_drain(void) {}
 void fabric_rdma_gpu_regs(uint64_t *dmabuf, uint64_t *peermem, uint64_t *none)
 { *dmabuf = *peermem = *none = 0; }
 

@@ -248,6 +248,7 @@ send_chunk(struct fop *f, const struct remote *rm, const void *bytes)
 		if (rm->notify && f->c.bytes == j->total) {
 			w.notify = j->total;
 			f->notified = true;
+			f->p->notes_msg_tx++;
 		}
 		m.body_case = GPXPEER__PEER_MSG__BODY_WRITE;
 		m.write = &w;
@@ -264,6 +265,29 @@ send_chunk(struct fop *f, const struct remote *rm, const void *bytes)
 	}
 }
 
+/*
+ * By RDMA from or into local at off when the import allows, a Write that is a whole transfer
+ * into a notifying export with the owner's note after it; false: not by RDMA.
+ */
+static bool
+post_rdma(struct fop *f, const struct remote *rm, struct region *local, uint64_t off)
+{
+	const struct job *j = f->c.job;
+	struct fabric_note note = { .handle = rm->handle, .bytes = j->total };
+	bool fold = f->kind == FOP_WRITE && rm->notify && f->c.bytes == j->total;
+	int k;
+
+	if (!rm->rdma || (k = fabric_rdma_post(f->p, f->id, f->kind == FOP_WRITE, local, off, f->c.bytes,
+	    rm->raddr + f->roff, rm->rkeys, fold ? &note : NULL)) < 0)
+		return false;
+	if (fold && k == 0) {
+		f->notified = true;
+		f->p->notes_imm_tx++;
+	}
+	fop_track(f);
+	return true;
+}
+
 /* By RDMA from or into f's staging buffer when the import allows; false: as a message. */
 static bool
 post_staged(struct fop *f, const struct remote *rm)
@@ -271,12 +295,7 @@ post_staged(struct fop *f, const struct remote *rm)
 	uint64_t off;
 	struct region *pool = stage_pool(f->stage, &off);
 
-	if (!rm->rdma || pool == NULL ||
-	    fabric_rdma_post(f->p, f->id, f->kind == FOP_WRITE, pool, off, f->c.bytes, rm->raddr + f->roff,
-	    rm->rkeys) < 0)
-		return false;
-	fop_track(f);
-	return true;
+	return pool != NULL && post_rdma(f, rm, pool, off);
 }
 
 /* Loop thread: a staged Write's bytes are out of the GPU. */
@@ -333,11 +352,9 @@ start_chunk(struct chunk *c)
 	f->loff = (write ? g->src_offset : g->dst_offset) + c->off;
 	f->roff = (write ? g->dst_offset : g->src_offset) + c->off;
 	/* Host memory, or GPU memory the NIC registered itself: by RDMA, no copy. */
-	if (rm->rdma && fabric_rdma_post(p, f->id, write, local, f->loff, c->bytes, rm->raddr + f->roff,
-	    rm->rkeys) == 0) {
+	if (post_rdma(f, rm, local, f->loff)) {
 		if (local->host == NULL)
 			stage_count_direct(c->bytes);
-		fop_track(f);
 		return;
 	}
 	if (local->host == NULL) {
@@ -370,8 +387,12 @@ pump(void)
 /*
  * A request ended.  A Write's bytes count towards its transfer (j->priv holds the bytes
  * acknowledged: only this thread touches it); the one that completes a transfer into a
- * notifying export sends the Notify and keeps its chunk until that is answered too, so the
- * writer's completion never comes before the owner's notification.
+ * notifying export sends the owner's note and keeps its chunk until that is through too.
+ * By RDMA, the note is a write with immediate data into the peer's mailbox, which completes
+ * here once the peer's NIC has it (the peer's daemon posts the notification when it reads
+ * its completion queue, microseconds later); as a message, a Notify, which the peer answers
+ * after posting the notification.  Over tcp the note of a one-chunk transfer rides in its
+ * Write, and by RDMA after its bytes on the same queue pair (post_rdma): no extra round trip.
  */
 static void
 fop_end(struct fop *f, bool ok)
@@ -391,8 +412,15 @@ fop_end(struct fop *f, bool ok)
 		if (acked == j->total && rm != NULL && rm->notify && !f->notified && f->p->state == PEER_READY) {
 			Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
 			Gpxpeer__Notify n = GPXPEER__NOTIFY__INIT;
+			struct fabric_note note = { .handle = rm->handle, .bytes = j->total };
 			f->kind = FOP_NOTIFY;
 			f->id = ++next_id;
+			if (rm->rdma && fabric_rdma_note(f->p, f->id, &note) == 0) {
+				f->p->notes_imm_tx++;
+				fop_track(f);
+				return;
+			}
+			f->p->notes_msg_tx++;
 			n.id = f->id;
 			n.handle = rm->handle;
 			n.bytes = j->total;
@@ -452,15 +480,15 @@ fabric_rdma_done(uint64_t id, bool ok, const char *why)
 	struct peer *p = f->p;
 	if (!ok) {
 		/* The queue pair is in error now: nothing more can complete on it. */
-		peer_kill(p, "rdma %s of request %llu: %s", f->kind == FOP_WRITE ? "write" : "read",
-		    (unsigned long long)id, why);
+		peer_kill(p, "rdma %s of request %llu: %s", f->kind == FOP_WRITE ? "write" : f->kind == FOP_READ ?
+		    "read" : "note", (unsigned long long)id, why);
 		return;
 	}
 	fop_unlist(f);
 	p->ops++;
 	if (f->kind == FOP_WRITE)
 		p->bytes_tx += f->c.bytes;
-	else
+	else if (f->kind == FOP_READ)
 		p->bytes_rx += f->c.bytes;
 	f->rdma = false;
 	fop_end(f, true);
@@ -523,8 +551,11 @@ served(void *arg, bool ok)
 	struct sreq *q = arg;
 	struct peer *p = peer_by_node(q->node);
 
-	if (ok && q->notify != 0)
+	if (ok && q->notify != 0) {
 		notify_owner(q->r, q->notify);
+		if (p != NULL)
+			p->notes_msg_rx++;
+	}
 	region_unuse(q->r);
 	if (p != NULL && p->epoch == q->epoch)
 		answer(p, q->id, ok ? 0 : GPX__STATUS__EIO, ok && q->read ? q->buf : NULL, ok && q->read ? q->len : 0);
@@ -576,8 +607,10 @@ serve_write(struct peer *p, const Gpxpeer__Write *w, struct evbuffer *in, size_t
 	}
 	if (st == 0) {
 		evbuffer_remove(in, (char *)h->r->host + w->offset, dlen);
-		if (w->notify != 0)
+		if (w->notify != 0) {
+			p->notes_msg_rx++;
 			notify_owner(h->r, w->notify);
+		}
 		region_unuse(h->r);
 	} else
 		evbuffer_drain(in, dlen);
@@ -611,9 +644,27 @@ serve_notify(struct peer *p, const Gpxpeer__Notify *n)
 		answer(p, n->id, GPX__STATUS__ENOENT, NULL, 0);
 		return;
 	}
-	if (!h->read_only)
+	if (!h->read_only) {
+		p->notes_msg_rx++;
 		notify_owner(h->r, n->bytes);
+	}
 	answer(p, n->id, h->read_only ? GPX__STATUS__EACCES : 0, NULL, 0);
+}
+
+void
+fabric_rdma_notified(struct peer *p, uint64_t handle, uint64_t bytes)
+{
+	struct phandle *h = peer_handle(p, handle);
+
+	if (h == NULL || h->read_only) {
+		/* Not one of its handles (its own note arrives before its Release: see on_release). */
+		p->errors++;
+		log_info("fabric: peer %s: a note by rdma for %s handle %016llx: dropped", p->node,
+		    h == NULL ? "no" : "read-only", (unsigned long long)handle);
+		return;
+	}
+	p->notes_imm_rx++;
+	notify_owner(h->r, bytes);
 }
 
 void

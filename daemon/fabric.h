@@ -21,9 +21,8 @@
  * tests/fabric-tcp.test.  The RDMA data transport (fabric-rdma.c: librdmacm, RC queue pairs
  * shared per peer, RDMA WRITE/READ, per-import registrations of exports, a registration cache
  * for local regions) is tested with host memory between two Soft-RoCE guests by
- * tests/vm-rdma.test; the owner's notification after an RDMA WRITE goes as a Notify message
- * on the control connection once every chunk's completion is in (not as a write with
- * immediate).  GPU memory on either side: registered with the NIC from a dma-buf
+ * tests/vm-rdma.test; the owner's notification after RDMA WRITEs is an RDMA WRITE with
+ * immediate data into the peer's mailbox on a queue pair.  GPU memory on either side: registered with the NIC from a dma-buf
  * (ibv_reg_dmabuf_mr), else the device pointer (ibv_reg_mr, nvidia-peermem), else staged
  * (stage.c), each only when the one before is impossible; the staged path over tcp runs on the
  * GPU machines (tests/gpu/fabric-gpu.test), the registrations need a GPU and an RDMA NIC in
@@ -107,6 +106,8 @@ struct peer {
 	uint32_t next_serial;
 	uint32_t nimports;           /* remote regions we hold through this connection */
 	uint64_t bytes_tx, bytes_rx, ops, errors;
+	uint64_t notes_imm_tx, notes_imm_rx;   /* owners' notifications by RDMA write with immediate */
+	uint64_t notes_msg_tx, notes_msg_rx;   /* ... as messages (Write with notify, Notify) */
 	uint32_t inflight;           /* our requests waiting for an answer */
 	char why[160];               /* why it went down, or the last error */
 	struct rpeer *rdma;          /* its queue pairs (fabric-rdma.c), NULL over tcp */
@@ -147,6 +148,8 @@ void fabric_tick(double now);
 void fabric_release(const char *node, uint32_t epoch, uint64_t handle);
 /* Loop thread: an RDMA work request posted for request id completed. */
 void fabric_rdma_done(uint64_t id, bool ok, const char *why);
+/* Loop thread: the peer's note arrived by RDMA: a transfer of bytes into its import handle ended. */
+void fabric_rdma_notified(struct peer *, uint64_t handle, uint64_t bytes);
 
 /* ---- fabric-rdma.c (stubs without rdma-core) ---- */
 #define FABRIC_RDMA_TOKEN 32
@@ -176,11 +179,25 @@ uint32_t fabric_rdma_regs(const struct peer *);    /* registrations of our expor
 bool fabric_rdma_export(struct peer *, struct phandle *, uint64_t *addr, uint32_t rkeys[FABRIC_RDMA_DEVS]);
 void fabric_rdma_unexport(struct phandle *);
 /*
+ * The owner's notification of a transfer into an export, by RDMA: a write with immediate
+ * data into the peer's mailbox on a queue pair, after the transfer's bytes on that pair.
+ */
+struct fabric_note {
+	uint64_t handle;             /* the import written into */
+	uint64_t bytes;              /* the transfer's */
+};
+/*
  * Posts one RDMA WRITE (local -> remote) or READ (remote -> local) of len bytes at offset off
- * of the local region, host or GPU memory; 0, or -1: not by RDMA (over tcp, or staged first).
+ * of the local region, host or GPU memory, and after a WRITE the note when there is one;
+ * 0, 1: posted without the note (no queue pair could carry it), or -1: not by RDMA (over
+ * tcp, or staged first).
  */
 int fabric_rdma_post(struct peer *, uint64_t id, bool write, struct region *local, uint64_t off, uint64_t len,
-    uint64_t raddr, const uint32_t rkeys[FABRIC_RDMA_DEVS]);
+    uint64_t raddr, const uint32_t rkeys[FABRIC_RDMA_DEVS], const struct fabric_note *);
+/* The note alone, for request id; -1: no queue pair can carry it (send a Notify). */
+int fabric_rdma_note(struct peer *, uint64_t id, const struct fabric_note *);
+/* Handles every completion waiting: the notes that arrived before what the loop does next. */
+void fabric_rdma_drain(void);
 /* GPU memory registered with the NIC so far: from a dma-buf, through peermem, neither. */
 void fabric_rdma_gpu_regs(uint64_t *dmabuf, uint64_t *peermem, uint64_t *none);
 

@@ -702,9 +702,19 @@ on_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
 static void
 on_release(struct peer *p, const Gpxpeer__Release *r)
 {
-	struct phandle *h = peer_handle(p, r->handle);
+	struct phandle *h;
 
-	if (h == NULL)
+	/*
+	 * The peer's last note for this handle went by RDMA and completed before it let go of
+	 * the import, but it may still wait in our completion queue while this message, which
+	 * took the other road, is already here: the notes first, then the handle goes.
+	 */
+	if (p->rdma != NULL) {
+		fabric_rdma_drain();
+		if (p->state != PEER_READY)
+			return;
+	}
+	if ((h = peer_handle(p, r->handle)) == NULL)
 		return;          /* released twice or from an older epoch: nothing to do */
 	TAILQ_REMOVE(&p->handles, h, entry);
 	phandle_drop(h);
@@ -1537,6 +1547,10 @@ peer_query(Gpx__QueryReply *q)
 		i->bytes_rx = p->bytes_rx;
 		i->ops = p->ops;
 		i->errors = p->errors;
+		i->notes_imm_tx = p->notes_imm_tx;
+		i->notes_imm_rx = p->notes_imm_rx;
+		i->notes_msg_tx = p->notes_msg_tx;
+		i->notes_msg_rx = p->notes_msg_rx;
 		i->inflight = p->inflight;
 		i->connected_s = p->state == PEER_READY ? now - p->t_ready : 0;
 		i->why = p->why;

@@ -5,10 +5,12 @@
  * both ways (checksums), with and without remote permission, into a read-only export, past the
  * end; A's owner gets its notifications; then A is killed in the middle of a stream of copies
  * (every one must end, within the bound, with some failing), restarted, and B's client must
- * see the old import refused and a new one work.
+ * see the old import refused and a new one work.  With a third daemon F ("nodef", a peer of
+ * B too), B's copies to and from F's export, half of them started before A is killed and half
+ * right after, must all succeed.
  *
- * Usage: fabric-test SOCK_A SOCK_B PID_A   (FABRIC_RESTART_A: a command that restarts A and
- * prints nothing; FABRIC_BOUND: seconds a failure may take, default 8)
+ * Usage: fabric-test SOCK_A SOCK_B PID_A [SOCK_F]   (FABRIC_RESTART_A: a command that restarts
+ * A and prints nothing; FABRIC_BOUND: seconds a failure may take, default 8)
  *
  * Imports by address ("@HOST:PORT/name", [fabric] dial_on_demand), against a third daemon E
  * (node "nodee") that no one lists in peers, and C, which holds another key:
@@ -67,6 +69,76 @@ wait_notify(gpx_conn *c, uint64_t tag, uint64_t *bytes)
 		}
 	}
 	return -1;
+}
+
+/*
+ * Another peer's export, used through B while A dies: F's owner exports fkv (notifying), B's
+ * second client imports nodef:fkv and streams copies into it and out of it; every one must
+ * succeed, with the right bytes, and F's owner must hear of every write.
+ */
+#define FN 24
+struct other {
+	bool on;
+	gpx_conn *cf, *cb;           /* F's owner, B's second client */
+	gpx_region rf, rb, rfkv;
+	void *pf, *pb;
+};
+
+static void
+other_open(struct other *o, const char *sock_f, const char *sock_b)
+{
+	struct gpx_export_opts nt = { .rule = GPX_EXPORT_UID, .notify = 1, .notify_tag = 88 };
+	int ff, fb, e;
+	uint64_t len;
+
+	if (gpx_connect(sock_f, "fabric-owner-f", &o->cf) < 0 || gpx_connect(sock_b, "fabric-user-f", &o->cb) < 0 ||
+	    gpx_host_alloc(SZ, &ff, &o->pf) < 0 || gpx_host_alloc(SZ, &fb, &o->pb) < 0 ||
+	    gpx_register_host(o->cf, ff, 0, SZ, 0, &o->rf) < 0 || gpx_register_host(o->cb, fb, 0, SZ, 0, &o->rb) < 0) {
+		ok(0, "F and a second client of B set up");
+		return;
+	}
+	fill(o->pf, SZ, 11);
+	fill(o->pb, SZ, 12);
+	e = gpx_export_remote(o->cf, o->rf, "fkv", &nt, "nodeb");
+	e = e ? e : import_retry(o->cb, "nodef:fkv", &o->rfkv, &len, 10);
+	ok(e == 0, "B's second client imports nodef:fkv (%s)", e ? gpx_last_error(o->cb) : "ok");
+	o->on = e == 0;
+}
+
+/* Copies from..to-1 of the stream: writes of the second half of B's buffer into F's first
+ * half, and reads of F's second half back. */
+static void
+other_stream(struct other *o, int from, int to)
+{
+	for (int i = from; i < to; i++) {
+		if (i % 2 == 0)
+			gpx_copy(o->cb, o->rb, SZ / 2, o->rfkv, 0, SZ / 2, 2000 + i);
+		else
+			gpx_copy(o->cb, o->rfkv, SZ / 2, o->rb, 0, SZ / 2, 2000 + i);
+	}
+}
+
+static void
+other_check(struct other *o)
+{
+	struct gpx_completion comp;
+	int good = 0, got = 0, notes = 0;
+
+	for (double end = now() + 60; got < FN && now() < end;)
+		if (gpx_wait(o->cb, &comp, 1, 200) == 1) {
+			got++;
+			good += comp.status == 0;
+		}
+	for (double end = now() + 5; notes < FN / 2 && now() < end;)
+		if (gpx_wait(o->cf, &comp, 1, 200) == 1 && (comp.flags & GPX_COMP_NOTIFY) && comp.tag == 88)
+			notes++;
+	ok(good == FN && got == FN, "all %d copies to and from F (another peer) succeeded through A's death (%d)",
+	    FN, good);
+	ok(memcmp(o->pf, (char *)o->pb + SZ / 2, SZ / 2) == 0 &&
+	    memcmp(o->pb, (char *)o->pf + SZ / 2, SZ / 2) == 0, "... with the right bytes both ways");
+	ok(notes == FN / 2, "... and F's owner was notified of each of the %d writes (%d)", FN / 2, notes);
+	gpx_close(o->cb);
+	gpx_close(o->cf);
 }
 
 /* A port of 127.0.0.1 where nothing listens now; with listening, one that accepts connections
@@ -236,8 +308,8 @@ main(int argc, char **argv)
 
 	if (argc >= 2 && strncmp(argv[1], "addr", 4) == 0)
 		return by_address(argc, argv, bound);
-	if (argc != 4) {
-		fprintf(stderr, "usage: fabric-test SOCK_A SOCK_B PID_A\n");
+	if (argc != 4 && argc != 5) {
+		fprintf(stderr, "usage: fabric-test SOCK_A SOCK_B PID_A [SOCK_F]\n");
 		return 99;
 	}
 	pid_t pid_a = (pid_t)atoi(argv[3]);
@@ -338,17 +410,26 @@ main(int argc, char **argv)
 			;     /* the owner's notifications of them */
 	}
 
+	/* Another peer, F: B's client there (its own connection) imports F's export. */
+	struct other of = { 0 };
+	if (argc == 5)
+		other_open(&of, argv[4], argv[2]);
+
 	/* A is killed in the middle of a stream of copies: every copy ends, some with an error. */
 	enum { N = 32 };
 	int okc = 0, errc = 0, got = 0;
 	for (int i = 0; i < N; i++)
 		if (gpx_copy(cb, rb, 0, rkv, 0, SZ, 1000 + i) < 0)
 			break;
+	if (of.on)
+		other_stream(&of, 0, FN / 2);
 	/* The engine runs a client's copies round-robin: they all progress, and 256 MiB over
 	 * loopback takes far longer than this, so the kill lands in the middle of all of them. */
 	usleep(20000);
 	kill(pid_a, SIGKILL);
 	double t0 = now(), t_kill = t0;
+	if (of.on)
+		other_stream(&of, FN / 2, FN);
 	while (got < N && now() - t0 < 60) {
 		int k = gpx_wait(cb, &comp, 1, 200);
 		if (k == 1) {
@@ -363,6 +444,8 @@ main(int argc, char **argv)
 	ok(got == N, "all %d copies ended after A was killed (%d ok, %d failed)", N, okc, errc);
 	ok(errc > 0, "copies cut off by the kill failed (%d)", errc);
 	ok(t_kill > 0 && took < bound, "within %.1f s of the kill (bound %.0f s)", took, bound);
+	if (of.on)
+		other_check(&of);
 	e = gpx_copy_sync(cb, rb, 0, rkv, 0, 4096);
 	ok(e == -GPX_EREVOKED, "a new copy on the old import is refused: %s (%s)", gpx_strerror(e), gpx_last_error(cb));
 

@@ -12,7 +12,10 @@
  *     Imports NODE:kv and NODE:ctl and copies across: RDMA READ and WRITE whole, at odd
  *     offsets, vectored, past the end; has A's gpxd killed in the middle of a stream of
  *     copies (every copy must end within FABRIC_BOUND s, default 8), then imports again.
- *     Prints "# rate read|write MiB/s" lines for the record.
+ *     Prints "# rate read|write MiB/s" lines for the record, and "# owner-expect notify kv
+ *     bytes=N fnv=X" for each write into kv whose notification A's owner must print: the
+ *     bytes of the write and the checksum kv must have by then (the note came after them).
+ *     VM_SNAPSHOT: a shell command run before A's gpxd is killed.
  */
 #include "config.h"
 
@@ -161,6 +164,11 @@ user(const char *sock, const char *peer)
 		return 1;
 	}
 
+	/* What kv holds after each of our writes, for the notifications A's owner prints. */
+	char *shadow = malloc(SZ);
+	if (shadow == NULL)
+		return 99;
+
 	/* RDMA READ, then WRITE and read back; A's owner prints its checksum when notified. */
 	fill(pd, SZ, 1);
 	double t0 = now();
@@ -174,7 +182,8 @@ user(const char *sock, const char *peer)
 	dt = now() - t0;
 	ok(e == 0, "8 MiB written across (%s)", e ? gpx_strerror(e) : "ok");
 	printf("# rate write %.1f MiB/s (one 8 MiB copy)\n", 8 / dt);
-	printf("# owner-expect notify kv bytes=%u fnv=%016llx\n", SZ, (unsigned long long)fnv(pb, SZ));
+	memcpy(shadow, pb, SZ);
+	printf("# owner-expect notify kv bytes=%u fnv=%016llx\n", SZ, (unsigned long long)fnv(shadow, SZ));
 	memset(pd, 0, SZ);
 	e = gpx_copy_sync(c, rkv, 0, rd, 0, SZ);
 	ok(e == 0 && memcmp(pb, pd, SZ) == 0, "read back what was written: same");
@@ -184,6 +193,9 @@ user(const char *sock, const char *peer)
 	memset(pd, 0, 8192);
 	ok(e == 0 && gpx_copy_sync(c, rkv, 12345, rd, 1, 4096) == 0 && memcmp((char *)pd + 1, pt, 4096) == 0,
 	    "4 KiB written at an odd offset, read back to another odd offset");
+	/* one chunk: its note rides right behind its bytes on one queue pair */
+	memcpy(shadow + 12345, pt, 4096);
+	printf("# owner-expect notify kv bytes=4096 fnv=%016llx\n", (unsigned long long)fnv(shadow, SZ));
 	struct gpx_seg segs[3] = {
 		{ .src_offset = 1, .dst_offset = 3 << 20, .length = 100000 },
 		{ .src_offset = 2 << 20, .dst_offset = 7, .length = (3 << 20) - 100 },
@@ -193,6 +205,10 @@ user(const char *sock, const char *peer)
 	e = gpx_copyv(c, rb, rkv, segs, 3, 501);
 	n = e == 0 ? gpx_wait_tag(c, 501, &comp, 20000) : e;
 	ok(n >= 0 && comp.status == 0, "vectored write of 3 segments across (status %d)", comp.status);
+	for (int i = 0; i < 3; i++)
+		memcpy(shadow + segs[i].dst_offset, (char *)pb + segs[i].src_offset, segs[i].length);
+	printf("# owner-expect notify kv bytes=%u fnv=%016llx\n", 100000 + (3u << 20) - 100 + 1,
+	    (unsigned long long)fnv(shadow, SZ));
 	for (int i = 0; i < 3; i++) {
 		uint64_t t = segs[i].src_offset;
 		segs[i].src_offset = segs[i].dst_offset;
@@ -218,6 +234,10 @@ user(const char *sock, const char *peer)
 	dt = now() - t0;
 	ok(good == 4, "4 concurrent 8 MiB writes (%d ok)", good);
 	printf("# rate write %.1f MiB/s (4 concurrent 8 MiB copies)\n", 32 / dt);
+
+	/* What this node's gpxd says of the peer now, before the connection is lost. */
+	if (getenv("VM_SNAPSHOT") != NULL && system(getenv("VM_SNAPSHOT")) != 0)
+		diag("VM_SNAPSHOT failed");
 
 	/* A's gpxd is killed in the middle of a stream of copies. */
 	enum { N = 16 };
@@ -257,6 +277,7 @@ user(const char *sock, const char *peer)
 	if (import_retry(c, name, &rctl, &len, 10) == 0)
 		command(c, rt, pt, rctl, "Q");
 	gpx_close(c);
+	free(shadow);
 	printf("1..%d\n", tap_count);
 	return tap_failed ? 1 : 0;
 }
