@@ -292,9 +292,10 @@ rpeer_get(struct peer *p)
 }
 
 /*
- * A queue pair failed.  One that carried data (or any, once the peer is on rdma) takes the
- * whole peer down: its chunks fail now and the connection comes back with a new epoch.  One
- * that never came up only leaves the peer on tcp (or on its other rails).
+ * A queue pair failed.  One that was up takes the whole peer down: its chunks fail now and
+ * the connection comes back with a new epoch.  One that never came up only leaves the peer
+ * on tcp or on its other rails: a rail whose link is down when the connection comes (after
+ * that link took the last one down, say) is not used by this connection, the others are.
  */
 static void
 qp_fail(struct rqp *q, const char *why)
@@ -302,7 +303,7 @@ qp_fail(struct rqp *q, const char *why)
 	struct rpeer *rp = q->rp;
 	struct peer *p = rp->p;
 
-	if (q->up || rp->said_up) {
+	if (q->up) {
 		peer_kill(p, "rdma queue pair %d: %s", q->idx, why);
 		return;
 	}

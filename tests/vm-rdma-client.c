@@ -15,7 +15,9 @@
  *     Prints "# rate read|write MiB/s" lines for the record, and "# owner-expect notify kv
  *     bytes=N fnv=X" for each write into kv whose notification A's owner must print: the
  *     bytes of the write and the checksum kv must have by then (the note came after them).
- *     VM_SNAPSHOT: a shell command run before A's gpxd is killed.
+ *     VM_SNAPSHOT: a shell command run before A's gpxd is killed.  VM_LINK_DOWN: a command
+ *     that takes the link of one rail down, run in the middle of another stream of copies
+ *     after the restart; then VM_SNAPSHOT2 and VM_LINK_UP.
  */
 #include "config.h"
 
@@ -273,6 +275,46 @@ user(const char *sock, const char *peer)
 	fill(pd, SZ, 1);
 	ok(e == 0 && gpx_copy_sync(c, rkv, 0, rb, 0, SZ) == 0 && fnv(pb, SZ) == fnv(pd, SZ),
 	    "8 MiB read across after the reconnection: checksum %016llx", (unsigned long long)fnv(pb, SZ));
+	/* The link of one rail goes down in the middle of a stream of copies (VM_LINK_DOWN, run
+	 * here): its port's error ends the connection, every copy ends within the bound, and the
+	 * peer comes back on the other rail. */
+	const char *down = getenv("VM_LINK_DOWN");
+	if (e == 0 && down != NULL) {
+		okc = errc = got = 0;
+		fill(pb, SZ, 7);
+		for (int i = 0; i < N; i++)
+			if (gpx_copy(c, rb, 0, rkv, 0, SZ, 3000 + i) < 0)
+				break;
+		usleep(300000);
+		ok(system(down) == 0, "the link of the second rail taken down during a stream of copies");
+		tc = now();
+		tlast = tc;
+		while (got < N && now() - tc < 60) {
+			if (gpx_wait(c, &comp, 1, 200) == 1) {
+				got++;
+				tlast = now();
+				if (comp.status == 0)
+					okc++;
+				else
+					errc++;
+			}
+		}
+		ok(got == N, "all %d copies ended (%d ok, %d failed)", N, okc, errc);
+		ok(errc > 0, "copies cut off by the link going down failed (%d)", errc);
+		ok(tlast - tc < bound, "the last ended %.1f s after the link went down (bound %.0f s)", tlast - tc, bound);
+		snprintf(name, sizeof(name), "%s:kv", peer);
+		e = import_retry(c, name, &rkv, &len, 60);
+		ok(e == 0, "imports %s again on the rail that is left (%s)", name, e ? gpx_last_error(c) : "ok");
+		fill(pd, SZ, 8);
+		ok(e == 0 && gpx_copy_sync(c, rd, 0, rkv, 0, SZ) == 0 && gpx_copy_sync(c, rkv, 0, rb, 0, SZ) == 0 &&
+		    fnv(pb, SZ) == fnv(pd, SZ), "8 MiB written and read back across it: checksum %016llx",
+		    (unsigned long long)fnv(pb, SZ));
+		if (getenv("VM_SNAPSHOT2") != NULL && system(getenv("VM_SNAPSHOT2")) != 0)
+			diag("VM_SNAPSHOT2 failed");
+		if (getenv("VM_LINK_UP") != NULL && system(getenv("VM_LINK_UP")) != 0)
+			diag("VM_LINK_UP failed");
+	}
+
 	snprintf(name, sizeof(name), "%s:ctl", peer);
 	if (import_retry(c, name, &rctl, &len, 10) == 0)
 		command(c, rt, pt, rctl, "Q");
