@@ -128,6 +128,26 @@ import_retry(gpx_conn *c, const char *name, gpx_region *r, uint64_t *len, double
 	return e;
 }
 
+/* Waits (up to a minute) for n completions: how many came, ok and failed; when the last came. */
+static double
+stream_end(gpx_conn *c, int n, int *okc, int *errc, int *got)
+{
+	struct gpx_completion comp;
+	double t0 = now(), tlast = t0;
+
+	*okc = *errc = *got = 0;
+	while (*got < n && now() - t0 < 60)
+		if (gpx_wait(c, &comp, 1, 200) == 1) {
+			(*got)++;
+			tlast = now();
+			if (comp.status == 0)
+				(*okc)++;
+			else
+				(*errc)++;
+		}
+	return tlast;
+}
+
 static int
 command(gpx_conn *c, gpx_region local, void *lp, gpx_region rctl, const char *cmd)
 {
@@ -243,24 +263,14 @@ user(const char *sock, const char *peer)
 
 	/* A's gpxd is killed in the middle of a stream of copies. */
 	enum { N = 16 };
-	int okc = 0, errc = 0, got = 0;
+	int okc, errc, got;
 	e = command(c, rt, pt, rctl, "K700");
 	ok(e == 0, "asked A's owner to kill A's gpxd in 0.7 s");
 	double tc = now();
 	for (int i = 0; i < N; i++)
 		if (gpx_copy(c, rb, 0, rkv, 0, SZ, 1000 + i) < 0)
 			break;
-	double tlast = tc;
-	while (got < N && now() - tc < 60) {
-		if (gpx_wait(c, &comp, 1, 200) == 1) {
-			got++;
-			tlast = now();
-			if (comp.status == 0)
-				okc++;
-			else
-				errc++;
-		}
-	}
+	double tlast = stream_end(c, N, &okc, &errc, &got);
 	ok(got == N, "all %d copies ended (%d ok, %d failed)", N, okc, errc);
 	ok(errc > 0, "copies cut off by the kill failed (%d)", errc);
 	ok(tlast - tc < 0.7 + bound, "the last ended %.1f s after the kill was asked (bound 0.7 + %.0f s)",
@@ -276,11 +286,10 @@ user(const char *sock, const char *peer)
 	ok(e == 0 && gpx_copy_sync(c, rkv, 0, rb, 0, SZ) == 0 && fnv(pb, SZ) == fnv(pd, SZ),
 	    "8 MiB read across after the reconnection: checksum %016llx", (unsigned long long)fnv(pb, SZ));
 	/* The link of one rail goes down in the middle of a stream of copies (VM_LINK_DOWN, run
-	 * here): its port's error ends the connection, every copy ends within the bound, and the
-	 * peer comes back on the other rail. */
+	 * here): an error of its queue pairs or of its port ends the connection, every copy ends
+	 * within the bound, and the peer comes back on the other rail. */
 	const char *down = getenv("VM_LINK_DOWN");
 	if (e == 0 && down != NULL) {
-		okc = errc = got = 0;
 		fill(pb, SZ, 7);
 		for (int i = 0; i < N; i++)
 			if (gpx_copy(c, rb, 0, rkv, 0, SZ, 3000 + i) < 0)
@@ -288,17 +297,7 @@ user(const char *sock, const char *peer)
 		usleep(300000);
 		ok(system(down) == 0, "the link of the second rail taken down during a stream of copies");
 		tc = now();
-		tlast = tc;
-		while (got < N && now() - tc < 60) {
-			if (gpx_wait(c, &comp, 1, 200) == 1) {
-				got++;
-				tlast = now();
-				if (comp.status == 0)
-					okc++;
-				else
-					errc++;
-			}
-		}
+		tlast = stream_end(c, N, &okc, &errc, &got);
 		ok(got == N, "all %d copies ended (%d ok, %d failed)", N, okc, errc);
 		ok(errc > 0, "copies cut off by the link going down failed (%d)", errc);
 		ok(tlast - tc < bound, "the last ended %.1f s after the link went down (bound %.0f s)", tlast - tc, bound);
