@@ -42,6 +42,15 @@
 
 #define SZ (8u << 20)
 
+/* SZ bytes of host memory (its memfd in *fd, mapped at *p), registered on c as *r; 0 or -GPX_E*. */
+static int
+host_buf(gpx_conn *c, int *fd, void **p, gpx_region *r)
+{
+	int e = gpx_host_alloc(SZ, fd, p);
+
+	return e ? e : gpx_register_host(c, *fd, 0, SZ, 0, r);
+}
+
 /* Imports name, retrying while the peer is not (yet) connected. */
 static int
 import_retry(gpx_conn *c, const char *name, gpx_region *r, uint64_t *len, double secs)
@@ -92,8 +101,7 @@ other_open(struct other *o, const char *sock_f, const char *sock_b)
 	uint64_t len;
 
 	if (gpx_connect(sock_f, "fabric-owner-f", &o->cf) < 0 || gpx_connect(sock_b, "fabric-user-f", &o->cb) < 0 ||
-	    gpx_host_alloc(SZ, &ff, &o->pf) < 0 || gpx_host_alloc(SZ, &fb, &o->pb) < 0 ||
-	    gpx_register_host(o->cf, ff, 0, SZ, 0, &o->rf) < 0 || gpx_register_host(o->cb, fb, 0, SZ, 0, &o->rb) < 0) {
+	    host_buf(o->cf, &ff, &o->pf, &o->rf) < 0 || host_buf(o->cb, &fb, &o->pb, &o->rb) < 0) {
 		ok(0, "F and a second client of B set up");
 		return;
 	}
@@ -227,8 +235,7 @@ by_address(int argc, char **argv, double bound)
 		printf("Bail out! cannot connect to the daemons\n");
 		return 99;
 	}
-	if (gpx_host_alloc(SZ, &fe, &pe) < 0 || gpx_host_alloc(SZ, &fb, &pb) < 0 ||
-	    gpx_register_host(ce, fe, 0, SZ, 0, &re) < 0 || gpx_register_host(cb, fb, 0, SZ, 0, &rb) < 0) {
+	if (host_buf(ce, &fe, &pe, &re) < 0 || host_buf(cb, &fb, &pb, &rb) < 0) {
 		printf("Bail out! cannot register host memory\n");
 		return 99;
 	}
@@ -261,8 +268,7 @@ by_address(int argc, char **argv, double bound)
 	gpx_region ra, rbkv;
 	fill(pb, SZ, 30);
 	e = gpx_export_remote(cb, rb, "bkv", NULL, "nodea");
-	e = e ? e : gpx_host_alloc(SZ, &fa, &pa);
-	e = e ? e : gpx_register_host(ca, fa, 0, SZ, 0, &ra);
+	e = e ? e : host_buf(ca, &fa, &pa, &ra);
 	snprintf(name, sizeof(name), "@127.0.0.1:%s/bkv", argv[6]);
 	e = e ? e : gpx_import(ca, name, &rbkv, &len);
 	ok(e == 0, "A imports %s, its configured peer B by address, with the option off (%s)", name,
@@ -317,8 +323,7 @@ main(int argc, char **argv)
 		printf("Bail out! cannot connect to both daemons\n");
 		return 99;
 	}
-	if (gpx_host_alloc(SZ, &fa, &pa) < 0 || gpx_host_alloc(SZ, &fb, &pb) < 0 ||
-	    gpx_register_host(ca, fa, 0, SZ, 0, &ra) < 0 || gpx_register_host(cb, fb, 0, SZ, 0, &rb) < 0) {
+	if (host_buf(ca, &fa, &pa, &ra) < 0 || host_buf(cb, &fb, &pb, &rb) < 0) {
 		printf("Bail out! cannot register host memory\n");
 		return 99;
 	}
