@@ -228,7 +228,10 @@ static struct {
 	struct event *cm_ev;
 	char names[FABRIC_RDMA_DEVS * 24];   /* "rxe0 port 1, rxe1 port 1" */
 	uint64_t gpu_dmabuf, gpu_peermem, gpu_none;   /* GPU memory registrations, by how */
+	int gpu_nic[GPX_MAX_GPUS];   /* the device that carries each GPU's memory (nic_dev) */
 } dev;
+
+static void gpu_nics(bool say);
 
 static pthread_mutex_t mlock = PTHREAD_MUTEX_INITIALIZER;
 static TAILQ_HEAD(, rmr) mrs = TAILQ_HEAD_INITIALIZER(mrs);
@@ -721,9 +724,11 @@ on_async(evutil_socket_t fd, short what, void *arg)
 		case IBV_EVENT_DEVICE_FATAL:
 			log_warnx("fabric: %s: %s", d->name, ibv_event_type_str(type));
 			kill_all(d, ibv_event_type_str(type));
+			gpu_nics(false);
 			break;
 		case IBV_EVENT_PORT_ACTIVE:
 			log_info("fabric: %s: port active", d->name);
+			gpu_nics(false);
 			break;
 		default:
 			log_debug("fabric", "%s: %s", d->name, ibv_event_type_str(type));
@@ -929,7 +934,7 @@ fabric_rdma_gpu_regs(uint64_t *dmabuf, uint64_t *peermem, uint64_t *none)
  * On every device that may carry the region (host memory: all; GPU memory: its GPU's NIC
  * only), for this import alone.  iova 0: the peer addresses the export by offset and learns
  * no address of ours; a device that cannot take an iova gets no registration, unless none
- * can, when the first takes the region at its address.
+ * can, when the last takes the region at its address.
  */
 bool
 fabric_rdma_export(struct peer *p, struct phandle *h, uint64_t *addr, uint32_t rkeys[FABRIC_RDMA_DEVS])
@@ -1060,17 +1065,32 @@ fabric_rdma_region_gone(struct region *r)
 static int
 nic_dev(const struct region *r)
 {
-	char want[64];
-	enum nic_why w;
-
 	if (r->host != NULL)
 		return -1;
-	if (!nic_for_dev(r->dev, want, sizeof(want), &w))
-		return -2;
-	for (int i = 0; i < dev.n; i++)
-		if (strncmp(dev.d[i].name, want, strlen(want)) == 0 && dev.d[i].name[strlen(want)] == ' ')
-			return i;
-	return -2;
+	return r->dev >= 0 && r->dev < GPX_MAX_GPUS ? dev.gpu_nic[r->dev] : -2;
+}
+
+/*
+ * Each GPU's NIC among our devices (-2: none, or not open), from the topology in sysfs: at
+ * start, and again when a port's state changes (the choice prefers active ports), not for
+ * every chunk.  It logs the choices when asked to.
+ */
+static void
+gpu_nics(bool say)
+{
+	for (int g = 0; g < GPX_MAX_GPUS; g++) {
+		char want[64];
+		enum nic_why w;
+		dev.gpu_nic[g] = -2;
+		if (g >= gpu_count() || !nic_for_dev(g, want, sizeof(want), &w))
+			continue;
+		for (int i = 0; i < dev.n; i++)
+			if (strncmp(dev.d[i].name, want, strlen(want)) == 0 && dev.d[i].name[strlen(want)] == ' ')
+				dev.gpu_nic[g] = i;
+		if (say)
+			log_info("fabric: GPU%d's memory goes through %s (%s)%s", g, want, nic_why_str(w),
+			    dev.gpu_nic[g] >= 0 ? "" : ", which is not open: staged");
+	}
 }
 
 /* q may carry a note: the peer has a mailbox at its other end, and we can send inline. */
@@ -1382,13 +1402,7 @@ fabric_rdma_init(struct event_base *b, char *why, size_t whylen)
 		    dev.d[i].addr[0] ? dev.d[i].addr : "none (reached only as the control connection's)");
 	}
 	listen_rdma();
-	for (int g = 0; g < gpu_count() && g < NIC_GPUS; g++) {
-		char nic[64];
-		enum nic_why w;
-		if (nic_for_dev(g, nic, sizeof(nic), &w))
-			log_info("fabric: GPU%d's memory goes through %s (%s)%s", g, nic, nic_why_str(w),
-			    nic_dev(&(struct region){ .dev = g }) >= 0 ? "" : ", which is not open: staged");
-	}
+	gpu_nics(true);
 	if (dev.port)
 		snprintf(why, whylen, "rdma on %s, rdma_cm port %u", dev.names, dev.port);
 	else
