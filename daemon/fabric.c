@@ -55,7 +55,6 @@ struct fop {
 	uint64_t loff, roff;         /* the chunk's offsets in the local and the remote region */
 	void *local;                 /* Read over tcp: where the bytes land */
 	void *stage;                 /* GPU memory staged through this host buffer (stage.c) */
-	bool landed;                 /* a staged Read's bytes are in f->stage */
 	bool notified;               /* the Write carried the transfer's Notify */
 	bool rdma;                   /* posted as RDMA WRITE/READ: ends with its work completion */
 	double deadline;
@@ -399,9 +398,8 @@ fop_end(struct fop *f, bool ok)
 {
 	struct job *j = f->c.job;
 
-	if (ok && f->kind == FOP_READ && f->stage != NULL && !f->landed) {
-		/* In the host buffer: done when it is in the GPU too. */
-		f->landed = true;
+	if (ok && f->kind == FOP_READ && f->stage != NULL) {
+		/* In the host buffer: done when it is in the GPU too (staged_in frees it then). */
 		stage_copy(true, j->dst->dev, j->dst->dptr + f->loff, f->stage, f->c.bytes, staged_in, f);
 		return;
 	}
@@ -798,12 +796,13 @@ fabric_shutdown(void)
 		free(x);
 	}
 	pthread_mutex_unlock(&rlock);
-	/* Staged chunks end (failed: the fabric is stopped), then those waiting on peers. */
-	stage_shutdown();
+	/* Those waiting on peers end first, their staging buffers given back while the pool
+	 * still knows them, then the staged ones (failed: the fabric is stopped). */
 	while ((f = TAILQ_FIRST(&fops)) != NULL) {
 		fop_unlist(f);
 		fop_free(f, false);
 	}
+	stage_shutdown();
 	/* Chunks still queued on the path fail now, so their transfers end. */
 	struct chunk c;
 	while (engine_next_chunk(PATH_FABRIC, &c, false, UINT64_MAX, UINT32_MAX))
