@@ -195,14 +195,18 @@ run_batch(struct sop_list *b)
 	for (int d = 0; d < GPX_MAX_GPUS; d++)
 		if (used[d] && (cuda_use(d) < 0 || cuda_stream_sync(st.streams[d]) < 0))
 			failed[d] = true;
-	STAILQ_FOREACH(o, b, entry)
-		if (o->kind != SOP_PROBE && !(o->ok = !failed[o->dev]))
+	STAILQ_FOREACH(o, b, entry) {
+		if (o->kind == SOP_PROBE)
+			continue;
+		o->ok = !failed[o->dev];
+		if (!o->ok)
 			log_warnx("fabric: staging %llu bytes %s GPU %d failed", (unsigned long long)o->len,
 			    o->kind == SOP_TO_GPU ? "to" : "from", o->dev);
-		else if (o->kind != SOP_PROBE) {
+		else {
 			atomic_fetch_add(&st.staged_bytes, o->len);
 			atomic_fetch_add(&st.staged_copies, 1);
 		}
+	}
 }
 
 static void *
