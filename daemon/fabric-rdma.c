@@ -173,7 +173,6 @@ struct rqp {
 	bool up;
 	unsigned wrs;                /* work requests posted and not yet completed */
 	bool inl;                    /* it sends a note inline (from the stack, no registration) */
-	bool charged;                /* its entries are counted in its device's completion queue */
 	struct note *box;            /* our mailbox on it: RQP_NOTES slots the peer writes */
 	struct ibv_mr *box_mr;       /* ... registered at iova 0, remote write only */
 	uint32_t rbox;               /* the rkey of the peer's mailbox at the other end (0: none) */
@@ -264,17 +263,17 @@ qp_teardown(struct rqp *q)
 		return;
 	if (q->up)
 		rdma_disconnect(q->id);
-	if (q->id->qp != NULL)
+	if (q->id->qp != NULL) {
 		rdma_destroy_qp(q->id);
+		dev.d[q->dev].cq_used -= RQP_DEPTH + RQP_NOTES;     /* counted by qp_create */
+	}
 	rdma_destroy_id(q->id);
 	/* The queue pair is gone: the device writes no more into its mailbox. */
 	if (q->box_mr != NULL)
 		ibv_dereg_mr(q->box_mr);
 	free(q->box);
-	if (q->charged)
-		dev.d[q->dev].cq_used -= RQP_DEPTH + RQP_NOTES;
 	q->id = NULL;
-	q->up = q->charged = q->inl = false;
+	q->up = q->inl = false;
 	q->wrs = q->wseq = q->rseq = q->rbox = 0;
 	q->box = NULL;
 	q->box_mr = NULL;
@@ -339,23 +338,20 @@ box_open(struct rqp *q, struct rdev *d)
 		memset(q->box, 0, 4096);
 		q->box_mr = ibv_reg_mr_iova(d->pd, q->box, len, 0, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
 	}
-	if (q->box_mr == NULL) {
-		log_warn("fabric: peer %s: no rdma mailbox on queue pair %d: its notifications come as messages",
-		    q->rp->p->node, q->idx);
-		free(q->box);
-		q->box = NULL;
-		return;
-	}
+	if (q->box_mr == NULL)
+		goto none;
 	for (uint32_t i = 0; i < RQP_NOTES; i++)
-		if ((errno = post_recv(q, i)) != 0) {
-			/* The receives posted need no memory; the peer just gets no key. */
-			log_warn("fabric: peer %s: posting receives on queue pair %d", q->rp->p->node, q->idx);
-			ibv_dereg_mr(q->box_mr);
-			q->box_mr = NULL;
-			free(q->box);
-			q->box = NULL;
-			return;
-		}
+		if ((errno = post_recv(q, i)) != 0)
+			goto none;       /* the receives posted need no memory; the peer just gets no key */
+	return;
+none:
+	log_warn("fabric: peer %s: no rdma mailbox on queue pair %d: its notifications come as messages",
+	    q->rp->p->node, q->idx);
+	if (q->box_mr != NULL)
+		ibv_dereg_mr(q->box_mr);
+	q->box_mr = NULL;
+	free(q->box);
+	q->box = NULL;
 }
 
 /*
@@ -391,7 +387,6 @@ qp_create(struct rqp *q)
 	}
 	q->inl = a.cap.max_inline_data >= sizeof(struct note);
 	d->cq_used += RQP_DEPTH + RQP_NOTES;
-	q->charged = true;
 	box_open(q, d);
 	return 0;
 }
@@ -1110,7 +1105,7 @@ static void
 note_wr(struct rqp *q, struct ibv_send_wr *wr, struct ibv_sge *sge, struct note *n,
     const struct fabric_note *note, uint64_t wrid)
 {
-	uint32_t slot = q->wseq++ % RQP_NOTES;
+	uint32_t slot = q->wseq % RQP_NOTES;      /* the caller counts it once posted */
 
 	n->handle = htobe64(note->handle);
 	n->bytes = htobe64(note->bytes);
@@ -1197,11 +1192,9 @@ fabric_rdma_post(struct peer *p, uint64_t id, bool write, struct region *local, 
 		note_wr(q, &wr[nwr], &sge[nwr], &n, note, wrid);
 		wr[nwr - 1].next = &wr[nwr];
 	}
-	if (post(rp, q, wr, nwr + with) < 0) {
-		if (with)
-			q->wseq--;
+	if (post(rp, q, wr, nwr + with) < 0)
 		return -1;
-	}
+	q->wseq += with;
 	return note != NULL && !with;
 }
 
@@ -1221,10 +1214,10 @@ fabric_rdma_note(struct peer *p, uint64_t id, const struct fabric_note *note)
 		if (!q->up || q->wrs + 1 > RQP_DEPTH || !note_ok(q))
 			continue;
 		note_wr(q, &wr, &sge, &n, note, id | 1ULL << WRID_SHIFT);
-		if (post(rp, q, &wr, 1) == 0)
-			return 0;
-		q->wseq--;
-		return -1;
+		if (post(rp, q, &wr, 1) < 0)
+			return -1;
+		q->wseq++;
+		return 0;
 	}
 	return -1;
 }
