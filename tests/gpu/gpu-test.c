@@ -1043,6 +1043,24 @@ test_pool(void)
 		free(vwant);
 	}
 
+	/* Another client imports the pool region by export and lets go: nothing of the driver's
+	 * is held for it, so its gpx_deregister answers at once (the owner still holds the region). */
+	{
+		gpx_conn *ci = NULL;
+		gpx_region rim = 0;
+		uint64_t il = 0;
+		e = gpx_export(c, r, "pool", NULL);
+		e = e ? e : gpx_connect(h.sock, "gpu-test-pool-importer", &ci);
+		e = e ? e : gpx_import(ci, "pool", &rim, &il);
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		e = e ? e : gpx_deregister(ci, rim);
+		double dt = us_since(&t0) / 1e6;
+		ok(e == 0 && il == n && dt < 1, "an importer's deregister of pool memory answers at once "
+		    "(%s, %.3f s)", gpx_strerror(e), dt);
+		gpx_close(ci);
+		gpx_unexport(c, "pool");
+	}
+
 	/* CUDA wants the importer's free before the exporter's: the last gpx_deregister of an
 	 * allocation returns once gpxd's is done. */
 	int dr = gpx_deregister(c, r);
