@@ -354,7 +354,7 @@ reg_done(void *arg)
 	struct conn *c = op->c;
 	struct region *r = op->r;
 
-	c->pending--;
+	conn_settle(c);
 	if (op->status == 0 && c->state != CONN_DEAD) {
 		struct rhandle *h = handle_add(c, r, false, r->read_only);
 		if (h != NULL) {
@@ -511,16 +511,17 @@ dereg_check(evutil_socket_t fd, short what, void *arg)
 {
 	struct dereg_wait *w = arg;
 	struct timeval tv = { 0, 200 };
+	bool released = gpu_released(w->r);
 
 	(void)fd;
 	(void)what;
-	if (!gpu_released(w->r) && now_s() < w->deadline) {
+	if (!released && now_s() < w->deadline) {
 		evtimer_add(w->ev, &tv);
 		return;
 	}
-	w->c->pending--;
+	conn_settle(w->c);
 	if (w->c->state != CONN_DEAD) {
-		if (gpu_released(w->r))
+		if (released)
 			reply_err(w->c, w->seq, 0, NULL);
 		else
 			reply_err(w->c, w->seq, GPX__STATUS__EBUSY, "deregistered, but the driver still holds "
@@ -541,7 +542,8 @@ on_deregister(struct conn *c, uint32_t seq, const Gpx__Deregister *m)
 		reply_err(c, seq, GPX__STATUS__ENOENT, "no such region on this connection");
 		return;
 	}
-	if (h->r->kind == GPX__MEM_KIND__MEM_CUDA_POOL && (w = calloc(1, sizeof(*w))) != NULL &&
+	/* The owner's handle only: an importer's lets go of nothing the driver holds. */
+	if (!h->imported && h->r->kind == GPX__MEM_KIND__MEM_CUDA_POOL && (w = calloc(1, sizeof(*w))) != NULL &&
 	    (w->ev = evtimer_new(levent_base(), dereg_check, w)) != NULL) {
 		w->c = c;
 		w->seq = seq;
@@ -1069,6 +1071,13 @@ conn_kill(struct conn *c, const char *why)
 }
 
 /* Frees dead connections that no deferred operation refers to. */
+void
+conn_settle(struct conn *c)
+{
+	if (--c->pending == 0 && c->state == CONN_DEAD)
+		levent_request_reap();
+}
+
 void
 conn_reap(void)
 {

@@ -357,6 +357,8 @@ bool conn_in_group(const struct conn *, gid_t);
 void conn_input(struct conn *);
 void conn_kill(struct conn *, const char *why);
 void conn_reap(void);
+/* A deferred operation of the connection ended (c->pending--); a dead one is reaped after its last. */
+void conn_settle(struct conn *);
 int conn_poll_sq(struct conn *);      /* takes queued submissions; returns how many */
 enum { SQ_POLL, SQ_POLLING, SQ_SLEEPING };
 int conn_poll_all(int mode);          /* every connection's queue (and, by mode, sq_wakeup) */

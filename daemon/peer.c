@@ -767,14 +767,13 @@ import_fail(struct pimport *pi, int status, const char *fmt, ...)
 	va_list ap;
 
 	TAILQ_REMOVE(&pimports, pi, entry);
-	pi->c->pending--;
+	conn_settle(pi->c);
 	if (pi->c->state != CONN_DEAD) {
 		va_start(ap, fmt);
 		vsnprintf(err, sizeof(err), fmt, ap);
 		va_end(ap);
 		conn_reply(pi->c, pi->seq, status, err, NULL, NULL, 0);
-	} else
-		levent_request_reap();
+	}
 	free(pi);
 }
 
@@ -970,20 +969,17 @@ on_import_rep(struct peer *p, const Gpxpeer__ImportRep *rep)
 	struct conn *c = pi->c;
 	uint32_t seq = pi->seq;
 	free(pi);
-	c->pending--;
+	conn_settle(c);
 	if (rep->status == 0 && ((uint32_t)(rep->handle >> 32) != p->epoch || rep->length == 0)) {
 		peer_kill(p, "malformed import answer");
 		if (c->state != CONN_DEAD)
 			conn_reply(c, seq, GPX__STATUS__EIO, "the peer answered the import with nonsense",
 			    NULL, NULL, 0);
-		else
-			levent_request_reap();
 		return;
 	}
 	if (c->state == CONN_DEAD) {
 		if (rep->status == 0)
 			release_handle(p, rep->handle);
-		levent_request_reap();
 		return;
 	}
 	if (rep->status != 0) {
