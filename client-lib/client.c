@@ -723,6 +723,22 @@ in_area(const gpx_conn *c, const struct gpx_seg *segs)
 	return c->area.p != NULL && p >= base && p < base + c->area.len;
 }
 
+/* Takes need bytes of room in the area for a list: where to write it, its offset in *off. */
+static int
+area_take(gpx_conn *c, size_t need, void **p, uint64_t *off)
+{
+	struct area *a = &c->area;
+	uint64_t pos;
+	int r;
+
+	if ((r = area_room(c, need, &pos)) < 0)
+		return r;
+	*p = a->p + pos % a->len;
+	*off = pos % a->len;
+	a->head = pos + need;
+	return 0;
+}
+
 /*
  * Puts segs into the area, *off is where they start: a list written in place in the room of
  * gpx_segs_reserve stays where it is, anything else is copied in.
@@ -732,20 +748,19 @@ area_put(gpx_conn *c, const struct gpx_seg *segs, size_t n, uint64_t *off)
 {
 	struct area *a = &c->area;
 	size_t need = n * sizeof(*segs);
-	uint64_t pos;
+	void *p;
 	int r;
 
 	if (in_area(c, segs)) {
 		if (a->resv_n == 0 || (const unsigned char *)segs != a->p + a->resv % a->len || n > a->resv_n)
 			return set_err(c, GPX_EINVAL, "a list in the segment area outside the room reserved for it");
-		pos = a->resv;
-	} else {
-		if ((r = area_room(c, need, &pos)) < 0)
-			return r;
-		memcpy(a->p + pos % a->len, segs, need);
+		*off = a->resv % a->len;
+		a->head = a->resv + need;
+		return 0;
 	}
-	*off = pos % a->len;
-	a->head = pos + need;
+	if ((r = area_take(c, need, &p, off)) < 0)
+		return r;
+	memcpy(p, segs, need);
 	return 0;
 }
 
@@ -847,8 +862,6 @@ submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, 
 		return r;
 	if (c->outstanding >= c->entries)
 		return set_err(c, GPX_EBUSY, "no credit left: collect completions first");
-	/* A reserved list goes as it lies in the area; the room is given up with this transfer. */
-	bool in_place = n > 1 && in_area(c, segs);
 	if (n == 1 && (r = sq_put(c, src, dst, segs, tag)) <= 0) {
 		c->area.resv_n = 0;
 		if (r == 0)
@@ -864,7 +877,8 @@ submit(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg *segs, 
 		one.length = segs[0].length;
 		t.n_segments = 1;
 		t.segments = &onep;
-	} else if (n <= AREA_INLINE_MAX && !in_place) {
+	} else if (n <= AREA_INLINE_MAX && !in_area(c, segs)) {
+		/* (a reserved list goes as it lies in the area; the room is given up with it) */
 		arr = malloc(n * sizeof(*arr));
 		ptrs = malloc(n * sizeof(*ptrs));
 		if (arr == NULL || ptrs == NULL) {
@@ -918,7 +932,7 @@ gpx_copy_pages(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, ui
 {
 	Gpx__Transfer t = GPX__TRANSFER__INIT;
 	struct gpx_wire_page *w;
-	uint64_t pos;
+	uint64_t off;
 	int r;
 
 	if ((r = segs_usable(c, n)) < 0)
@@ -928,18 +942,16 @@ gpx_copy_pages(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, ui
 	if (c->outstanding >= c->entries)
 		return set_err(c, GPX_EBUSY, "no credit left: collect completions first");
 	c->area.resv_n = 0;        /* any transfer ends a reservation */
-	if ((r = area_room(c, n * sizeof(*w), &pos)) < 0)
+	if ((r = area_take(c, n * sizeof(*w), (void **)&w, &off)) < 0)
 		return r;
 	/* The pairs, side by side: the one pass over the lists this transfer makes here. */
-	w = (struct gpx_wire_page *)(c->area.p + pos % c->area.len);
 	for (size_t i = 0; i < n; i++)
 		w[i] = (struct gpx_wire_page){ src_pages[i], dst_pages[i] };
-	c->area.head = pos + n * sizeof(*w);
 	t.tag = tag;
 	t.src_region = src;
 	t.dst_region = dst;
 	t.seg_count = n;
-	t.area_offset = pos % c->area.len;
+	t.area_offset = off;
 	t.page_size = page_size;
 	t.src_offset = src_off;
 	t.dst_offset = dst_off;
