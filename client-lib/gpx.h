@@ -152,8 +152,9 @@ int gpx_copyv(gpx_conn *c, gpx_region src, gpx_region dst, const struct gpx_seg 
  * Room for n segments in the connection's segment area, the shared memory that long lists go
  * to the daemon in.  A list written there and given to gpx_copyv as it lies (segs = *out, at
  * most n segments) is not copied again: for tens of thousands of pages, one pass over the list
- * fewer.  The room is the caller's until the next transfer submitted on c; leave the list
- * alone once it is submitted.  (GPXCLIENT_0.3)
+ * fewer.  The room is the caller's until the next transfer submitted on c or the next
+ * gpx_segs_reserve, which takes its place; leave the list alone once it is submitted.
+ * (GPXCLIENT_0.3)
  */
 int gpx_segs_reserve(gpx_conn *c, size_t n, struct gpx_seg **out);
 /*
