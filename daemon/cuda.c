@@ -641,7 +641,5 @@ cuda_dmabuf(uint64_t dptr, uint64_t len, uint64_t *off, uint64_t *size)
 
 	*off = dptr - a0;
 	*size = a1 - a0;
-	if (r != CUDA_SUCCESS)
-		return r > 0 ? -(int)r : -1;
-	return fd;
+	return r == CUDA_SUCCESS ? fd : -(int)r;
 }

@@ -146,10 +146,14 @@ probe(struct sop *o)
 	struct statfs sf;
 	FILE *f;
 	int fd = -1;
+	const char *why = NULL;
 
-	if (cuda_use(o->dev) < 0 || (fd = cuda_dmabuf(o->dptr, o->len, &off, &want)) < 0) {
-		snprintf(o->result, sizeof(o->result), "staging: the driver gives no dma-buf for it (%s)",
-		    fd < -1 ? cuda_errstr(-fd) : "no context");
+	if (cuda_use(o->dev) < 0)
+		why = "no context";
+	else if ((fd = cuda_dmabuf(o->dptr, o->len, &off, &want)) < 0)
+		why = cuda_errstr(-fd);
+	if (why != NULL) {
+		snprintf(o->result, sizeof(o->result), "staging: the driver gives no dma-buf for it (%s)", why);
 		return;
 	}
 	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", fd);
