@@ -265,7 +265,6 @@ struct job {
 	struct gpx_wire_seg *segs;   /* NULL for a page job: */
 	struct gpx_wire_page *pages; /* segment i is page pages[i] (gpu_pages_alloc) */
 	uint64_t page_size, src_base, dst_base;
-	int page_dev;                /* the GPU whose kernel runs a page job */
 	uint64_t *blocks;            /* blocks[k]: bytes of the segments before (k + 1) * SEG_BLOCK
 	                              * (of all, for the last block): chunking in O(log n) */
 	uint32_t nseg;

@@ -316,7 +316,7 @@ take_pages(struct job *j, const Gpx__Transfer *t, const unsigned char *in, const
 	const uint32_t n = j->nseg;
 	const uint64_t ps = t->page_size;
 	struct gpx_wire_page *pg;
-	int r;
+	int r, dev;
 
 	if (ps > PAGE_SIZE_MAX || t->src_offset >= SEG_LIMIT || t->dst_offset >= SEG_LIMIT ||
 	    (uint64_t)n * ps >= SEG_LIMIT) {
@@ -329,9 +329,10 @@ take_pages(struct job *j, const Gpx__Transfer *t, const unsigned char *in, const
 	j->src_base = t->src_offset;
 	j->dst_base = t->dst_offset;
 	j->total = n * ps;
-	if ((j->pages = gpu_pages_alloc(src, dst, ps, n, &j->page_dev)) != NULL)
+	if ((j->pages = gpu_pages_alloc(src, dst, ps, n, &dev)) != NULL) {
 		pg = j->pages;
-	else if ((r = segs_alloc(j, err, errlen)) < 0)
+		j->path = (enum path_kind)(PATH_GPU0 + dev);      /* that GPU's kernel runs it */
+	} else if ((r = segs_alloc(j, err, errlen)) < 0)
 		return r;
 	else
 		pg = (struct gpx_wire_page *)(j->segs + n) - n;    /* the array's last third */
@@ -357,15 +358,16 @@ take_pages(struct job *j, const Gpx__Transfer *t, const unsigned char *in, const
 	/*
 	 * Plain segments, written over the scratch copy from the front: segment i ends at byte
 	 * 24 (i + 1), where record i + 1 at 16 n + 8 (i + 1) has not begun, and record i was read
-	 * before.
+	 * before: by memcpy, which may alias the segment stored over it, so no compiler moves
+	 * that store ahead of the read (the last record lies inside the last segment).
 	 */
 	for (uint32_t i = 0; i < n; i++) {
-		const struct gpx_wire_page p = pg[i];
+		struct gpx_wire_page p;
+		memcpy(&p, &pg[i], sizeof(p));
 		j->segs[i] = (struct gpx_wire_seg){ j->src_base + p.src * ps, j->dst_base + p.dst * ps, ps };
 		if ((i + 1) % SEG_BLOCK == 0 || i + 1 == n)
 			j->blocks[i / SEG_BLOCK] = (uint64_t)(i + 1) * ps;
 	}
-	j->page_size = 0;
 	return 0;
 }
 
@@ -479,7 +481,8 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 	j->tag = t->tag;
 	j->flags = t->flags;
 	j->client = c->id;
-	j->path = j->pages != NULL ? (enum path_kind)(PATH_GPU0 + j->page_dev) : engine_path_for(sh->r, dh->r);
+	if (j->pages == NULL)
+		j->path = engine_path_for(sh->r, dh->r);
 	j->t_submit = now_s();
 	*out = j;
 	return 0;
