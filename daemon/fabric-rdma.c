@@ -22,8 +22,8 @@
  *
  * Registrations.  A local region used by a transfer is registered once per device
  * (ibv_reg_mr) and kept in a cache keyed by the region and device, like the GPU driver's
- * mapping cache, until its mapping closes (fabric_rdma_region_gone, from daemon/mem-host.c
- * and daemon/gpu.c).  An export is registered again for each import of it, on each device,
+ * mapping cache, until its mapping closes (fabric_rdma_region_gone, from region_unuse
+ * before any kind's close).  An export is registered again for each import of it, on each device,
  * with the rights of that import only (REMOTE_READ, plus REMOTE_WRITE when it is writable),
  * and its rkeys are handed to the peer in ImportRep, by device: an rkey is valid
  * for that import on that connection and dies with the Release, with the connection (every

@@ -449,7 +449,6 @@ out:
 static void
 cuda_close(struct region *r)
 {
-	fabric_rdma_region_gone(r);      /* the NIC lets go of it before the mapping goes */
 	if (r->priv != NULL)
 		gmap_unref(r->priv);
 	__atomic_store_n(&r->priv, NULL, __ATOMIC_RELEASE);

@@ -459,7 +459,7 @@ void fabric_kick(void);                      /* any thread: PATH_FABRIC has new 
 /* Loop thread: an export peers may import; of GPU memory, its dma-buf is obtained and checked
  * (daemon/stage.c), the verdict in r->gdr, shown by gpxctl exports. */
 void stage_probe(struct region *r);
-/* mem-host.c, any thread: r's mapping closes; its RDMA registrations go (fabric-rdma.c). */
+/* region.c, any thread: r's mapping is about to close; its RDMA registrations go first. */
 void fabric_rdma_region_gone(struct region *);
 /* xfer.c: a transfer with a remote side is possible (host memory, connection alive)? */
 int fabric_xfer_check(const struct region *src, const struct region *dst, char *err, size_t errlen);

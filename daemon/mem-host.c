@@ -204,7 +204,6 @@ host_close(struct region *r)
 {
 	struct unpin *u;
 
-	fabric_rdma_region_gone(r);
 	if (r->priv != NULL && r->map != NULL && (u = malloc(sizeof(*u))) != NULL) {
 		*u = (struct unpin){ .map = r->map, .len = r->map_len, .fd = r->fd };
 		defer_run(unpin_work, unpin_done, u);
