@@ -294,16 +294,23 @@ cuda_signal(void *s, uint64_t word_dev, uint64_t val)
 	return CU(cuStreamWriteValue64((CUstream)s, (CUdeviceptr)word_dev, val, CU_STREAM_WRITE_VALUE_DEFAULT));
 }
 
+/* A copy kernel over n items (segments or pages), a warp each, 8 warps a block, at most blocks. */
+static int
+launch(CUfunction f, void *s, uint32_t n, uint32_t blocks, void **args)
+{
+	uint32_t need = (n + 7) / 8;
+
+	if (blocks > need)
+		blocks = need;
+	return CU(cuLaunchKernel(f, blocks, 1, 1, 256, 1, 1, 0, (CUstream)s, args, NULL));
+}
+
 int
 cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t blocks)
 {
 	void *args[] = { &segs_dev, &n };
 
-	uint32_t need = (n + 7) / 8;      /* a warp per segment, 8 warps per block */
-
-	if (blocks > need)
-		blocks = need;
-	return CU(cuLaunchKernel(kfn[dev], blocks, 1, 1, 256, 1, 1, 0, (CUstream)s, args, NULL));
+	return launch(kfn[dev], s, n, blocks, args);
 }
 
 int
@@ -311,11 +318,8 @@ cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t n, uint64_t src,
     uint64_t size, uint64_t head, uint64_t bytes, uint32_t blocks)
 {
 	void *args[] = { &pages, &n, &src, &dst, &size, &head, &bytes };
-	uint32_t need = (n + 7) / 8;      /* a warp per page, 8 warps per block */
 
-	if (blocks > need)
-		blocks = need;
-	return CU(cuLaunchKernel(kfn_pages[dev], blocks, 1, 1, 256, 1, 1, 0, (CUstream)s, args, NULL));
+	return launch(kfn_pages[dev], s, n, blocks, args);
 }
 
 int

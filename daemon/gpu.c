@@ -602,7 +602,6 @@ issue(struct gdev *g, struct chunk *c)
 		log_warnx("GPU%d: injecting a sticky fault (GPXD_FAULT_INJECT=sticky)", g->index);
 		cuda_kernel_copy(g->index, g->stream[s], 16, 1, 1);
 	}
-	bool kernel = pieces >= KERNEL_MIN_SEGS && kernel_takes(g->index, j->src, j->dst, c->bytes / pieces);
 	/* Not mapped in this context (a peer's IPC memory it could not open): name the owners. */
 	bool peer = src == 0 || dst == 0;
 	if (peer) {
@@ -613,7 +612,7 @@ issue(struct gdev *g, struct chunk *c)
 		/* Only taken where the kernel runs (gpu_pages_alloc): the list is read in place. */
 		r = cuda_kernel_pages(g->index, g->stream[s], j->pages + c->seg, pieces, src + j->src_base,
 		    dst + j->dst_base, j->page_size, c->off, c->bytes, cfg->sm_copy_blocks);
-	} else if (kernel) {
+	} else if (pieces >= KERNEL_MIN_SEGS && kernel_takes(g->index, j->src, j->dst, c->bytes / pieces)) {
 		/*
 		 * The chunk's segments whole, then trimmed to the chunk: it starts c->off into the
 		 * first and ends in the last (the engine counts the pieces up to the one holding the
