@@ -294,14 +294,14 @@ rpc(gpx_conn *c, Gpx__ClientMsg *m, const int *fds, int nfds, Gpx__Reply **out, 
 			*rnfds = lnfds;
 		} else
 			wire_close_fds(lfds, lnfds);
+		if (out != NULL)
+			*out = r;      /* a refusal's too: Register's list of missing pieces */
 		if (r->status != 0) {
 			if (rfds != NULL)
 				wire_close_fds(rfds, *rnfds);
 			return set_err(c, r->status, r->message && r->message[0] ? r->message : NULL);
 		}
 		c->last_error[0] = '\0';
-		if (out != NULL)
-			*out = r;
 		return 0;
 	}
 }
@@ -956,6 +956,151 @@ gpx_copy_pages(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, ui
 	t.src_offset = src_off;
 	t.dst_offset = dst_off;
 	return transfer_send(c, &t);
+}
+
+_Static_assert(sizeof(struct gpx_pair) == sizeof(struct gpx_wire_pair), "pair layout");
+
+/*
+ * A batch: the pairs, then the segment or page list, in one piece of the segment area, and
+ * one Transfer naming both.  recs is the list's record size, fill writes it in place.
+ */
+static int
+batch_send(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, size_t nrecs, size_t recs,
+    uint64_t page_size, void (*fill)(void *at, const void *a, const void *b, size_t n),
+    const void *a, const void *b, uint64_t tag)
+{
+	Gpx__Transfer t = GPX__TRANSFER__INIT;
+	unsigned char *p;
+	uint64_t off;
+	int r;
+
+	if ((r = segs_usable(c, nrecs)) < 0)
+		return r;
+	if (pairs == NULL || npairs == 0 || npairs > GPX_PAIRS_MAX)
+		return set_err(c, GPX_EINVAL, "a batch takes 1..GPX_PAIRS_MAX pairs");
+	if (c->outstanding >= c->entries)
+		return set_err(c, GPX_EBUSY, "no credit left: collect completions first");
+	c->area.resv_n = 0;        /* any transfer ends a reservation */
+	if ((r = area_take(c, npairs * sizeof(*pairs) + nrecs * recs, (void **)&p, &off)) < 0)
+		return r;
+	memcpy(p, pairs, npairs * sizeof(*pairs));
+	fill(p + npairs * sizeof(*pairs), a, b, nrecs);
+	t.tag = tag;
+	t.pair_count = npairs;
+	t.pair_offset = off;
+	t.seg_count = nrecs;
+	t.area_offset = off + npairs * sizeof(*pairs);
+	t.page_size = page_size;
+	return transfer_send(c, &t);
+}
+
+static void
+fill_segs(void *at, const void *segs, const void *unused, size_t n)
+{
+	(void)unused;
+	memcpy(at, segs, n * sizeof(struct gpx_seg));
+}
+
+/* The two page lists side by side, as gpx_copy_pages writes them. */
+static void
+fill_pages(void *at, const void *src, const void *dst, size_t n)
+{
+	struct gpx_wire_page *w = at;
+	const uint32_t *s = src, *d = dst;
+
+	for (size_t i = 0; i < n; i++)
+		w[i] = (struct gpx_wire_page){ s[i], d[i] };
+}
+
+API int
+gpx_copy_batch(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, const struct gpx_seg *segs,
+    size_t nsegs, uint64_t tag)
+{
+	if (segs == NULL)
+		return set_err(c, GPX_EINVAL, "a batch of segments needs its segment list");
+	return batch_send(c, pairs, npairs, nsegs, sizeof(*segs), 0, fill_segs, segs, NULL, tag);
+}
+
+API int
+gpx_copy_pages_batch(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, uint64_t page_size,
+    const uint32_t *src_pages, const uint32_t *dst_pages, size_t npages, uint64_t tag)
+{
+	if (page_size == 0 || src_pages == NULL || dst_pages == NULL)
+		return set_err(c, GPX_EINVAL, "a page transfer needs a page size and both page lists");
+	return batch_send(c, pairs, npairs, npages, sizeof(struct gpx_wire_page), page_size, fill_pages,
+	    src_pages, dst_pages, tag);
+}
+
+/* ---- VMM pieces (client-lib/cuda.c finds and exports them) ---- */
+
+int
+client_register_pieces(gpx_conn *c, Gpx__Register *reg, const struct gpx_wire_piece *pieces, size_t n,
+    gpx_region *out, uint32_t *missing, size_t *nmissing)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Reply *rep = NULL;
+	void *p;
+	uint64_t off;
+	int r;
+
+	*nmissing = 0;
+	if (c->dead)
+		return set_err(c, GPX_ECONN, "the connection to gpxd was lost");
+	if (n == 0 || n > c->max_segs)
+		return set_err(c, GPX_EINVAL, "too many pieces under one range");
+	c->area.resv_n = 0;
+	if ((r = area_take(c, n * sizeof(*pieces), &p, &off)) < 0)
+		return r;
+	memcpy(p, pieces, n * sizeof(*pieces));
+	reg->piece_count = n;
+	reg->area_offset = off;
+	m.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
+	m.register_ = reg;
+	r = rpc(c, &m, NULL, 0, &rep, NULL, NULL);
+	if (r != -GPX_ECONN)
+		area_sent(c);        /* the daemon counts every Register naming the area */
+	if (r == -GPX_ENOENT && rep != NULL) {
+		for (size_t i = 0; i < rep->n_missing && i < GPX_MISSING_MAX; i++) {
+			if (rep->missing[i] >= n)
+				return set_err(c, GPX_EPROTO, "gpxd named a piece that was not listed");
+			missing[(*nmissing)++] = rep->missing[i];
+		}
+		return r;
+	}
+	if (r < 0)
+		return r;
+	if (rep->body_case != GPX__REPLY__BODY_REGISTERED)
+		return set_err(c, GPX_EPROTO, "unexpected reply to Register");
+	*out = rep->registered->region;
+	return 0;
+}
+
+int
+client_send_pieces(gpx_conn *c, const uint8_t uuid[16], uint64_t res, uint64_t res_size,
+    const struct gpx_wire_piece *pieces, const int *fds, size_t n)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Pieces ps = GPX__PIECES__INIT;
+	Gpx__Piece one[GPX_PIECES_MAX], *ptrs[GPX_PIECES_MAX];
+
+	if (n == 0 || n > GPX_PIECES_MAX)
+		return set_err(c, GPX_EINVAL, "1..GPX_PIECES_MAX pieces a message");
+	for (size_t i = 0; i < n; i++) {
+		gpx__piece__init(&one[i]);
+		one[i].id = pieces[i].id;
+		one[i].offset = pieces[i].offset;
+		one[i].size = pieces[i].size;
+		ptrs[i] = &one[i];
+	}
+	ps.device_uuid.data = (uint8_t *)uuid;
+	ps.device_uuid.len = 16;
+	ps.reservation = res;
+	ps.reservation_size = res_size;
+	ps.n_pieces = n;
+	ps.pieces = ptrs;
+	m.body_case = GPX__CLIENT_MSG__BODY_PIECES;
+	m.pieces = &ps;
+	return rpc(c, &m, fds, (int)n, NULL, NULL, NULL);
 }
 
 API int

@@ -11,6 +11,7 @@
 
 #include <dlfcn.h>
 #include <stdbool.h>
+#include <stdlib.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include <cuda.h>
 
 #include "client-lib/client.h"
+#include "proto/wire.h"
 
 #define API __attribute__((visibility("default")))
 
@@ -129,16 +131,158 @@ register_pool(gpx_conn *c, Gpx__Register *reg, CUmemoryPool pool, CUdeviceptr ba
 	return r;
 }
 
+/* What the driver says of one address of a VMM reservation: the piece mapped there. */
+struct vmm_at {
+	unsigned int type;
+	CUdeviceptr res;              /* the reservation's start */
+	size_t res_size;
+	CUdeviceptr base;             /* the piece: where it is mapped, its size, its id */
+	size_t size;
+	unsigned long long id;
+};
+
+static CUresult
+vmm_query(CUdeviceptr p, struct vmm_at *a)
+{
+	CUpointer_attribute at[] = {
+		CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+		CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+		CU_POINTER_ATTRIBUTE_MAPPING_SIZE, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID,
+	};
+	void *val[] = { &a->type, &a->res, &a->res_size, &a->base, &a->size, &a->id };
+
+	memset(a, 0, sizeof(*a));
+	return p_cuPointerGetAttributes(6, at, val, p);
+}
+
+/* Exports the piece mapped at p as a POSIX fd, or -1. */
+static int
+vmm_export(gpx_conn *c, CUdeviceptr p)
+{
+	CUmemGenericAllocationHandle h;
+	int fd = -1;
+	CUresult e;
+
+	if ((e = p_cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)p)) != CUDA_SUCCESS) {
+		cu_fail(c, GPX_ENOTSUP, "memory is neither an exportable VMM allocation, nor of a "
+		    "stream-ordered pool, nor legacy-IPC capable", e);
+		return -1;
+	}
+	e = p_cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+	p_cuMemRelease(h);
+	if (e != CUDA_SUCCESS) {
+		cu_fail(c, GPX_ENOTSUP, "VMM memory not exportable as a POSIX fd (create it with "
+		    "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)", e);
+		return -1;
+	}
+	return fd;
+}
+
+/* Sends pieces[idx[0..n)] with their fds, GPX_PIECES_MAX a message. */
+static int
+vmm_send(gpx_conn *c, const Gpx__Register *reg, const struct gpx_wire_piece *pieces, const uint32_t *idx,
+    size_t n)
+{
+	struct gpx_wire_piece batch[GPX_PIECES_MAX];
+	int fds[GPX_PIECES_MAX], r = 0;
+
+	for (size_t done = 0; done < n && r == 0;) {
+		size_t k = 0;
+		while (k < GPX_PIECES_MAX && done + k < n && r == 0) {
+			batch[k] = pieces[idx[done + k]];
+			if ((fds[k] = vmm_export(c, reg->alloc_id + batch[k].offset)) < 0)
+				r = -GPX_ENOTSUP;      /* vmm_export said why */
+			else
+				k++;
+		}
+		if (r == 0)
+			r = client_send_pieces(c, reg->device_uuid.data, reg->alloc_id, reg->alloc_size, batch, fds, k);
+		for (size_t i = 0; i < k; i++)
+			close(fds[i]);
+		done += k;
+	}
+	return r;
+}
+
+/*
+ * VMM memory: the physical allocations ("pieces") mapped under [p, p + length), found by
+ * walking the reservation one mapping at a time (a driver query each, ~0.1 us), named to the
+ * daemon by their block ids.  The daemon answers at once from what it holds; only the pieces
+ * it lacks are exported, a driver call of ~30 us each, and sent as fds.
+ */
+static int
+register_vmm(gpx_conn *c, Gpx__Register *reg, CUdeviceptr p, uint64_t length, gpx_region *out)
+{
+	struct gpx_wire_piece one, *pieces = &one;
+	uint32_t *missing = NULL;
+	size_t n = 0, cap = 1, nmissing = 0;
+	struct vmm_at a;
+	CUresult e;
+	int r;
+
+	if ((e = vmm_query(p, &a)) != CUDA_SUCCESS)
+		return cu_fail(c, GPX_EINVAL, "not a CUDA pointer", e);
+	if (a.type != CU_MEMORYTYPE_DEVICE || a.size == 0)
+		return client_error(c, GPX_ENOTSUP, "memory is neither VMM memory, nor of a "
+		    "stream-ordered pool, nor legacy-IPC capable");
+	const CUdeviceptr res = a.res, end = p + length;
+	const size_t res_size = a.res_size;
+	for (;;) {
+		if (n == cap) {
+			struct gpx_wire_piece *np = malloc(2 * cap * sizeof(*np));
+			if (np == NULL) {
+				r = client_error(c, GPX_ENOMEM, "out of memory for the pieces of a range");
+				goto out;
+			}
+			memcpy(np, pieces, n * sizeof(*np));
+			if (pieces != &one)
+				free(pieces);
+			pieces = np;
+			cap *= 2;
+		}
+		pieces[n++] = (struct gpx_wire_piece){ a.id, a.base - res, a.size };
+		if (a.base + a.size >= end)
+			break;
+		CUdeviceptr next = a.base + a.size;
+		if (vmm_query(next, &a) != CUDA_SUCCESS || a.type != CU_MEMORYTYPE_DEVICE || a.res != res ||
+		    a.base != next || a.size == 0) {
+			r = client_error(c, GPX_ERANGE, "the range runs past the memory mapped in its reservation");
+			goto out;
+		}
+	}
+	reg->kind = GPX__MEM_KIND__MEM_CUDA_VMM;
+	reg->alloc_id = res;
+	reg->alloc_size = res_size;
+	reg->offset = p - res;
+	if ((missing = malloc(GPX_MISSING_MAX * sizeof(*missing))) == NULL) {
+		r = client_error(c, GPX_ENOMEM, NULL);
+		goto out;
+	}
+	/* Each round sends what the daemon lacks; it names at most GPX_MISSING_MAX at a time. */
+	for (size_t sent = 0;;) {
+		r = client_register_pieces(c, reg, pieces, n, out, missing, &nmissing);
+		if (r != -GPX_ENOENT || nmissing == 0 || sent >= n)
+			break;
+		if ((r = vmm_send(c, reg, pieces, missing, nmissing)) < 0)
+			break;
+		sent += nmissing;
+	}
+out:
+	free(missing);
+	if (pieces != &one)
+		free(pieces);
+	return r;
+}
+
 API int
 gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags, gpx_region *out)
 {
 	Gpx__Register reg = GPX__REGISTER__INIT;
 	CUdeviceptr p = (CUdeviceptr)(uintptr_t)ptr, base = 0;
-	CUmemGenericAllocationHandle vh;
 	CUipcMemHandle ih;
 	CUmemoryPool pool = NULL;
 	unsigned int mt = 0;
-	int ordinal = -1, legacy = 0, fd = -1, r;
+	int ordinal = -1, legacy = 0;
 	unsigned long long buffer_id = 0;
 	size_t size = 0;
 	uint8_t uuid[16];
@@ -190,25 +334,6 @@ gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags,
 		reg.handle.len = sizeof(ih.reserved);
 		return client_register(c, &reg, -1, out);
 	}
-	/*
-	 * Otherwise it should be VMM memory (cuMemCreate, expandable segments).  If the daemon
-	 * already holds the allocation for this connection it answers without the export, a
-	 * driver call that costs more than the whole registration.
-	 */
-	reg.kind = GPX__MEM_KIND__MEM_CUDA_VMM;
-	reg.cached_only = 1;
-	if ((r = client_register(c, &reg, -1, out)) != -GPX_ENOENT)
-		return r;
-	if (p_cuMemRetainAllocationHandle(&vh, (void *)ptr) != CUDA_SUCCESS)
-		return client_error(c, GPX_ENOTSUP, "memory is neither an exportable VMM allocation, "
-		    "nor of a stream-ordered pool, nor legacy-IPC capable");
-	e = p_cuMemExportToShareableHandle(&fd, vh, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-	p_cuMemRelease(vh);
-	if (e != CUDA_SUCCESS)
-		return cu_fail(c, GPX_ENOTSUP, "VMM memory not exportable as a POSIX fd "
-		    "(create it with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)", e);
-	reg.cached_only = 0;
-	r = client_register(c, &reg, fd, out);
-	close(fd);
-	return r;
+	/* Otherwise it should be VMM memory (cuMemCreate, expandable segments). */
+	return register_vmm(c, &reg, p, length, out);
 }

@@ -98,8 +98,10 @@ int gpx_deregister(gpx_conn *c, gpx_region r);
 /*
  * Registers [ptr, ptr+length) of CUDA device memory (the caller's current context need not be
  * set).  The library finds the allocation that holds ptr and picks the kind from it:
- * cuMemCreate memory exportable as a POSIX fd becomes a `cuda-vmm` region (its fd is passed
- * to the daemon); memory of a stream-ordered pool created exportable as POSIX fds
+ * cuMemCreate memory exportable as a POSIX fd becomes a `cuda-vmm` region: the range may span
+ * any number of physical allocations mapped back to back in one address reservation (PyTorch's
+ * expandable segments), each exported as a POSIX fd the first time the daemon is shown it and
+ * mapped by the daemon at its place in its own mirror of the reservation; memory of a stream-ordered pool created exportable as POSIX fds
  * (cudaMallocFromPoolAsync) becomes a `cuda-pool` region (the pool's fd and the allocation's
  * export data; the device's default pool, used by plain cudaMallocAsync, is refused);
  * cudaMalloc/cuMemAlloc memory becomes a `cuda-ipc` region (a legacy IPC handle of the
@@ -166,6 +168,31 @@ int gpx_segs_reserve(gpx_conn *c, size_t n, struct gpx_seg **out);
  */
 int gpx_copy_pages(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,
     uint64_t page_size, const uint32_t *src_pages, const uint32_t *dst_pages, size_t n, uint64_t tag);
+/*
+ * Batches: many (source region, destination region) pairs in one request.  A KV-cache
+ * handoff moves the same block numbers out of every layer's K and V tensors into another
+ * process's; a weight push moves every tensor of a model.  The whole batch is checked before
+ * any byte moves (every pair's regions, rights and bounds: one bad pair refuses it all), runs
+ * in as few kernel launches and copy-engine submissions as its paths allow, and ends in one
+ * completion whose bytes count every pair.  pairs[i].src_offset and dst_offset are added to
+ * the offsets of pair i's segments, or are the bases its pages are numbered from.
+ * gpx_copy_batch: pair i copies segs[seg_first, seg_first + seg_count) (pairs may share
+ * segments).  gpx_copy_pages_batch: every pair copies the one page list, as gpx_copy_pages
+ * does for one pair (seg_first and seg_count are ignored).  (GPXCLIENT_0.5)
+ */
+struct gpx_pair {
+	gpx_region src;
+	gpx_region dst;
+	uint64_t src_offset;
+	uint64_t dst_offset;
+	uint32_t seg_first;
+	uint32_t seg_count;
+};
+#define GPX_PAIRS_MAX 16384     /* pairs in one batch */
+int gpx_copy_batch(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, const struct gpx_seg *segs,
+    size_t nsegs, uint64_t tag);
+int gpx_copy_pages_batch(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, uint64_t page_size,
+    const uint32_t *src_pages, const uint32_t *dst_pages, size_t npages, uint64_t tag);
 int gpx_cancel(gpx_conn *c, uint64_t tag);
 /* Blocking: submits and waits for this transfer's own completion; returns its status. */
 int gpx_copy_sync(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,

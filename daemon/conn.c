@@ -337,6 +337,8 @@ struct reg_op {
 	struct region *r;
 	int status;
 	char err[256];
+	uint32_t *missing;           /* cuda-vmm: pieces the daemon lacks (with ENOENT) */
+	uint32_t nmissing;
 };
 
 static void
@@ -370,13 +372,21 @@ reg_done(void *arg)
 			    (unsigned long long)c->id, r->ops->name, (unsigned long long)h->id,
 			    (unsigned long long)r->length);
 			conn_reply(c, op->seq, 0, NULL, &rep, NULL, 0);
+			/* Pieces sent for this registration that it did not take up go now. */
+			if (r->npieces > 0)
+				vmm_sweep(c->id);
 			free(op);
 			return;
 		}
 		op->status = -GPX__STATUS__ENOMEM;
 		snprintf(op->err, sizeof(op->err), "out of memory");
 	}
-	if (op->status < 0)
+	if (op->status < 0 && op->nmissing > 0) {
+		Gpx__Reply rep = GPX__REPLY__INIT;
+		rep.missing = op->missing;
+		rep.n_missing = op->nmissing;
+		conn_reply(c, op->seq, -op->status, op->err, &rep, NULL, 0);
+	} else if (op->status < 0)
 		reply_err(c, op->seq, -op->status, op->err);
 	/* Failed, or the client left meanwhile: give back what was opened and accounted. */
 	c->user->regions--;
@@ -394,7 +404,8 @@ on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int 
 {
 	const struct mem_ops *ops;
 	char err[256];
-	int want = m->kind == GPX__MEM_KIND__MEM_CUDA_IPC || m->cached_only ? 0 : 1;
+	int want = m->kind == GPX__MEM_KIND__MEM_CUDA_IPC || m->cached_only || m->piece_count > 0 ? 0 : 1;
+	const unsigned char *pieces = NULL;
 
 	if (nfds != want) {
 		snprintf(err, sizeof(err), "Register of this kind takes %d fd(s), got %d", want, nfds);
@@ -421,6 +432,22 @@ on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int 
 	if (m->length == 0 || m->offset + m->length < m->offset) {
 		reply_err(c, seq, GPX__STATUS__EINVAL, "length must be > 0 and offset + length must not overflow");
 		return;
+	}
+	if (m->piece_count > 0) {
+		/* Protocol 3: the pieces of a VMM range, in the segment area. */
+		if (m->kind != GPX__MEM_KIND__MEM_CUDA_VMM || c->version < 3 || m->cached_only) {
+			reply_err(c, seq, GPX__STATUS__EPROTO, "pieces are listed by cuda-vmm registrations of "
+			    "protocol 3, without cached_only");
+			return;
+		}
+		if (m->piece_count > cfg->max_segs || m->alloc_size == 0 ||
+		    (pieces = xfer_area(c, m->area_offset, (uint64_t)m->piece_count * sizeof(struct gpx_wire_piece))) == NULL) {
+			snprintf(err, sizeof(err), "%u pieces at %llu: 1..%u records inside the segment area "
+			    "(%zu bytes), of a reservation of a size", m->piece_count,
+			    (unsigned long long)m->area_offset, cfg->max_segs, c->area_len);
+			reply_err(c, seq, GPX__STATUS__EINVAL, err);
+			return;
+		}
 	}
 	if (((m->kind == GPX__MEM_KIND__MEM_HOST && !mem_host_fd_ok(fds[0], err, sizeof(err))) ||
 	    ((m->kind == GPX__MEM_KIND__MEM_CUDA_VMM || m->kind == GPX__MEM_KIND__MEM_CUDA_POOL) &&
@@ -472,12 +499,44 @@ on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int 
 		r->fd = fds[0];
 		fds[0] = -1;
 	}
+	if (m->kind == GPX__MEM_KIND__MEM_CUDA_VMM) {
+		/* Its pieces, read once; before protocol 3, the one allocation (= the reservation). */
+		uint32_t n = pieces != NULL ? m->piece_count : 1;
+		int e;
+		if ((r->pieces = malloc(n * sizeof(*r->pieces))) == NULL) {
+			e = -GPX__STATUS__ENOMEM;
+			snprintf(err, sizeof(err), "out of memory for %u pieces", n);
+		} else {
+			if (pieces != NULL)
+				memcpy(r->pieces, pieces, n * sizeof(*r->pieces));
+			else
+				r->pieces[0] = (struct gpx_wire_piece){ m->alloc_id, 0, m->alloc_size };
+			r->npieces = n;
+			e = vmm_check(r, err, sizeof(err));
+		}
+		if (e < 0) {
+			if (r->fd >= 0)
+				close(r->fd);
+			region_unref(r);
+			free(op);
+			reply_err(c, seq, -e, err);
+			return;
+		}
+	}
 	u->regions++;
 	u->region_bytes += m->length;
 	op->c = c;
 	op->seq = seq;
 	op->r = r;
 	c->pending++;
+	if (pieces != NULL) {
+		/* Answered from the pieces held, or with those missing for the client to send. */
+		uint32_t missing[GPX_MISSING_MAX];
+		op->missing = missing;
+		op->status = vmm_bind(r, missing, &op->nmissing, op->err, sizeof(op->err));
+		reg_done(op);
+		return;
+	}
 	if (ops->try_open != NULL && ops->try_open(r)) {
 		/* Already open on this node: answered from the cache, no driver call. */
 		reg_done(op);
@@ -490,6 +549,100 @@ on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int 
 		return;
 	}
 	defer_run(reg_work, reg_done, op);
+}
+
+/* ---- Pieces: VMM memory for the next registrations to name (daemon/vmm.c) ---- */
+
+struct pieces_op {
+	struct conn *c;
+	uint32_t seq;
+	uint64_t owner, res, res_size;
+	int dev;
+	uint32_t n;
+	int status;
+	struct gpx_wire_piece p[GPX_PIECES_MAX];
+	int fds[GPX_PIECES_MAX];
+	char err[256];
+};
+
+static void
+pieces_work(void *arg)
+{
+	struct pieces_op *op = arg;
+
+	op->status = vmm_import(op->owner, op->dev, op->res, op->res_size, op->p, op->fds, op->n, op->err,
+	    sizeof(op->err));
+	for (uint32_t i = 0; i < op->n; i++)
+		close(op->fds[i]);
+}
+
+static void
+pieces_done(void *arg)
+{
+	struct pieces_op *op = arg;
+
+	conn_settle(op->c);
+	if (op->c->state != CONN_DEAD)
+		reply_err(op->c, op->seq, -op->status, op->status < 0 ? op->err : NULL);
+	free(op);
+}
+
+static void
+on_pieces(struct conn *c, uint32_t seq, const Gpx__Pieces *m, int *fds, int nfds)
+{
+	struct pieces_op *op;
+	char err[256];
+	int dev;
+
+	if (c->version < 3 || m->n_pieces == 0 || m->n_pieces > GPX_PIECES_MAX || (int)m->n_pieces != nfds) {
+		reply_err(c, seq, GPX__STATUS__EPROTO, "Pieces (protocol 3) carries 1..GPX_PIECES_MAX pieces "
+		    "and one fd for each");
+		return;
+	}
+	if (gpu_count() == 0) {
+		snprintf(err, sizeof(err), "cuda-vmm memory is not available here: %s", gpu_status());
+		reply_err(c, seq, GPX__STATUS__ENOTSUP, err);
+		return;
+	}
+	if (m->device_uuid.len != 16 || (dev = gpu_dev_by_uuid(m->device_uuid.data)) < 0 ||
+	    m->reservation_size == 0) {
+		reply_err(c, seq, GPX__STATUS__EINVAL, "Pieces needs the 16-byte UUID of a GPU of this node "
+		    "and the reservation's size");
+		return;
+	}
+	for (int i = 0; i < nfds; i++) {
+		const Gpx__Piece *p = m->pieces[i];
+		if (!gpu_vmm_fd_ok(fds[i], err, sizeof(err))) {
+			log_audit(c, "%s", err);
+			reply_err(c, seq, GPX__STATUS__EBADFD, err);
+			return;
+		}
+		if (p->size == 0 || p->offset > m->reservation_size || p->size > m->reservation_size - p->offset) {
+			snprintf(err, sizeof(err), "piece %d (%llu bytes at %llu) leaves the %llu-byte reservation", i,
+			    (unsigned long long)p->size, (unsigned long long)p->offset,
+			    (unsigned long long)m->reservation_size);
+			reply_err(c, seq, GPX__STATUS__EINVAL, err);
+			return;
+		}
+	}
+	if ((op = calloc(1, sizeof(*op))) == NULL) {
+		reply_err(c, seq, GPX__STATUS__ENOMEM, "out of memory");
+		return;
+	}
+	op->c = c;
+	op->seq = seq;
+	op->owner = c->id;
+	op->dev = dev;
+	op->res = m->reservation;
+	op->res_size = m->reservation_size;
+	op->n = nfds;
+	for (int i = 0; i < nfds; i++) {
+		op->p[i] = (struct gpx_wire_piece){ m->pieces[i]->id, m->pieces[i]->offset, m->pieces[i]->size };
+		op->fds[i] = fds[i];
+		fds[i] = -1;
+	}
+	c->pending++;
+	defer_run(pieces_work, pieces_done, op);
 }
 
 /*
@@ -770,11 +923,17 @@ transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfd
 		refuse(c, seq, m->tag, -r, err);
 		return;
 	}
-	cq_ref(c->cq);
-	j->cq = c->cq;
-	j->user = c->user;
+	/* One transfer, one credit; a batch over several paths is one job per path. */
 	atomic_fetch_add(&c->user->inflight, 1);
-	engine_submit(j);
+	while (j != NULL) {
+		struct job *next = j->gnext;
+		j->gnext = NULL;
+		cq_ref(c->cq);
+		j->cq = c->cq;
+		j->user = c->user;
+		engine_submit(j);
+		j = next;
+	}
 }
 
 static void
@@ -786,7 +945,7 @@ on_transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int 
 	}
 	transfer(c, seq, m, fds, nfds);
 	/* Whatever became of it, its part of the segment area may be written again. */
-	if (m->seg_count > 0 && nfds == 0)
+	if ((m->seg_count > 0 || m->pair_count > 0) && nfds == 0 && c->state != CONN_DEAD)
 		__atomic_fetch_add(&c->cq->ring->segs_consumed, 1, __ATOMIC_RELEASE);
 }
 
@@ -901,6 +1060,7 @@ fds_for(const Gpx__ClientMsg *m)
 	case GPX__CLIENT_MSG__BODY_REGISTER:
 	case GPX__CLIENT_MSG__BODY_TRANSFER:
 	case GPX__CLIENT_MSG__BODY_SEG_AREA:
+	case GPX__CLIENT_MSG__BODY_PIECES:
 		return -1;    /* checked by the handler: depends on the fields */
 	default:
 		return 0;
@@ -933,6 +1093,12 @@ dispatch(struct conn *c, const Gpx__ClientMsg *m, int *fds, int nfds)
 		break;
 	case GPX__CLIENT_MSG__BODY_REGISTER:
 		on_register(c, seq, m->register_, fds, nfds);
+		/* A list of pieces in the segment area may be written again, whatever became of it. */
+		if (m->register_->piece_count > 0 && c->cq != NULL && c->state != CONN_DEAD)
+			__atomic_fetch_add(&c->cq->ring->segs_consumed, 1, __ATOMIC_RELEASE);
+		break;
+	case GPX__CLIENT_MSG__BODY_PIECES:
+		on_pieces(c, seq, m->pieces, fds, nfds);
 		break;
 	case GPX__CLIENT_MSG__BODY_DEREGISTER:
 		on_deregister(c, seq, m->deregister);
@@ -1057,6 +1223,7 @@ conn_kill(struct conn *c, const char *why)
 		}
 	free(c->htab);
 	c->htab = NULL;
+	vmm_sweep(c->id);      /* pieces sent and never taken up by a region */
 	xfer_drop_area(c);
 	c->hcap = c->nhandles = 0;
 	if (c->cq != NULL) {

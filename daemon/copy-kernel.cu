@@ -70,15 +70,17 @@ gpx_copy_segments(const struct gpx_kseg *__restrict__ segs, uint32_t n)
 }
 
 /*
- * Pages: n pairs of page numbers (source, destination), page p of a side at base + p * size.
- * The list is gpxd's checked private copy in pinned host memory, read in place: each warp
- * loads the pair of its next page before copying the current one, so the bus latency of the
- * list hides behind the copy.  A chunk is bytes [head, head + bytes) of the pages from the
- * list's first on: the first and last page may be cut.
+ * Pages: items [item0, item0 + n) of a page job, item i being page i % npages of the job's
+ * list for pair i / npages (a batch's pairs share one list; a single transfer is one pair).
+ * The list (pairs of page numbers, source and destination) and the pairs' bases are gpxd's
+ * checked private copy in pinned host memory, read in place: each warp loads the page of its
+ * next item before copying the current one, so the bus latency of the list hides behind the
+ * copy.  Page p of a side lies at its pair's base + p * size.  A chunk is bytes [head, head +
+ * bytes) of the items from item0 on: the first and last may be cut.
  */
 extern "C" __global__ void __launch_bounds__(256)
-gpx_copy_pages(const uint2 *__restrict__ pages, uint32_t n, uint64_t src, uint64_t dst, uint64_t size,
-    uint64_t head, uint64_t bytes)
+gpx_copy_pages(const uint2 *__restrict__ pages, uint32_t npages, const ulonglong2 *__restrict__ pairs,
+    uint32_t item0, uint32_t n, uint64_t size, uint64_t head, uint64_t bytes)
 {
 	const uint32_t lane = threadIdx.x & 31;
 	const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -87,13 +89,15 @@ gpx_copy_pages(const uint2 *__restrict__ pages, uint32_t n, uint64_t src, uint64
 
 	if (warp >= n)
 		return;
-	uint2 cur = pages[warp];
-	for (uint32_t k = warp; k < n; k += warps) {
-		const uint2 next = k + warps < n ? pages[k + warps] : cur;
+	uint32_t item = item0 + warp;
+	uint2 cur = pages[item % npages];
+	for (uint32_t k = warp; k < n; k += warps, item += warps) {
+		const uint2 next = k + warps < n ? pages[(item + warps) % npages] : cur;
+		const ulonglong2 base = pairs[item / npages];
 		const uint64_t at = (uint64_t)k * size;
 		const uint64_t lo = head > at ? head - at : 0;
 		const uint64_t hi = end < at + size ? end - at : size;
-		copy_one((const char *)(src + cur.x * size + lo), (char *)(dst + cur.y * size + lo), hi - lo, lane);
+		copy_one((const char *)(base.x + cur.x * size + lo), (char *)(base.y + cur.y * size + lo), hi - lo, lane);
 		cur = next;
 	}
 }

@@ -314,12 +314,12 @@ cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t block
 }
 
 int
-cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t n, uint64_t src, uint64_t dst,
-    uint64_t size, uint64_t head, uint64_t bytes, uint32_t blocks)
+cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t npages, const void *pairs, uint32_t item0,
+    uint32_t nitems, uint64_t size, uint64_t head, uint64_t bytes, uint32_t blocks)
 {
-	void *args[] = { &pages, &n, &src, &dst, &size, &head, &bytes };
+	void *args[] = { &pages, &npages, &pairs, &item0, &nitems, &size, &head, &bytes };
 
-	return launch(kfn_pages[dev], s, n, blocks, args);
+	return launch(kfn_pages[dev], s, nitems, blocks, args);
 }
 
 int
@@ -562,18 +562,33 @@ cuda_addr_range(uint64_t dptr, uint64_t *base, uint64_t *size)
 	return r;
 }
 
+/* A range of `size` bytes of this process's address space for VMM mappings. */
+int
+cuda_vmm_reserve(uint64_t size, uint64_t *va)
+{
+	CUdeviceptr d = 0;
+	int r = CU(cuMemAddressReserve(&d, size, 2ull << 20, 0, 0));
+
+	*va = d;
+	return r == -GPX__STATUS__EIO ? -GPX__STATUS__EINVAL : r;
+}
+
+void
+cuda_vmm_unreserve(uint64_t va, uint64_t size)
+{
+	CU(cuMemAddressFree((CUdeviceptr)va, size));
+}
+
 /*
- * Imports a POSIX-fd VMM handle of `size` bytes owned by device `owner`, maps it at a fresh
- * address and grants access to every device in `access_mask`.
+ * Imports a POSIX-fd VMM handle that must be memory of device `owner`.  A refusal is the
+ * client's doing (a stale or foreign fd): a warning, never a sticky exit.
  */
 int
-cuda_vmm_import(int owner, int fd, uint64_t size, uint32_t access_mask, uint64_t *va, uint64_t *handle)
+cuda_vmm_import(int owner, int fd, uint64_t *handle)
 {
 	CUmemGenericAllocationHandle h;
 	CUmemAllocationProp prop;
-	CUmemAccessDesc acc[GPX_MAX_GPUS];
-	CUdeviceptr d = 0;
-	int n = 0, r;
+	CUresult r;
 
 	cuda_use(owner);
 	r = p_cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
@@ -588,18 +603,26 @@ cuda_vmm_import(int owner, int fd, uint64_t size, uint32_t access_mask, uint64_t
 		p_cuMemRelease(h);
 		return -GPX__STATUS__EINVAL;
 	}
-	/* A generously aligned range lets the driver map it with its largest pages. */
-	uint64_t align = 2ull << 20;
-	while (align < (1ull << 30) && align * 2 <= size)
-		align *= 2;
-	if ((r = CU(cuMemAddressReserve(&d, size, align, 0, 0))) < 0) {
-		p_cuMemRelease(h);
-		return r;
-	}
-	if ((r = CU(cuMemMap(d, size, 0, h, 0))) < 0) {
-		p_cuMemAddressFree(d, size);
-		p_cuMemRelease(h);
-		return r == -GPX__STATUS__EIO ? -GPX__STATUS__EINVAL : r;
+	*handle = (uint64_t)h;
+	return 0;
+}
+
+/*
+ * Maps the whole of an imported handle (`size` bytes: the driver refuses anything but its
+ * size) at va and grants access to every device in `access_mask`.
+ */
+int
+cuda_vmm_map(uint64_t va, uint64_t size, uint64_t handle, uint32_t access_mask)
+{
+	CUmemAccessDesc acc[GPX_MAX_GPUS];
+	CUresult e;
+	int n = 0, r;
+
+	if ((e = p_cuMemMap((CUdeviceptr)va, size, 0, (CUmemGenericAllocationHandle)handle, 0)) != CUDA_SUCCESS) {
+		/* A size that is not the allocation's is the client's mistake. */
+		log_warnx("cuda: cuMemMap of a client's VMM piece (%llu bytes): %s", (unsigned long long)size,
+		    cuda_errstr(e));
+		return e == CUDA_ERROR_OUT_OF_MEMORY ? -GPX__STATUS__ENOMEM : -GPX__STATUS__EINVAL;
 	}
 	for (int i = 0; i < ndev; i++)
 		if (access_mask & (1u << i)) {
@@ -609,22 +632,20 @@ cuda_vmm_import(int owner, int fd, uint64_t size, uint32_t access_mask, uint64_t
 			acc[n].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
 			n++;
 		}
-	if ((r = CU(cuMemSetAccess(d, size, acc, n))) < 0) {
-		p_cuMemUnmap(d, size);
-		p_cuMemAddressFree(d, size);
-		p_cuMemRelease(h);
-		return r;
-	}
-	*va = d;
-	*handle = (uint64_t)h;
-	return 0;
+	if ((r = CU(cuMemSetAccess((CUdeviceptr)va, size, acc, n))) < 0)
+		p_cuMemUnmap((CUdeviceptr)va, size);
+	return r;
 }
 
 void
-cuda_vmm_release(uint64_t va, uint64_t size, uint64_t handle)
+cuda_vmm_unmap(uint64_t va, uint64_t size)
 {
 	CU(cuMemUnmap((CUdeviceptr)va, size));
-	CU(cuMemAddressFree((CUdeviceptr)va, size));
+}
+
+void
+cuda_vmm_release(uint64_t handle)
+{
 	CU(cuMemRelease((CUmemGenericAllocationHandle)handle));
 }
 

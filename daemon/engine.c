@@ -61,6 +61,22 @@ engine_path_for(const struct region *src, const struct region *dst)
 	return PATH_HOST;
 }
 
+/* The pair that job segment (or page item) seg belongs to. */
+uint32_t
+engine_pair_of(const struct job *j, uint32_t seg)
+{
+	uint32_t lo = 0, hi = j->npairs - 1;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (j->pairs[mid].seg_end <= seg)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 bool
 engine_has_work(enum path_kind p)
 {
@@ -77,11 +93,14 @@ host_worker(void *unused)
 	while (engine_next_chunk(PATH_HOST, &c, true, chunk_size, UINT32_MAX)) {
 		struct job *j = c.job;
 		uint64_t left = c.bytes, off = c.off;
+		uint32_t p = engine_pair_of(j, c.seg);
 		for (uint32_t s = c.seg; left > 0; s++, off = 0) {
 			const struct gpx_wire_seg *g = &j->segs[s];
 			uint64_t n = g->length - off < left ? g->length - off : left;
-			mem_host_copy((char *)j->dst->host + g->dst_offset + off,
-			    (const char *)j->src->host + g->src_offset + off, n, j->total);
+			while (s >= j->pairs[p].seg_end)
+				p++;
+			mem_host_copy((char *)j->pairs[p].dst->host + g->dst_offset + off,
+			    (const char *)j->pairs[p].src->host + g->src_offset + off, n, j->total);
 			left -= n;
 		}
 		engine_chunk_done(&c, true);
@@ -276,25 +295,53 @@ engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_by
 void
 engine_free_job(struct job *j)
 {
-	if (j->src != NULL) {
-		region_unuse(j->src);
-		region_unref(j->src);
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		struct jpair *p = &j->pairs[k];
+		if (p->src != NULL) {
+			region_unuse(p->src);
+			region_unref(p->src);
+		}
+		if (p->dst != NULL) {
+			region_unuse(p->dst);
+			region_unref(p->dst);
+		}
 	}
-	if (j->dst != NULL) {
-		region_unuse(j->dst);
-		region_unref(j->dst);
-	}
+	if (j->pairs != &j->one)
+		free(j->pairs);
 	gpu_pages_free(j->pages);
 	free(j->segs);
 	free(j);
 }
 
-/* Runs without the engine lock: posts the record, notifies the target's owner, lets go. */
+/*
+ * The owners of the job's destinations that asked to hear of copies into them: one
+ * notification per pair (a run of pairs into one region counts once, with their bytes).
+ */
+static void
+job_notify(const struct job *j)
+{
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		const struct region *d = j->pairs[k].dst;
+		uint64_t bytes = j->npairs == 1 ? j->done : j->pairs[k].bytes;
+		while (k + 1 < j->npairs && j->pairs[k + 1].dst == d)
+			bytes += j->pairs[++k].bytes;
+		if (atomic_load(&d->notify_on) && d->notify_cq != NULL && d->owner != j->client)
+			cq_notify(d->notify_cq, d->notify_tag, 0, bytes);
+	}
+}
+
+/*
+ * Runs without the engine lock: posts the record, notifies the targets' owners, lets go.  A
+ * job of a group posts nothing but its share; the group's last job posts the whole.
+ */
 static void
 job_finish(struct job *j)
 {
 	int status = j->failed ? GPX__STATUS__EIO : j->cancelled ? cancel_status : 0;
 	struct epath *p = &paths[j->path];
+	struct jgroup *g = j->group;
+	bool post = true;
+	uint64_t bytes = j->done;
 
 	if (log_level_debug()) {
 		double t = now_s();
@@ -313,11 +360,24 @@ job_finish(struct job *j)
 		atomic_fetch_add(&j->cq->errors, 1);
 	}
 	metrics_job_done(j, status);
-	cq_post(j->cq, j->tag, status, j->done);
-	if (status == 0 && atomic_load(&j->dst->notify_on) && j->dst->notify_cq != NULL &&
-	    j->dst->owner != j->client)
-		cq_notify(j->dst->notify_cq, j->dst->notify_tag, 0, j->done);
-	atomic_fetch_sub(&j->user->inflight, 1);
+	if (status == 0)
+		job_notify(j);
+	if (g != NULL) {
+		if (j->failed)
+			atomic_store(&g->failed, true);
+		if (j->cancelled)
+			atomic_store(&g->cancelled, true);
+		bytes = atomic_fetch_add(&g->done, j->done) + j->done;
+		if ((post = atomic_fetch_sub(&g->left, 1) == 1)) {
+			status = atomic_load(&g->failed) ? GPX__STATUS__EIO : atomic_load(&g->cancelled) ?
+			    cancel_status : 0;
+			free(g);
+		}
+	}
+	if (post) {
+		cq_post(j->cq, j->tag, status, bytes);
+		atomic_fetch_sub(&j->user->inflight, 1);
+	}
 	cq_unref(j->cq);
 	engine_free_job(j);
 }

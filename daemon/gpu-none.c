@@ -29,8 +29,17 @@ void gpu_host_register(struct region *r) { (void)r; }
 void gpu_host_unpin(void *map) { (void)map; }
 uint64_t gpu_cache_stats(uint64_t *hits) { *hits = 0; return 0; }
 bool gpu_released(struct region *r) { (void)r; return true; }
-struct gpx_wire_page *gpu_pages_alloc(const struct region *s, const struct region *d, uint64_t ps, uint32_t n,
+struct gpx_wire_page *gpu_pages_alloc(const struct jpair *s, uint32_t np, uint64_t ps, uint32_t n,
     int *dev)
-{ (void)s; (void)d; (void)ps; (void)n; (void)dev; return NULL; }
+{ (void)s; (void)np; (void)ps; (void)n; (void)dev; return NULL; }
 void gpu_pages_free(struct gpx_wire_page *p) { (void)p; }
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen) { (void)fd; snprintf(err, errlen, "no GPU support"); return false; }
+int vmm_check(const struct region *r, char *err, size_t errlen) { (void)r; snprintf(err, errlen, "no GPU support"); return -GPX__STATUS__ENOTSUP; }
+int vmm_bind(struct region *r, uint32_t *m, uint32_t *nm, char *err, size_t errlen)
+{ (void)r; (void)m; *nm = 0; snprintf(err, errlen, "no GPU support"); return -GPX__STATUS__ENOTSUP; }
+int vmm_import(uint64_t o, int d, uint64_t res, uint64_t rs, const struct gpx_wire_piece *p, const int *fds, uint32_t n,
+    char *err, size_t errlen)
+{ (void)o; (void)d; (void)res; (void)rs; (void)p; (void)fds; (void)n; snprintf(err, errlen, "no GPU support"); return -GPX__STATUS__ENOTSUP; }
+void vmm_sweep(uint64_t owner) { (void)owner; }
+uint64_t vmm_stats(uint64_t *hits) { *hits = 0; return 0; }
+int gpu_dev_by_uuid(const uint8_t uuid[16]) { (void)uuid; return -1; }

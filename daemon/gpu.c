@@ -1,11 +1,11 @@
 /*
  * The GPU back end: devices by UUID, the peer matrix, the node-wide cache of opened GPU
- * mappings, the three CUDA memory kinds (cuda-ipc, cuda-vmm, cuda-pool), pinning of host
- * regions, and one copy worker per GPU.
+ * mappings for two CUDA memory kinds (cuda-ipc, cuda-pool; cuda-vmm has its own, vmm.c),
+ * pinning of host regions, and one copy worker per GPU.
  *
- * Mapping cache.  Opening a CUDA IPC handle costs ~120 us and a VMM import about as much, so
+ * Mapping cache.  Opening a CUDA IPC handle costs ~120 us and a pool import about as much, so
  * each opened allocation is kept once per node, keyed by device and allocation identity (the
- * IPC handle's bytes; for VMM and pool memory what the owning connection says names it, see
+ * IPC handle's bytes; for pool memory what the owning connection says names it, see
  * region_key), never by address, which is reused after a free.  Regions hold references; the
  * last one to go closes the mapping on a task thread.  A registration that hits the cache is
  * answered from the loop without a driver call.
@@ -105,6 +105,18 @@ gpu_by_uuid(const uint8_t uuid[16])
 	return -1;
 }
 
+int
+gpu_dev_by_uuid(const uint8_t uuid[16])
+{
+	return gpu_by_uuid(uuid);
+}
+
+uint32_t
+gpu_access_mask(int dev)
+{
+	return gpus[dev].access_mask;
+}
+
 static void
 uuid_str(const uint8_t u[16], char *buf, size_t len)
 {
@@ -124,7 +136,7 @@ struct gmap {
 	uint8_t key[GMAP_KEY];
 	uint64_t base;
 	uint64_t size;
-	uint64_t handle;        /* VMM: the imported allocation; pool: the imported pool */
+	uint64_t handle;        /* pool: the imported pool */
 	/*
 	 * IPC only: the allocation opened again in each peer's context.  A copy engine or kernel
 	 * of GPU d reaches a peer's IPC memory at link speed only through a mapping in d's own
@@ -207,10 +219,8 @@ gmap_kind(const struct gmap *m)
 	switch (m->kind) {
 	case GPX__MEM_KIND__MEM_CUDA_IPC:
 		return "cuda-ipc";
-	case GPX__MEM_KIND__MEM_CUDA_POOL:
-		return "cuda-pool";
 	default:
-		return "cuda-vmm";
+		return "cuda-pool";
 	}
 }
 
@@ -223,11 +233,8 @@ gmap_release(struct gmap *m)
 		gmap_close_peers(m);
 		cuda_ipc_close(m->dev, m->base);
 		break;
-	case GPX__MEM_KIND__MEM_CUDA_POOL:
-		cuda_pool_release(m->dev, m->base, m->handle);
-		break;
 	default:
-		cuda_vmm_release(m->base, m->size, m->handle);
+		cuda_pool_release(m->dev, m->base, m->handle);
 		break;
 	}
 }
@@ -295,11 +302,12 @@ region_bind(struct region *r, struct gmap *m, char *err, size_t errlen)
 
 /*
  * Key of a region's allocation.  A legacy IPC handle names its allocation node-wide (and the
- * node is one trust domain when they are accepted at all).  A VMM export is an anonymous open
- * of /dev/nvidiactl that names nothing, so a VMM mapping is shared only within the connection
- * that opened it, keyed by the driver's buffer id the client gives: a client that lies about
- * it can only confuse its own registrations.  The same holds for pool memory (its export
- * data is no capability, and differs from one export of an allocation to the next).
+ * node is one trust domain when they are accepted at all).  A pool export is an anonymous
+ * open of /dev/nvidiactl that names nothing, so a pool mapping is shared only within the
+ * connection that opened it, keyed by the driver's buffer id the client gives: a client that
+ * lies about it can only confuse its own registrations (the allocation's export data is no
+ * capability either, and differs from one export to the next).  VMM memory is kept the same
+ * way, per connection, by vmm.c.
  */
 static bool
 region_key(struct region *r, uint8_t key[GMAP_KEY])
@@ -407,7 +415,7 @@ cuda_open(struct region *r, char *err, size_t errlen)
 			log_warnx("cuda: %s; its driver references are kept until gpxd exits", err);
 			e = -GPX__STATUS__EINVAL;
 		}
-	} else if (r->kind == GPX__MEM_KIND__MEM_CUDA_POOL) {
+	} else {
 		/* The size is the driver's, never the client's: it bounds every copy. */
 		uint64_t base = 0;
 		if ((e = cuda_pool_import(dev, r->fd, r->handle, gpus[dev].access_mask, &m->base, &m->handle)) < 0)
@@ -419,12 +427,6 @@ cuda_open(struct region *r, char *err, size_t errlen)
 			cuda_pool_release(dev, m->base, m->handle);
 			e = e < 0 ? e : -GPX__STATUS__EIO;
 		}
-	} else {
-		m->size = r->alloc_size;
-		e = cuda_vmm_import(dev, r->fd, r->alloc_size, gpus[dev].access_mask, &m->base, &m->handle);
-		if (e < 0)
-			snprintf(err, errlen, "the driver refused the VMM handle or its size (%llu bytes)",
-			    (unsigned long long)r->alloc_size);
 	}
 	if (e == 0 && (e = region_bind(r, m, err, errlen)) < 0)
 		gmap_release(m);
@@ -457,9 +459,6 @@ cuda_close(struct region *r)
 const struct mem_ops mem_cuda_ipc_ops = {
 	.name = "cuda-ipc", .open = cuda_open, .close = cuda_close, .try_open = cuda_try_open,
 };
-const struct mem_ops mem_cuda_vmm_ops = {
-	.name = "cuda-vmm", .open = cuda_open, .close = cuda_close, .try_open = cuda_try_open,
-};
 const struct mem_ops mem_cuda_pool_ops = {
 	.name = "cuda-pool", .open = cuda_open, .close = cuda_close, .try_open = cuda_try_open,
 };
@@ -485,8 +484,10 @@ gpu_host_unpin(void *map)
 uint64_t
 gpu_cache_stats(uint64_t *hits)
 {
-	*hits = atomic_load(&gmap_hits);
-	return atomic_load(&gmap_opens);
+	uint64_t vhits, vopens = vmm_stats(&vhits);
+
+	*hits = atomic_load(&gmap_hits) + vhits;
+	return atomic_load(&gmap_opens) + vopens;
 }
 
 /* ---- the page arena: pinned page lists the kernel reads in place ---- */
@@ -501,26 +502,39 @@ static uint16_t arena_len[ARENA_GRAINS];        /* at a list's first grain: its 
 static bool arena_used[ARENA_GRAINS];
 
 static bool kernel_takes(int dev, const struct region *src, const struct region *dst, uint64_t avg);
+static uint64_t addr_on(const struct region *r, int dev);
+
+/* Where a page list of n records ends and the pairs' addresses begin, 16-byte aligned. */
+static size_t
+kpairs_at(uint32_t n)
+{
+	return ((size_t)n * sizeof(struct gpx_wire_page) + 15) & ~(size_t)15;
+}
 
 struct gpx_wire_page *
-gpu_pages_alloc(const struct region *src, const struct region *dst, uint64_t page_size, uint32_t n, int *devp)
+gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size, uint32_t n, int *devp)
 {
 	/*
 	 * Between two GPUs the destination's kernel runs it, loading over the link and storing
 	 * locally: on two H200 that pulls 65,536 scattered pages 1-2% faster than pushing them.
+	 * Every pair of the job must be one that kernel runs.
 	 */
-	int dev = dst->dev != DEV_HOST ? dst->dev : src->dev;
-	uint32_t need = (uint32_t)(((uint64_t)n * sizeof(struct gpx_wire_page) + ARENA_GRAIN - 1) / ARENA_GRAIN);
+	const int dev = pairs[0].dst->dev != DEV_HOST ? pairs[0].dst->dev : pairs[0].src->dev;
+	const uint64_t bytes = kpairs_at(n) + (uint64_t)npairs * sizeof(struct gpu_kpair);
+	const uint64_t need = (bytes + ARENA_GRAIN - 1) / ARENA_GRAIN;
 	struct gpx_wire_page *p = NULL;
 
-	if (arena == NULL || dev == DEV_HOST || dev >= ngpus || !kernel_takes(dev, src, dst, page_size) ||
-	    need > ARENA_GRAINS)
+	if (arena == NULL || dev == DEV_HOST || dev >= ngpus || need > ARENA_GRAINS)
 		return NULL;
+	for (uint32_t k = 0; k < npairs; k++)
+		if ((pairs[k].dst->dev != DEV_HOST ? pairs[k].dst->dev : pairs[k].src->dev) != dev ||
+		    !kernel_takes(dev, pairs[k].src, pairs[k].dst, page_size))
+			return NULL;
 	pthread_mutex_lock(&arena_lock);
 	for (uint32_t i = 0, run = 0; i < ARENA_GRAINS; i++) {
 		run = arena_used[i] ? 0 : run + 1;
 		if (run == need) {
-			uint32_t first = i + 1 - need;
+			uint32_t first = i + 1 - (uint32_t)need;
 			memset(&arena_used[first], 1, need);
 			arena_len[first] = (uint16_t)need;
 			p = (struct gpx_wire_page *)(arena + (size_t)first * ARENA_GRAIN);
@@ -528,6 +542,12 @@ gpu_pages_alloc(const struct region *src, const struct region *dst, uint64_t pag
 		}
 	}
 	pthread_mutex_unlock(&arena_lock);
+	if (p != NULL) {
+		struct gpu_kpair *kp = (struct gpu_kpair *)((unsigned char *)p + kpairs_at(n));
+		for (uint32_t k = 0; k < npairs; k++)
+			kp[k] = (struct gpu_kpair){ addr_on(pairs[k].src, dev) + pairs[k].src_base,
+			    addr_on(pairs[k].dst, dev) + pairs[k].dst_base };
+	}
 	*devp = dev;
 	return p;
 }
@@ -561,11 +581,14 @@ addr_on(const struct region *r, int dev)
 
 /*
  * What a kernel on GPU `dev` can address: pinned (mapped) host memory, VMM mappings (access
- * is granted to every peer), and IPC allocations opened in its own context.
+ * is granted to every peer), and IPC allocations opened in its own context; never another
+ * node's region (its priv is the fabric's, not a mark of pinning).
  */
 static bool
 kernel_reach(const struct region *r, int dev)
 {
+	if (r->kind == GPX__MEM_KIND__MEM_REMOTE)
+		return false;
 	if (r->dev == DEV_HOST)
 		return r->priv != NULL;
 	return addr_on(r, dev) != 0;
@@ -588,66 +611,125 @@ free_slot(struct gdev *g)
 	return -1;
 }
 
+/* Where a pair's sides are for GPU dev's copies; *peer when one is not mapped in its context. */
+static void
+pair_addrs(const struct jpair *p, int dev, uint64_t *src, uint64_t *dst, bool *peer)
+{
+	*src = addr_on(p->src, dev);
+	*dst = addr_on(p->dst, dev);
+	*peer = *src == 0 || *dst == 0;
+	if (*peer) {
+		/* A peer's IPC memory it could not open: the copy names the owners' contexts. */
+		*src = p->src->dev == DEV_HOST ? *src : p->src->dptr;
+		*dst = p->dst->dev == DEV_HOST ? *dst : p->dst->dptr;
+	}
+}
+
+/*
+ * The chunk's segments whole, then trimmed to the chunk, into one launch of the copy kernel:
+ * it starts c->off into the first and ends in the last (the engine counts the pieces up to the
+ * one holding the chunk's last byte).  No per-segment branch; for the first chunk of a request
+ * this loop stands between the daemon's check and the first byte moving.  One pair only.
+ */
+static int
+issue_kernel(struct gdev *g, struct chunk *c, int slot, int s)
+{
+	struct job *j = c->job;
+	const uint32_t pieces = c->pieces;
+	uint64_t src = addr_on(j->src, g->index), dst = addr_on(j->dst, g->index), whole = 0;
+	struct gpu_kseg *k = g->kstage[slot];
+	const struct gpx_wire_seg *w = &j->segs[c->seg];
+	int r;
+
+	for (uint32_t i = 0; i < pieces; i++) {
+		/* j->segs was just written by the loop thread's core: ask for it ahead */
+		__builtin_prefetch((const void *)((uintptr_t)&w[i] + 2048));
+		k[i] = (struct gpu_kseg){ src + w[i].src_offset, dst + w[i].dst_offset, w[i].length };
+		whole += w[i].length;
+	}
+	k[0].src += c->off;
+	k[0].dst += c->off;
+	k[0].len -= c->off;
+	k[pieces - 1].len -= whole - c->off - c->bytes;
+	r = cuda_htod(g->stream[s], g->kdev[slot], k, pieces * sizeof(*k));
+	if (r == 0)
+		r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], pieces, cfg->sm_copy_blocks);
+	return r;
+}
+
+/*
+ * Any other chunk, of one pair or of a batch's many: segments the kernel reaches and that are
+ * small (all of them, when the chunk is mostly small ones) go to one launch of the copy
+ * kernel, the rest each to a copy engine.  A weight push thus pays one launch for its hundred
+ * norms and biases and one copy per large tensor.
+ */
+static int
+issue_segs(struct gdev *g, struct chunk *c, int slot, int s)
+{
+	struct job *j = c->job;
+	const uint32_t pieces = c->pieces ? c->pieces : 1;
+	const bool all = pieces >= KERNEL_MIN_SEGS && c->bytes / pieces <= KERNEL_MAX_AVG;
+	struct gpu_kseg *k = g->kstage[slot];
+	uint32_t nk = 0, p = engine_pair_of(j, c->seg), cur = UINT32_MAX;
+	uint64_t src = 0, dst = 0, left = c->bytes, off = c->off;
+	bool peer = false, reach = false;
+	int r = 0;
+
+	for (uint32_t i = c->seg; left > 0 && r == 0; i++, off = 0) {
+		const struct gpx_wire_seg *w = &j->segs[i];
+		const uint64_t len = w->length - off < left ? w->length - off : left;
+		while (i >= j->pairs[p].seg_end)
+			p++;
+		if (p != cur) {
+			const struct jpair *jp = &j->pairs[p];
+			cur = p;
+			pair_addrs(jp, g->index, &src, &dst, &peer);
+			reach = g->kernel_ok && cfg->sm_copy && kernel_reach(jp->src, g->index) &&
+			    kernel_reach(jp->dst, g->index);
+		}
+		left -= len;
+		if (len == 0)
+			continue;
+		if (reach && (all || len <= KERNEL_MAX_AVG))
+			k[nk++] = (struct gpu_kseg){ src + w->src_offset + off, dst + w->dst_offset + off, len };
+		else if (peer)
+			r = cuda_copy_peer(g->stream[s], dst + w->dst_offset + off,
+			    j->pairs[p].dst->dev == DEV_HOST ? g->index : j->pairs[p].dst->dev, src + w->src_offset + off,
+			    j->pairs[p].src->dev == DEV_HOST ? g->index : j->pairs[p].src->dev, len);
+		else
+			r = cuda_copy(g->stream[s], dst + w->dst_offset + off, src + w->src_offset + off, len);
+	}
+	if (r == 0 && nk == 1 && !all)
+		r = cuda_copy(g->stream[s], k[0].dst, k[0].src, k[0].len);     /* a launch buys nothing */
+	else if (r == 0 && nk > 0) {
+		r = cuda_htod(g->stream[s], g->kdev[slot], k, nk * sizeof(*k));
+		if (r == 0)
+			r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], nk, cfg->sm_copy_blocks);
+	}
+	return r;
+}
+
 static int
 issue(struct gdev *g, struct chunk *c)
 {
 	struct job *j = c->job;
-	uint64_t src = addr_on(j->src, g->index), dst = addr_on(j->dst, g->index);
-	uint64_t left = c->bytes, off = c->off;
-	uint32_t pieces = c->pieces ? c->pieces : 1;
+	const uint32_t pieces = c->pieces ? c->pieces : 1;
 	int s = c->bytes <= QUICK_MAX ? S_QUICK : S_BULK;
-	int slot = free_slot(g), r = 0;
+	int slot = free_slot(g), r;
 
 	if (atomic_exchange(&fault_sticky, false)) {
 		log_warnx("GPU%d: injecting a sticky fault (GPXD_FAULT_INJECT=sticky)", g->index);
 		cuda_kernel_copy(g->index, g->stream[s], 16, 1, 1);
 	}
-	/* Not mapped in this context (a peer's IPC memory it could not open): name the owners. */
-	bool peer = src == 0 || dst == 0;
-	if (peer) {
-		src = j->src->dev == DEV_HOST ? src : j->src->dptr;
-		dst = j->dst->dev == DEV_HOST ? dst : j->dst->dptr;
-	}
-	if (j->pages != NULL) {
+	if (j->pages != NULL)
 		/* Only taken where the kernel runs (gpu_pages_alloc): the list is read in place. */
-		r = cuda_kernel_pages(g->index, g->stream[s], j->pages + c->seg, pieces, src + j->src_base,
-		    dst + j->dst_base, j->page_size, c->off, c->bytes, cfg->sm_copy_blocks);
-	} else if (pieces >= KERNEL_MIN_SEGS && kernel_takes(g->index, j->src, j->dst, c->bytes / pieces)) {
-		/*
-		 * The chunk's segments whole, then trimmed to the chunk: it starts c->off into the
-		 * first and ends in the last (the engine counts the pieces up to the one holding the
-		 * chunk's last byte).  No per-segment branch; for the first chunk of a request this
-		 * loop stands between the daemon's check and the first byte moving.
-		 */
-		struct gpu_kseg *k = g->kstage[slot];
-		const struct gpx_wire_seg *w = &j->segs[c->seg];
-		uint64_t whole = 0;
-		for (uint32_t i = 0; i < pieces; i++) {
-			/* j->segs was just written by the loop thread's core: ask for it ahead */
-			__builtin_prefetch((const void *)((uintptr_t)&w[i] + 2048));
-			k[i] = (struct gpu_kseg){ src + w[i].src_offset, dst + w[i].dst_offset, w[i].length };
-			whole += w[i].length;
-		}
-		k[0].src += c->off;
-		k[0].dst += c->off;
-		k[0].len -= c->off;
-		k[pieces - 1].len -= whole - c->off - c->bytes;
-		r = cuda_htod(g->stream[s], g->kdev[slot], k, pieces * sizeof(*k));
-		if (r == 0)
-			r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], pieces, cfg->sm_copy_blocks);
-	} else {
-		for (uint32_t i = c->seg; left > 0 && r == 0; i++, off = 0) {
-			const struct gpx_wire_seg *w = &j->segs[i];
-			uint64_t len = w->length - off < left ? w->length - off : left;
-			if (len > 0 && peer)
-				r = cuda_copy_peer(g->stream[s], dst + w->dst_offset + off,
-				    j->dst->dev == DEV_HOST ? g->index : j->dst->dev, src + w->src_offset + off,
-				    j->src->dev == DEV_HOST ? g->index : j->src->dev, len);
-			else if (len > 0)
-				r = cuda_copy(g->stream[s], dst + w->dst_offset + off, src + w->src_offset + off, len);
-			left -= len;
-		}
-	}
+		r = cuda_kernel_pages(g->index, g->stream[s], j->pages, j->npages,
+		    (const unsigned char *)j->pages + kpairs_at(j->npages), c->seg, pieces, j->page_size, c->off,
+		    c->bytes, cfg->sm_copy_blocks);
+	else if (j->npairs == 1 && pieces >= KERNEL_MIN_SEGS && kernel_takes(g->index, j->src, j->dst, c->bytes / pieces))
+		r = issue_kernel(g, c, slot, s);
+	else
+		r = issue_segs(g, c, slot, s);
 	if (r == 0)
 		r = cuda_signal(g->stream[s], (uint64_t)(uintptr_t)&g->done[s], g->issued[s] + 1);
 	if (r < 0) {

@@ -40,9 +40,13 @@ int cuda_copy_peer(void *s, uint64_t dst, int dst_dev, uint64_t src, int src_dev
 int cuda_htod(void *s, uint64_t dst, const void *src, uint64_t n);
 int cuda_signal(void *s, uint64_t word, uint64_t val);
 int cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t blocks);
-/* pages: n struct gpx_wire_page in pinned host memory, read by the kernel in place */
-int cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t n, uint64_t src, uint64_t dst,
-    uint64_t size, uint64_t head, uint64_t bytes, uint32_t blocks);
+/*
+ * pages: npages struct gpx_wire_page and the pairs' struct gpu_kpair, in pinned host memory
+ * read by the kernel in place; items [item0, item0 + nitems) of pairs x pages, bytes [head,
+ * head + bytes) of them
+ */
+int cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t npages, const void *pairs, uint32_t item0,
+    uint32_t nitems, uint64_t size, uint64_t head, uint64_t bytes, uint32_t blocks);
 int cuda_alloc(uint64_t *p, size_t n);
 void cuda_free(uint64_t p);
 int cuda_host_alloc(void **p, size_t n);
@@ -55,15 +59,28 @@ int cuda_addr_range(uint64_t dptr, uint64_t *base, uint64_t *size);
 int cuda_pool_import(int owner, int fd, const uint8_t data[64], uint32_t access_mask, uint64_t *dptr,
     uint64_t *pool);
 void cuda_pool_release(int owner, uint64_t dptr, uint64_t pool);
-int cuda_vmm_import(int owner, int fd, uint64_t size, uint32_t access_mask, uint64_t *va, uint64_t *handle);
-void cuda_vmm_release(uint64_t va, uint64_t size, uint64_t handle);
+int cuda_vmm_reserve(uint64_t size, uint64_t *va);
+void cuda_vmm_unreserve(uint64_t va, uint64_t size);
+int cuda_vmm_import(int owner, int fd, uint64_t *handle);
+int cuda_vmm_map(uint64_t va, uint64_t size, uint64_t handle, uint32_t access_mask);
+void cuda_vmm_unmap(uint64_t va, uint64_t size);
+void cuda_vmm_release(uint64_t handle);
 int cuda_dmabuf(uint64_t dptr, uint64_t len, uint64_t *off, uint64_t *size);   /* fd, or -CUresult */
+
+/* gpu.c for vmm.c: the devices that can reach dev's memory. */
+uint32_t gpu_access_mask(int dev);
 
 /* One segment of an SM-kernel copy: absolute addresses (copy-kernel.cu has the same layout). */
 struct gpu_kseg {
 	uint64_t src;
 	uint64_t dst;
 	uint64_t len;
+};
+
+/* A page job's pair for the kernel: the addresses of page 0 of each side (copy-kernel.cu). */
+struct gpu_kpair {
+	uint64_t src;
+	uint64_t dst;
 };
 
 #endif

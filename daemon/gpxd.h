@@ -174,6 +174,8 @@ struct region {
 	uint8_t uuid[16];
 	uint64_t alloc_size;
 	uint64_t alloc_id;
+	struct gpx_wire_piece *pieces;   /* cuda-vmm: the pieces under the range (vmm.c) */
+	uint32_t npieces;
 	/*
 	 * Owner notification.  notify_cq, a ref on the owner's completion queue, is set by the
 	 * first notifying export and kept until the mapping closes (copy workers read it without
@@ -253,6 +255,22 @@ void cq_signal_init(void);       /* installs the doorbell timeout's signal handl
 
 /* ---- engine.c: transfer jobs, per-path queues, copy workers, round-robin ---- */
 #define SEG_BLOCK 64                 /* segments per entry of job.blocks */
+
+/* A (source, destination) pair of a job: a batch's many, any other job's one. */
+struct jpair {
+	struct region *src, *dst;    /* mapping users held until the job ends */
+	uint64_t src_base, dst_base; /* pages: where page 0 of each side lies */
+	uint32_t seg_end;            /* the pair's segments (or pages) end before this one of the job */
+	uint64_t bytes;              /* all it copies */
+};
+
+/* A batch whose pairs run on several paths: one job per path, one completion for all. */
+struct jgroup {
+	atomic_int left;             /* jobs not yet finished */
+	atomic_bool failed, cancelled;
+	atomic_uint_fast64_t done;
+};
+
 struct job {
 	TAILQ_ENTRY(job) qe;         /* in its client's queue on its path */
 	TAILQ_ENTRY(job) ae;         /* in the engine's list of live jobs */
@@ -261,13 +279,20 @@ struct job {
 	uint64_t client;
 	uint64_t tag;
 	uint32_t flags;
-	struct region *src, *dst;    /* mapping users held until the job ends */
+	struct region *src, *dst;    /* the first pair's (the only one's, but for batches) */
+	struct jpair *pairs;         /* &one, or a batch's */
+	uint32_t npairs;
+	struct jpair one;
+	struct jgroup *group;        /* a batch split over paths, else NULL */
+	struct job *gnext;           /* the group's next job, while xfer_build hands them over */
 	struct gpx_wire_seg *segs;   /* NULL for a page job: */
-	struct gpx_wire_page *pages; /* segment i is page pages[i] (gpu_pages_alloc) */
-	uint64_t page_size, src_base, dst_base;
+	struct gpx_wire_page *pages; /* item i is page pages[i % npages] of pair i / npages
+	                              * (gpu_pages_alloc: the pairs' addresses follow the list) */
+	uint32_t npages;
+	uint64_t page_size;
 	uint64_t *blocks;            /* blocks[k]: bytes of the segments before (k + 1) * SEG_BLOCK
 	                              * (of all, for the last block): chunking in O(log n) */
-	uint32_t nseg;
+	uint32_t nseg;               /* segments, or items (pairs x pages) of a page job */
 	uint64_t total;
 	enum path_kind path;
 	/* scheduling state, under the engine lock */
@@ -307,6 +332,7 @@ void engine_visit(engine_visit_fn, void *);
 /* For back ends: the next chunk of the path, round-robin over clients and their jobs. */
 bool engine_next_chunk(enum path_kind, struct chunk *, bool wait, uint64_t max_bytes, uint32_t max_segs);
 bool engine_has_work(enum path_kind);
+uint32_t engine_pair_of(const struct job *, uint32_t seg);
 enum path_kind engine_path_for(const struct region *src, const struct region *dst);
 void engine_chunk_done(struct chunk *, bool ok);
 void engine_free_job(struct job *);
@@ -397,6 +423,8 @@ uint32_t export_count(void);
 void xfer_help(void);
 int xfer_build(struct conn *, const Gpx__Transfer *, int segfd, struct job **out, char *err, size_t errlen);
 int xfer_set_area(struct conn *, int fd, uint64_t length, char *err, size_t errlen);
+/* bytes at off of the connection's segment area, 8-byte aligned and inside it, or NULL. */
+const unsigned char *xfer_area(const struct conn *, uint64_t off, uint64_t bytes);
 void xfer_drop_area(struct conn *);
 
 /* ---- ctl.c: answers to Query and Admin ---- */
@@ -433,15 +461,24 @@ void gpu_host_register(struct region *);     /* pins a host mapping for DMA, bes
 uint64_t gpu_cache_stats(uint64_t *hits);  /* driver opens, and registrations served cached */
 bool gpu_released(struct region *r);        /* the driver has let go of r's memory */
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen);  /* cheap type check before any driver call */
+int gpu_dev_by_uuid(const uint8_t uuid[16]);            /* -1: no such GPU here */
 /*
- * A page transfer between src and dst that the copy kernel would run: room for its page list
- * (n struct gpx_wire_page) in pinned memory the kernel reads in place, and in *dev the GPU
- * whose worker runs it; else NULL (then the pages go as plain segments).  Freed with
- * gpu_pages_free.
+ * A page transfer of npairs pairs that the copy kernel would run: room for its page list (n
+ * struct gpx_wire_page) in pinned memory the kernel reads in place, followed by the pairs'
+ * addresses (filled in here from their regions and bases), and in *dev the GPU whose worker
+ * runs it; else NULL (then the pages go as plain segments).  Freed with gpu_pages_free.
  */
-struct gpx_wire_page *gpu_pages_alloc(const struct region *src, const struct region *dst,
-    uint64_t page_size, uint32_t n, int *dev);
+struct gpx_wire_page *gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size,
+    uint32_t n, int *dev);
 void gpu_pages_free(struct gpx_wire_page *);
+
+/* ---- vmm.c: cuda-vmm memory, mirrors of clients' reservations (mem_cuda_vmm_ops) ---- */
+int vmm_check(const struct region *r, char *err, size_t errlen);
+int vmm_bind(struct region *r, uint32_t *missing, uint32_t *nmissing, char *err, size_t errlen);
+int vmm_import(uint64_t owner, int dev, uint64_t res, uint64_t res_size, const struct gpx_wire_piece *pc,
+    const int *fds, uint32_t n, char *err, size_t errlen);
+void vmm_sweep(uint64_t owner);
+uint64_t vmm_stats(uint64_t *hits);
 void gpu_host_unpin(void *map);         /* undoes gpu_host_register; may block */
 void gpu_shutdown(void);
 

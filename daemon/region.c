@@ -41,6 +41,7 @@ region_unref(struct region *r)
 		return;
 	if (r->notify_cq != NULL)
 		cq_unref(r->notify_cq);
+	free(r->pieces);
 	free(r);
 }
 

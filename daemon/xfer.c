@@ -7,6 +7,11 @@
  * cannot change them afterwards.  For a request of 65,536 pages this pass is most of the
  * daemon's work before the first byte may move, so it is kept to one load, a few additions and
  * ORs, and one store per segment.
+ *
+ * A batch (Transfer.pair_count) names many (source, destination) pairs.  Every pair is
+ * resolved and checked like a single transfer before any job exists, and its pairs are
+ * grouped by the path they run on: one job per path, and a group (struct jgroup) that posts
+ * the one completion when the last of them ends.
  */
 #include "config.h"
 
@@ -43,6 +48,25 @@ resolve(struct conn *c, uint64_t id, const char *which, struct rhandle **out, ch
 	}
 	*out = h;
 	return 0;
+}
+
+/* Both regions of a pair for this connection, the destination writable, local or remote. */
+static int
+resolve_pair(struct conn *c, uint64_t src, uint64_t dst, struct rhandle **sh, struct rhandle **dh,
+    char *err, size_t errlen)
+{
+	int r;
+
+	if ((r = resolve(c, src, "source", sh, err, errlen)) < 0 ||
+	    (r = resolve(c, dst, "destination", dh, err, errlen)) < 0)
+		return r;
+	if ((*dh)->read_only || (*dh)->r->read_only) {
+		snprintf(err, errlen, "destination region %#llx is read-only", (unsigned long long)dst);
+		log_audit(c, "%s", err);
+		return -GPX__STATUS__EACCES;
+	}
+	/* fabric: another node's region on one side (daemon/fabric.c) */
+	return fabric_xfer_check((*sh)->r, (*dh)->r, err, errlen);
 }
 
 static int
@@ -160,6 +184,38 @@ check_segs(struct job *j, const struct gpx_wire_seg *in, const struct region *sr
 		return segs_refused(j, src, dst, c, err, errlen);
 	j->total = total;
 	return 0;
+}
+
+/*
+ * A batch's version of check_segs: the n records of one pair's run at `in`, each loaded once,
+ * rebased by the pair's bases, checked against its regions and stored at j->segs[at..]; the
+ * running byte count of the job in *total and blocks[].  True when some segment may be bad
+ * (the raw offsets go into the test too, so a base cannot wrap a huge one into range).
+ */
+static bool
+check_run(struct job *j, uint32_t at, const struct gpx_wire_seg *in, uint32_t n, const struct jpair *p,
+    uint64_t *total)
+{
+	const seg_pair lim = { p->src->length < SEG_LIMIT ? p->src->length : SEG_LIMIT - 1,
+	    p->dst->length < SEG_LIMIT ? p->dst->length : SEG_LIMIT - 1 };
+	const seg_pair base = { p->src_base, p->dst_base };
+	seg_pair bad2 = { 0, 0 };
+	uint64_t t = *total, bad = p->src_base | p->dst_base;
+
+	for (uint32_t i = 0; i < n; i++) {
+		const seg_pair raw = *(const volatile seg_pair *)&in[i];
+		const uint64_t len = *(const volatile uint64_t *)&in[i].length;
+		const seg_pair off = raw + base;
+		t += len;
+		bad2 |= raw | off | (lim - off - len);
+		bad |= len | t;
+		memcpy(&j->segs[at + i], &off, sizeof(off));
+		j->segs[at + i].length = len;
+		if ((at + i + 1) % SEG_BLOCK == 0)
+			j->blocks[(at + i) / SEG_BLOCK] = t;
+	}
+	*total = t;
+	return ((bad | bad2[0] | bad2[1]) & SEG_BAD) != 0;
 }
 
 /* Takes n segments in from the segment area, a memfd or the message, and checks them. */
@@ -304,69 +360,106 @@ pages_in(const struct region *r, uint64_t base, uint64_t ps)
 	return r->length > base ? (r->length - base) / ps : 0;
 }
 
+/* The largest page number every pair allows on each side, below 2^31, and 0 when some side has none. */
+static bool
+pages_limits(const struct job *j, uint64_t ps, uint64_t *ls, uint64_t *ld)
+{
+	*ls = *ld = 1ull << 31;
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		const uint64_t s = pages_in(j->pairs[k].src, j->pairs[k].src_base, ps);
+		const uint64_t d = pages_in(j->pairs[k].dst, j->pairs[k].dst_base, ps);
+		*ls = s < *ls ? s : *ls;
+		*ld = d < *ld ? d : *ld;
+	}
+	return *ls > 0 && *ld > 0;
+}
+
+/* The refusal of a page list with a page out of some pair's region: which, from the copy. */
+static int
+pages_refused(const struct job *j, const struct gpx_wire_page *pg, uint32_t n, uint64_t ps, struct conn *c,
+    char *err, size_t errlen)
+{
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		const struct jpair *p = &j->pairs[k];
+		const uint64_t ls = pages_in(p->src, p->src_base, ps), ld = pages_in(p->dst, p->dst_base, ps);
+		for (uint32_t i = 0; i < n; i++)
+			if (ls == 0 || ld == 0 || pg[i].src >= ls || pg[i].dst >= ld) {
+				snprintf(err, errlen, "page %u (%u -> %u, %llu bytes each from %llu -> %llu) of pair "
+				    "%u leaves its region (source %llu bytes, destination %llu bytes)", i,
+				    ls == 0 || ld == 0 ? 0 : pg[i].src, ls == 0 || ld == 0 ? 0 : pg[i].dst,
+				    (unsigned long long)ps, (unsigned long long)p->src_base,
+				    (unsigned long long)p->dst_base, k, (unsigned long long)p->src->length,
+				    (unsigned long long)p->dst->length);
+				log_audit(c, "%s", err);
+				return -GPX__STATUS__ERANGE;
+			}
+	}
+	return 0;
+}
+
 /*
- * Takes the n page records at `in` (the segment area) into private memory, the kernel's pinned
- * list when the GPU takes the job as pages, else a scratch array that becomes plain segments,
- * and checks them from that copy only.
+ * Takes the n page records at `in` (the segment area, or a batch's private copy) into private
+ * memory, the kernel's pinned list when a GPU runs the job as pages, else a scratch array
+ * that becomes plain segments, and checks them from that copy only against every pair of j
+ * (j->pairs with their bases are set).
  */
 static int
-take_pages(struct job *j, const Gpx__Transfer *t, const unsigned char *in, const struct region *src,
-    const struct region *dst, struct conn *c, char *err, size_t errlen)
+take_pages(struct job *j, const unsigned char *in, uint32_t n, uint64_t ps, struct conn *c, char *err,
+    size_t errlen)
 {
-	const uint32_t n = j->nseg;
-	const uint64_t ps = t->page_size;
+	const uint64_t items = (uint64_t)j->npairs * n;
 	struct gpx_wire_page *pg;
+	uint64_t ls, ld;
 	int r, dev;
 
-	if (ps > PAGE_SIZE_MAX || t->src_offset >= SEG_LIMIT || t->dst_offset >= SEG_LIMIT ||
-	    (uint64_t)n * ps >= SEG_LIMIT) {
-		snprintf(err, errlen, "%u pages of %llu bytes from %llu -> %llu: pages are 1..2^31 bytes, "
-		    "offsets and the whole below 2^62", n, (unsigned long long)ps,
-		    (unsigned long long)t->src_offset, (unsigned long long)t->dst_offset);
+	for (uint32_t k = 0; k < j->npairs; k++)
+		if (j->pairs[k].src_base >= SEG_LIMIT || j->pairs[k].dst_base >= SEG_LIMIT)
+			ps = 0;      /* refused just below */
+	if (ps == 0 || ps > PAGE_SIZE_MAX || items > UINT32_MAX || items * ps >= SEG_LIMIT) {
+		snprintf(err, errlen, "%u pages of %llu bytes for %u pairs: pages are 1..2^31 bytes, "
+		    "bases and the whole below 2^62, at most 2^32 pages in all", n, (unsigned long long)ps,
+		    j->npairs);
 		return -GPX__STATUS__ERANGE;
 	}
 	j->page_size = ps;
-	j->src_base = t->src_offset;
-	j->dst_base = t->dst_offset;
-	j->total = n * ps;
-	if ((j->pages = gpu_pages_alloc(src, dst, ps, n, &dev)) != NULL) {
+	j->npages = n;
+	j->nseg = (uint32_t)items;
+	j->total = items * ps;
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		j->pairs[k].seg_end = (k + 1) * n;
+		j->pairs[k].bytes = n * ps;
+	}
+	if ((j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, n, &dev)) != NULL) {
 		pg = j->pages;
 		j->path = (enum path_kind)(PATH_GPU0 + dev);      /* that GPU's kernel runs it */
 	} else if ((r = segs_alloc(j, err, errlen)) < 0)
 		return r;
 	else
-		pg = (struct gpx_wire_page *)(j->segs + n) - n;    /* the array's last third */
-	const uint64_t ls = pages_in(src, j->src_base, ps), ld = pages_in(dst, j->dst_base, ps);
-	if (ls == 0 || ld == 0 ||
-	    pages_copy2(pg, in, n, (uint32_t)((ls < (1ull << 31) ? ls : 1ull << 31) - 1),
-		(uint32_t)((ld < (1ull << 31) ? ld : 1ull << 31) - 1))) {
-		/* Some page may be out (or sides of more than 2^31 pages): exactly, from the copy. */
-		for (uint32_t i = 0; i < n; i++)
-			if (ls == 0 || ld == 0 || pg[i].src >= ls || pg[i].dst >= ld) {
-				snprintf(err, errlen, "page %u (%u -> %u, %llu bytes each from %llu -> %llu) leaves "
-				    "its region (source %llu bytes, destination %llu bytes)", i,
-				    ls == 0 || ld == 0 ? 0 : pg[i].src, ls == 0 || ld == 0 ? 0 : pg[i].dst,
-				    (unsigned long long)ps, (unsigned long long)j->src_base,
-				    (unsigned long long)j->dst_base, (unsigned long long)src->length,
-				    (unsigned long long)dst->length);
-				log_audit(c, "%s", err);
-				return -GPX__STATUS__ERANGE;
-			}
+		pg = (struct gpx_wire_page *)(j->segs + j->nseg) - n;    /* the array's tail */
+	if (!pages_limits(j, ps, &ls, &ld) ||
+	    pages_copy2(pg, in, n, (uint32_t)(ls - 1), (uint32_t)(ld - 1))) {
+		/* Some page may be out (or a side of more than 2^31 pages): exactly, from the copy. */
+		if ((r = pages_refused(j, pg, n, ps, c, err, errlen)) < 0)
+			return r;
 	}
 	if (j->pages != NULL)
 		return 0;
 	/*
-	 * Plain segments, written over the scratch copy from the front: segment i ends at byte
-	 * 24 (i + 1), where record i + 1 at 16 n + 8 (i + 1) has not begun, and record i was read
-	 * before: by memcpy, which may alias the segment stored over it, so no compiler moves
-	 * that store ahead of the read (the last record lies inside the last segment).
+	 * Plain segments, written over the scratch copy from the front, pair after pair.  The
+	 * scratch is the array's last n * 8 bytes: no segment of a pair but the last reaches it,
+	 * and the last pair's segment q ends before record q + 1 (24 (N - n + q + 1) <= 24 N - 8 n
+	 * + 8 (q + 1) for q < n, N = pairs x n).  Each record is read by memcpy before the segment
+	 * over it is stored, so no compiler moves that store ahead of the read.
 	 */
-	for (uint32_t i = 0; i < n; i++) {
-		struct gpx_wire_page p;
-		memcpy(&p, &pg[i], sizeof(p));
-		j->segs[i] = (struct gpx_wire_seg){ j->src_base + p.src * ps, j->dst_base + p.dst * ps, ps };
-		if ((i + 1) % SEG_BLOCK == 0 || i + 1 == n)
-			j->blocks[i / SEG_BLOCK] = (uint64_t)(i + 1) * ps;
+	for (uint32_t k = 0, i = 0; k < j->npairs; k++) {
+		const struct jpair *p = &j->pairs[k];
+		for (uint32_t q = 0; q < n; q++, i++) {
+			struct gpx_wire_page w;
+			memcpy(&w, &pg[q], sizeof(w));
+			j->segs[i] = (struct gpx_wire_seg){ p->src_base + w.src * ps, p->dst_base + w.dst * ps, ps };
+			if ((i + 1) % SEG_BLOCK == 0 || i + 1 == j->nseg)
+				j->blocks[i / SEG_BLOCK] = (uint64_t)(i + 1) * ps;
+		}
 	}
 	return 0;
 }
@@ -404,6 +497,268 @@ xfer_drop_area(struct conn *c)
 	c->area_len = 0;
 }
 
+const unsigned char *
+xfer_area(const struct conn *c, uint64_t off, uint64_t bytes)
+{
+	if (c->area == NULL || off % 8 != 0 || !inside(off, bytes, c->area_len))
+		return NULL;
+	return c->area + off;
+}
+
+/* A job with one pair slot, or npairs of its own. */
+static struct job *
+job_new(uint32_t npairs)
+{
+	struct job *j = calloc(1, sizeof(*j));
+
+	if (j == NULL)
+		return NULL;
+	j->pairs = &j->one;
+	if (npairs > 1 && (j->pairs = calloc(npairs, sizeof(*j->pairs))) == NULL) {
+		free(j);
+		return NULL;
+	}
+	j->npairs = npairs;
+	return j;
+}
+
+/*
+ * Takes a mapping user and a reference on both regions of every pair of the checked job, or
+ * none at all; the job then names its first pair's regions too.
+ */
+static int
+job_hold(struct job *j, char *err, size_t errlen)
+{
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		struct jpair *p = &j->pairs[k];
+		struct region *side[2] = { p->src, p->dst };
+		for (int i = 0; i < 2; i++)
+			if (!region_use(side[i])) {
+				snprintf(err, errlen, "%s region was withdrawn by its owner", i ? "destination" : "source");
+				if (i == 1)
+					region_unuse(p->src);
+				while (k-- > 0) {
+					region_unuse(j->pairs[k].src);
+					region_unuse(j->pairs[k].dst);
+				}
+				return -GPX__STATUS__EREVOKED;
+			}
+	}
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		region_ref(j->pairs[k].src);
+		region_ref(j->pairs[k].dst);
+	}
+	j->src = j->pairs[0].src;
+	j->dst = j->pairs[0].dst;
+	return 0;
+}
+
+/* Frees a job that holds no region yet: its lists, its pairs and itself. */
+static void
+job_drop(struct job *j)
+{
+	for (uint32_t k = 0; k < j->npairs; k++)
+		j->pairs[k].src = j->pairs[k].dst = NULL;
+	engine_free_job(j);
+}
+
+/* What every job of a transfer carries; its path, unless the page kernel chose one. */
+static void
+job_finish_build(struct job *j, const Gpx__Transfer *t, struct conn *c, double t_build)
+{
+	j->tag = t->tag;
+	j->flags = t->flags;
+	j->client = c->id;
+	j->t_build = t_build;
+	if (j->pages == NULL)
+		j->path = engine_path_for(j->src, j->dst);
+	j->t_submit = now_s();
+}
+
+/*
+ * A batch (protocol 3): the pairs copied out of the segment area and resolved, grouped by
+ * path; then per group one job whose segments (each pair's run, rebased) or page list are
+ * copied and checked.  Any refusal refuses the whole batch, before any job is handed over.
+ */
+static int
+build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, char *err, size_t errlen,
+    double t_build)
+{
+	const bool pages = t->page_size > 0;
+	const uint32_t np = t->pair_count, n = t->seg_count;
+	const unsigned char *wp, *list;
+	struct gpx_wire_pair *pr = NULL;
+	struct jpair *jp = NULL;
+	enum path_kind *path = NULL;
+	uint32_t *idx = NULL;
+	struct job *head = NULL, **tail = &head;
+	unsigned char *plist = NULL;
+	int r = 0, ngroups = 0;
+
+	if (c->version < 3 || np > GPX_PAIRS_MAX || segfd >= 0 || t->n_segments > 0 || n == 0 ||
+	    t->src_region != 0 || t->dst_region != 0 || t->src_offset != 0 || t->dst_offset != 0) {
+		snprintf(err, errlen, "a batch (protocol 3) is 1..%u pairs and its list, both in the segment "
+		    "area, and nothing else", GPX_PAIRS_MAX);
+		return -GPX__STATUS__EPROTO;
+	}
+	if (n > cfg->max_segs || (wp = xfer_area(c, t->pair_offset, (uint64_t)np * sizeof(*pr))) == NULL ||
+	    (list = xfer_area(c, t->area_offset, (uint64_t)n * (pages ? sizeof(struct gpx_wire_page) :
+	    sizeof(struct gpx_wire_seg)))) == NULL) {
+		snprintf(err, errlen, "%u pairs at %llu and %u %s at %llu: at most %u, inside the segment "
+		    "area (%zu bytes)", np, (unsigned long long)t->pair_offset, n, pages ? "pages" : "segments",
+		    (unsigned long long)t->area_offset, cfg->max_segs, c->area_len);
+		return -GPX__STATUS__EINVAL;
+	}
+	pr = malloc(np * sizeof(*pr));
+	jp = calloc(np, sizeof(*jp));
+	path = malloc(np * sizeof(*path));
+	idx = malloc(np * sizeof(*idx));
+	if (pr == NULL || jp == NULL || path == NULL || idx == NULL) {
+		snprintf(err, errlen, "out of memory for %u pairs", np);
+		r = -GPX__STATUS__ENOMEM;
+		goto out;
+	}
+	/* The pairs, read once; every one resolved before anything else. */
+	memcpy(pr, (const void *)wp, np * sizeof(*pr));
+	uint64_t nsegs = 0;
+	for (uint32_t k = 0; k < np && r == 0; k++) {
+		struct rhandle *sh, *dh;
+		if ((r = resolve_pair(c, pr[k].src_region, pr[k].dst_region, &sh, &dh, err, errlen)) < 0)
+			break;
+		if (sh->r->kind == GPX__MEM_KIND__MEM_REMOTE || dh->r->kind == GPX__MEM_KIND__MEM_REMOTE) {
+			snprintf(err, errlen, "pair %u: a batch moves memory of this node; copy to or from another "
+			    "node's region one transfer at a time", k);
+			r = -GPX__STATUS__ENOTSUP;
+			break;
+		}
+		jp[k] = (struct jpair){ .src = sh->r, .dst = dh->r, .src_base = pr[k].src_offset,
+		    .dst_base = pr[k].dst_offset };
+		path[k] = engine_path_for(sh->r, dh->r);
+		if (!pages && ((uint64_t)pr[k].seg_first + pr[k].seg_count > n || pr[k].seg_count == 0)) {
+			snprintf(err, errlen, "pair %u names segments %u..%u of a list of %u", k, pr[k].seg_first,
+			    pr[k].seg_first + pr[k].seg_count, n);
+			r = -GPX__STATUS__EINVAL;
+		}
+		nsegs += pages ? 0 : pr[k].seg_count;
+	}
+	if (r == 0 && nsegs > cfg->max_segs) {
+		snprintf(err, errlen, "the pairs name %llu segments in all (at most %u)", (unsigned long long)nsegs,
+		    cfg->max_segs);
+		r = -GPX__STATUS__EINVAL;
+	}
+	/* One job per path, its pairs in the batch's order. */
+	for (uint32_t k = 0; k < np && r == 0; k++) {
+		const enum path_kind pk = path[k];
+		uint32_t cnt = 0;
+		uint64_t segs = 0;
+		if (pk == NPATHS)
+			continue;       /* in an earlier group */
+		for (uint32_t q = k; q < np; q++)
+			if (path[q] == pk) {
+				idx[cnt++] = q;
+				segs += pages ? 0 : pr[q].seg_count;
+				path[q] = NPATHS;
+			}
+		struct job *j = job_new(cnt);
+		if (j == NULL) {
+			snprintf(err, errlen, "out of memory for a transfer");
+			r = -GPX__STATUS__ENOMEM;
+			break;
+		}
+		*tail = j;
+		tail = &j->gnext;
+		ngroups++;
+		for (uint32_t i = 0; i < cnt; i++)
+			j->pairs[i] = jp[idx[i]];
+		if (pages)
+			continue;       /* the page list is taken once the groups are known */
+		j->nseg = (uint32_t)segs;
+		if ((r = segs_alloc(j, err, errlen)) < 0)
+			break;
+		uint64_t total = 0;
+		bool bad = false;
+		for (uint32_t i = 0, at = 0; i < cnt; i++) {
+			const struct gpx_wire_pair *w = &pr[idx[i]];
+			struct jpair *p = &j->pairs[i];
+			uint64_t before = total;
+			bad |= check_run(j, at, (const struct gpx_wire_seg *)list + w->seg_first, w->seg_count, p, &total);
+			at += w->seg_count;
+			p->seg_end = at;
+			p->bytes = total - before;
+		}
+		if (j->nseg % SEG_BLOCK != 0)
+			j->blocks[j->nseg / SEG_BLOCK] = total;
+		if (bad) {
+			snprintf(err, errlen, "a segment of the batch leaves its pair's region, or the segments "
+			    "add up to 2^62 bytes or more");
+			log_audit(c, "%s", err);
+			r = -GPX__STATUS__ERANGE;
+			break;
+		}
+		j->total = total;
+	}
+	if (r == 0 && pages) {
+		/* Several groups read one private copy; one group reads the area itself. */
+		const unsigned char *in = list;
+		if (ngroups > 1) {
+			if ((plist = malloc((size_t)n * sizeof(struct gpx_wire_page))) == NULL) {
+				snprintf(err, errlen, "out of memory for %u pages", n);
+				r = -GPX__STATUS__ENOMEM;
+			} else {
+				memcpy(plist, (const void *)list, (size_t)n * sizeof(struct gpx_wire_page));
+				in = plist;
+			}
+		}
+		for (struct job *j = head; j != NULL && r == 0; j = j->gnext)
+			r = take_pages(j, in, n, t->page_size, c, err, errlen);
+	}
+	for (struct job *j = head; j != NULL && r == 0; j = j->gnext)
+		if ((r = job_hold(j, err, errlen)) < 0)
+			for (struct job *h = head; h != j; h = h->gnext) {
+				/* the groups before let go of what they took */
+				for (uint32_t k = 0; k < h->npairs; k++) {
+					region_unuse(h->pairs[k].src);
+					region_unref(h->pairs[k].src);
+					region_unuse(h->pairs[k].dst);
+					region_unref(h->pairs[k].dst);
+				}
+			}
+out:
+	if (r < 0) {
+		while (head != NULL) {
+			struct job *nx = head->gnext;
+			job_drop(head);
+			head = nx;
+		}
+	} else {
+		struct jgroup *g = ngroups > 1 ? calloc(1, sizeof(*g)) : NULL;
+		if (ngroups > 1 && g == NULL) {
+			/* (cannot happen in practice; refused whole) */
+			while (head != NULL) {
+				struct job *nx = head->gnext;
+				engine_free_job(head);
+				head = nx;
+			}
+			snprintf(err, errlen, "out of memory for a transfer");
+			r = -GPX__STATUS__ENOMEM;
+		} else {
+			if (g != NULL)
+				atomic_init(&g->left, ngroups);
+			for (struct job *j = head; j != NULL; j = j->gnext) {
+				j->group = g;
+				job_finish_build(j, t, c, t_build);
+			}
+			*out = head;
+		}
+	}
+	free(plist);
+	free(idx);
+	free(path);
+	free(jp);
+	free(pr);
+	return r;
+}
+
 int
 xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, char *err, size_t errlen)
 {
@@ -413,16 +768,9 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 	uint32_t n;
 	int r;
 
-	if ((r = resolve(c, t->src_region, "source", &sh, err, errlen)) < 0 ||
-	    (r = resolve(c, t->dst_region, "destination", &dh, err, errlen)) < 0)
-		return r;
-	if (dh->read_only || dh->r->read_only) {
-		snprintf(err, errlen, "destination region %#llx is read-only", (unsigned long long)t->dst_region);
-		log_audit(c, "%s", err);
-		return -GPX__STATUS__EACCES;
-	}
-	/* fabric: another node's region on one side (daemon/fabric.c) */
-	if ((r = fabric_xfer_check(sh->r, dh->r, err, errlen)) < 0)
+	if (t->pair_count > 0)
+		return build_batch(c, t, segfd, out, err, errlen, t_build);
+	if ((r = resolve_pair(c, t->src_region, t->dst_region, &sh, &dh, err, errlen)) < 0)
 		return r;
 	if (t->page_size > 0 && (c->version < 2 || t->seg_count == 0 || segfd >= 0)) {
 		snprintf(err, errlen, c->version < 2 ? "page transfers need protocol 2 (this connection speaks %u)"
@@ -439,51 +787,38 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 		return -GPX__STATUS__EINVAL;
 	}
 	/* The claimed count is checked against the area or memfd before anything is allocated. */
-	if (t->seg_count > 0 && segfd < 0) {
-		uint64_t want = (uint64_t)n * (t->page_size > 0 ? sizeof(struct gpx_wire_page) : sizeof(struct gpx_wire_seg));
-		if (c->area == NULL || t->area_offset % 8 != 0 || !inside(t->area_offset, want, c->area_len)) {
-			snprintf(err, errlen, "%u segments at %llu leave the segment area (%zu bytes)", n,
-			    (unsigned long long)t->area_offset, c->area_len);
-			return -GPX__STATUS__EINVAL;
-		}
-		table = c->area + t->area_offset;
+	if (t->seg_count > 0 && segfd < 0 &&
+	    (table = xfer_area(c, t->area_offset, (uint64_t)n * (t->page_size > 0 ?
+	    sizeof(struct gpx_wire_page) : sizeof(struct gpx_wire_seg)))) == NULL) {
+		snprintf(err, errlen, "%u segments at %llu leave the segment area (%zu bytes)", n,
+		    (unsigned long long)t->area_offset, c->area_len);
+		return -GPX__STATUS__EINVAL;
 	}
 	if (segfd >= 0 && (r = segs_fd_ok(segfd, n, err, errlen)) < 0)
 		return r;
 
-	struct job *j = calloc(1, sizeof(*j));
+	struct job *j = job_new(1);
 	if (j == NULL) {
 		snprintf(err, errlen, "out of memory for a transfer");
 		return -GPX__STATUS__ENOMEM;
 	}
-	j->nseg = n;
-	j->t_build = t_build;
+	j->one = (struct jpair){ .src = sh->r, .dst = dh->r, .src_base = t->src_offset,
+	    .dst_base = t->dst_offset, .seg_end = n };
 	if (t->page_size > 0)
-		r = take_pages(j, t, table, sh->r, dh->r, c, err, errlen);
-	else if ((r = segs_alloc(j, err, errlen)) == 0)
-		r = take_segs(j, t, table, segfd, sh->r, dh->r, c, err, errlen);
-	if (r == 0 && !region_use(sh->r)) {
-		snprintf(err, errlen, "source region was withdrawn by its owner");
-		r = -GPX__STATUS__EREVOKED;
-	} else if (r == 0 && !region_use(dh->r)) {
-		region_unuse(sh->r);
-		snprintf(err, errlen, "destination region was withdrawn by its owner");
-		r = -GPX__STATUS__EREVOKED;
+		r = take_pages(j, table, n, t->page_size, c, err, errlen);
+	else {
+		j->nseg = n;
+		if ((r = segs_alloc(j, err, errlen)) == 0)
+			r = take_segs(j, t, table, segfd, sh->r, dh->r, c, err, errlen);
+		j->one.bytes = j->total;
 	}
+	if (r == 0)
+		r = job_hold(j, err, errlen);
 	if (r < 0) {
-		engine_free_job(j);     /* no regions held yet: its lists and itself */
+		job_drop(j);     /* no regions held: its lists and itself */
 		return r;
 	}
-	region_ref(sh->r);
-	region_ref(dh->r);
-	j->src = sh->r;
-	j->dst = dh->r;
-	j->tag = t->tag;
-	j->flags = t->flags;
-	j->client = c->id;
-	if (j->pages == NULL)
-		j->path = engine_path_for(sh->r, dh->r);
-	j->t_submit = now_s();
+	job_finish_build(j, t, c, t_build);
 	*out = j;
 	return 0;
 }

@@ -17,7 +17,9 @@
  *
  * The segment lists of large vectored transfers: struct gpx_wire_seg records in the
  * connection's segment area (or a memfd of its own); the page lists of page transfers
- * (Transfer.page_size set): struct gpx_wire_page records in the segment area.
+ * (Transfer.page_size set): struct gpx_wire_page records in the segment area; the pairs of
+ * a batch (Transfer.pair_count): struct gpx_wire_pair records; the pieces of a VMM range
+ * (Register.piece_count): struct gpx_wire_piece records.
  */
 #ifndef GPX_RING_H
 #define GPX_RING_H
@@ -82,6 +84,23 @@ struct gpx_wire_seg {
 struct gpx_wire_page {
 	uint32_t src;
 	uint32_t dst;
+};
+
+/* A piece of VMM memory under a registered range (Register.piece_count). */
+struct gpx_wire_piece {
+	uint64_t id;           /* the driver's memory block id of the physical allocation */
+	uint64_t offset;       /* where it is mapped, from the reservation's start */
+	uint64_t size;
+};
+
+/* One pair of a batch (Transfer.pair_count). */
+struct gpx_wire_pair {
+	uint64_t src_region;
+	uint64_t dst_region;
+	uint64_t src_offset;   /* added to the offsets of its segments, or its pages' base */
+	uint64_t dst_offset;
+	uint32_t seg_first;    /* segments: its run of the request's list; pages: 0 */
+	uint32_t seg_count;
 };
 
 static inline uint64_t

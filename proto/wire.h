@@ -12,10 +12,15 @@
 #include <sys/types.h>
 #include <protobuf-c/protobuf-c.h>
 
-#define GPX_PROTO_VERSION 2            /* 2: page transfers (Transfer.page_size) */
+#define GPX_PROTO_VERSION 3            /* 2: page transfers (Transfer.page_size); 3: VMM
+                                        * pieces (Register.piece_count, Pieces), batches
+                                        * (Transfer.pair_count) */
 #define GPX_PROTO_MIN 1                /* the oldest a daemon still speaks */
 #define GPX_MSG_MAX (64 * 1024)        /* largest datagram either side sends or accepts */
-#define GPX_MAX_FDS 2                  /* most fds any message carries */
+#define GPX_MAX_FDS 32                 /* most fds any message carries (Pieces) */
+#define GPX_PIECES_MAX GPX_MAX_FDS     /* pieces of one Pieces message */
+#define GPX_MISSING_MAX 1024           /* indexes in one Reply.missing */
+#define GPX_PAIRS_MAX 16384            /* pairs in one batch (as client-lib/gpx.h says) */
 #define GPX_ARENA_SIZE (16 * GPX_MSG_MAX)
 #define GPX_DEFAULT_SOCKET "/run/gpx/gpxd.sock"
 #define GPX_AREA_MAX (256u << 20)     /* largest segment area a connection may map */

@@ -276,9 +276,11 @@ test_wire(void)
 	ok(fds[0] == -1 && fds[1] == -1, "wire_close_fds: closes and forgets them");
 
 	ok(wire_send(sp[0], big, GPX_MSG_MAX + 1, NULL, 0) == -EMSGSIZE, "wire_send: GPX_MSG_MAX + 1 bytes refused");
-	int three[3] = { efd, efd, efd };
-	ok(wire_send(sp[0], "x", 1, three, 3) == -EMSGSIZE, "wire_send: more than GPX_MAX_FDS fds refused");
-	ok(wire_send(sp[0], "x", 1, three, -1) == -EMSGSIZE, "wire_send: a negative fd count refused");
+	int over[GPX_MAX_FDS + 1];
+	for (int i = 0; i <= GPX_MAX_FDS; i++)
+		over[i] = efd;
+	ok(wire_send(sp[0], "x", 1, over, GPX_MAX_FDS + 1) == -EMSGSIZE, "wire_send: more than GPX_MAX_FDS fds refused");
+	ok(wire_send(sp[0], "x", 1, over, -1) == -EMSGSIZE, "wire_send: a negative fd count refused");
 	ok(wire_send(sp[0], big, GPX_MSG_MAX, NULL, 0) == 0 &&
 	    wire_recv(sp[1], buf, fds, &nfds, GPX_MAX_FDS, 0) == GPX_MSG_MAX, "exactly GPX_MSG_MAX bytes pass");
 
@@ -297,9 +299,9 @@ test_wire(void)
 	int many[100];
 	for (int i = 0; i < 100; i++)
 		many[i] = efd;
-	n = send_fds(sp[0], "z", 1, many, 10);
+	n = send_fds(sp[0], "z", 1, many, GPX_MAX_FDS + 1);
 	ok(n == 1 && wire_recv(sp[1], buf, fds, &nfds, GPX_MAX_FDS, 0) == -E2BIG && count_fds() == base,
-	    "wire_recv: 10 fds -> -E2BIG, all closed");
+	    "wire_recv: GPX_MAX_FDS + 1 fds -> -E2BIG, all closed");
 	n = send_fds(sp[0], "z", 1, many, 100);
 	ok(n == 1 && wire_recv(sp[1], buf, fds, &nfds, GPX_MAX_FDS, 0) == -EBADMSG && count_fds() == base,
 	    "wire_recv: 100 fds overflow the control buffer -> -EBADMSG, all closed");

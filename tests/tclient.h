@@ -1,0 +1,42 @@
+/*
+ * What the test programs that drive a real gpxd through libgpxclient share: a random
+ * generator and fills from it, host buffers gpxd accepts, a connected client, and waits for
+ * a transfer's completion.  Each program defines H, the daemon it started (tests/harness.h).
+ */
+#ifndef GPX_TESTS_TCLIENT_H
+#define GPX_TESTS_TCLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client-lib/gpx.h"
+#include "tests/harness.h"
+
+#define WAIT_MS 30000          /* a hang, not a slow machine, is what this limit catches */
+
+extern struct harness H;
+
+uint64_t rnd(uint64_t *s);
+/* p[0..n) becomes 0..n-1 in a random order. */
+void shuffle(uint32_t *p, uint32_t n, uint64_t *seed);
+void fill_random(void *p, size_t n, uint64_t *seed);
+
+/* A host buffer gpxd accepts, optionally registered on a connection. */
+struct buf {
+	int fd;
+	unsigned char *p;
+	size_t len;
+	gpx_region r;
+};
+int buf_new(struct buf *b, size_t len);
+int buf_reg(gpx_conn *c, struct buf *b, unsigned flags);
+void buf_free(struct buf *b);
+
+/* A client of H, connected and settled (see tclient.c), or NULL. */
+gpx_conn *client(const char *name);
+/* Status of one tag's completion (0 or -GPX_E*), or the wait's own error. */
+int wait_tag(gpx_conn *c, uint64_t tag, uint64_t *bytes);
+/* Collects every completion already delivered or arriving within ms. */
+int drain(gpx_conn *c, struct gpx_completion *out, int max, int ms);
+
+#endif
