@@ -206,22 +206,21 @@ vmm_send(gpx_conn *c, const Gpx__Register *reg, const struct gpx_wire_piece *pie
 
 /*
  * VMM memory: the physical allocations ("pieces") mapped under [p, p + length), found by
- * walking the reservation one mapping at a time (a driver query each, ~0.1 us), named to the
+ * walking the reservation one mapping at a time from the one at p (first: what the driver
+ * said of p; a driver query for each further piece, ~0.1 us), named to the
  * daemon by their block ids.  The daemon answers at once from what it holds; only the pieces
  * it lacks are exported, a driver call of ~30 us each, and sent as fds.
  */
 static int
-register_vmm(gpx_conn *c, Gpx__Register *reg, CUdeviceptr p, uint64_t length, gpx_region *out)
+register_vmm(gpx_conn *c, Gpx__Register *reg, CUdeviceptr p, uint64_t length, const struct vmm_at *first,
+    gpx_region *out)
 {
 	struct gpx_wire_piece one, *pieces = &one;
 	uint32_t *missing = NULL;
 	size_t n = 0, cap = 1, nmissing = 0;
-	struct vmm_at a;
-	CUresult e;
+	struct vmm_at a = *first;
 	int r;
 
-	if ((e = vmm_query(p, &a)) != CUDA_SUCCESS)
-		return cu_fail(c, GPX_EINVAL, "not a CUDA pointer", e);
 	if (a.type != CU_MEMORYTYPE_DEVICE || a.size == 0)
 		return client_error(c, GPX_ENOTSUP, "memory is neither VMM memory, nor of a "
 		    "stream-ordered pool, nor legacy-IPC capable");
@@ -292,14 +291,17 @@ gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags,
 	if (load_error[0] != '\0')
 		return client_error(c, GPX_ENOTSUP, load_error);
 	/* Everything about the pointer in one driver call. */
+	struct vmm_at piece = { 0 };
 	CUpointer_attribute at[] = {
 		CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
 		CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
 		CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-		CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+		CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+		CU_POINTER_ATTRIBUTE_MAPPING_SIZE, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID,
 	};
-	void *val[] = { &mt, &ordinal, &buffer_id, &legacy, &base, &size, &pool };
-	if ((e = p_cuPointerGetAttributes(7, at, val, p)) != CUDA_SUCCESS)
+	void *val[] = { &mt, &ordinal, &buffer_id, &legacy, &base, &size, &pool, &piece.base, &piece.size,
+		&piece.id };
+	if ((e = p_cuPointerGetAttributes(10, at, val, p)) != CUDA_SUCCESS)
 		return cu_fail(c, GPX_EINVAL, "not a CUDA pointer", e);
 	if (mt != CU_MEMORYTYPE_DEVICE)
 		return client_error(c, GPX_EINVAL, "not device memory (register host memory as a memfd)");
@@ -335,5 +337,8 @@ gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags,
 		return client_register(c, &reg, -1, out);
 	}
 	/* Otherwise it should be VMM memory (cuMemCreate, expandable segments). */
-	return register_vmm(c, &reg, p, length, out);
+	piece.type = mt;
+	piece.res = base;
+	piece.res_size = size;
+	return register_vmm(c, &reg, p, length, &piece, out);
 }

@@ -451,7 +451,7 @@ on_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int 
 	}
 	if (((m->kind == GPX__MEM_KIND__MEM_HOST && !mem_host_fd_ok(fds[0], err, sizeof(err))) ||
 	    ((m->kind == GPX__MEM_KIND__MEM_CUDA_VMM || m->kind == GPX__MEM_KIND__MEM_CUDA_POOL) &&
-	     !m->cached_only && !gpu_vmm_fd_ok(fds[0], err, sizeof(err))))) {
+	     !m->cached_only && m->piece_count == 0 && !gpu_vmm_fd_ok(fds[0], err, sizeof(err))))) {
 		log_audit(c, "%s", err);
 		reply_err(c, seq, GPX__STATUS__EBADFD, err);
 		return;

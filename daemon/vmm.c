@@ -38,6 +38,7 @@ struct vpiece {
 	uint64_t id, off, size;
 	uint64_t handle;             /* the imported allocation */
 	int refs;                    /* regions bound to it */
+	bool dying;                  /* let go; mapped until a task thread unmaps it */
 	struct vmirror *m;
 };
 
@@ -48,10 +49,9 @@ struct vmirror {
 	uint64_t res, res_size;      /* the client's reservation */
 	uint64_t va;                 /* ours, res_size bytes */
 	bool current;                /* where new pieces and registrations go */
-	bool listed;                 /* in `mirrors`: false once no live piece is left */
-	int held;                    /* pieces mapped here, released ones not yet unmapped too */
-	struct vpiece **p;           /* live pieces by offset */
+	struct vpiece **p;           /* its pieces by offset, dying ones too: all mapped */
 	uint32_t n, cap;
+	uint32_t loose;              /* pieces no region uses that are not let go */
 };
 
 /* A region's pieces, in r->priv. */
@@ -95,12 +95,24 @@ mirror_new(uint64_t owner, int dev, uint64_t res, uint64_t res_size, char *err, 
 	m->dev = dev;
 	m->res = res;
 	m->res_size = res_size;
-	m->current = m->listed = true;
+	m->current = true;
 	TAILQ_INSERT_TAIL(&mirrors, m, entry);
 	return m;
 }
 
-/* First live piece of m that ends after off. */
+/* A mirror with no piece left goes.  vmm_lock held. */
+static void
+mirror_drop_empty(struct vmirror *m)
+{
+	if (m->n > 0)
+		return;
+	TAILQ_REMOVE(&mirrors, m, entry);
+	cuda_vmm_unreserve(m->va, m->res_size);
+	free(m->p);
+	free(m);
+}
+
+/* First piece of m that ends after off. */
 static uint32_t
 piece_after(const struct vmirror *m, uint64_t off)
 {
@@ -116,74 +128,14 @@ piece_after(const struct vmirror *m, uint64_t off)
 	return lo;
 }
 
-/* The live piece of m that is exactly w, or NULL. */
+/* The piece of m that is exactly w and not let go, or NULL. */
 static struct vpiece *
 piece_find(const struct vmirror *m, const struct gpx_wire_piece *w)
 {
 	uint32_t i = piece_after(m, w->offset);
 	struct vpiece *p = i < m->n ? m->p[i] : NULL;
 
-	return p != NULL && p->off == w->offset && p->size == w->size && p->id == w->id ? p : NULL;
-}
-
-/* Unmaps a piece taken out of its mirror, and frees a mirror left with nothing.  vmm_lock held. */
-static void
-piece_unmap(struct vpiece *p)
-{
-	struct vmirror *m = p->m;
-
-	cuda_vmm_unmap(m->va + p->off, p->size);
-	cuda_vmm_release(p->handle);
-	log_debug("gpu", "released a %llu-byte VMM piece", (unsigned long long)p->size);
-	free(p);
-	if (--m->held == 0 && !m->listed) {
-		cuda_vmm_unreserve(m->va, m->res_size);
-		free(m->p);
-		free(m);
-	}
-}
-
-/* piece_unmap of a piece of m that m keeps using (it is not left empty and freed). */
-static void
-piece_unmap_keep(struct vmirror *m, struct vpiece *p)
-{
-	cuda_vmm_unmap(m->va + p->off, p->size);
-	cuda_vmm_release(p->handle);
-	m->held--;
-	free(p);
-}
-
-/* Task thread: piece_unmap of pieces taken out of their mirrors elsewhere. */
-static void
-pieces_free_work(void *arg)
-{
-	struct vpiece **ps = arg;
-
-	pthread_mutex_lock(&vmm_lock);
-	for (size_t i = 0; ps[i] != NULL; i++)
-		piece_unmap(ps[i]);
-	pthread_mutex_unlock(&vmm_lock);
-	free(ps);
-}
-
-static void
-piece_noop(void *arg)
-{
-	(void)arg;
-}
-
-/* Takes m->p[i] out of its mirror (vmm_lock held); pieces_free_work unmaps it later. */
-static struct vpiece *
-piece_remove(struct vmirror *m, uint32_t i)
-{
-	struct vpiece *p = m->p[i];
-
-	memmove(&m->p[i], &m->p[i + 1], (m->n - i - 1) * sizeof(*m->p));
-	if (--m->n == 0 && m->listed) {
-		m->listed = false;
-		TAILQ_REMOVE(&mirrors, m, entry);
-	}
-	return p;
+	return p != NULL && !p->dying && p->off == w->offset && p->size == w->size && p->id == w->id ? p : NULL;
 }
 
 static bool
@@ -202,9 +154,62 @@ piece_insert(struct vmirror *m, struct vpiece *p)
 	memmove(&m->p[i + 1], &m->p[i], (m->n - i) * sizeof(*m->p));
 	m->p[i] = p;
 	m->n++;
-	m->held++;
+	m->loose++;          /* until a region takes it */
 	p->m = m;
 	return true;
+}
+
+/* Unmaps p and takes it out of its mirror, which may then be empty.  vmm_lock held. */
+static void
+piece_unmap(struct vpiece *p)
+{
+	struct vmirror *m = p->m;
+
+	for (uint32_t i = piece_after(m, p->off); i < m->n; i++)
+		if (m->p[i] == p) {
+			memmove(&m->p[i], &m->p[i + 1], (m->n - i - 1) * sizeof(*m->p));
+			m->n--;
+			break;
+		}
+	m->loose -= p->refs == 0 && !p->dying;
+	cuda_vmm_unmap(m->va + p->off, p->size);
+	cuda_vmm_release(p->handle);
+	log_debug("gpu", "released a %llu-byte VMM piece", (unsigned long long)p->size);
+	free(p);
+}
+
+/* Task thread: unmaps the dying pieces of ps (which ends with NULL). */
+static void
+pieces_free_work(void *arg)
+{
+	struct vpiece **ps = arg;
+
+	pthread_mutex_lock(&vmm_lock);
+	for (size_t i = 0; ps[i] != NULL; i++) {
+		struct vmirror *m = ps[i]->m;
+		piece_unmap(ps[i]);
+		mirror_drop_empty(m);
+	}
+	pthread_mutex_unlock(&vmm_lock);
+	free(ps);
+}
+
+static void
+piece_noop(void *arg)
+{
+	(void)arg;
+}
+
+/* Hands the n dying pieces of ps to a task thread. */
+static void
+pieces_free(struct vpiece **ps, size_t n)
+{
+	if (n == 0) {
+		free(ps);
+		return;
+	}
+	ps[n] = NULL;
+	defer_run(pieces_free_work, piece_noop, ps);
 }
 
 /*
@@ -275,7 +280,7 @@ vmm_bind(struct region *r, uint32_t *missing, uint32_t *nmissing, char *err, siz
 	b->n = r->npieces;
 	for (uint32_t i = 0; i < r->npieces; i++) {
 		b->p[i] = piece_find(m, &r->pieces[i]);
-		b->p[i]->refs++;
+		m->loose -= b->p[i]->refs++ == 0;
 	}
 	r->priv = b;
 	r->dev = dev;
@@ -285,7 +290,7 @@ vmm_bind(struct region *r, uint32_t *missing, uint32_t *nmissing, char *err, siz
 	return 0;
 }
 
-/* Loose pieces of an owner: held, used by no region.  vmm_lock held. */
+/* Loose pieces of an owner: held, used by no region, not let go.  vmm_lock held. */
 static uint32_t
 loose_count(uint64_t owner)
 {
@@ -294,8 +299,7 @@ loose_count(uint64_t owner)
 
 	TAILQ_FOREACH(m, &mirrors, entry)
 		if (m->owner == owner)
-			for (uint32_t i = 0; i < m->n; i++)
-				n += m->p[i]->refs == 0;
+			n += m->loose;
 	return n;
 }
 
@@ -303,7 +307,8 @@ loose_count(uint64_t owner)
  * Imports n pieces of the reservation (res, res_size) of device dev, one fd each (not
  * closed here), and maps each at its place in the owner's current mirror.  A piece already
  * held is passed over; one that overlaps pieces no region uses replaces them; one that
- * overlaps a piece in use starts a new generation of the mirror.  Task thread: driver calls.
+ * overlaps a piece in use (or one let go and not yet unmapped) starts a new generation of the
+ * mirror.  Task thread: driver calls, under the lock so that a mirror changes in one place.
  */
 int
 vmm_import(uint64_t owner, int dev, uint64_t res, uint64_t res_size, const struct gpx_wire_piece *pc,
@@ -327,8 +332,10 @@ vmm_import(uint64_t owner, int dev, uint64_t res, uint64_t res_size, const struc
 			continue;
 		uint32_t lo = piece_after(m, pc[i].offset), hi = lo;
 		bool used = false;
-		while (hi < m->n && m->p[hi]->off < pc[i].offset + pc[i].size)
-			used |= m->p[hi++]->refs > 0;
+		while (hi < m->n && m->p[hi]->off < pc[i].offset + pc[i].size) {
+			used |= m->p[hi]->refs > 0 || m->p[hi]->dying;
+			hi++;
+		}
 		if (used) {
 			/* The owner remapped memory a region still uses: a new generation. */
 			log_debug("gpu", "client %llu remapped part of a reservation in use: new mirror",
@@ -338,68 +345,49 @@ vmm_import(uint64_t owner, int dev, uint64_t res, uint64_t res_size, const struc
 				e = -GPX__STATUS__ENOMEM;
 				break;
 			}
-		} else {
+		} else
 			/* Pieces no region uses, that the owner has since replaced: gone now. */
-			for (uint32_t k = lo; k < hi; k++)
-				piece_unmap_keep(m, m->p[k]);
-			memmove(&m->p[lo], &m->p[hi], (m->n - hi) * sizeof(*m->p));
-			m->n -= hi - lo;
-		}
+			for (; hi > lo; hi--)
+				piece_unmap(m->p[lo]);
 		struct vpiece *p = calloc(1, sizeof(*p));
 		if (p == NULL) {
 			snprintf(err, errlen, "out of memory");
 			e = -GPX__STATUS__ENOMEM;
 			break;
 		}
-		*p = (struct vpiece){ .id = pc[i].id, .off = pc[i].offset, .size = pc[i].size };
+		p->id = pc[i].id;
+		p->off = pc[i].offset;
+		p->size = pc[i].size;
 		if ((e = cuda_vmm_import(dev, fds[i], &p->handle)) < 0) {
 			snprintf(err, errlen, "piece %u: the driver refused the VMM fd (stale, or of another device)", i);
 		} else if ((e = cuda_vmm_map(m->va + p->off, p->size, p->handle, gpu_access_mask(dev))) < 0) {
 			snprintf(err, errlen, "piece %u: the driver would not map its %llu bytes (not the "
-			    "allocation's size?)", i, (unsigned long long)p->size);
+			    "allocation's size?)", i, (unsigned long long)pc[i].size);
 			cuda_vmm_release(p->handle);
-		} else if (!piece_insert(m, p)) {
+		} else {
+			if (piece_insert(m, p)) {
+				atomic_fetch_add(&n_imports, 1);
+				log_debug("gpu", "imported a VMM piece of %llu bytes at %llu of client %llu's reservation",
+				    (unsigned long long)p->size, (unsigned long long)p->off, (unsigned long long)owner);
+				continue;
+			}
 			snprintf(err, errlen, "out of memory");
 			cuda_vmm_unmap(m->va + p->off, p->size);
 			cuda_vmm_release(p->handle);
 			e = -GPX__STATUS__ENOMEM;
-		} else {
-			atomic_fetch_add(&n_imports, 1);
-			continue;
 		}
 		free(p);
-		if (m->n == 0 && m->listed) {
-			/* A mirror made for this piece alone. */
-			m->listed = false;
-			TAILQ_REMOVE(&mirrors, m, entry);
-			if (m->held == 0) {
-				cuda_vmm_unreserve(m->va, m->res_size);
-				free(m->p);
-				free(m);
-			}
-		}
+		mirror_drop_empty(m);      /* one made for this piece alone */
 	}
 	pthread_mutex_unlock(&vmm_lock);
 	return e;
-}
-
-/* Hands pieces taken out of their mirrors to a task thread (ps ends with NULL). */
-static void
-pieces_free(struct vpiece **ps, size_t n)
-{
-	if (n == 0) {
-		free(ps);
-		return;
-	}
-	ps[n] = NULL;
-	defer_run(pieces_free_work, piece_noop, ps);
 }
 
 /* Lets go of the pieces of an owner that no region uses.  Loop thread. */
 void
 vmm_sweep(uint64_t owner)
 {
-	struct vmirror *m, *t;
+	struct vmirror *m;
 	struct vpiece **ps;
 	size_t n = 0;
 
@@ -409,11 +397,13 @@ vmm_sweep(uint64_t owner)
 		pthread_mutex_unlock(&vmm_lock);
 		return;
 	}
-	TAILQ_FOREACH_SAFE(m, &mirrors, entry, t)
-		if (m->owner == owner)
-			for (uint32_t i = m->n; i-- > 0;)
-				if (m->p[i]->refs == 0)
-					ps[n++] = piece_remove(m, i);
+	TAILQ_FOREACH(m, &mirrors, entry)
+		for (uint32_t i = 0; m->owner == owner && m->loose > 0 && i < m->n; i++)
+			if (m->p[i]->refs == 0 && !m->p[i]->dying) {
+				m->p[i]->dying = true;
+				m->loose--;
+				ps[n++] = m->p[i];
+			}
 	pthread_mutex_unlock(&vmm_lock);
 	pieces_free(ps, n);
 }
@@ -432,14 +422,10 @@ vmm_close(struct region *r)
 	pthread_mutex_lock(&vmm_lock);
 	for (uint32_t i = 0; i < b->n; i++) {
 		struct vpiece *p = b->p[i];
-		struct vmirror *m = p->m;
 		if (--p->refs > 0 || ps == NULL)
-			continue;      /* (without memory for the list, the owner's next sweep frees it) */
-		for (uint32_t k = piece_after(m, p->off); k < m->n; k++)
-			if (m->p[k] == p) {
-				ps[n++] = piece_remove(m, k);
-				break;
-			}
+			continue;      /* (without memory for the list, the owner's next sweep lets it go) */
+		p->dying = true;
+		ps[n++] = p;
 	}
 	pthread_mutex_unlock(&vmm_lock);
 	if (ps != NULL)

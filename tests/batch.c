@@ -12,8 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <fcntl.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 
 #include "client-lib/gpx.h"
@@ -395,35 +393,6 @@ test_limits(void)
 
 /* ---- bad batches on the wire: what libgpxclient never sends ---- */
 
-/* A raw client with a segment area of `len` bytes (mapped at *area); the socket, or -1. */
-static int
-raw_client(uint32_t version, unsigned char **area, size_t len, int *efd_out)
-{
-	int s = harness_connect(&H), efd = eventfd(0, EFD_CLOEXEC), mfd = memfd_create("raw-area", MFD_ALLOW_SEALING);
-	Gpx__DaemonMsg *d;
-
-	if (s < 0 || efd < 0 || mfd < 0 || ftruncate(mfd, len) < 0 ||
-	    fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK) < 0)
-		return -1;
-	if ((d = harness_hello(s, version, efd, NULL)) == NULL || d->reply->status != 0)
-		return -1;
-	gpx__daemon_msg__free_unpacked(d, NULL);
-	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
-	Gpx__SegArea sa = GPX__SEG_AREA__INIT;
-	sa.length = len;
-	m.seq = 2;
-	m.body_case = GPX__CLIENT_MSG__BODY_SEG_AREA;
-	m.seg_area = &sa;
-	if (harness_send(s, &m, &mfd, 1) < 0 || (d = harness_recv(s, WAIT_MS, NULL, NULL, NULL)) == NULL ||
-	    d->reply->status != 0)
-		return -1;
-	gpx__daemon_msg__free_unpacked(d, NULL);
-	*area = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
-	close(mfd);
-	*efd_out = efd;
-	return *area == MAP_FAILED ? -1 : s;
-}
-
 /* Sends t and returns the status of its refusal (a Reply naming its tag), or 0 if none came. */
 static int
 raw_transfer(int s, Gpx__Transfer *t)
@@ -448,7 +417,7 @@ static void
 test_wire(void)
 {
 	unsigned char *area;
-	int efd, s = raw_client(GPX_PROTO_VERSION, &area, 1 << 20, &efd);
+	int s = harness_area_client(&H, GPX_PROTO_VERSION, &area, 1 << 20);
 	Gpx__Transfer t = GPX__TRANSFER__INIT;
 
 	if (s < 0)
@@ -475,14 +444,12 @@ test_wire(void)
 	t.seg_count = 1;
 	ok(raw_transfer(s, &t) == GPX__STATUS__ENOENT, "a pair of region ids 0: ENOENT");
 	close(s);
-	close(efd);
 	munmap(area, 1 << 20);
 	/* A protocol 2 connection: batches are protocol 3. */
-	if ((s = raw_client(2, &area, 1 << 20, &efd)) < 0)
+	if ((s = harness_area_client(&H, 2, &area, 1 << 20)) < 0)
 		tap_bail("cannot set up a protocol 2 client");
 	ok(raw_transfer(s, &t) == GPX__STATUS__EPROTO, "a batch on a protocol 2 connection: EPROTO");
 	close(s);
-	close(efd);
 	munmap(area, 1 << 20);
 }
 

@@ -22,6 +22,8 @@
 #include <unistd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 
@@ -175,6 +177,57 @@ harness_hello(int sock, uint32_t version, int efd, int *ring_fd)
 	else
 		wire_close_fds(fds, nfds);
 	return r;
+}
+
+int
+harness_request(int sock, Gpx__ClientMsg *m, const int *fds, int nfds, int timeout_ms, Gpx__DaemonMsg **reply)
+{
+	Gpx__DaemonMsg *d;
+	int st;
+
+	if (reply != NULL)
+		*reply = NULL;
+	if (harness_send(sock, m, fds, nfds) < 0 || (d = harness_recv(sock, timeout_ms, NULL, NULL, NULL)) == NULL)
+		return -1;
+	st = (int)d->reply->status;
+	if (reply != NULL)
+		*reply = d;
+	else
+		gpx__daemon_msg__free_unpacked(d, NULL);
+	return st;
+}
+
+int
+harness_area_client(const struct harness *h, uint32_t version, unsigned char **area, size_t len)
+{
+	int s = harness_connect(h), efd = eventfd(0, EFD_CLOEXEC);
+	int mfd = memfd_create("harness-area", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__SegArea sa = GPX__SEG_AREA__INIT;
+	Gpx__DaemonMsg *d = NULL;
+	bool ok = false;
+
+	*area = MAP_FAILED;
+	if (s >= 0 && efd >= 0 && mfd >= 0 && ftruncate(mfd, len) == 0 && fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK) == 0 &&
+	    (d = harness_hello(s, version, efd, NULL)) != NULL && d->reply->status == 0) {
+		sa.length = len;
+		m.seq = 2;
+		m.body_case = GPX__CLIENT_MSG__BODY_SEG_AREA;
+		m.seg_area = &sa;
+		ok = harness_request(s, &m, &mfd, 1, 20000, NULL) == 0 &&
+		    (*area = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0)) != MAP_FAILED;
+	}
+	if (d != NULL)
+		gpx__daemon_msg__free_unpacked(d, NULL);
+	if (efd >= 0)
+		close(efd);
+	if (mfd >= 0)
+		close(mfd);
+	if (!ok && s >= 0) {
+		close(s);
+		s = -1;
+	}
+	return s;
 }
 
 bool

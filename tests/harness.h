@@ -71,6 +71,18 @@ Gpx__DaemonMsg *harness_recv(int sock, int timeout_ms, int *fds, int *nfds, bool
  * or refusal); the ring memfd of a Welcome lands in *ring_fd (may be NULL: then it is closed).
  */
 Gpx__DaemonMsg *harness_hello(int sock, uint32_t version, int efd, int *ring_fd);
+/*
+ * A raw client that said Hello with `version` (and an eventfd, closed here) and handed over a
+ * segment area of len bytes, mapped writable at *area (munmap it); the socket, or -1.  For
+ * requests whose lists live in the area, built by hand.
+ */
+int harness_area_client(const struct harness *h, uint32_t version, unsigned char **area, size_t len);
+/*
+ * Sends m and waits up to timeout_ms for its answer: the Reply's status, or -1 when none came.
+ * With reply non-NULL the message itself lands there (free it with
+ * gpx__daemon_msg__free_unpacked(*reply, NULL)).
+ */
+int harness_request(int sock, Gpx__ClientMsg *m, const int *fds, int nfds, int timeout_ms, Gpx__DaemonMsg **reply);
 /* What the daemon's status counts (the asking connection is one of the clients). */
 struct harness_status {
 	int clients;

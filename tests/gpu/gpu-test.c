@@ -32,11 +32,12 @@
 #include "client-lib/gpx.h"
 #include "tests/harness.h"
 #include "tests/tap.h"
+#include "tests/gpu/gpu-util.h"
 
 #define BUF (16u << 20)
 #define GUARD 64
 
-static CUcontext ctx[8];
+static CUcontext ctx[GPU_MAX];
 static struct harness *the_harness;
 static int ndev;
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -56,9 +57,6 @@ fill(unsigned char *p, size_t n)
 	for (size_t i = 0; i < n; i++)
 		p[i] = (unsigned char)rnd();
 }
-
-#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *n_ = "?"; \
-	cuGetErrorName(r_, &n_); tap_bail("%s: %s", #x, n_); } } while (0)
 
 /* A buffer of one kind, with a host mirror of what it should hold. */
 struct buf {
@@ -97,26 +95,6 @@ buf_read(struct buf *b, size_t off, void *dst, size_t n)
 }
 
 static void
-vmm_alloc(int dev, size_t size, CUdeviceptr *d, CUmemGenericAllocationHandle *h, size_t *alloc)
-{
-	CUmemAllocationProp prop = {
-		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
-		.location = { CU_MEM_LOCATION_TYPE_DEVICE, dev },
-		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-	};
-	size_t gran;
-	CUmemAccessDesc a = { { CU_MEM_LOCATION_TYPE_DEVICE, dev }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-
-	CK(cuCtxSetCurrent(ctx[dev]));
-	CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-	*alloc = (size + gran - 1) / gran * gran;
-	CK(cuMemCreate(h, *alloc, &prop, 0));
-	CK(cuMemAddressReserve(d, *alloc, 0, 0, 0));
-	CK(cuMemMap(*d, *alloc, 0, *h, 0));
-	CK(cuMemSetAccess(*d, *alloc, &a, 1));
-}
-
-static void
 buf_init(struct buf *b, const char *name, int dev, int vmm, gpx_conn *c)
 {
 	int r;
@@ -131,11 +109,12 @@ buf_init(struct buf *b, const char *name, int dev, int vmm, gpx_conn *c)
 	if (dev < 0) {
 		if (gpx_host_alloc(BUF, &b->fd, (void **)&b->host) < 0)
 			tap_bail("gpx_host_alloc");
-	} else if (vmm)
-		vmm_alloc(dev, BUF, &b->d, &b->h, &b->alloc);
-	else {
+	} else {
 		CK(cuCtxSetCurrent(ctx[dev]));
-		CK(cuMemAlloc(&b->d, BUF));
+		if (vmm)
+			vmm_alloc(dev, BUF, &b->d, &b->h, &b->alloc);
+		else
+			CK(cuMemAlloc(&b->d, BUF));
 	}
 	buf_write(b, 0, b->mirror, BUF);
 	if (dev < 0)
@@ -391,17 +370,7 @@ test_cached_registration(gpx_conn *c, struct buf *b)
 static void
 init_cuda(void)
 {
-	CUdevice d;
-
-	CK(cuInit(0));
-	CK(cuDeviceGetCount(&ndev));
-	if (ndev > 8)
-		ndev = 8;
-	for (int i = 0; i < ndev; i++) {
-		CK(cuDeviceGet(&d, i));
-		CK(cuDevicePrimaryCtxRetain(&ctx[i], d));
-	}
-	CK(cuCtxSetCurrent(ctx[0]));
+	ndev = gpu_contexts(ctx);
 }
 
 /* Exports a VMM buffer filled with zeros, waits for a notification, checks the pattern. */

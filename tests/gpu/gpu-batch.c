@@ -1,0 +1,266 @@
+/*
+ * Batches on GPUs against a real gpxd: the shapes of a KV-cache handoff (the same blocks out
+ * of every layer's K and V tensors, one page list for all, one kernel launch) and of a weight
+ * push (hundreds of tensors of every size, small ones in one launch and large ones on copy
+ * engines), between VMM and cudaMalloc memory, on one GPU and between two; and one batch whose
+ * pairs run on different paths (host to host, host to GPU, GPU to host, GPU to GPU), which
+ * gpxd splits and completes once.  Every byte is checked against its source.
+ *
+ * Run by tests/gpu-batch.test, which skips without a GPU.
+ */
+#include "config.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cuda.h>
+
+#include "client-lib/gpx.h"
+#include "tests/gpu/gpu-util.h"
+#include "tests/harness.h"
+#include "tests/tap.h"
+#include "tests/util.h"
+
+static CUcontext ctx[GPU_MAX];
+static int ndev;
+static uint64_t seed = 4711;
+
+/* A device buffer registered on c: VMM or cudaMalloc memory, filled from a host copy. */
+struct dbuf {
+	int dev;
+	CUdeviceptr d;
+	CUmemGenericAllocationHandle h;
+	size_t len, alloc;
+	bool vmm;
+	unsigned char *host;       /* what it holds */
+	gpx_region r;
+};
+
+static void
+dbuf_new(struct dbuf *b, gpx_conn *c, int dev, size_t len, bool vmm, bool random)
+{
+	memset(b, 0, sizeof(*b));
+	b->dev = dev;
+	b->len = len;
+	b->vmm = vmm;
+	CK(cuCtxSetCurrent(ctx[dev]));
+	if (vmm)
+		vmm_alloc(dev, len, &b->d, &b->h, &b->alloc);
+	else
+		CK(cuMemAlloc(&b->d, len));
+	if ((b->host = calloc(1, len)) == NULL)
+		tap_bail("out of memory");
+	if (random)
+		for (size_t i = 0; i + 8 <= len; i += 8) {
+			uint64_t x = xorshift(&seed);
+			memcpy(b->host + i, &x, 8);
+		}
+	CK(cuMemcpyHtoD(b->d, b->host, len));
+	int e = gpx_register_cuda(c, (void *)b->d, len, 0, &b->r);
+	if (e < 0)
+		tap_bail("gpx_register_cuda: %s: %s", gpx_strerror(e), gpx_last_error(c));
+}
+
+/* Whether the device holds exactly what the host copy says. */
+static bool
+dbuf_same(struct dbuf *b)
+{
+	unsigned char *got = malloc(b->len);
+	bool same;
+
+	CK(cuCtxSetCurrent(ctx[b->dev]));
+	CK(cuMemcpyDtoH(got, b->d, b->len));
+	same = memcmp(got, b->host, b->len) == 0;
+	free(got);
+	return same;
+}
+
+static void
+dbuf_free(gpx_conn *c, struct dbuf *b)
+{
+	gpx_deregister(c, b->r);
+	CK(cuCtxSetCurrent(ctx[b->dev]));
+	if (b->vmm) {
+		CK(cuMemUnmap(b->d, b->alloc));
+		CK(cuMemRelease(b->h));
+		CK(cuMemAddressFree(b->d, b->alloc));
+	} else
+		CK(cuMemFree(b->d));
+	free(b->host);
+}
+
+static int
+wait_tag(gpx_conn *c, uint64_t tag, uint64_t *bytes)
+{
+	struct gpx_completion e;
+	int r = gpx_wait_tag(c, tag, &e, 120000);
+
+	if (r < 0)
+		return r;
+	*bytes = e.bytes;
+	return e.status;
+}
+
+/* 2 x layers tensors of blocks x bs bytes a side; the same n blocks of each to new places. */
+static void
+test_kv(gpx_conn *c, int sdev, int ddev, int layers, uint32_t blocks, uint32_t bs, uint32_t n, bool vmm)
+{
+	const int np = 2 * layers;
+	struct dbuf *src = calloc(np, sizeof(*src)), *dst = calloc(np, sizeof(*dst));
+	struct gpx_pair *pr = calloc(np, sizeof(*pr));
+	uint32_t *sp = malloc(n * sizeof(*sp)), *dp = malloc(blocks * sizeof(*dp));
+	uint64_t bytes = 0;
+
+	for (int k = 0; k < np; k++) {
+		dbuf_new(&src[k], c, sdev, (size_t)blocks * bs, vmm, true);
+		dbuf_new(&dst[k], c, ddev, (size_t)blocks * bs, !vmm, false);
+		pr[k] = (struct gpx_pair){ src[k].r, dst[k].r, 0, 0, 0, 0 };
+	}
+	for (uint32_t i = 0; i < blocks; i++)
+		dp[i] = i;
+	for (uint32_t i = blocks - 1; i > 0; i--) {
+		uint32_t j = xorshift(&seed) % (i + 1), x = dp[i];
+		dp[i] = dp[j];
+		dp[j] = x;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		sp[i] = xorshift(&seed) % blocks;
+	int r = gpx_copy_pages_batch(c, pr, np, bs, sp, dp, n, 100);
+	r = r < 0 ? r : wait_tag(c, 100, &bytes);
+	for (int k = 0; k < np; k++)
+		for (uint32_t i = 0; i < n; i++)
+			memcpy(dst[k].host + (size_t)dp[i] * bs, src[k].host + (size_t)sp[i] * bs, bs);
+	bool all = r == 0 && bytes == (uint64_t)np * n * bs;
+	for (int k = 0; k < np && all; k++)
+		all = dbuf_same(&dst[k]);
+	ok(all, "KV handoff GPU%d -> GPU%d: %u blocks of %u bytes out of %d tensors (%s -> %s) in one batch, "
+	    "every byte where it belongs", sdev, ddev, n, bs, np, vmm ? "vmm" : "cudaMalloc", vmm ? "cudaMalloc" : "vmm");
+	if (r < 0)
+		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
+	for (int k = 0; k < np; k++) {
+		dbuf_free(c, &src[k]);
+		dbuf_free(c, &dst[k]);
+	}
+	free(src);
+	free(dst);
+	free(pr);
+	free(sp);
+	free(dp);
+}
+
+/* A model's tensors, from 256 bytes to 8 MiB, pushed whole into another set. */
+static void
+test_weights(gpx_conn *c, int sdev, int ddev, int n)
+{
+	struct dbuf *src = calloc(n, sizeof(*src)), *dst = calloc(n, sizeof(*dst));
+	struct gpx_pair *pr = calloc(n, sizeof(*pr));
+	struct gpx_seg *segs = calloc(n, sizeof(*segs));
+	uint64_t bytes = 0, want = 0;
+
+	for (int k = 0; k < n; k++) {
+		/* A third tiny (norms, biases), a third of a few KiB to 1 MiB, a third up to 8 MiB. */
+		size_t len = k % 3 == 0 ? 256 + 8 * (xorshift(&seed) % 64) :
+		    k % 3 == 1 ? 4096 + 8 * (xorshift(&seed) % (1 << 17)) : (1u << 20) + 8 * (xorshift(&seed) % (7 << 17));
+		dbuf_new(&src[k], c, sdev, len, k % 2 == 0, true);
+		dbuf_new(&dst[k], c, ddev, len, k % 2 == 1, false);
+		pr[k] = (struct gpx_pair){ src[k].r, dst[k].r, 0, 0, k, 1 };
+		segs[k] = (struct gpx_seg){ 0, 0, len };
+		memcpy(dst[k].host, src[k].host, len);
+		want += len;
+	}
+	int r = gpx_copy_batch(c, pr, n, segs, n, 200);
+	r = r < 0 ? r : wait_tag(c, 200, &bytes);
+	bool all = r == 0 && bytes == want;
+	for (int k = 0; k < n && all; k++)
+		all = dbuf_same(&dst[k]);
+	ok(all, "weight push GPU%d -> GPU%d: %d tensors of 256 B to 9 MiB (%.1f MiB) in one batch, verified", sdev,
+	    ddev, n, want / 1048576.0);
+	if (r < 0)
+		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
+	for (int k = 0; k < n; k++) {
+		dbuf_free(c, &src[k]);
+		dbuf_free(c, &dst[k]);
+	}
+	free(src);
+	free(dst);
+	free(pr);
+	free(segs);
+}
+
+/* One batch over four paths' kinds of pair: host -> host, host -> GPU, GPU -> host, GPU -> GPU. */
+static void
+test_paths(gpx_conn *c)
+{
+	const size_t len = 3u << 20;
+	struct dbuf g1, g2, g3;
+	unsigned char *h[4];
+	int fd[4];
+	gpx_region hr[4];
+	uint64_t bytes = 0;
+
+	dbuf_new(&g1, c, 0, len, true, true);
+	dbuf_new(&g2, c, 0, len, false, false);
+	dbuf_new(&g3, c, ndev > 1 ? 1 : 0, len, true, false);
+	for (int i = 0; i < 4; i++) {
+		if (gpx_host_alloc(len, &fd[i], (void **)&h[i]) < 0 || gpx_register_host(c, fd[i], 0, len, 0, &hr[i]) < 0)
+			tap_bail("host memory");
+		fill(h[i], len, 100 + i);
+	}
+	struct gpx_seg segs[2] = { { 0, 0, len / 2 }, { len / 2, len / 2, len / 2 } };
+	struct gpx_pair pr[4] = {
+		{ hr[0], hr[1], 0, 0, 0, 2 },       /* host -> host */
+		{ hr[2], g2.r, 0, 0, 0, 2 },        /* host -> GPU0 */
+		{ g1.r, hr[3], 0, 0, 0, 2 },        /* GPU0 -> host */
+		{ g1.r, g3.r, 0, 0, 0, 2 },         /* GPU0 -> GPU0 or GPU1 */
+	};
+	int r = gpx_copy_batch(c, pr, 4, segs, 2, 300);
+	r = r < 0 ? r : wait_tag(c, 300, &bytes);
+	memcpy(g2.host, h[2], len);
+	memcpy(g3.host, g1.host, len);
+	bool all = r == 0 && bytes == 4 * len && memcmp(h[1], h[0], len) == 0 && memcmp(h[3], g1.host, len) == 0 &&
+	    dbuf_same(&g2) && dbuf_same(&g3);
+	struct gpx_completion e;
+	ok(all && gpx_poll(c, &e, 1) == 0, "a batch over host -> host, host -> GPU, GPU -> host and GPU -> GPU%d: "
+	    "split over its paths, one completion with every byte (%llu), verified", g3.dev, (unsigned long long)bytes);
+	for (int i = 0; i < 4; i++) {
+		gpx_deregister(c, hr[i]);
+		gpx_host_free(fd[i], h[i], len);
+	}
+	dbuf_free(c, &g1);
+	dbuf_free(c, &g2);
+	dbuf_free(c, &g3);
+}
+
+int
+main(void)
+{
+	struct harness h;
+	gpx_conn *c;
+
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	signal(SIGPIPE, SIG_IGN);
+	ndev = gpu_contexts(ctx);
+	diag("%d GPU(s)", ndev);
+	if (harness_start(&h, "[cuda]\ntrust_legacy_ipc = yes\n") < 0)
+		tap_bail("cannot start gpxd");
+	if (gpx_connect(h.sock, "gpu-batch", &c) < 0)
+		tap_bail("cannot connect");
+	test_kv(c, 0, 0, 32, 512, 32768, 400, true);
+	test_kv(c, 0, 0, 4, 2048, 4096, 2048, false);
+	test_kv(c, 0, 0, 2, 64, 1 << 20, 64, true);        /* large blocks: not the kernel */
+	test_weights(c, 0, 0, 300);
+	test_paths(c);
+	if (ndev > 1) {
+		test_kv(c, 0, 1, 32, 512, 32768, 400, true);
+		test_kv(c, 1, 0, 8, 2048, 4096, 2048, false);
+		test_weights(c, 0, 1, 300);
+	} else
+		tap_skip(3, "one GPU: no batch between two");
+	gpx_close(c);
+	int st = harness_stop(&h);
+	if (!ok(st == 0, "gpxd stopped cleanly (exit %d)", st))
+		harness_dump_log(&h);
+	harness_cleanup(&h);
+	return tap_done();
+}
