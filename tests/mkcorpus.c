@@ -143,6 +143,87 @@ xfer(uint64_t tag, uint64_t src, uint64_t dst, size_t nseg, uint64_t seglen, uin
 }
 
 static void
+seg_area(uint64_t len)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__SegArea a = GPX__SEG_AREA__INIT;
+
+	a.length = len;
+	m.body_case = GPX__CLIENT_MSG__BODY_SEG_AREA;
+	m.seg_area = &a;
+	frame(FD1(FUZZ_FD_MEMFD), &m);
+}
+
+/* A batch (protocol 3): pairs and list in the segment area, which the fuzzer's memfd fills with zeros. */
+static void
+batch(uint64_t tag, uint32_t pairs, uint64_t pair_off, uint32_t n, uint64_t list_off, uint64_t page_size,
+    uint64_t src)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Transfer t = GPX__TRANSFER__INIT;
+
+	t.tag = tag;
+	t.pair_count = pairs;
+	t.pair_offset = pair_off;
+	t.seg_count = n;
+	t.area_offset = list_off;
+	t.page_size = page_size;
+	t.src_region = src;
+	m.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
+	m.transfer = &t;
+	frame(0, &m);
+}
+
+/* A cuda-vmm Register naming n pieces in the segment area (protocol 3). */
+static void
+reg_pieces(uint32_t n, uint64_t area_off, uint64_t off, uint64_t len)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Register r = GPX__REGISTER__INIT;
+	static uint8_t uuid[16];
+
+	r.kind = GPX__MEM_KIND__MEM_CUDA_VMM;
+	r.offset = off;
+	r.length = len;
+	r.alloc_id = 1ull << 40;
+	r.alloc_size = 1ull << 30;
+	r.device_uuid.data = uuid;
+	r.device_uuid.len = 16;
+	r.piece_count = n;
+	r.area_offset = area_off;
+	m.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
+	m.register_ = &r;
+	frame(0, &m);
+}
+
+/* Pieces: n pieces described, with the fds of flags. */
+static void
+pieces(uint32_t n, uint8_t flags)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Pieces ps = GPX__PIECES__INIT;
+	Gpx__Piece one[4], *ptr[4];
+	static uint8_t uuid[16];
+
+	for (uint32_t i = 0; i < n && i < 4; i++) {
+		gpx__piece__init(&one[i]);
+		one[i].id = 100 + i;
+		one[i].offset = (uint64_t)i << 21;
+		one[i].size = 2u << 20;
+		ptr[i] = &one[i];
+	}
+	ps.device_uuid.data = uuid;
+	ps.device_uuid.len = 16;
+	ps.reservation = 1ull << 40;
+	ps.reservation_size = 1ull << 30;
+	ps.n_pieces = n;
+	ps.pieces = ptr;
+	m.body_case = GPX__CLIENT_MSG__BODY_PIECES;
+	m.pieces = &ps;
+	frame(flags, &m);
+}
+
+static void
 cancel(uint64_t tag)
 {
 	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
@@ -278,6 +359,30 @@ main(int argc, char **argv)
 		xfer(100 + i, 1 + i % 2, 2 - i % 2, 4, 8192, 0);
 	cancel(150);
 	save(dir, "seed-transfer-credits");
+
+	/* Protocol 3: batches in the segment area, and the pieces of a VMM range. */
+	hello(true, GPX_PROTO_VERSION);
+	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
+	seg_area(FUZZ_MEMFD_SIZE);
+	batch(1, 2, 0, 1, 80, 0, 0);
+	batch(2, 4, 0, 16, 160, 4096, 0);
+	batch(3, 1, 0, 1, 40, 0, 1);
+	batch(4, 1, FUZZ_MEMFD_SIZE - 8, 1, 0, 0, 0);
+	batch(5, 1, 4, 1, 40, 0, 0);
+	batch(6, 16385, 0, 1, 0, 0, 0);
+	batch(7, 1, 0, 0, 40, 0, 0);
+	batch(8, 3, 0, 1u << 20, 120, 1u << 31, 0);
+	save(dir, "seed-batch");
+
+	hello(true, GPX_PROTO_VERSION);
+	seg_area(FUZZ_MEMFD_SIZE);
+	reg_pieces(3, 0, 100, 4096);
+	reg_pieces(1, FUZZ_MEMFD_SIZE, 0, 1);
+	reg_pieces(1u << 30, 0, 0, 1);
+	pieces(2, FD2(FUZZ_FD_MEMFD, FUZZ_FD_PIPE));
+	pieces(1, 0);
+	pieces(3, FD3(FUZZ_FD_MEMFD, FUZZ_FD_MEMFD, FUZZ_FD_MEMFD));
+	save(dir, "seed-pieces");
 
 	hello(true, GPX_PROTO_VERSION);
 	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
