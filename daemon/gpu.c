@@ -44,7 +44,7 @@
 #define PEND_MAX 16                   /* chunks in flight per GPU */
 #define KERNEL_MIN_SEGS 8
 #define KERNEL_MAX_AVG (256u << 10)
-#define IDLE_SPIN_NS 200000           /* spin this long for new work before sleeping */
+#define IDLE_SPIN_NS 200000           /* spin at least this long for new work before sleeping */
 #define SPIN_NS 5000000               /* spin this long for a completion before sleeping */
 
 enum { S_BULK, S_QUICK, NSTREAMS };
@@ -786,6 +786,15 @@ gpu_worker(void *arg)
 		int progress = reap(g);
 		int pending = g->npend[S_BULK] + g->npend[S_QUICK];
 		struct chunk c;
+		/*
+		 * How long an idle worker keeps looking for work before it blocks: as long as the
+		 * event loop polls after a client's last message (daemon.busy_poll_us), so that a
+		 * client that submits between its own GPU work, a millisecond apart say, never waits
+		 * for this thread to be woken (on virtual machines 100 us and more).  Once nothing
+		 * has come for that long both sleep, and an idle daemon costs no CPU.
+		 */
+		const uint64_t spin_ns = cfg->busy_poll_us * 1000ull > IDLE_SPIN_NS ? cfg->busy_poll_us * 1000ull :
+		    IDLE_SPIN_NS;
 
 		/*
 		 * A completion counts as activity: a long job just ended, and its client's next
@@ -796,7 +805,7 @@ gpu_worker(void *arg)
 			idle_since = mono_ns();
 
 		while (pending < PEND_MAX && g->npend[S_BULK] < PEND_MAX / 2 &&
-		    (engine_has_work(path) || (pending == 0 && mono_ns() - idle_since > IDLE_SPIN_NS))) {
+		    (engine_has_work(path) || (pending == 0 && mono_ns() - idle_since > spin_ns))) {
 			/* Block only when idle for a while: the spin keeps small-copy latency low. */
 			bool wait = pending == 0 && !engine_has_work(path);
 			if (!engine_next_chunk(path, &c, wait, BULK_CHUNK, KSEG_MAX))
