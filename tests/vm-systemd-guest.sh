@@ -5,8 +5,9 @@
 # sysusers and tmpfiles snippets applied, gpxd.socket started, gpxd started by the first
 # connection as user gpx, a client moving memory through it, metrics, `systemctl reload`, a
 # SIGSTOPped gpxd killed and restarted by the watchdog, a clean `systemctl stop` with a
-# transfer in flight, and the unit's sandbox admitting what gpxd needs (RDMA devices, loopback
-# TCP, pinned memory) while refusing what it does not.  TAP lines go to stdout and to
+# transfer in flight, the unit's sandbox admitting what gpxd needs (RDMA devices, loopback
+# TCP, pinned memory) while refusing what it does not, and the unit refusing to start a gpxd
+# that its sandbox hides (under /var/tmp or /home) with a message that names the cause.  TAP lines go to stdout and to
 # /share/tap, which the host renumbers into its own output.
 set -u
 cd /share || exit 1
@@ -128,7 +129,7 @@ props=()
 while IFS= read -r l; do
 	props+=(-p "$l")
 done < <(sed -n '/^\[Service\]/,/^\[/p' "$svc" | grep -E '^[A-Z][A-Za-z]*=' |
-	grep -Ev '^(Type|ExecStart|ExecReload|WatchdogSec|Restart|RestartSec|TimeoutStopSec|StandardError|SyslogIdentifier)=')
+	grep -Ev '^(Type|ExecStartPre|ExecStart|ExecReload|WatchdogSec|Restart|RestartSec|TimeoutStopSec|StandardError|SyslogIdentifier)=')
 sandboxed() { systemd-run --quiet --wait --pipe --collect "${props[@]}" "$@"; }
 check "the sandbox replays ($((${#props[@]} / 2)) settings)" bash -c "$(declare -p props); systemd-run --quiet --wait --pipe --collect \"\${props[@]}\" true"
 check "sandbox: /etc is read-only" bash -c "$(declare -p props); ! systemd-run --quiet --wait --pipe --collect \"\${props[@]}\" touch /etc/gpx-sandbox 2>/dev/null"
@@ -217,6 +218,31 @@ check "the socket stays, and the next connection starts gpxd again" \
 systemctl stop gpxd.socket gpxd.service
 check "stopping the socket removes it" test ! -e /run/gpx/gpxd.sock
 check "no unit failed" bash -c "! systemctl -q is-failed gpxd.service && ! systemctl -q is-failed gpxd.socket"
+
+# ---- a gpxd that the sandbox hides: the service refuses to start and says why ----
+section "gpxd where the sandbox cannot see it"
+# The installed unit with its paths moved under /var/tmp (PrivateTmp=yes) and /home
+# (ProtectHome=yes), as a gpx configured with such a prefix would install it.
+for dir in /var/tmp/gpx-hidden /home/gpx-hidden; do
+	mkdir -p "$dir/sbin"
+	cp "$gpxd" "$dir/sbin/gpxd"
+	sed -e "s|$gpxd|$dir/sbin/gpxd|g" -e 's/^Restart=.*/Restart=no/' "$svc" \
+		>/run/systemd/system/gpxd-hidden.service
+	systemctl daemon-reload
+	if systemctl start gpxd-hidden.service 2>/dev/null; then
+		not_ok "gpxd under $dir: the service started"
+	else
+		ok "gpxd under $dir: the service refuses to start"
+	fi
+	check "gpxd under $dir: its journal names the cause" \
+		bash -c "journalctl -q -u gpxd-hidden -o cat | grep -q '$dir/sbin/gpxd cannot be run inside this unit sandbox'"
+	journalctl -q -u gpxd-hidden -o cat | grep -F "$dir" | head -n 1 | diag
+	systemctl stop gpxd-hidden.service gpxd.socket
+	systemctl reset-failed gpxd-hidden.service 2>/dev/null
+	rm -f /run/systemd/system/gpxd-hidden.service
+	rm -rf "$dir"
+done
+systemctl daemon-reload
 
 if [ "$fail" != 0 ]; then
 	echo "journal of gpxd:" | diag
