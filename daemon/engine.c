@@ -23,6 +23,7 @@
 struct epath {
 	TAILQ_HEAD(, uqueue) active; /* uids with work on the path */
 	atomic_int nactive;          /* uids in `active`: a lock-free hint for spinning workers */
+	atomic_int nqueues;          /* connections with work on the path (a hint too) */
 	pthread_cond_t cond;
 	atomic_uint_fast64_t transfers, bytes, errors;
 };
@@ -68,6 +69,12 @@ bool
 engine_has_work(enum path_kind p)
 {
 	return atomic_load_explicit(&paths[p].nactive, memory_order_relaxed) > 0;
+}
+
+int
+engine_queues(enum path_kind p)
+{
+	return atomic_load_explicit(&paths[p].nqueues, memory_order_relaxed);
 }
 
 /* Host path: the copy itself.  Regions are mapped for as long as the job holds them. */
@@ -132,6 +139,7 @@ queue_link(struct epath *p, struct uqueue *u, struct equeue *q)
 {
 	if (!q->active) {
 		q->active = true;
+		atomic_fetch_add(&p->nqueues, 1);
 		TAILQ_INSERT_TAIL(&u->conns, q, rr);
 	}
 	if (!u->active) {
@@ -148,6 +156,7 @@ queue_unlink(struct epath *p, struct uqueue *u, struct equeue *q)
 {
 	if (q->active) {
 		q->active = false;
+		atomic_fetch_sub(&p->nqueues, 1);
 		TAILQ_REMOVE(&u->conns, q, rr);
 	}
 	if (u->active && TAILQ_EMPTY(&u->conns)) {
@@ -288,9 +297,10 @@ engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_by
 	else
 		TAILQ_INSERT_TAIL(&q->jobs, j, qe);     /* round-robin between a connection's jobs, */
 	TAILQ_REMOVE(&u->conns, q, rr);
-	if (TAILQ_EMPTY(&q->jobs))
+	if (TAILQ_EMPTY(&q->jobs)) {
 		q->active = false;
-	else
+		atomic_fetch_sub(&p->nqueues, 1);
+	} else
 		TAILQ_INSERT_TAIL(&u->conns, q, rr);    /* between a uid's connections, */
 	TAILQ_REMOVE(&p->active, u, rr);
 	if (TAILQ_EMPTY(&u->conns)) {

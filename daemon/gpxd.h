@@ -341,6 +341,7 @@ void engine_visit(engine_visit_fn, void *);
 /* For back ends: the next chunk of the path, round-robin over clients and their jobs. */
 bool engine_next_chunk(enum path_kind, struct chunk *, bool wait, uint64_t max_bytes, uint32_t max_segs);
 bool engine_has_work(enum path_kind);
+int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */
 enum path_kind engine_path_for(const struct region *src, const struct region *dst);
 void engine_chunk_done(struct chunk *, bool ok);
 void engine_free_job(struct job *);
