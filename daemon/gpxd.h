@@ -71,6 +71,8 @@ void log_audit(struct conn *, const char *fmt, ...) __attribute__((format(printf
 void log_client(struct conn *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 struct user;
 void log_uid(struct user *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A line of a source that is neither a client nor a uid (an unauthenticated peer): its own share. */
+void log_other(struct logrl *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Every second: reports what the windows that ended held back (final: all windows end). */
 void log_tick(bool final);
 void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));

@@ -85,6 +85,18 @@ vlog(int level, const char *sub, int err, const char *fmt, va_list ap)
 	    sub ? sub : "", sub ? ": " : "", msg);
 }
 
+static void vlog_line(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+vlog_line(int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vlog(level, NULL, 0, fmt, ap);
+	va_end(ap);
+}
+
 void
 log_warn(const char *fmt, ...)
 {
@@ -193,6 +205,34 @@ log_take(struct conn *c, struct user *u)
 	if (u != NULL)
 		u->log.lines++;
 	return true;
+}
+
+void
+log_other(struct logrl *rl, int level, const char *fmt, ...)
+{
+	char msg[768];
+	va_list ap;
+	double now = now_s();
+
+	if (level > log_level)
+		return;
+	if (now - rl->start >= LOG_WINDOW_S) {
+		rl->start = now;
+		rl->lines = 0;
+	}
+	if (rl->lines >= LOG_UID_LINES) {
+		rl->held++;
+		return;
+	}
+	rl->lines++;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (rl->held > 0)
+		vlog_line(level, "%s (and %u more like it suppressed before)", msg, rl->held);
+	else
+		vlog_line(level, "%s", msg);
+	rl->held = 0;
 }
 
 static void
