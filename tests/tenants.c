@@ -1120,7 +1120,7 @@ test_fairness(void)
 		latency_trial(&F, root.s, &busy, &chunk_ms, &rate);
 		b50 = 1 + 4 * chunk_ms;
 		b99 = (50 * chunk_ms > 50 ? 50 * chunk_ms : 50) + 4 * busy.late99;
-		diag("while uid %d keeps %d x %d copies of %u MiB in flight on %d connections (%.1f GB/s, a chunk of "
+		diag("while uid %d keeps %d x %d copies of up to %u MiB in flight on %d connections (%.1f GB/s, a chunk of "
 		    "%u MiB takes a worker %.2f ms, wake-ups %.2f ms late at p99): p50 %.3f ms, p99 %.3f ms, "
 		    "max %.3f ms", UID_A, LOAD_CONNS, LOAD_DEPTH, LOAD_LEN >> 20, LOAD_CONNS, rate / 1e9,
 		    FAIR_CHUNK >> 20, chunk_ms, busy.late99, busy.p50, busy.p99, busy.max);
