@@ -60,7 +60,8 @@ void log_debug(const char *sub, const char *fmt, ...) __attribute__((format(prin
  * Lines a client or a uid can cause at will (refusals, connections coming and going) are
  * rate-limited per source, as journald and the kernel do: each client and each uid has a
  * share of the log per window (struct logrl), and what a uid's window held back is reported
- * in one line when the window ends.  Loop thread only.
+ * in one line when the window ends; root's and the admin group's are not limited.  Loop
+ * thread only.
  */
 struct logrl {
 	double start;                /* when the current window began */
@@ -340,7 +341,7 @@ void engine_cancel_all(int status);                  /* at shutdown: status for 
 uint32_t engine_inflight(void);
 typedef void (*engine_visit_fn)(const struct job *, void *);
 void engine_visit(engine_visit_fn, void *);
-/* For back ends: the next chunk of the path, round-robin over clients and their jobs. */
+/* For back ends: the next chunk of the path, round-robin over uids, their clients, their jobs. */
 bool engine_next_chunk(enum path_kind, struct chunk *, bool wait, uint64_t max_bytes, uint32_t max_segs);
 bool engine_has_work(enum path_kind);
 int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */
