@@ -112,7 +112,7 @@ static const char *errnames[] = {
 	[GPX_ENOENT] = "no such region, export or transfer",
 	[GPX_EACCES] = "permission denied",
 	[GPX_ERANGE] = "segment out of the region's bounds",
-	[GPX_EBUSY] = "too many outstanding transfers",
+	[GPX_EBUSY] = "busy: too many outstanding transfers, or connections waiting",
 	[GPX_EQUOTA] = "per-user limit reached",
 	[GPX_EBADFD] = "file descriptor of the wrong kind",
 	[GPX_ENOMEM] = "out of memory",
@@ -276,15 +276,40 @@ now_s(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/*
+ * A connection gpxd would not admit (a limit on connections) is closed at once after a Reply
+ * with seq 0 that says why, so the Hello fails to go out, or the first receive reports the
+ * reset (the kernel says that before the Reply waiting behind it).  If that Reply is there,
+ * *err becomes its status.
+ */
+static void
+refusal(gpx_conn *c, int *err)
+{
+	for (int i = 0; i < 2; i++) {
+		int e;
+		Gpx__Reply *r = recv_one(c, false, NULL, NULL, &e);
+		if (r != NULL && r->seq == 0 && r->status != 0) {
+			*err = set_err(c, r->status, r->message && r->message[0] ? r->message : NULL);
+			return;
+		}
+		if (r != NULL || e == 0)
+			return;
+	}
+}
+
 /* Sends m and waits for its Reply; fds of the reply (if any) land in rfds. */
 static int
 rpc(gpx_conn *c, Gpx__ClientMsg *m, const int *fds, int nfds, Gpx__Reply **out, int *rfds, int *rnfds)
 {
+	bool hello = m->body_case == GPX__CLIENT_MSG__BODY_HELLO;
 	int err;
 
 	m->seq = next_seq(c);
-	if ((err = send_msg(c, m, fds, nfds)) < 0)
+	if ((err = send_msg(c, m, fds, nfds)) < 0) {
+		if (hello)
+			refusal(c, &err);
 		return err;
+	}
 	double spin_until = now_s() + RPC_SPIN_S;
 	for (;;) {
 		int lfds[GPX_MAX_FDS], lnfds = 0;
@@ -293,10 +318,16 @@ rpc(gpx_conn *c, Gpx__ClientMsg *m, const int *fds, int nfds, Gpx__Reply **out, 
 		Gpx__Reply *r = recv_one(c, block, lfds, &lnfds, &err);
 		if (r == NULL && err == 0 && !block)
 			continue;
-		if (r == NULL)
+		if (r == NULL) {
+			if (hello && err == -GPX_ECONN)
+				refusal(c, &err);
 			return err;
+		}
 		if (r->seq != m->seq) {
 			wire_close_fds(lfds, lnfds);
+			/* gpxd refuses a connection it will not admit with seq 0 before any answer */
+			if (hello && r->seq == 0 && r->tag == 0 && r->status != 0)
+				return set_err(c, r->status, r->message && r->message[0] ? r->message : NULL);
 			async_reply(c, r);
 			continue;
 		}

@@ -31,7 +31,8 @@ enum {
 	GPX_ENOENT = 4,     /* no such region, export or transfer */
 	GPX_EACCES = 5,     /* not allowed (ownership, export rule, trust domain) */
 	GPX_ERANGE = 6,     /* a segment leaves its region */
-	GPX_EBUSY = 7,      /* out of credits: too many outstanding transfers; or memory still in use */
+	GPX_EBUSY = 7,      /* out of credits: too many outstanding transfers; or memory still in use;
+	                     * or, from gpx_connect, the daemon at a limit on connections */
 	GPX_EQUOTA = 8,     /* a per-uid limit is reached */
 	GPX_EBADFD = 9,     /* a passed fd is not what it should be */
 	GPX_ENOMEM = 10,    /* out of memory (here or in the daemon) */

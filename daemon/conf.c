@@ -40,6 +40,9 @@ conf_defaults(struct conf *c)
 	c->max_region_bytes_per_uid = 0;
 	c->max_exports_per_uid = 4096;
 	c->max_inflight_per_uid = 65536;
+	/* A client says Hello at once: more than a few waiting is a burst, hundreds are a flood. */
+	c->hello_max = 128;
+	c->reserved_fds = 32;
 	c->idle_timeout_s = 0;
 	/* Busy polling needs a core to spare: on small machines it would take one from the copies. */
 	c->busy_poll_us = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 5000 : 0;
@@ -200,6 +203,10 @@ on_key(void *user, const char *sec, const char *key, const char *v)
 		bad = NUM(c->max_exports_per_uid, 0, 1 << 20);
 	else if (KEY("limits", "inflight_per_uid"))
 		bad = NUM(c->max_inflight_per_uid, 1, 1 << 24);
+	else if (KEY("limits", "hello_max"))
+		bad = NUM(c->hello_max, 1, 1 << 20);
+	else if (KEY("limits", "reserved_fds"))
+		bad = NUM(c->reserved_fds, 0, RESERVED_FDS_MAX);
 	/* [fabric]: values are checked again, with reasons, when the fabric starts (peer.c) */
 	else if (KEY("fabric", "node"))
 		bad = set_str(&c->fabric_node, v);

@@ -1,6 +1,15 @@
 /*
- * Client connections: credentials at accept, the Hello state machine, the message dispatcher
- * and the handlers for regions, exports and transfers.
+ * Client connections: credentials and admission at accept, the Hello state machine, the
+ * message dispatcher and the handlers for regions, exports and transfers.
+ *
+ * Admission.  The peer's uid is known at accept (SO_PEERCRED), so the limits on connections
+ * apply from the first byte: past connections_per_uid, or while the daemon is short of
+ * descriptors for anyone but root and the admin group, or with hello_max connections of
+ * others still waiting for their Hello, a connection is refused at once (one Reply with seq 0
+ * saying why, then close) before anything is allocated or opened for it.  At hello_max, a
+ * uid with fewer connections waiting than the uid with the most still gets in: that uid's
+ * oldest silent connection is closed to make room, so one uid's silent connections cannot
+ * lock the others out.  Root and the admin group do not count towards hello_max.
  *
  * The dispatcher checks the cheap invariants first (datagram size and control data in
  * wire_recv, then decoding into a bounded arena, then connection state and the number of fds
@@ -32,6 +41,7 @@ static struct conn_list dead = TAILQ_HEAD_INITIALIZER(dead);
 static uint64_t next_client_id;
 static uint32_t next_epoch;
 static uint32_t nconns;
+static uint32_t nhello;              /* connections of non-admins not yet past Hello */
 static uint8_t msgbuf[GPX_MSG_MAX];
 static struct wire_arena *arena;
 
@@ -65,18 +75,67 @@ conn_in_group(const struct conn *c, gid_t g)
 	return false;
 }
 
-/* Reads who is on the other end from the kernel; nothing the client sends can change it. */
-struct conn *
-conn_new(int fd)
+/* The admin group's gid, looked up again after a reload or a minute, not at every accept. */
+static bool
+admin_gid(gid_t *gid)
 {
-	struct ucred cr;
-	socklen_t len = sizeof(cr);
+	static const struct conf *for_cfg;
+	static double when;
+	static bool known;
+	static gid_t g;
+	double now = now_s();
+
+	if (cfg->admin_group == NULL)
+		return false;
+	if (for_cfg != cfg || now - when > 60) {
+		struct group *gr = getgrnam(cfg->admin_group);
+		known = gr != NULL;
+		if (known)
+			g = gr->gr_gid;
+		for_cfg = cfg;
+		when = now;
+	}
+	*gid = g;
+	return known;
+}
+
+static bool
+peer_admin(uid_t uid, gid_t gid, const gid_t *groups, int ngroups)
+{
+	gid_t ag;
+
+	if (uid == 0)
+		return true;
+	if (!admin_gid(&ag))
+		return false;
+	if (gid == ag)
+		return true;
+	for (int i = 0; i < ngroups; i++)
+		if (groups[i] == ag)
+			return true;
+	return false;
+}
+
+/* The kernel's word on who is on the other end; nothing the client sends can change it. */
+static int
+peer_creds(int fd, struct ucred *cr, gid_t *groups, int *ngroups)
+{
+	socklen_t len = sizeof(*cr);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cr, &len) < 0) {
+		log_warn("SO_PEERCRED");
+		return -1;
+	}
+	len = 64 * sizeof(gid_t);
+	*ngroups = getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0 ? (int)(len / sizeof(gid_t)) : 0;
+	return 0;
+}
+
+static struct conn *
+conn_make(int fd, const struct ucred *cr, const gid_t *groups, int ngroups, bool admin)
+{
 	struct conn *c;
 
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0) {
-		log_warn("SO_PEERCRED");
-		return NULL;
-	}
 	if ((c = calloc(1, sizeof(*c))) == NULL)
 		return NULL;
 	if (next_epoch == 0) {
@@ -91,27 +150,121 @@ conn_new(int fd)
 	c->epoch = next_epoch++;
 	if (c->epoch == 0)
 		c->epoch = next_epoch++;
-	c->uid = cr.uid;
-	c->gid = cr.gid;
-	c->pid = cr.pid;
-	len = sizeof(c->groups);
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, c->groups, &len) == 0)
-		c->ngroups = len / sizeof(gid_t);
-	c->pidfd = (int)syscall(SYS_pidfd_open, cr.pid, 0);
+	c->uid = cr->uid;
+	c->gid = cr->gid;
+	c->pid = cr->pid;
+	memcpy(c->groups, groups, ngroups * sizeof(gid_t));
+	c->ngroups = ngroups;
+	c->pidfd = (int)syscall(SYS_pidfd_open, cr->pid, 0);
 	c->state = CONN_HELLO;
-	c->user = user_get(cr.uid);
+	c->user = user_get(cr->uid);
 	c->user->conns++;
-	c->t_connect = c->t_last = now_s();
-	if (c->uid == 0)
-		c->admin = true;
-	else if (cfg->admin_group != NULL) {
-		struct group *g = getgrnam(cfg->admin_group);
-		c->admin = g != NULL && conn_in_group(c, g->gr_gid);
+	c->admin = admin;
+	if (!admin) {
+		nhello++;
+		c->user->hello++;
 	}
+	c->t_connect = c->t_last = now_s();
 	TAILQ_INSERT_TAIL(&conns, c, entry);
 	nconns++;
 	log_debug("conn", "client %llu connected: uid %u gid %u pid %d", (unsigned long long)c->id,
 	    (unsigned)c->uid, (unsigned)c->gid, (int)c->pid);
+	return c;
+}
+
+/* A connection without the admission checks (tests driving conn.c directly). */
+struct conn *
+conn_new(int fd)
+{
+	struct ucred cr;
+	gid_t groups[64];
+	int ngroups;
+
+	if (peer_creds(fd, &cr, groups, &ngroups) < 0)
+		return NULL;
+	return conn_make(fd, &cr, groups, ngroups, peer_admin(cr.uid, cr.gid, groups, ngroups));
+}
+
+/* c is past its Hello, or gone: it no longer counts towards hello_max. */
+static void
+hello_leave(struct conn *c)
+{
+	if (c->state == CONN_HELLO && !c->admin) {
+		nhello--;
+		c->user->hello--;
+	}
+}
+
+/*
+ * At hello_max: closes the oldest connection still waiting for its Hello of the uid with the
+ * most of them, unless u has as many (then u is the one to refuse).  True if room was made.
+ */
+static bool
+hello_evict(struct user *u)
+{
+	struct user *most = user_most_hello();
+	struct conn *c;
+
+	if (most == NULL || most->hello <= u->hello)
+		return false;
+	TAILQ_FOREACH(c, &conns, entry)
+		if (c->state == CONN_HELLO && c->user == most && !c->admin) {
+			conn_kill(c, "closed without a Hello to make room for another uid (hello_max)");
+			return true;
+		}
+	return false;
+}
+
+/* Refuses a connection before anything is made for it: one Reply with the reason, then close. */
+static void
+refuse_at_accept(int fd, struct user *u, pid_t pid, int status, const char *why)
+{
+	Gpx__Reply r = GPX__REPLY__INIT;
+	Gpx__DaemonMsg m = GPX__DAEMON_MSG__INIT;
+
+	r.status = status;
+	r.message = (char *)why;
+	m.body_case = GPX__DAEMON_MSG__BODY_REPLY;
+	m.reply = &r;
+	wire_send_msg(fd, &m.base, NULL, 0);    /* a fresh non-blocking socket: room for one */
+	close(fd);
+	log_uid(u, LOG_L_WARN, "refused a connection of uid %u pid %d: %s", (unsigned)u->uid, (int)pid, why);
+}
+
+struct conn *
+conn_accept(int fd, bool admins_only)
+{
+	struct ucred cr;
+	gid_t groups[64];
+	int ngroups, status = 0;
+	char why[192];
+
+	if (peer_creds(fd, &cr, groups, &ngroups) < 0) {
+		close(fd);
+		return NULL;
+	}
+	struct user *u = user_get(cr.uid);
+	bool admin = peer_admin(cr.uid, cr.gid, groups, ngroups);
+	if (u->conns >= cfg->max_conns_per_uid) {
+		status = GPX__STATUS__EQUOTA;
+		snprintf(why, sizeof(why), "uid %u has %u connections (limit %u)", (unsigned)cr.uid, u->conns,
+		    cfg->max_conns_per_uid);
+	} else if (admins_only && !admin) {
+		status = GPX__STATUS__EBUSY;
+		snprintf(why, sizeof(why), "gpxd is short of file descriptors: only root and the admin group "
+		    "are admitted until some are free again");
+	} else if (!admin && nhello >= cfg->hello_max && !hello_evict(u)) {
+		status = GPX__STATUS__EBUSY;
+		snprintf(why, sizeof(why), "%u connections are waiting for their Hello (hello_max), %u of them "
+		    "of uid %u", nhello, u->hello, (unsigned)cr.uid);
+	}
+	if (status != 0) {
+		refuse_at_accept(fd, u, cr.pid, status, why);
+		return NULL;
+	}
+	struct conn *c = conn_make(fd, &cr, groups, ngroups, admin);
+	if (c == NULL)
+		close(fd);
 	return c;
 }
 
@@ -275,14 +428,6 @@ on_hello(struct conn *c, uint32_t seq, const Gpx__Hello *h, int *fds, int nfds)
 		conn_kill(c, err);
 		return;
 	}
-	if (c->user->conns > cfg->max_conns_per_uid) {
-		snprintf(err, sizeof(err), "uid %u has %u connections (limit %u)", (unsigned)c->uid,
-		    c->user->conns - 1, cfg->max_conns_per_uid);
-		log_audit(c, "%s", err);
-		reply_err(c, seq, GPX__STATUS__EQUOTA, err);
-		conn_kill(c, err);
-		return;
-	}
 	if (nfds != (h->no_ring ? 0 : 1) || (!h->no_ring && !is_eventfd(fds[0]))) {
 		snprintf(err, sizeof(err), "Hello takes exactly one eventfd (or none with no_ring)");
 		reply_err(c, seq, GPX__STATUS__EBADFD, err);
@@ -310,6 +455,7 @@ on_hello(struct conn *c, uint32_t seq, const Gpx__Hello *h, int *fds, int nfds)
 	w.trust_legacy = cfg->trust_legacy_ipc;
 	r.body_case = GPX__REPLY__BODY_WELCOME;
 	r.welcome = &w;
+	hello_leave(c);
 	c->state = CONN_READY;
 	if (c->cq != NULL) {
 		/* The client gets its copy; ours is the mapping.  Taken out first: a failed
@@ -322,7 +468,7 @@ on_hello(struct conn *c, uint32_t seq, const Gpx__Hello *h, int *fds, int nfds)
 		conn_reply(c, seq, 0, NULL, &r, NULL, 0);
 	/* Query-only connections (gpxctl, monitoring) come and go often: debug level. */
 	if (c->cq != NULL)
-		log_info("client %llu: %s (uid %u pid %d)", (unsigned long long)c->id,
+		log_client(c, LOG_L_INFO, "client %llu: %s (uid %u pid %d)", (unsigned long long)c->id,
 		    c->name[0] ? c->name : "-", (unsigned)c->uid, (int)c->pid);
 	else
 		log_debug("conn", "client %llu: %s (uid %u pid %d), queries only", (unsigned long long)c->id,
@@ -1202,8 +1348,9 @@ conn_kill(struct conn *c, const char *why)
 	if (c->cq == NULL && strcmp(why, "disconnected") == 0)
 		log_debug("conn", "client %llu (%s) gone", (unsigned long long)c->id, c->name[0] ? c->name : "-");
 	else
-		log_info("client %llu (%s, uid %u pid %d) gone: %s", (unsigned long long)c->id,
+		log_client(c, LOG_L_INFO, "client %llu (%s, uid %u pid %d) gone: %s", (unsigned long long)c->id,
 		    c->name[0] ? c->name : "-", (unsigned)c->uid, (int)c->pid, why);
+	hello_leave(c);
 	c->state = CONN_DEAD;
 	levent_conn_unwatch(c);
 	close(c->fd);
@@ -1252,7 +1399,7 @@ conn_reap(void)
 
 	TAILQ_FOREACH_SAFE(c, &conns, entry, t)
 		if (c->cq != NULL && c->cq->broken)
-			conn_kill(c, "completion queue misused");
+			conn_kill(c, c->cq->broken_why);
 	TAILQ_FOREACH_SAFE(c, &dead, entry, t) {
 		if (c->pending > 0)
 			continue;

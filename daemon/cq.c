@@ -110,8 +110,9 @@ static void
 cq_break(struct cq *q, const char *why)
 {
 	if (!q->broken) {
+		/* Said by the loop when it disconnects the client (any thread may get here). */
+		q->broken_why = why;
 		q->broken = true;
-		log_warnx("client %llu: %s; disconnecting it", (unsigned long long)q->client, why);
 		if (cq_broken_hook != NULL)
 			cq_broken_hook(q);
 	}

@@ -3,6 +3,12 @@
  * the administrative requests (reload, drain, log level), which only root or members of the
  * configured admin group may make.  Any client may query; the answers show ids, uids and sizes,
  * never memory contents or handles.
+ *
+ * Each user sees what is theirs: for anyone but root and the admin group, clients, regions and
+ * transfers are those of connections of the caller's uid, and exports those it may import
+ * (export_allows: its own, and others' whose rule admits it).  What describes the node rather
+ * than a user is the same for everyone: status (counts of clients, regions, exports and
+ * transfers, bytes moved), the per-path counters, the topology and the peer daemons.
  */
 #include "config.h"
 
@@ -52,14 +58,23 @@ q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
 	q->status = s;
 }
 
+/* Whether the asking connection may see what the connections of uid do. */
+static bool
+sees(const struct conn *asker, uid_t uid)
+{
+	return asker->admin || asker->uid == uid;
+}
+
 static void
-q_clients(Gpx__QueryReply *q)
+q_clients(Gpx__QueryReply *q, const struct conn *asker)
 {
 	struct conn *c;
 	size_t n = 0;
 
 	q->clients = calloc(conn_count() + 1, sizeof(*q->clients));
 	TAILQ_FOREACH(c, &conns, entry) {
+		if (!sees(asker, c->uid))
+			continue;
 		Gpx__ClientInfo *i = malloc(sizeof(*i));
 		gpx__client_info__init(i);
 		i->id = c->id;
@@ -95,14 +110,14 @@ export_of(const struct region *r)
 }
 
 static void
-q_regions(Gpx__QueryReply *q)
+q_regions(Gpx__QueryReply *q, const struct conn *asker)
 {
 	struct conn *c;
 	size_t n = 0, cap = 16;
 
 	q->regions = malloc(cap * sizeof(*q->regions));
 	TAILQ_FOREACH(c, &conns, entry)
-		for (uint32_t s = 0; s < c->hcap; s++)
+		for (uint32_t s = 0; sees(asker, c->uid) && s < c->hcap; s++)
 			for (struct rhandle *h = c->htab[s]; h != NULL; h = h->next) {
 				if (n == cap)
 					q->regions = realloc(q->regions, (cap *= 2) * sizeof(*q->regions));
@@ -122,7 +137,7 @@ q_regions(Gpx__QueryReply *q)
 }
 
 static void
-q_exports(Gpx__QueryReply *q)
+q_exports(Gpx__QueryReply *q, const struct conn *asker)
 {
 	static const char *rules[] = { "uid", "gid", "any" };
 	struct export *e;
@@ -130,6 +145,8 @@ q_exports(Gpx__QueryReply *q)
 
 	q->exports = calloc(export_count() + 1, sizeof(*q->exports));
 	TAILQ_FOREACH(e, &exports, entry) {
+		if (!asker->admin && !export_allows(e, asker))
+			continue;
 		Gpx__ExportInfo *i = malloc(sizeof(*i));
 		gpx__export_info__init(i);
 		i->name = e->name;
@@ -167,6 +184,7 @@ q_fabric_gpu(Gpx__QueryReply *q, Gpx__FabricGpu *g)
 
 struct tvisit {
 	Gpx__QueryReply *q;
+	const struct conn *asker;
 	size_t cap;
 	double now;
 };
@@ -177,6 +195,8 @@ visit_job(const struct job *j, void *arg)
 	struct tvisit *v = arg;
 	Gpx__QueryReply *q = v->q;
 
+	if (!sees(v->asker, j->user->uid))
+		return;
 	if (q->n_transfers == v->cap)
 		q->transfers = realloc(q->transfers, (v->cap = v->cap * 2 + 16) * sizeof(*q->transfers));
 	Gpx__TransferInfo *i = malloc(sizeof(*i));
@@ -255,20 +275,20 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 	Gpx__QueryReply q = GPX__QUERY_REPLY__INIT;
 	Gpx__DaemonStatus st = GPX__DAEMON_STATUS__INIT;
 	Gpx__FabricGpu fg = GPX__FABRIC_GPU__INIT;
-	struct tvisit v = { .q = &q, .now = now_s() };
+	struct tvisit v = { .q = &q, .asker = c, .now = now_s() };
 
 	switch (m->what) {
 	case GPX__QUERY_WHAT__Q_STATUS:
 		q_status(&q, &st);
 		break;
 	case GPX__QUERY_WHAT__Q_CLIENTS:
-		q_clients(&q);
+		q_clients(&q, c);
 		break;
 	case GPX__QUERY_WHAT__Q_REGIONS:
-		q_regions(&q);
+		q_regions(&q, c);
 		break;
 	case GPX__QUERY_WHAT__Q_EXPORTS:
-		q_exports(&q);
+		q_exports(&q, c);
 		break;
 	case GPX__QUERY_WHAT__Q_TRANSFERS:
 		engine_visit(visit_job, &v);

@@ -1,10 +1,13 @@
 /*
  * The transfer engine.  Every accepted transfer becomes a job on one path (host<->host here;
- * the GPU back end adds its own).  A path keeps a round-robin list of clients that have work,
- * and each client a round-robin list of its jobs; workers take one chunk (at most chunk_size
- * bytes, possibly spanning many small segments) at a time from the next job of the next
- * client.  So a 4 KiB copy never waits behind more than one chunk of someone's 1 GiB copy,
- * and two saturating clients share a path evenly.
+ * the GPU back end adds its own).  A path keeps a round-robin list of the uids that have work
+ * there, each uid a round-robin list of its connections with work, and each connection a
+ * round-robin list of its jobs; workers take one chunk (at most chunk_size bytes, possibly
+ * spanning many small segments) at a time from the next job of the next connection of the
+ * next uid.  So a 4 KiB copy never waits behind more than one chunk of each other uid with
+ * work (and of each worker's chunk in progress), however many connections and copies that
+ * uid keeps busy; two saturating uids share a path evenly whatever their numbers of
+ * connections, as the limits are per uid too; and within a uid its connections share evenly.
  *
  * A job ends when every byte was handed out and every handed-out chunk came back; the worker
  * that returns the last chunk posts the completion record itself.
@@ -18,8 +21,9 @@
 #include "gpxd.h"
 
 struct epath {
-	TAILQ_HEAD(, equeue) active;
-	atomic_int nactive;          /* queues in `active`: a lock-free hint for spinning workers */
+	TAILQ_HEAD(, uqueue) active; /* uids with work on the path */
+	atomic_int nactive;          /* uids in `active`: a lock-free hint for spinning workers */
+	atomic_int nqueues;          /* connections with work on the path (a hint too) */
 	pthread_cond_t cond;
 	atomic_uint_fast64_t transfers, bytes, errors;
 };
@@ -83,6 +87,12 @@ engine_has_work(enum path_kind p)
 	return atomic_load_explicit(&paths[p].nactive, memory_order_relaxed) > 0;
 }
 
+int
+engine_queues(enum path_kind p)
+{
+	return atomic_load_explicit(&paths[p].nqueues, memory_order_relaxed);
+}
+
 /* Host path: the copy itself.  Regions are mapped for as long as the job holds them. */
 static void *
 host_worker(void *unused)
@@ -142,14 +152,36 @@ engine_shutdown(void)
 	nworkers = 0;
 }
 
+/* Under the lock: connection queue q of uid queue u has work on path p. */
 static void
-equeue_link(struct epath *p, struct equeue *q)
+queue_link(struct epath *p, struct uqueue *u, struct equeue *q)
 {
 	if (!q->active) {
 		q->active = true;
+		atomic_fetch_add(&p->nqueues, 1);
+		TAILQ_INSERT_TAIL(&u->conns, q, rr);
+	}
+	if (!u->active) {
+		u->active = true;
 		atomic_fetch_add(&p->nactive, 1);
-		TAILQ_INSERT_TAIL(&p->active, q, rr);
+		TAILQ_INSERT_TAIL(&p->active, u, rr);
 		pthread_cond_signal(&p->cond);
+	}
+}
+
+/* Under the lock: q has no job left; out of its uid's list, and the uid out of the path's if idle. */
+static void
+queue_unlink(struct epath *p, struct uqueue *u, struct equeue *q)
+{
+	if (q->active) {
+		q->active = false;
+		atomic_fetch_sub(&p->nqueues, 1);
+		TAILQ_REMOVE(&u->conns, q, rr);
+	}
+	if (u->active && TAILQ_EMPTY(&u->conns)) {
+		u->active = false;
+		atomic_fetch_sub(&p->nactive, 1);
+		TAILQ_REMOVE(&p->active, u, rr);
 	}
 }
 
@@ -157,6 +189,7 @@ void
 engine_submit(struct job *j)
 {
 	struct equeue *q = &j->cq->eq[j->path];
+	struct uqueue *u = &j->user->uq[j->path];
 
 	pthread_mutex_lock(&elock);
 	TAILQ_INSERT_TAIL(&live, j, ae);
@@ -172,7 +205,7 @@ engine_submit(struct job *j)
 	}
 	enum path_kind path = j->path;     /* j may be finished by a worker once we unlock */
 	TAILQ_INSERT_TAIL(&q->jobs, j, qe);
-	equeue_link(&paths[path], q);
+	queue_link(&paths[path], u, q);
 	pthread_mutex_unlock(&elock);
 	if (path == PATH_FABRIC)
 		fabric_kick();      /* the fabric takes chunks on the loop thread, not a worker */
@@ -255,17 +288,19 @@ bool
 engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, uint32_t max_segs)
 {
 	struct epath *p = &paths[pk];
+	struct uqueue *u;
 	struct equeue *q;
 	struct job *j;
 
 	pthread_mutex_lock(&elock);
-	while ((q = TAILQ_FIRST(&p->active)) == NULL) {
+	while ((u = TAILQ_FIRST(&p->active)) == NULL) {
 		if (quit || !wait) {
 			pthread_mutex_unlock(&elock);
 			return false;
 		}
 		pthread_cond_wait(&p->cond, &elock);
 	}
+	q = TAILQ_FIRST(&u->conns);
 	j = TAILQ_FIRST(&q->jobs);
 	if (j->t_start == 0)
 		j->t_start = now_s();
@@ -279,13 +314,19 @@ engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_by
 	if (j->handed == j->total)
 		j->handed_out = true;
 	else
-		TAILQ_INSERT_TAIL(&q->jobs, j, qe);     /* round-robin between a client's jobs */
-	TAILQ_REMOVE(&p->active, q, rr);
+		TAILQ_INSERT_TAIL(&q->jobs, j, qe);     /* round-robin between a connection's jobs, */
+	TAILQ_REMOVE(&u->conns, q, rr);
 	if (TAILQ_EMPTY(&q->jobs)) {
 		q->active = false;
+		atomic_fetch_sub(&p->nqueues, 1);
+	} else
+		TAILQ_INSERT_TAIL(&u->conns, q, rr);    /* between a uid's connections, */
+	TAILQ_REMOVE(&p->active, u, rr);
+	if (TAILQ_EMPTY(&u->conns)) {
+		u->active = false;
 		atomic_fetch_sub(&p->nactive, 1);
 	} else
-		TAILQ_INSERT_TAIL(&p->active, q, rr);   /* ... and between clients */
+		TAILQ_INSERT_TAIL(&p->active, u, rr);   /* and between uids */
 	if (!TAILQ_EMPTY(&p->active))
 		pthread_cond_signal(&p->cond);
 	pthread_mutex_unlock(&elock);
@@ -418,11 +459,8 @@ job_cancel_locked(struct job *j)
 	j->handed_out = true;
 	struct equeue *q = &j->cq->eq[j->path];
 	TAILQ_REMOVE(&q->jobs, j, qe);
-	if (TAILQ_EMPTY(&q->jobs) && q->active) {
-		q->active = false;
-		atomic_fetch_sub(&paths[j->path].nactive, 1);
-		TAILQ_REMOVE(&paths[j->path].active, q, rr);
-	}
+	if (TAILQ_EMPTY(&q->jobs))
+		queue_unlink(&paths[j->path], &j->user->uq[j->path], q);
 	if (j->chunks_out == 0) {
 		TAILQ_REMOVE(&live, j, ae);
 		nlive--;

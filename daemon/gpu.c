@@ -11,9 +11,12 @@
  * answered from the loop without a driver call.
  *
  * Copy workers.  The worker of GPU d runs every transfer whose source (or, from host memory,
- * destination) is on d.  It takes chunks from the engine (round-robin between clients), puts
- * large ones on a "bulk" stream and small ones on a "quick" stream so that a 4 KiB copy never
- * queues behind a 1 GiB one, and after each chunk has the stream write a sequence number into
+ * destination) is on d.  It takes chunks from the engine (round-robin between uids, then
+ * clients), puts large ones on a "bulk" stream and small ones on a "quick" stream so that a
+ * 4 KiB copy never queues behind a 1 GiB one.  When the bulk stream is full and another
+ * client has work too, the worker still takes chunks, cut to the quick stream's size, a few at
+ * a time: so one client keeping the bulk stream full cannot hold another's small copy back
+ * until a whole bulk chunk ends.  After each chunk it has the stream write a sequence number into
  * pinned host memory.  The worker polls those words (spinning while work is due soon, sleeping
  * in proportion otherwise): no host callbacks, no driver lock taken per completion.
  * Contiguous pieces go to copy engines; chunks of many small segments go to one launch of the
@@ -42,6 +45,7 @@
 #define KSEG_MAX 8192                 /* segments per kernel launch: a long list is cut into
                                          * launches so preparing one overlaps running another */
 #define PEND_MAX 16                   /* chunks in flight per GPU */
+#define QUICK_SHARE 2                 /* quick chunks in flight while the bulk stream is full */
 #define KERNEL_MIN_SEGS 8
 #define KERNEL_MAX_AVG (256u << 10)
 #define IDLE_SPIN_NS 200000           /* spin at least this long for new work before sleeping */
@@ -804,11 +808,13 @@ gpu_worker(void *arg)
 		if (progress)
 			idle_since = mono_ns();
 
-		while (pending < PEND_MAX && g->npend[S_BULK] < PEND_MAX / 2 &&
+		bool bulk_room;
+		while (pending < PEND_MAX && ((bulk_room = g->npend[S_BULK] < PEND_MAX / 2) ||
+		    (g->npend[S_QUICK] < QUICK_SHARE && engine_queues(path) > 1)) &&
 		    (engine_has_work(path) || (pending == 0 && mono_ns() - idle_since > spin_ns))) {
 			/* Block only when idle for a while: the spin keeps small-copy latency low. */
 			bool wait = pending == 0 && !engine_has_work(path);
-			if (!engine_next_chunk(path, &c, wait, BULK_CHUNK, KSEG_MAX))
+			if (!engine_next_chunk(path, &c, wait, bulk_room ? BULK_CHUNK : QUICK_MAX, KSEG_MAX))
 				break;
 			issue(g, &c);
 			pending = g->npend[S_BULK] + g->npend[S_QUICK];

@@ -56,7 +56,26 @@ void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char *sub, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/*
+ * Lines a client or a uid can cause at will (refusals, connections coming and going) are
+ * rate-limited per source, as journald and the kernel do: each client and each uid has a
+ * share of the log per window (struct logrl), and what a uid's window held back is reported
+ * in one line when the window ends; root's and the admin group's are not limited.  Loop
+ * thread only.
+ */
+struct logrl {
+	double start;                /* when the current window began */
+	uint32_t lines;              /* lines let through in it */
+	uint32_t held;               /* lines held back in it (counted on the uid) */
+};
 void log_audit(struct conn *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void log_client(struct conn *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+struct user;
+void log_uid(struct user *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A line of a source that is neither a client nor a uid (an unauthenticated peer): its own share. */
+void log_other(struct logrl *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Every second: reports what the windows that ended held back (final: all windows end). */
+void log_tick(bool final);
 void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 void fatalx(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
@@ -81,6 +100,10 @@ struct conf {
 	uint64_t max_region_bytes_per_uid;
 	uint32_t max_exports_per_uid;
 	uint32_t max_inflight_per_uid;
+	/* daemon-wide limits on connections (conn.c, levent.c) */
+	uint32_t hello_max;          /* connections not yet past Hello */
+	uint32_t reserved_fds;       /* descriptors held back for root and the admin group */
+#define RESERVED_FDS_MAX 1024
 	double idle_timeout_s;       /* a connection that sends nothing for this long is closed */
 	uint32_t busy_poll_us;       /* the loop polls without sleeping this long after input */
 	char *log_level;
@@ -126,16 +149,23 @@ void defer_shutdown(void);
 void defer_run(defer_fn work, defer_fn done, void *arg);
 
 /* ---- user.c: per-uid accounting and limits ---- */
+struct uqueue;
 struct user {
 	uid_t uid;
-	uint32_t conns;
+	uint32_t conns;              /* connections, counted from accept */
+	uint32_t hello;              /* of them, not yet past Hello */
 	uint32_t regions;
 	uint64_t region_bytes;
 	uint32_t exports;
 	atomic_uint inflight;
+	struct logrl log;            /* its share of the log (log.c) */
+	struct uqueue *uq;           /* its queues, one per path (engine.c, engine lock) */
 	TAILQ_ENTRY(user) entry;
 };
 struct user *user_get(uid_t);
+void user_visit(void (*fn)(struct user *, void *), void *arg);
+/* The uid with the most connections not yet past Hello, or NULL if none has any. */
+struct user *user_most_hello(void);
 
 /* ---- mem-*.c: memory kinds behind one interface ---- */
 #define DEV_HOST (-1)
@@ -217,8 +247,14 @@ void region_revoke(struct region *);
 /* A path is where a copy executes: host memcpy workers, or the copy worker of one GPU. */
 enum path_kind { PATH_HOST = 0, PATH_GPU0 = 1, PATH_FABRIC = PATH_GPU0 + GPX_MAX_GPUS, NPATHS };
 struct equeue {
-	TAILQ_ENTRY(equeue) rr;      /* in its path's round-robin list while it has work */
+	TAILQ_ENTRY(equeue) rr;      /* in its uid's round-robin list while it has work */
 	TAILQ_HEAD(, job) jobs;      /* jobs with bytes not yet handed to a worker */
+	bool active;
+};
+/* A uid's part of a path: its connections with work there (round-robin between uids first). */
+struct uqueue {
+	TAILQ_ENTRY(uqueue) rr;      /* in its path's round-robin list while it has work */
+	TAILQ_HEAD(, equeue) conns;
 	bool active;
 };
 
@@ -234,6 +270,7 @@ struct cq {
 	uint32_t inflight;           /* accepted, not yet posted (under lock) */
 	uint64_t head;               /* our copy of the ring's head: the shared one is never read back */
 	bool broken;                 /* ring or eventfd misused: the loop disconnects the client */
+	const char *broken_why;      /* how (a string constant) */
 	uint64_t client;
 	struct user *user;
 	/* per-client counters, read by gpxctl */
@@ -329,10 +366,11 @@ void engine_cancel_all(int status);                  /* at shutdown: status for 
 uint32_t engine_inflight(void);
 typedef void (*engine_visit_fn)(const struct job *, void *);
 void engine_visit(engine_visit_fn, void *);
-/* For back ends: the next chunk of the path, round-robin over clients and their jobs. */
+/* For back ends: the next chunk of the path, round-robin over uids, their clients, their jobs. */
 bool engine_next_chunk(enum path_kind, struct chunk *, bool wait, uint64_t max_bytes, uint32_t max_segs);
 bool engine_has_work(enum path_kind);
 uint32_t engine_pair_of(const struct job *, uint32_t seg);
+int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */
 enum path_kind engine_path_for(const struct region *src, const struct region *dst);
 void engine_chunk_done(struct chunk *, bool ok);
 void engine_free_job(struct job *);
@@ -368,8 +406,7 @@ struct conn {
 	uint32_t nhandles, hcap;
 	uint32_t nseq_errors;
 	uint64_t sq_head;            /* submissions taken from the shared queue (our copy) */
-	double audit_window;         /* log_audit's rate limit: start of the current second */
-	uint32_t audit_lines, audit_dropped;
+	struct logrl log;            /* its share of the log (log.c) */
 	uint32_t version;            /* the protocol it speaks (Hello) */
 	const unsigned char *area;   /* the segment area, mapped read-only */
 	size_t area_len;
@@ -378,6 +415,12 @@ TAILQ_HEAD(conn_list, conn);
 extern struct conn_list conns;
 extern double conn_last_input;      /* when any client last sent something (now_s) */
 struct conn *conn_new(int fd);
+/*
+ * A connection accept(2) returned: admitted by the limits on connections (per uid, hello_max,
+ * and with admins_only, root and the admin group only) or refused at once, with one Reply that
+ * says why and no descriptor opened.  Takes fd either way.
+ */
+struct conn *conn_accept(int fd, bool admins_only);
 bool conn_in_group(const struct conn *, gid_t);
 void conn_input(struct conn *);
 void conn_kill(struct conn *, const char *why);

@@ -3,6 +3,16 @@
  * pidfd exit events, signals (TERM/INT stop, HUP reloads), the watchdog and status timers, the
  * reaper of dead connections and the graceful shutdown that lets in-flight transfers end with
  * a "shutting down" status before the daemon exits.
+ *
+ * Descriptors.  At start gpxd raises its soft RLIMIT_NOFILE to the hard limit.  It keeps
+ * reserved_fds descriptors open on /dev/null that nothing else can take (spare[]).  When
+ * accept(2) fails with EMFILE they are closed, and until all of them can be held again (tried
+ * every second) the daemon is short: it admits only root and the admin group, with the
+ * descriptors the spares left, and accepts everyone else only to refuse them at once, so that
+ * they learn why instead of waiting in the backlog (the EMFILE trick).  When accept fails with
+ * no spare left (or for want of kernel memory), the listening socket rests, 10 ms the first
+ * time and twice as long each time after up to 1 s, until an accept succeeds again.  Each
+ * shortage and each pause is logged once (and at most once every 30 s), not per attempt.
  */
 #include "config.h"
 
@@ -15,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -37,6 +48,17 @@ static bool stopping;
 #define HELLO_TIMEOUT_S 5.0
 static int exit_status;
 static double stop_deadline;
+
+#define SHORT_LOG_S 30.0             /* at most one line about descriptors this often */
+static int spare[RESERVED_FDS_MAX];
+static uint32_t nspare;
+static unsigned long long nofile;    /* the descriptor limit */
+static bool fd_short;                /* spares given up: root and the admin group only */
+static bool fd_short_logged;         /* ... and that was said */
+static double fd_short_since, fd_short_said;
+static uint64_t fd_short_refused;    /* connections refused while short */
+static double pause_s;               /* accept's rest while no descriptor is left; 0 = none */
+static double pause_said;
 
 double
 now_s(void)
@@ -125,6 +147,111 @@ resume_cb(evutil_socket_t fd, short what, void *arg)
 		event_add(listen_ev, NULL);
 }
 
+/* Raises the soft descriptor limit to the hard one (the kernel's nr_open where that is unlimited). */
+static void
+nofile_raise(void)
+{
+	struct rlimit rl;
+	unsigned long long was;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return;
+	was = rl.rlim_cur;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rlim_t want = rl.rlim_max;
+		rl.rlim_cur = want;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
+			FILE *f = fopen("/proc/sys/fs/nr_open", "re");
+			unsigned long long n = 0;
+			if (f != NULL) {
+				if (fscanf(f, "%llu", &n) != 1)
+					n = 0;
+				fclose(f);
+			}
+			rl.rlim_cur = n > was && n < (unsigned long long)want ? (rlim_t)n : (rlim_t)was;
+			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+				rl.rlim_cur = was;
+		}
+	}
+	nofile = rl.rlim_cur;
+	if (nofile != was)
+		log_info("descriptor limit %llu (raised from %llu)", nofile, was);
+	else
+		log_info("descriptor limit %llu", nofile);
+}
+
+/*
+ * Holds reserved_fds spares again (fewer or more after a reload).  While short, all of them
+ * or none: the descriptors root's connections need must not be taken back one by one.
+ */
+static void
+spares_fill(void)
+{
+	uint32_t had = nspare;
+
+	while (nspare > cfg->reserved_fds)
+		close(spare[--nspare]);
+	while (nspare < cfg->reserved_fds) {
+		int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			break;
+		spare[nspare++] = fd;
+	}
+	if (!fd_short)
+		return;
+	if (nspare < cfg->reserved_fds) {
+		while (nspare > had)
+			close(spare[--nspare]);
+		return;
+	}
+	fd_short = false;
+	if (fd_short_logged)
+		log_info("descriptors free again after %.1f s: admitting everyone (%llu connections refused meanwhile)",
+		    now_s() - fd_short_since, (unsigned long long)fd_short_refused);
+}
+
+/* accept(2) found the table full: the spares go to root and the admin group. */
+static void
+spares_release(void)
+{
+	double now = now_s();
+
+	while (nspare > 0)
+		close(spare[--nspare]);
+	if (fd_short)
+		return;
+	fd_short = true;
+	fd_short_since = now;
+	fd_short_refused = 0;
+	fd_short_logged = now - fd_short_said >= SHORT_LOG_S || fd_short_said == 0;
+	if (fd_short_logged) {
+		fd_short_said = now;
+		log_warnx("out of file descriptors (limit %llu): admitting only root and the admin group "
+		    "until %u are free again", nofile, cfg->reserved_fds);
+	}
+}
+
+/* accept(2) failed for want of descriptors or memory: the listening socket rests a while. */
+static void
+accept_pause(int err)
+{
+	double now = now_s();
+
+	pause_s = pause_s == 0 ? 0.01 : pause_s * 2 < 1 ? pause_s * 2 : 1;
+	if (pause_s == 0.01 && (pause_said == 0 || now - pause_said >= SHORT_LOG_S)) {
+		pause_said = now;
+		log_warnx("accept: %s: not accepting for up to 1 s at a time until it succeeds again",
+		    strerror(err));
+	}
+	struct timeval tv = { 0, (long)(pause_s * 1e6) };
+	if (pause_s >= 1) {
+		tv.tv_sec = 1;
+		tv.tv_usec = 0;
+	}
+	event_del(listen_ev);
+	event_add(resume_ev, &tv);
+}
+
 static void
 accept_cb(evutil_socket_t lfd, short what, void *arg)
 {
@@ -133,18 +260,20 @@ accept_cb(evutil_socket_t lfd, short what, void *arg)
 	for (int i = 0; i < 64; i++) {
 		int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-				/* Out of descriptors: stop accepting for a moment instead of spinning. */
-				struct timeval tv = { 0, 100000 };
-				log_warn("accept");
-				event_del(listen_ev);
-				event_add(resume_ev, &tv);
+			if (errno == EMFILE && nspare > 0) {
+				spares_release();
+				continue;
 			}
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+				accept_pause(errno);
+			else if (errno == ECONNABORTED || errno == EINTR)
+				continue;
 			return;
 		}
-		struct conn *c = conn_new(fd);
+		pause_s = 0;
+		struct conn *c = conn_accept(fd, fd_short);
 		if (c == NULL) {
-			close(fd);
+			fd_short_refused += fd_short;
 			continue;
 		}
 		levent_conn_watch(c);
@@ -188,7 +317,8 @@ listen_on(const char *path)
 		if (g == NULL || chown(path, (uid_t)-1, g->gr_gid) < 0)
 			log_warn("socket group %s", cfg->socket_group);
 	}
-	if (chmod(path, cfg->socket_mode) < 0 || listen(fd, 128) < 0) {
+	/* The kernel's most: a burst of clients waits there, costing the daemon no descriptor. */
+	if (chmod(path, cfg->socket_mode) < 0 || listen(fd, SOMAXCONN) < 0) {
 		log_warn("listen %s", path);
 		close(fd);
 		unlink(path);
@@ -224,6 +354,8 @@ wd_cb(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	(void)arg;
 	sdn_watchdog();
+	spares_fill();
+	log_tick(false);
 	/*
 	 * Connections that never said Hello are closed after HELLO_TIMEOUT_S; idle ones (nothing
 	 * received for idle_timeout seconds, when configured) too.
@@ -356,6 +488,7 @@ levent_run(const char *socket_override)
 
 	gpxd_start_time = now_s();
 	signal(SIGPIPE, SIG_IGN);
+	nofile_raise();
 	if (evthread_use_pthreads() < 0)
 		fatalx("libevent without thread support");
 	if ((base = event_base_new()) == NULL)
@@ -389,6 +522,7 @@ levent_run(const char *socket_override)
 	if (peer_start(base) < 0)        /* fabric: peer daemons (daemon/peer.c) */
 		fatalx("fabric: cannot start (see above)");
 
+	spares_fill();
 	listen_ev = event_new(base, listen_fd, EV_READ | EV_PERSIST, accept_cb, NULL);
 	event_add(listen_ev, NULL);
 	resume_ev = evtimer_new(base, resume_cb, NULL);
@@ -420,6 +554,9 @@ levent_run(const char *socket_override)
 	defer_shutdown();
 	conn_reap();
 	gpu_shutdown();
+	log_tick(true);
+	while (nspare > 0)
+		close(spare[--nspare]);
 	if (own_socket)
 		unlink(socket_path);
 	close(listen_fd);

@@ -2,6 +2,7 @@
  * Logging for gpxd: stderr by default, the journal when systemd started us (through sdn.c).
  * Debug lines carry a subsystem token ("conn", "engine", "region", ...) so that
  * `gpxd -d -D engine` shows only the engine's.  Audit lines name the peer of every refusal.
+ * What a client or a uid can make the daemon say is rate-limited per source (log_take).
  */
 #include "config.h"
 
@@ -84,6 +85,18 @@ vlog(int level, const char *sub, int err, const char *fmt, va_list ap)
 	    sub ? sub : "", sub ? ": " : "", msg);
 }
 
+static void vlog_line(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+vlog_line(int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vlog(level, NULL, 0, fmt, ap);
+	va_end(ap);
+}
+
 void
 log_warn(const char *fmt, ...)
 {
@@ -140,39 +153,146 @@ log_debug(const char *sub, const char *fmt, ...)
 }
 
 /*
- * One line per refusal: who (client, uid, pid) and why.  At most AUDIT_PER_S lines a second per
- * connection, so a hostile client cannot flood the log; what was held back is counted in the
- * next line that gets through.
+ * The share of the log of one source.  A window lasts LOG_WINDOW_S; in it a client may cause
+ * LOG_CLIENT_LINES lines and all of a uid's clients and connection attempts together
+ * LOG_UID_LINES.  What is held back is counted on the uid and reported in one line when its
+ * window ends (at the next line of that uid, or by log_tick within a second), so a uid costs
+ * the log at most LOG_UID_LINES + 1 lines a window, however many connections it opens.
+ * (Root and the admin group are not limited: see log_take.)
  */
-#define AUDIT_PER_S 20
+#define LOG_WINDOW_S 5.0
+#define LOG_CLIENT_LINES 10
+#define LOG_UID_LINES 30
 
+/* Ends the uid's window if its time is up (or when told), reporting what it held back. */
+static void
+uid_roll(struct user *u, double now, bool force)
+{
+	if (now - u->log.start < LOG_WINDOW_S && !force)
+		return;
+	if (u->log.held > 0)
+		log_warnx("uid %u: %u lines suppressed in the last %.1f s (its clients may cause %d lines "
+		    "in %.0f s, and each of them %d)", (unsigned)u->uid, u->log.held, now - u->log.start,
+		    LOG_UID_LINES, LOG_WINDOW_S, LOG_CLIENT_LINES);
+	u->log.start = now;
+	u->log.lines = u->log.held = 0;
+}
+
+/*
+ * Whether one more line of client c (may be NULL) and uid u (may be NULL) may be logged.
+ * Root's and the admin group's lines are not limited: they are the node's operators, whose
+ * programs' lines are the record the operator reads, and no other user can cause them.
+ */
+static bool
+log_take(struct conn *c, struct user *u)
+{
+	double now = now_s();
+
+	if ((c != NULL && c->admin) || (u != NULL && u->uid == 0))
+		return true;
+	if (u != NULL)
+		uid_roll(u, now, false);
+	if (c != NULL) {
+		if (now - c->log.start >= LOG_WINDOW_S) {
+			c->log.start = now;
+			c->log.lines = 0;
+		}
+		if (c->log.lines >= LOG_CLIENT_LINES) {
+			if (u != NULL)
+				u->log.held++;
+			return false;
+		}
+	}
+	if (u != NULL && u->log.lines >= LOG_UID_LINES) {
+		u->log.held++;
+		return false;
+	}
+	if (c != NULL)
+		c->log.lines++;
+	if (u != NULL)
+		u->log.lines++;
+	return true;
+}
+
+void
+log_other(struct logrl *rl, int level, const char *fmt, ...)
+{
+	char msg[768];
+	va_list ap;
+	double now = now_s();
+
+	if (level > log_level)
+		return;
+	if (now - rl->start >= LOG_WINDOW_S) {
+		rl->start = now;
+		rl->lines = 0;
+	}
+	if (rl->lines >= LOG_UID_LINES) {
+		rl->held++;
+		return;
+	}
+	rl->lines++;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (rl->held > 0)
+		vlog_line(level, "%s (and %u more like it suppressed before)", msg, rl->held);
+	else
+		vlog_line(level, "%s", msg);
+	rl->held = 0;
+}
+
+static void
+tick_user(struct user *u, void *final)
+{
+	if (u->log.held > 0)
+		uid_roll(u, now_s(), *(bool *)final);
+}
+
+void
+log_tick(bool final)
+{
+	user_visit(tick_user, &final);
+}
+
+/* One line per refusal: who (client, uid, pid) and why, within the client's and uid's share. */
 void
 log_audit(struct conn *c, const char *fmt, ...)
 {
 	char why[512];
 	va_list ap;
-	double now = now_s();
 
-	if (now - c->audit_window >= 1.0) {
-		c->audit_window = now;
-		c->audit_lines = 0;
-	}
-	if (c->audit_lines >= AUDIT_PER_S) {
-		c->audit_dropped++;
+	if (log_level < LOG_L_WARN || !log_take(c, c->user))
 		return;
-	}
-	c->audit_lines++;
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
-	if (c->audit_dropped > 0)
-		log_warnx("refused client %llu (uid %u pid %d %s): %s (and %u more refusals not logged)",
-		    (unsigned long long)c->id, (unsigned)c->uid, (int)c->pid, c->name[0] ? c->name : "-", why,
-		    c->audit_dropped);
-	else
-		log_warnx("refused client %llu (uid %u pid %d %s): %s", (unsigned long long)c->id,
-		    (unsigned)c->uid, (int)c->pid, c->name[0] ? c->name : "-", why);
-	c->audit_dropped = 0;
+	log_warnx("refused client %llu (uid %u pid %d %s): %s", (unsigned long long)c->id, (unsigned)c->uid,
+	    (int)c->pid, c->name[0] ? c->name : "-", why);
+}
+
+void
+log_client(struct conn *c, int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (level > log_level || !log_take(c, c->user))
+		return;
+	va_start(ap, fmt);
+	vlog(level, NULL, 0, fmt, ap);
+	va_end(ap);
+}
+
+void
+log_uid(struct user *u, int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (level > log_level || !log_take(NULL, u))
+		return;
+	va_start(ap, fmt);
+	vlog(level, NULL, 0, fmt, ap);
+	va_end(ap);
 }
 
 void

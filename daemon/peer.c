@@ -347,7 +347,12 @@ peer_kill(struct peer *p, const char *fmt, ...)
 		log_debug("fabric", "%s: still %s", p->addr, p->why);     /* said once already */
 	else if (p->state == PEER_READY)
 		log_warnx("fabric: peer %s (%s, epoch %08x) down: %s", p->node, p->addr, p->epoch, p->why);
-	else
+	else if (!p->outbound && p->node[0] == '\0') {
+		/* anyone who reaches the port can cause this: a share of the log for all of them */
+		static struct logrl unauthenticated;
+		log_other(&unauthenticated, LOG_L_INFO, "fabric: connection from %s (unauthenticated) failed: %s",
+		    p->addr, p->why);
+	} else
 		log_info("fabric: connection %s %s (%s) failed: %s", p->outbound ? "to" : "from",
 		    p->addr, p->node[0] ? p->node : "unauthenticated", p->why);
 	p->state = PEER_DEAD;
@@ -901,7 +906,7 @@ import_by_addr(struct conn *c, uint32_t seq, const char *a)
 	pi->t = t;
 	if (t->p == NULL && !t->resolving) {
 		if (t->on_demand)
-			log_info("fabric: dialling %s on demand, for an import by uid %u", addr,
+			log_client(c, LOG_L_INFO, "fabric: dialling %s on demand, for an import by uid %u", addr,
 			    (unsigned)c->uid);
 		dial(t);
 	}

@@ -2,7 +2,8 @@
  * Per-uid accounting.  Limits in gpx are per user, not per connection, so that opening more
  * connections buys a tenant nothing.  Entries are kept for the daemon's lifetime: a node has few
  * uids, and copy workers may still hold a pointer to one after its last connection closed.
- * Loop thread only, except the inflight counter, which copy workers decrement.
+ * Loop thread only, except the inflight counter, which copy workers decrement, and the
+ * engine's queues of the uid (under the engine's lock).
  */
 #include "config.h"
 
@@ -20,9 +21,31 @@ user_get(uid_t uid)
 	TAILQ_FOREACH(u, &users, entry)
 		if (u->uid == uid)
 			return u;
-	if ((u = calloc(1, sizeof(*u))) == NULL)
+	if ((u = calloc(1, sizeof(*u))) == NULL || (u->uq = calloc(NPATHS, sizeof(*u->uq))) == NULL)
 		fatalx("out of memory");
+	for (int p = 0; p < NPATHS; p++)
+		TAILQ_INIT(&u->uq[p].conns);
 	u->uid = uid;
 	TAILQ_INSERT_TAIL(&users, u, entry);
 	return u;
+}
+
+void
+user_visit(void (*fn)(struct user *, void *), void *arg)
+{
+	struct user *u;
+
+	TAILQ_FOREACH(u, &users, entry)
+		fn(u, arg);
+}
+
+struct user *
+user_most_hello(void)
+{
+	struct user *u, *most = NULL;
+
+	TAILQ_FOREACH(u, &users, entry)
+		if (u->hello > 0 && (most == NULL || u->hello > most->hello))
+			most = u;
+	return most;
 }

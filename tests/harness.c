@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/eventfd.h>
@@ -388,12 +389,19 @@ measure_baseline(struct harness *h)
 int
 harness_start(struct harness *h, const char *extra)
 {
+	return harness_start_nofile(h, extra, 0);
+}
+
+int
+harness_start_nofile(struct harness *h, const char *extra, int nofile)
+{
 	const char *gpxd = getenv("GPXD");
 	const char *tmp = getenv("TMPDIR");
 
 	memset(h, 0, sizeof(*h));
 	h->pid = -1;
 	h->ring_entries = 64;
+	h->nofile = nofile;
 	if (gpxd == NULL || access(gpxd, X_OK) != 0) {
 		diag("set GPXD to the gpxd binary (make check does)");
 		return -1;
@@ -438,6 +446,11 @@ harness_respawn(struct harness *h)
 		/* Nothing of the test process leaks into the daemon's descriptor table. */
 		for (int i = 3; i < 1024; i++)
 			close(i);
+		if (h->nofile > 0) {
+			struct rlimit rl = { (rlim_t)h->nofile, (rlim_t)h->nofile };
+			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+				_exit(126);
+		}
 		unsetenv("NOTIFY_SOCKET");
 		unsetenv("JOURNAL_STREAM");
 		unsetenv("LISTEN_FDS");

@@ -24,6 +24,7 @@ struct harness {
 	char log[100];          /* gpxd's stderr */
 	int baseline;           /* gpxd's open fds with no client connected */
 	int ring_entries;       /* as configured */
+	int nofile;             /* RLIMIT_NOFILE (soft and hard) gpxd starts with; 0 = inherited */
 };
 
 /*
@@ -32,6 +33,8 @@ struct harness {
  * printed as a TAP comment.
  */
 int harness_start(struct harness *h, const char *extra);
+/* As harness_start, with gpxd's descriptor limit (soft and hard) set to nofile. */
+int harness_start_nofile(struct harness *h, const char *extra, int nofile);
 /* SIGTERM, then reaps it; returns its exit status, or -1 if it died by a signal or hung. */
 int harness_stop(struct harness *h);
 /*

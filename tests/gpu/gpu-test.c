@@ -6,7 +6,9 @@
  * vectored copies of scattered pages (the SM kernel path), an interior pointer of a larger
  * allocation (as PyTorch's caching allocator hands out), the refusal of legacy handles on a
  * multi-tenant node, two client processes where one copies into the other's exported buffer,
- * a client that dies mid-copy and an owner that frees its buffer mid-copy.  Stream-ordered
+ * a client that dies mid-copy and an owner that frees its buffer mid-copy, and the latency of
+ * one client's 4 KiB copies while another (of another uid when run as root) keeps a GPU's copy
+ * worker full of 1 GiB copies, host to GPU and within the GPU.  Stream-ordered
  * pool memory (cuda-pool) has a daemon of its own, whose log counts the mappings it opens.
  *
  * Run by tests/gpu.test, which skips (77) on a machine without a GPU.  Child roles re-execute
@@ -423,6 +425,133 @@ child_victim(const char *sock, int dev)
 	fflush(stdout);
 	pause();
 	return 0;
+}
+
+/*
+ * Keeps 16 copies of 1 GiB in flight on GPU dev, from host memory ("h2d") or within the GPU
+ * ("d2d"), until killed.  As root it runs as another uid first.
+ */
+static int
+child_hog(const char *sock, int dev, const char *mode)
+{
+	const size_t len = 1ull << 30;
+	struct gpx_completion d[16];
+	gpx_conn *c;
+	CUdeviceptr a = 0, b;
+	gpx_region ra, rb;
+	unsigned char *hp;
+	int hfd;
+
+	if (geteuid() == 0 && (setgid(1010) < 0 || setuid(1010) < 0))
+		return 9;
+	init_cuda();
+	if (gpx_connect(sock, "hog", &c) < 0)
+		return 10;
+	CK(cuCtxSetCurrent(ctx[dev]));
+	CK(cuMemAlloc(&b, len));
+	if (strcmp(mode, "h2d") == 0) {
+		if (gpx_host_alloc(len, &hfd, (void **)&hp) < 0 || gpx_register_host(c, hfd, 0, len, 0, &ra) < 0)
+			return 11;
+	} else {
+		CK(cuMemAlloc(&a, len));
+		if (gpx_register_cuda(c, (void *)a, len, 0, &ra) < 0)
+			return 11;
+	}
+	if (gpx_register_cuda(c, (void *)b, len, 0, &rb) < 0)
+		return 12;
+	uint64_t tag = 0;
+	for (int i = 0; i < 16; i++)
+		if (gpx_copy(c, ra, 0, rb, 0, len, tag++) < 0)
+			return 13;
+	printf("READY %s\n", geteuid() != 0 ? "other-uid" : "same-uid");
+	fflush(stdout);
+	for (;;) {
+		int n = gpx_wait(c, d, 16, 1000);
+		for (int i = 0; i < n; i++)
+			gpx_copy(c, ra, 0, rb, 0, len, tag++);
+	}
+	return 0;
+}
+
+static pid_t spawn(const char *self, char *const argv[], FILE **out, FILE **in);
+
+static int
+cmp_double(const void *x, const void *y)
+{
+	double a = *(const double *)x, b = *(const double *)y;
+
+	return a < b ? -1 : a > b;
+}
+
+/* n 4 KiB copies a -> b one at a time, 2 ms apart: p50, p99 and max in microseconds. */
+static bool
+small_latency(gpx_conn *c, struct buf *a, struct buf *b, int n, double *p50, double *p99, double *max)
+{
+	double *t = calloc(n, sizeof(double));
+	int done = 0;
+
+	for (int i = 0; i < n; i++) {
+		struct timespec t0, t1;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		int r = gpx_copy_sync(c, a->region, 4096 * (i % 16), b->region, 4096 * (i % 16), 4096);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		if (r == 0)
+			t[done++] = (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3;
+		usleep(2000);
+	}
+	qsort(t, done, sizeof(double), cmp_double);
+	*p50 = done ? t[done / 2] : 1e9;
+	*p99 = done ? t[done * 99 / 100] : 1e9;
+	*max = done ? t[done - 1] : 1e9;
+	free(t);
+	if (done == n) {
+		/* what the copies wrote is what the mirror says */
+		memmove(b->mirror, a->mirror, 16 * 4096);
+		unsigned char *got = malloc(16 * 4096);
+		buf_read(b, 0, got, 16 * 4096);
+		done = memcmp(got, b->mirror, 16 * 4096) == 0 ? n : -1;
+		free(got);
+	}
+	return done == n;
+}
+
+/*
+ * Another client keeps GPU dev's copy worker full: 16 copies of 1 GiB, up to its bulk
+ * stream's depth.  This client's 4 KiB copies on the same GPU must not wait for a whole bulk
+ * chunk (about 20 ms from host memory on PCIe 5): the worker takes its chunk onto the quick
+ * stream behind at most QUICK_SHARE pieces of 1 MiB of the other's.
+ */
+static void
+test_small_under_load(const char *self, const char *sock, gpx_conn *c, struct buf *a, struct buf *b, int dev)
+{
+	static const char *modes[] = { "h2d", "d2d" };
+	double p50, p99, max;
+	char devs[8];
+
+	snprintf(devs, sizeof(devs), "%d", dev);
+	bool good = small_latency(c, a, b, 300, &p50, &p99, &max);
+	diag("4 KiB %s -> %s alone: p50 %.1f us, p99 %.1f us, max %.1f us", a->name, b->name, p50, p99, max);
+	for (int m = 0; m < 2; m++) {
+		char *argv[] = { (char *)self, "hog", (char *)sock, devs, (char *)modes[m], NULL };
+		char line[64] = "";
+		FILE *out, *in;
+		pid_t pid = spawn(self, argv, &out, &in);
+		if (!ok(pid > 0 && fgets(line, sizeof(line), out) != NULL && strncmp(line, "READY", 5) == 0,
+		    "another client keeps 16 copies of 1 GiB %s on GPU%d in flight (%s)", modes[m], dev,
+		    line[0] ? line + 6 : "did not start")) {
+			if (pid > 0)
+				kill(pid, SIGKILL);
+			continue;
+		}
+		usleep(300000);
+		good = small_latency(c, a, b, 300, &p50, &p99, &max);
+		ok(good, "meanwhile 300 copies of 4 KiB %s -> %s completed and verify", a->name, b->name);
+		ok(p99 < 2000, "their p99 latency is under 2 ms: p50 %.1f us, p99 %.1f us, max %.1f us", p50, p99, max);
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		fclose(out);
+		fclose(in);
+	}
 }
 
 /* Exports a buffer; once told to, frees it while the parent copies out of it. */
@@ -1174,6 +1303,8 @@ main(int argc, char **argv)
 		return child_victim(argv[2], atoi(argv[3]));
 	if (argc >= 5 && strcmp(argv[1], "freer") == 0)
 		return child_freer(argv[2], argv[3], atoi(argv[4]));
+	if (argc >= 5 && strcmp(argv[1], "hog") == 0)
+		return child_hog(argv[2], atoi(argv[3]), argv[4]);
 
 	if (harness_start(&h, "[cuda]\ntrust_legacy_ipc = yes\n") < 0)
 		tap_bail("cannot start gpxd");
@@ -1216,6 +1347,7 @@ main(int argc, char **argv)
 	test_two_processes(argv[0], h.sock, c, ndev > 1 ? 1 : 0);
 	test_client_dies(argv[0], h.sock, c, &bufs[1], &bufs[2], 0);
 	test_owner_frees(argv[0], h.sock, c, &bufs[2], 0);
+	test_small_under_load(argv[0], h.sock, c, &bufs[1], &bufs[2], 0);
 	test_matrix(c, bufs, nb > 3 ? 3 : nb);
 	test_forged(&h);
 	test_pool();
