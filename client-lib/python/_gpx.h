@@ -50,6 +50,7 @@ typedef struct hostbuf {
 	unsigned regs;                  /* regions registered in it, on any connection */
 	bool closed;
 	struct hostbuf *prev, *next;    /* the live HostBuffers, for lookups by address */
+	PyObject *weakrefs;
 } HostBuffer;
 
 /*

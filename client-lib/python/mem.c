@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "client-lib/python/_gpx.h"
+#include <structmember.h>
 
 /* ---- small helpers ---- */
 
@@ -197,6 +198,8 @@ hostbuf_dealloc(PyObject *self)
 	HostBuffer *h = (HostBuffer *)self;
 	PyTypeObject *tp = Py_TYPE(self);
 
+	if (h->weakrefs != NULL)
+		PyObject_ClearWeakRefs(self);
 	/* Views and regions hold references: none is left now. */
 	if (!h->closed) {
 		hostbuf_unlink(h);
@@ -289,6 +292,11 @@ static PyGetSetDef hostbuf_getset[] = {
 	{ NULL }
 };
 
+static PyMemberDef hostbuf_members[] = {
+	{ "__weaklistoffset__", T_PYSSIZET, offsetof(HostBuffer, weakrefs), READONLY, NULL },
+	{ NULL }
+};
+
 static PyType_Slot hostbuf_slots[] = {
 	{ Py_tp_doc, "HostBuffer: host memory gpxd can map, made by gpx.host_alloc(nbytes).\n\n"
 	  "A memfd sealed against shrinking, mapped in this process and zero-filled.  It supports the "
@@ -300,6 +308,7 @@ static PyType_Slot hostbuf_slots[] = {
 	{ Py_tp_repr, hostbuf_repr },
 	{ Py_tp_methods, hostbuf_methods },
 	{ Py_tp_getset, hostbuf_getset },
+	{ Py_tp_members, hostbuf_members },
 	{ Py_bf_getbuffer, hostbuf_getbuffer },
 	{ Py_bf_releasebuffer, hostbuf_releasebuffer },
 	{ Py_sq_length, hostbuf_len },
