@@ -18,8 +18,9 @@
  * resolves its Transfer object if that still lives, and goes to that Transfer if it is
  * waited or awaited for, else to the backlog, where poll() finds it and where a later
  * Transfer.wait() takes its own out.  Only one thread at a time sleeps on the connection's
- * fd (with a wake eventfd beside it); others wait on a condition variable; whoever routes
- * completions while others wait bumps a generation count and wakes them.
+ * fd, as gpx_wait does; others wait on a condition variable; whoever routes completions while
+ * others wait bumps a generation count, wakes them, and rings the doorbell (an eventfd of the
+ * module's, handed to the library) under the sleeping one.
  *
  * Fork.  A child of fork() has copies of the connection's descriptors and shared ring but is
  * no client: a pthread_atfork handler bumps a generation each Conn compares with its own,
@@ -34,13 +35,13 @@
 
 #include <errno.h>
 #include <math.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 
 #include "client-lib/client.h"
@@ -100,7 +101,7 @@ typedef struct conn {
 	bool sync_made;              /* mu and cv were initialised */
 	bool sleeping;               /* a thread watches the fd (mu) */
 	uint64_t gen;                /* bumped when completions were routed (atomic, written under mu) */
-	int wakefd;                  /* eventfd that wakes the fd's watcher */
+	int wakefd;                  /* the doorbell: gpxd rings it, and conn_kick to wake the fd's watcher */
 	int fd;                      /* gpx_fd(c) */
 	unsigned fork_gen;
 	bool closed;                 /* close() has begun: new calls are refused */
@@ -801,7 +802,7 @@ conn_resolve_all(Conn *s, int code, const char *why)
 static void
 conn_sleep(Conn *s, uint64_t seen, int timeout_ms)
 {
-	struct pollfd p[2];
+	struct epoll_event ev;
 
 	pthread_mutex_lock(&s->mu);
 	if (s->c == NULL || __atomic_load_n(&s->gen, __ATOMIC_RELAXED) != seen) {
@@ -823,13 +824,9 @@ conn_sleep(Conn *s, uint64_t seen, int timeout_ms)
 		return;
 	}
 	s->sleeping = true;
-	p[0] = (struct pollfd){ .fd = s->fd, .events = POLLIN };
-	p[1] = (struct pollfd){ .fd = s->wakefd, .events = POLLIN };
 	pthread_mutex_unlock(&s->mu);
-	if (poll(p, 2, timeout_ms) > 0 && (p[1].revents & POLLIN)) {
-		uint64_t v;
-		(void)!read(s->wakefd, &v, sizeof(v));
-	}
+	/* As gpx_wait sleeps; a wake-up by conn_kick reads like a doorbell. */
+	(void)epoll_wait(s->fd, &ev, 1, timeout_ms);
 	pthread_mutex_lock(&s->mu);
 	s->sleeping = false;
 	pthread_cond_broadcast(&s->cv);
@@ -2377,8 +2374,10 @@ mod_connect(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject 
 		Py_DECREF(s);
 		return raise_error(st, -GPX_ESYS, "eventfd", errno);
 	}
+	/* The doorbell is ours, so that conn_kick can ring it too. */
+	struct gpx_connect_opts o = { .socket = sock, .name = name, .eventfd = s->wakefd };
 	Py_BEGIN_ALLOW_THREADS
-	r = gpx_connect(sock, name, &c);
+	r = gpx_connect_opts(&o, &c);
 	Py_END_ALLOW_THREADS
 	if (r < 0) {
 		char why[200];

@@ -40,6 +40,12 @@ def gpxd_path():
     return p
 
 
+def die_with_parent():
+    """In the child before exec: SIGTERM when the process that started it dies."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class Daemon:
     """A gpxd on a socket of its own, stopped with SIGTERM like an operator would."""
 
@@ -60,7 +66,8 @@ class Daemon:
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen([gpxd_path(), "-f", "-s", self.sock, "-c", self.conf],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=log, env=env, close_fds=True)
+                                         stderr=log, env=env, close_fds=True,
+                                     preexec_fn=die_with_parent)
         end = time.monotonic() + 30
         while True:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
