@@ -95,26 +95,36 @@ def test_awaited_completions_do_not_reach_poll(conn):
     assert conn.poll() == []
 
 
-def test_cancelled_await(conn):
-    hb, v = host(64 << 20)
-    r = conn.register(hb)
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        t = conn.copy(r, r, 32 << 20, dst_offset=32 << 20)
-        task = asyncio.ensure_future(_await(t))
-        await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert not loop.remove_reader(conn.fileno())
-        # The transfer itself goes on; the connection still works.
-        return await conn.copy(r, r, 4096)
+def test_cancelled_await(daemon_factory):
+    # gpxd stopped (SIGSTOP), so the transfer cannot complete before the await is cancelled.
+    import signal
+    d = daemon_factory()
+    c = gpx.connect(d.sock, name="cancel-await")
+    hb, v = host(1 << 20)
+    r = c.register(hb)
 
     async def _await(t):
         return await t
 
+    async def main():
+        loop = asyncio.get_running_loop()
+        d.proc.send_signal(signal.SIGSTOP)
+        try:
+            t = c.copy(r, r, 4096, dst_offset=8192)
+            task = asyncio.ensure_future(_await(t))
+            await asyncio.sleep(0.05)
+            assert not task.done()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not loop.remove_reader(c.fileno())
+        finally:
+            d.proc.send_signal(signal.SIGCONT)
+        # The transfer itself goes on; the connection still works.
+        return await c.copy(r, r, 4096)
+
     assert asyncio.run(main()) == 4096
+    c.close()
 
 
 def test_close_while_awaiting(gpxd, rng):
