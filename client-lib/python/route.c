@@ -56,6 +56,8 @@ route_backlog_push(Conn *s, const struct gpx_completion *c, PyObject *reason, Tr
 static void
 backlog_cut(Conn *s, size_t i, size_t k)
 {
+	if (k == 0)
+		return;
 	memmove(&s->back[i], &s->back[i + k], (s->nback - i - k) * sizeof(*s->back));
 	s->nback -= k;
 }
