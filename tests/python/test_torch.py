@@ -125,9 +125,13 @@ def test_cuda_tensors_in_this_process(trusting_gpxd):
 def test_torch_mem_pool_tensors_are_cuda_vmm(gpxd):
     # No trust in legacy handles needed: the pool's memory is exportable VMM memory.
     pool = gpx.torch_mem_pool()
-    with torch.cuda.use_mem_pool(pool):
-        a = torch.randint(0, 256, (5 << 20,), dtype=torch.uint8, device="cuda")
-        b = torch.zeros(5 << 20, dtype=torch.uint8, device="cuda")
+    try:
+        with torch.cuda.use_mem_pool(pool):
+            a = torch.randint(0, 256, (5 << 20,), dtype=torch.uint8, device="cuda")
+            b = torch.zeros(5 << 20, dtype=torch.uint8, device="cuda")
+    except RuntimeError as e:
+        pytest.fail("allocating from gpx.torch_mem_pool() failed: %s (gpx_torch_alloc: %s)"
+                    % (e, gpx._gpx._torch_alloc_error()))
     torch.cuda.synchronize()
     with gpx.connect(gpxd.sock, name="torch-pool") as c:
         ra, rb = c.register(a[100:]), c.register(b)
