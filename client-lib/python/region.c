@@ -272,6 +272,11 @@ region_register(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject 
 	/* Registered: kept from here on, even should the Region object fail to come. */
 	uint64_t len = d.length;
 	if (keep_add(s, id, &d) < 0) {
+		/* Out of memory: gpxd lets go of the region before its object may go. */
+		ts = conn_lock_slow(s);
+		if (s->c != NULL)
+			(void)gpx_deregister(s->c, id);
+		conn_unlock(s, ts);
 		mem_release(&d);
 		return NULL;
 	}
