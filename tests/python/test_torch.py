@@ -9,7 +9,6 @@ import select
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import gpx
