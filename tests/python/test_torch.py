@@ -2,7 +2,7 @@
 two processes with real PyTorch allocators (skipped without a GPU): the default caching
 allocator (legacy IPC, so gpxd trusts it here), expandable segments, gpx.torch_mem_pool();
 tensors inside larger blocks; the same GPU and GPU 0 -> GPU 1; every byte checked (SHA-256
-of each side's tensor)."""
+of each side's tensor, or checksums computed on the GPU where numpy is missing)."""
 import json
 import os
 import select

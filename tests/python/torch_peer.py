@@ -26,8 +26,17 @@ def main():
     tensors, regions, keep = {}, {}, []
 
     def sha(t):
+        # SHA-256 of the bytes where numpy is there to read them out; else position-weighted
+        # sums computed on the GPU (both processes of a test run the same way).
         torch.cuda.synchronize(dev)
-        return hashlib.sha256(t.detach().contiguous().cpu().numpy().tobytes()).hexdigest()
+        try:
+            import numpy  # noqa: F401
+            return hashlib.sha256(t.detach().contiguous().cpu().numpy().tobytes()).hexdigest()
+        except ImportError:
+            x = t.detach().reshape(-1).view(torch.uint8).to(torch.int64)
+            i = torch.arange(x.numel(), dtype=torch.int64, device=x.device)
+            sums = (x.sum(), (x * (i % 65521 + 1)).sum(), (x * ((i * 2654435761) % 1000003 + 1)).sum())
+            return "%d:%s" % (x.numel(), ":".join(str(int(v)) for v in sums))
 
     def empty(n):
         if pool is not None:
