@@ -45,6 +45,12 @@ class TapReporter:
     def pytest_collectreport(self, report):
         if report.failed:
             self.emit(False, "collecting " + (_name(report.nodeid) or "tests"))
+        elif report.skipped:
+            # a whole file skipped (pytest.importorskip): one line for it
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            if reason.startswith("Skipped: "):
+                reason = reason[len("Skipped: "):]
+            self.emit(True, _name(report.nodeid), "SKIP " + reason)
 
     def pytest_sessionfinish(self, session, exitstatus):
         self.out.write("1..%d\n" % self.n)
