@@ -100,6 +100,12 @@ struct gpx_conn {
 	size_t nback, capback;
 	struct wire_arena *arena;
 	struct area area;
+	/* What the daemon said of the last region registered or imported (client_last_region). */
+	int last_kind;
+	bool last_ro;
+	/* Told each refused transfer's reason (client_refusal_hook). */
+	void (*refusal_fn)(void *arg, uint64_t tag, const char *reason);
+	void *refusal_arg;
 	uint8_t buf[GPX_MSG_MAX];
 	char last_error[256];
 };
@@ -251,6 +257,8 @@ async_reply(gpx_conn *c, const Gpx__Reply *r)
 	struct gpx_completion e = { .tag = r->tag, .bytes = 0, .status = -(int)r->status };
 	if (c->outstanding > 0)
 		c->outstanding--;
+	if (c->refusal_fn != NULL && e.status < 0)
+		c->refusal_fn(c->refusal_arg, e.tag, r->message && r->message[0] ? r->message : NULL);
 	backlog_push(c, &e);
 }
 
@@ -543,6 +551,8 @@ client_register(gpx_conn *c, Gpx__Register *reg, int fd, gpx_region *out)
 	if (rep->body_case != GPX__REPLY__BODY_REGISTERED)
 		return set_err(c, GPX_EPROTO, "unexpected reply to Register");
 	*out = rep->registered->region;
+	c->last_kind = rep->registered->kind;
+	c->last_ro = rep->registered->read_only;
 	return 0;
 }
 
@@ -550,6 +560,27 @@ int
 client_error(gpx_conn *c, int code, const char *msg)
 {
 	return set_err(c, code, msg);
+}
+
+const char *
+client_last_region(const gpx_conn *c, int *read_only)
+{
+	*read_only = c->last_ro;
+	switch (c->last_kind) {
+	case GPX__MEM_KIND__MEM_HOST: return "host";
+	case GPX__MEM_KIND__MEM_CUDA_IPC: return "cuda-ipc";
+	case GPX__MEM_KIND__MEM_CUDA_VMM: return "cuda-vmm";
+	case GPX__MEM_KIND__MEM_CUDA_POOL: return "cuda-pool";
+	case GPX__MEM_KIND__MEM_REMOTE: return "remote";
+	}
+	return "unknown";
+}
+
+void
+client_refusal_hook(gpx_conn *c, void (*fn)(void *arg, uint64_t tag, const char *reason), void *arg)
+{
+	c->refusal_fn = fn;
+	c->refusal_arg = arg;
 }
 
 API int
@@ -660,6 +691,8 @@ gpx_import(gpx_conn *c, const char *name, gpx_region *out, uint64_t *length)
 	*out = rep->registered->region;
 	if (length != NULL)
 		*length = rep->registered->length;
+	c->last_kind = rep->registered->kind;
+	c->last_ro = rep->registered->read_only;
 	return 0;
 }
 

@@ -4,11 +4,16 @@
 # every byte; gpx-bench keeps it busy for a few seconds), look inside with gpxctl while and after
 # they run, and stop the daemon cleanly.
 #
-# Usage: tests/demo.sh [BUILDDIR]     (`make demo` passes the build directory)
+# When the Python module was built, a prefill and a decode process also hand KV-cache blocks
+# over through it (client-lib/python/examples/kv_handoff.py, host memory).
+#
+# Usage: tests/demo.sh [BUILDDIR [PYTHON]]     (`make demo` passes both)
 # Exit status: 0 when every step worked, 1 otherwise.
 set -eu
 
 B=$(cd "${1:-.}" && pwd)
+S=$(cd "$(dirname "$0")/.." && pwd)
+PY=${2:-python3}
 for prog in gpxd gpxctl gpx-example gpx-bench; do
 	if [ ! -x "$B/$prog" ]; then
 		echo "demo: $B/$prog is missing; build first (make)" >&2
@@ -68,6 +73,14 @@ bench_pid=
 step "what gpx-bench measured (in-process memcpy against the same copies brokered by gpxd)"
 cat "$tmp/bench.out"
 [ "$st" -eq 0 ] || die "gpx-bench failed (status $st)"
+
+if [ "$PY" != ":" ] && [ -f "$B/client-lib/python/gpx/_gpx.abi3.so" ] && "$PY" -c 'import numpy' 2>/dev/null; then
+	step "Python: a prefill process exports a paged KV cache, a decode process pulls blocks from it"
+	show env PYTHONPATH="$B/client-lib/python" "$PY" "$S/client-lib/python/examples/kv_handoff.py" demo \
+		--socket "$sock" --host || die "the Python KV-cache handoff failed"
+else
+	step "the Python module is not built here (or numpy is missing): no Python demo"
+fi
 
 # On a machine with an NVIDIA GPU, the same daemon moves GPU memory: copies between GPUs (or
 # within one), host<->GPU, and scattered pages, each next to the direct CUDA figure.

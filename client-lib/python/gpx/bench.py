@@ -1,0 +1,274 @@
+"""python3 -m gpx.bench MODE: what the Python binding costs, measured against C in one run.
+
+    python3 -m gpx.bench overhead [--spawn | --socket PATH] [--gpu] [--json]
+
+overhead: the same two loops, once in C (libgpxclient, run by the extension on the same
+connection with the GIL released) and once in Python through gpx, alternating for --runs
+short runs: a --size copy submitted and waited for (p50 and mean of the round trips), and
+submissions alone (copies per second; each batch of 32 is drained untimed); each figure is
+the median of its runs.  It prints both
+figures, their ratio and what the binding adds per call.  Host memory by default; --gpu uses
+CUDA tensors from PyTorch on GPU 0 (same GPU), and GPU 0 -> GPU 1 where there are two.
+
+Modes are functions in MODES: each takes the parsed arguments and a Bench (the connection,
+and what to report) and returns rows of (what, C figure, Python figure, unit); more modes add
+an entry there.
+"""
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket as socketlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import gpx
+
+BATCH = 32
+
+
+def die_with_parent():
+    """In the child before exec: SIGTERM when the process that started it dies."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Daemon:
+    """A private gpxd for --spawn, on a temporary socket with a configuration of its own."""
+
+    def __init__(self, settings):
+        self.dir = tempfile.mkdtemp(prefix="gpx-pybench.")
+        self.sock = os.path.join(self.dir, "gpxd.sock")
+        conf = os.path.join(self.dir, "gpxd.conf")
+        with open(conf, "w") as f:
+            f.write("# gpxd started by python3 -m gpx.bench --spawn\n")
+            for s in settings:
+                sec, _, rest = s.partition(".")
+                key, eq, val = rest.partition("=")
+                if not (sec and key and eq):
+                    raise SystemExit("gpx.bench: '%s' is not section.key=value" % s)
+                f.write("[%s]\n%s = %s\n" % (sec, key, val))
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "JOURNAL_STREAM", "WATCHDOG_USEC")}
+        self.log = open(os.path.join(self.dir, "gpxd.log"), "w")
+        self.proc = subprocess.Popen([find_gpxd(), "-f", "-c", conf, "-s", self.sock],
+                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env,
+                                     preexec_fn=die_with_parent)
+        end = time.monotonic() + 10
+        while True:
+            s = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_SEQPACKET)
+            try:
+                s.connect(self.sock)
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > end:
+                    self.stop()
+                    raise SystemExit("gpx.bench: gpxd did not come up")
+                time.sleep(0.01)
+            finally:
+                s.close()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def find_gpxd():
+    """$GPXD, the gpxd of the build tree this package was staged in, or gpxd on PATH."""
+    if os.environ.get("GPXD"):
+        return os.environ["GPXD"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    built = os.path.join(here, "..", "..", "..", "gpxd")
+    if os.access(built, os.X_OK):
+        return os.path.normpath(built)
+    for d in ("/usr/sbin", "/usr/local/sbin"):
+        if os.access(os.path.join(d, "gpxd"), os.X_OK):
+            return os.path.join(d, "gpxd")
+    return shutil.which("gpxd") or "gpxd"
+
+
+class Bench:
+    def __init__(self, conn, args):
+        self.conn = conn
+        self.args = args
+        self.notes = []
+
+
+def buffers(b, where):
+    """Two registered buffers of --size bytes: (src region, dst region, what they are)."""
+    n = b.args.size
+    if where == "host":
+        src, dst = gpx.host_alloc(n), gpx.host_alloc(n)
+        memoryview(src)[:] = os.urandom(n)
+        return b.conn.register(src, read_only=True), b.conn.register(dst), "host memory"
+    import torch
+    s_dev, d_dev = where
+    pool = gpx.torch_mem_pool(s_dev) if b.args.alloc == "pool" else None
+
+    def alloc(dev):
+        if pool is None:
+            return torch.empty(n, dtype=torch.uint8, device=dev)
+        with torch.cuda.use_mem_pool(pool, device=dev):
+            return torch.empty(n, dtype=torch.uint8, device=dev)
+    src, dst = alloc(s_dev), alloc(d_dev)
+    src.random_(0, 256)
+    torch.cuda.synchronize()
+    rs, rd = b.conn.register(src, read_only=True), b.conn.register(dst)
+    return rs, rd, "CUDA %s -> %s (%s, %s)" % (s_dev, d_dev, rs.kind, "gpx.torch_mem_pool" if pool else
+                                               "PyTorch's caching allocator")
+
+
+def py_copy_wait(conn, src, dst, size, iters):
+    copy, clock = conn.copy, time.perf_counter
+    lat = [0.0] * iters
+    for i in range(iters):
+        t0 = clock()
+        copy(src, dst, size).wait()
+        lat[i] = clock() - t0
+    return lat
+
+
+def py_submit(conn, src, dst, size, iters):
+    copy, clock = conn.copy, time.perf_counter
+    total = 0.0
+    done = 0
+    while done < iters:
+        k = min(BATCH, iters - done)
+        t0 = clock()
+        for _ in range(k):
+            copy(src, dst, size)
+        total += clock() - t0
+        done += k
+        while conn.outstanding:
+            conn.wait(max=64)
+    return total
+
+
+def overhead(b):
+    """copy+wait round trips and submission rate: C and Python on one connection."""
+    a, conn = b.args, b.conn
+    places = ["host"]
+    if a.gpu:
+        import torch
+        places = [("cuda:0", "cuda:0")]
+        if torch.cuda.device_count() > 1:
+            places.append(("cuda:0", "cuda:1"))
+        else:
+            b.notes.append("one GPU: GPU 0 -> GPU 1 not measured")
+    rows = []
+    for where in places:
+        src, dst, what = buffers(b, where)
+        # warm up both paths
+        conn._c_bench(src, dst, a.size, 200, "copy_wait")
+        py_copy_wait(conn, src, dst, a.size, 200)
+        # Per run: p50 and mean of the round trips, submissions per second.  The machine's
+        # state drifts (an idle VM's wake-ups cost more than a busy one's), so C and Python
+        # alternate in short runs, and each figure is the median of its runs.
+        c_p50, p_p50, c_mean, p_mean, c_rate, p_rate = [], [], [], [], [], []
+        for r in range(a.runs):
+            order = (0, 1) if r % 2 == 0 else (1, 0)
+            for side in order:
+                if side == 0:
+                    lat = conn._c_bench(src, dst, a.size, a.iters, "copy_wait")
+                    c_p50.append(statistics.median(lat))
+                    c_mean.append(statistics.fmean(lat))
+                    c_rate.append(a.submits / conn._c_bench(src, dst, a.size, a.submits, "submit"))
+                else:
+                    lat = py_copy_wait(conn, src, dst, a.size, a.iters)
+                    p_p50.append(statistics.median(lat))
+                    p_mean.append(statistics.fmean(lat))
+                    p_rate.append(a.submits / py_submit(conn, src, dst, a.size, a.submits))
+        med, us = statistics.median, 1e6
+        rows += [
+            ("%s, %d B copy+wait p50" % (what, a.size), med(c_p50) * us, med(p_p50) * us, "us"),
+            ("%s, %d B copy+wait mean" % (what, a.size), med(c_mean) * us, med(p_mean) * us, "us"),
+            ("%s, %d B submissions" % (what, a.size), med(c_rate), med(p_rate), "copies/s"),
+        ]
+        src.deregister()
+        dst.deregister()
+    return rows
+
+
+MODES = {
+    "overhead": overhead,
+}
+
+
+def per_call(c, p, unit):
+    """What the binding adds per call, in us: round trips are two calls (copy and wait)."""
+    if unit == "us":
+        return (p - c) / 2
+    return (1 / p - 1 / c) * 1e6
+
+
+def report(rows, b, out):
+    a = b.args
+    if a.json:
+        json.dump({"mode": a.mode, "python": platform.python_version(), "gpx": gpx.__version__,
+                   "cpus": os.cpu_count(), "notes": b.notes,
+                   "rows": [{"what": w, "c": c, "python": p, "unit": u, "ratio": p / c,
+                             "added_us_per_call": per_call(c, p, u)} for w, c, p, u in rows]}, out, indent=1)
+        out.write("\n")
+        return
+    out.write("gpx.bench %s: Python %s, gpx %s, %d CPUs, %d runs of %d round trips and %d submissions\n"
+              % (a.mode, platform.python_version(), gpx.__version__, os.cpu_count(), a.runs, a.iters, a.submits))
+    width = max(len(r[0]) for r in rows)
+    out.write("%-*s  %14s  %14s  %7s  %s\n" % (width, "", "C", "Python", "ratio", "added per call"))
+    worst = 0.0
+    for w, c, p, u in rows:
+        fmt = "%14.2f" if u == "us" else "%14.0f"
+        add = per_call(c, p, u)
+        worst = max(worst, add)
+        out.write(("%-*s  " + fmt + "  " + fmt + "  %6.2fx  %+.2f us   (%s)\n")
+                  % (width, w, c, p, p / c, add, u))
+    for n in b.notes:
+        out.write("note: %s\n" % n)
+    out.write("the binding adds at most %.2f us per call here (target: 1 us): %s\n"
+              % (worst, "met" if worst <= 1.0 else "NOT met"))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python3 -m gpx.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("mode", choices=sorted(MODES))
+    ap.add_argument("-s", "--socket", help="gpxd's socket (default: $GPX_SOCKET, else %s)" % gpx.DEFAULT_SOCKET)
+    ap.add_argument("--spawn", action="store_true", help="start a private gpxd for the run")
+    ap.add_argument("--set", action="append", default=[], metavar="SEC.KEY=VAL",
+                    help="with --spawn: a gpxd.conf setting (e.g. cuda.trust_legacy_ipc=yes)")
+    ap.add_argument("--size", type=int, default=4096, help="bytes per copy (default 4096)")
+    ap.add_argument("--runs", type=int, default=30, help="alternating runs of C and Python (default 30)")
+    ap.add_argument("--iters", type=int, default=1000, help="round trips per run (default 1000)")
+    ap.add_argument("--submits", type=int, default=10000, help="submissions per run (default 10000)")
+    ap.add_argument("--gpu", action="store_true", help="CUDA tensors (PyTorch) instead of host memory")
+    ap.add_argument("--alloc", choices=("default", "pool"), default="default",
+                    help="with --gpu: PyTorch's caching allocator (cuda-ipc: needs trust_legacy_ipc) "
+                         "or gpx.torch_mem_pool() (cuda-vmm)")
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    a = ap.parse_args(argv)
+    if a.spawn and a.socket:
+        ap.error("--spawn and --socket exclude each other")
+    if a.set and not a.spawn:
+        ap.error("--set configures the gpxd of --spawn")
+    d = Daemon(a.set) if a.spawn else None
+    try:
+        with gpx.connect(d.sock if d else a.socket, name="gpx.bench") as conn:
+            b = Bench(conn, a)
+            rows = MODES[a.mode](b)
+            if d is not None:
+                b.notes.append("gpxd spawned with its defaults%s" % ("" if not a.set else " and " + ", ".join(a.set)))
+            report(rows, b, sys.stdout)
+    finally:
+        if d is not None:
+            d.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,955 @@
+/*
+ * gpx._gpx, memory: what Python code hands in, turned into what libgpxclient takes.
+ *
+ * - gpx.HostBuffer, the host memory gpxd can map: a memfd made by gpx_host_alloc, with the
+ *   buffer protocol, so that numpy.frombuffer / torch.frombuffer / memoryview view it in place.
+ *   The live ones are kept in a list so that any view of one (a numpy array, a CPU tensor) is
+ *   found by its address and registered as that slice of it.
+ * - mem_describe: the memory of an object for Conn.register(): a torch tensor (data_ptr(),
+ *   device, is_contiguous()), anything with __cuda_array_interface__, a buffer-protocol
+ *   object, or a DLPack producer (__dlpack__).  CUDA memory goes to gpx_register_cuda as a
+ *   pointer; host memory must lie in a HostBuffer (gpxd maps memfds, never a process's heap).
+ *   Nothing here imports torch, numpy or cupy: they are asked through their attributes.
+ * - mem_segments, mem_pages: segment lists ((n, 3) 64-bit integers) and page lists (4-byte
+ *   integers) read in place through the buffer protocol (or a CPU tensor's data pointer), or
+ *   converted from Python sequences.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client-lib/python/_gpx.h"
+#include <structmember.h>
+
+/* ---- small helpers ---- */
+
+/* o.name, or 0 with *out NULL when o has no such attribute; -1 on another error. */
+static int
+opt_attr(PyObject *o, PyObject *name, PyObject **out)
+{
+	*out = PyObject_GetAttr(o, name);
+	if (*out != NULL)
+		return 1;
+	if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+		return -1;
+	PyErr_Clear();
+	return 0;
+}
+
+/* A Python int (or anything with __index__) as a non-negative 64-bit value. */
+static int
+as_u64(PyObject *o, const char *what, uint64_t *out)
+{
+	PyObject *i = PyNumber_Index(o);
+
+	if (i == NULL)
+		return -1;
+	*out = PyLong_AsUnsignedLongLong(i);
+	Py_DECREF(i);
+	if (*out == (uint64_t)-1 && PyErr_Occurred()) {
+		if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+			PyErr_Clear();
+			PyErr_Format(PyExc_ValueError, "%s must be an integer in [0, 2**64)", what);
+		}
+		return -1;
+	}
+	return 0;
+}
+
+/* The result of o.name() as a truth value: 1, 0 or -1. */
+static int
+call_bool(PyObject *o, PyObject *name)
+{
+	PyObject *r = PyObject_CallMethodObjArgs(o, name, NULL);
+	int v;
+
+	if (r == NULL)
+		return -1;
+	v = PyObject_IsTrue(r);
+	Py_DECREF(r);
+	return v;
+}
+
+/* The result of o.name() as a non-negative integer. */
+static int
+call_u64(PyObject *o, PyObject *name, const char *what, uint64_t *out)
+{
+	PyObject *r = PyObject_CallMethodObjArgs(o, name, NULL);
+	int e;
+
+	if (r == NULL)
+		return -1;
+	e = as_u64(r, what, out);
+	Py_DECREF(r);
+	return e;
+}
+
+/* o.a.b as a truth value (torch: t.dtype.is_signed); -1 on error. */
+static int
+attr2_bool(PyObject *o, PyObject *a, PyObject *b)
+{
+	PyObject *x = PyObject_GetAttr(o, a), *y;
+	int v;
+
+	if (x == NULL)
+		return -1;
+	y = PyObject_GetAttr(x, b);
+	Py_DECREF(x);
+	if (y == NULL)
+		return -1;
+	v = PyObject_IsTrue(y);
+	Py_DECREF(y);
+	return v;
+}
+
+/* ---- gpx.HostBuffer ---- */
+
+static HostBuffer *hostbufs;         /* the live ones (the GIL guards the list) */
+
+/* The live HostBuffer that holds [p, p+len), and where in it; NULL if none does. */
+static HostBuffer *
+hostbuf_find(const void *p, uint64_t len, uint64_t *off)
+{
+	uintptr_t a = (uintptr_t)p;
+
+	for (HostBuffer *h = hostbufs; h != NULL; h = h->next) {
+		uintptr_t b = (uintptr_t)h->ptr;
+		if (!h->closed && a >= b && a - b <= h->len && len <= h->len - (a - b)) {
+			*off = a - b;
+			return h;
+		}
+	}
+	return NULL;
+}
+
+static void
+hostbuf_unlink(HostBuffer *h)
+{
+	if (h->prev != NULL)
+		h->prev->next = h->next;
+	else if (hostbufs == h)
+		hostbufs = h->next;
+	if (h->next != NULL)
+		h->next->prev = h->prev;
+	h->prev = h->next = NULL;
+}
+
+PyObject *
+mem_host_alloc(PyObject *module, PyObject *arg)
+{
+	struct modstate *st = PyModule_GetState(module);
+	uint64_t n;
+	void *p;
+	int fd, r;
+
+	if (as_u64(arg, "nbytes", &n) < 0)
+		return NULL;
+	if (n == 0 || n > (uint64_t)PY_SSIZE_T_MAX) {
+		PyErr_SetString(PyExc_ValueError, "host_alloc: nbytes must be at least 1");
+		return NULL;
+	}
+	Py_BEGIN_ALLOW_THREADS
+	r = gpx_host_alloc(n, &fd, &p);
+	Py_END_ALLOW_THREADS
+	if (r < 0)
+		return gpxpy_raise(st, r, r == -GPX_ESYS ? "cannot create or map a memfd of that size" : NULL);
+	HostBuffer *h = (HostBuffer *)PyType_GenericAlloc(st->hostbuf_type, 0);
+	if (h == NULL) {
+		gpx_host_free(fd, p, n);
+		return NULL;
+	}
+	h->fd = fd;
+	h->ptr = p;
+	h->len = n;
+	h->next = hostbufs;
+	if (hostbufs != NULL)
+		hostbufs->prev = h;
+	hostbufs = h;
+	return (PyObject *)h;
+}
+
+/* Unmaps and closes, unless views or regions still use it: then BufferError. */
+static PyObject *
+hostbuf_close(PyObject *self, PyObject *unused)
+{
+	HostBuffer *h = (HostBuffer *)self;
+
+	if (h->closed)
+		Py_RETURN_NONE;
+	if (h->exports > 0)
+		return PyErr_Format(PyExc_BufferError, "cannot close a HostBuffer while %zd buffer view(s) "
+		    "of it exist (numpy arrays, tensors, memoryviews): drop them first", h->exports);
+	if (h->regs > 0)
+		return PyErr_Format(PyExc_BufferError, "cannot close a HostBuffer while %u region(s) are "
+		    "registered in it: deregister them or close their connections first", h->regs);
+	hostbuf_unlink(h);
+	gpx_host_free(h->fd, h->ptr, h->len);
+	h->fd = -1;
+	h->ptr = NULL;
+	h->closed = true;
+	Py_RETURN_NONE;
+}
+
+static void
+hostbuf_dealloc(PyObject *self)
+{
+	HostBuffer *h = (HostBuffer *)self;
+	PyTypeObject *tp = Py_TYPE(self);
+
+	if (h->weakrefs != NULL)
+		PyObject_ClearWeakRefs(self);
+	/* Views and regions hold references: none is left now. */
+	if (!h->closed) {
+		hostbuf_unlink(h);
+		gpx_host_free(h->fd, h->ptr, h->len);
+	}
+	((freefunc)PyType_GetSlot(tp, Py_tp_free))(self);
+	Py_DECREF(tp);
+}
+
+static int
+hostbuf_getbuffer(PyObject *self, Py_buffer *view, int flags)
+{
+	HostBuffer *h = (HostBuffer *)self;
+
+	if (h->closed) {
+		PyErr_SetString(PyExc_ValueError, "the HostBuffer is closed");
+		return -1;
+	}
+	if (PyBuffer_FillInfo(view, self, h->ptr, (Py_ssize_t)h->len, 0, flags) < 0)
+		return -1;
+	h->exports++;
+	return 0;
+}
+
+static void
+hostbuf_releasebuffer(PyObject *self, Py_buffer *view)
+{
+	((HostBuffer *)self)->exports--;
+}
+
+static Py_ssize_t
+hostbuf_len(PyObject *self)
+{
+	return (Py_ssize_t)((HostBuffer *)self)->len;
+}
+
+static PyObject *
+hostbuf_enter(PyObject *self, PyObject *unused)
+{
+	return Py_NewRef(self);
+}
+
+static PyObject *
+hostbuf_exit(PyObject *self, PyObject *args)
+{
+	return hostbuf_close(self, NULL);
+}
+
+static PyObject *
+hostbuf_repr(PyObject *self)
+{
+	HostBuffer *h = (HostBuffer *)self;
+
+	if (h->closed)
+		return PyUnicode_FromString("<gpx.HostBuffer closed>");
+	return PyUnicode_FromFormat("<gpx.HostBuffer %zu bytes, fd %d>", h->len, h->fd);
+}
+
+static PyObject *
+hostbuf_get_fd(PyObject *self, void *unused)
+{
+	return PyLong_FromLong(((HostBuffer *)self)->fd);
+}
+
+static PyObject *
+hostbuf_get_nbytes(PyObject *self, void *unused)
+{
+	return PyLong_FromSize_t(((HostBuffer *)self)->len);
+}
+
+static PyObject *
+hostbuf_get_closed(PyObject *self, void *unused)
+{
+	return PyBool_FromLong(((HostBuffer *)self)->closed);
+}
+
+static PyMethodDef hostbuf_methods[] = {
+	{ "close", hostbuf_close, METH_NOARGS,
+	  "close()\n--\n\nUnmaps the memory and closes the memfd.  Refused (BufferError) while buffer views "
+	  "of it exist or regions are registered in it; closing twice is fine." },
+	{ "__enter__", hostbuf_enter, METH_NOARGS, "Returns the HostBuffer itself." },
+	{ "__exit__", hostbuf_exit, METH_VARARGS, "Closes the HostBuffer." },
+	{ NULL }
+};
+
+static PyGetSetDef hostbuf_getset[] = {
+	{ "fd", hostbuf_get_fd, NULL, "The memfd (close-on-exec; -1 once closed).", NULL },
+	{ "nbytes", hostbuf_get_nbytes, NULL, "Its size in bytes.", NULL },
+	{ "closed", hostbuf_get_closed, NULL, "Whether close() has run.", NULL },
+	{ NULL }
+};
+
+static PyMemberDef hostbuf_members[] = {
+	{ "__weaklistoffset__", T_PYSSIZET, offsetof(HostBuffer, weakrefs), READONLY, NULL },
+	{ NULL }
+};
+
+static PyType_Slot hostbuf_slots[] = {
+	{ Py_tp_doc, "HostBuffer: host memory gpxd can map, made by gpx.host_alloc(nbytes).\n\n"
+	  "A memfd sealed against shrinking, mapped in this process and zero-filled.  It supports the "
+	  "buffer protocol (writable bytes), so numpy.frombuffer(buf, dtype), torch.frombuffer(buf, "
+	  "dtype=...) and memoryview(buf) view it without a copy, and such views (or slices of them) "
+	  "can be registered: Conn.register() finds the HostBuffer by address.  It stays valid in a "
+	  "child after fork() (the mapping is shared)." },
+	{ Py_tp_dealloc, hostbuf_dealloc },
+	{ Py_tp_repr, hostbuf_repr },
+	{ Py_tp_methods, hostbuf_methods },
+	{ Py_tp_getset, hostbuf_getset },
+	{ Py_tp_members, hostbuf_members },
+	{ Py_bf_getbuffer, hostbuf_getbuffer },
+	{ Py_bf_releasebuffer, hostbuf_releasebuffer },
+	{ Py_sq_length, hostbuf_len },
+	{ 0, NULL }
+};
+
+PyType_Spec mem_hostbuf_spec = {
+	.name = "gpx.HostBuffer",
+	.basicsize = sizeof(HostBuffer),
+	.flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_IMMUTABLETYPE,
+	.slots = hostbuf_slots,
+};
+
+/* ---- memory of objects, for register() ---- */
+
+/* Host memory at [p, p+len): the slice of the HostBuffer that holds it, or ValueError. */
+static int
+describe_host(PyObject *obj, const void *p, uint64_t len, struct mem_desc *d)
+{
+	HostBuffer *h = hostbuf_find(p, len, &d->offset);
+
+	if (h == NULL) {
+		PyErr_Format(PyExc_ValueError, "cannot register %s: its host memory is not in a "
+		    "gpx.HostBuffer (gpxd maps only memfds: allocate with gpx.host_alloc(nbytes) and view "
+		    "it with numpy.frombuffer or torch.frombuffer)", TNAME(obj));
+		return -1;
+	}
+	d->cuda = false;
+	d->length = len;
+	d->hb = (HostBuffer *)Py_NewRef((PyObject *)h);
+	h->regs++;
+	return 0;
+}
+
+static int
+empty_or_long(PyObject *obj, uint64_t len)
+{
+	if (len == 0) {
+		PyErr_Format(PyExc_ValueError, "cannot register %s: it holds no bytes", TNAME(obj));
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * A torch tensor (or anything that answers data_ptr(), device.type, is_contiguous() and
+ * nbytes or numel() and element_size()).  *cpu says whether it lives in host memory.
+ */
+static int
+tensor_memory(struct modstate *st, PyObject *t, const char *what, uint64_t *ptr, uint64_t *nbytes,
+    bool *cpu)
+{
+	PyObject *dev, *type, *nb;
+	uint64_t numel, esize;
+	int c, r;
+
+	if ((dev = PyObject_GetAttr(t, st->s_device)) == NULL)
+		return -1;
+	type = PyObject_GetAttr(dev, st->s_type);
+	Py_DECREF(dev);
+	if (type == NULL)
+		return -1;
+	bool is_cuda = PyUnicode_Check(type) && PyUnicode_CompareWithASCIIString(type, "cuda") == 0;
+	*cpu = PyUnicode_Check(type) && PyUnicode_CompareWithASCIIString(type, "cpu") == 0;
+	if (!is_cuda && !*cpu) {
+		PyErr_Format(PyExc_ValueError, "%s: a tensor on device type %R: gpx takes CUDA tensors, and "
+		    "CPU tensors in a gpx.HostBuffer", what, type);
+		Py_DECREF(type);
+		return -1;
+	}
+	Py_DECREF(type);
+	if ((c = call_bool(t, st->s_is_contiguous)) < 0)
+		return -1;
+	if (!c) {
+		PyErr_Format(PyExc_ValueError, "%s: the tensor is not contiguous (a strided view): gpx "
+		    "moves one range of bytes; pass .contiguous() or the tensor it is a view of", what);
+		return -1;
+	}
+	if (call_u64(t, st->s_data_ptr, "data_ptr()", ptr) < 0)
+		return -1;
+	if ((r = opt_attr(t, st->s_nbytes, &nb)) < 0)
+		return -1;
+	if (r > 0) {
+		r = as_u64(nb, "nbytes", nbytes);
+		Py_DECREF(nb);
+		return r;
+	}
+	if (call_u64(t, st->s_numel, "numel()", &numel) < 0 ||
+	    call_u64(t, st->s_element_size, "element_size()", &esize) < 0)
+		return -1;
+	*nbytes = numel * esize;
+	return 0;
+}
+
+/* Item size of an array-interface typestr such as "<f4" or "|u1"; 0 if unreadable. */
+static uint64_t
+typestr_size(PyObject *typestr)
+{
+	const char *s = PyUnicode_Check(typestr) ? PyUnicode_AsUTF8AndSize(typestr, NULL) : NULL;
+	char *end;
+	long n;
+
+	if (s == NULL || strlen(s) < 3)
+		return 0;
+	n = strtol(s + 2, &end, 10);
+	return *end == '\0' && n > 0 ? (uint64_t)n : 0;
+}
+
+/* Whether shape and strides (NULL: C order) describe one C-contiguous range; its size in items. */
+static bool
+c_contiguous(size_t ndim, const int64_t *shape, const int64_t *strides, uint64_t itemsize, uint64_t *items)
+{
+	int64_t want = (int64_t)itemsize;
+	bool ok = true;
+
+	*items = 1;
+	for (size_t i = ndim; i-- > 0;) {
+		if (shape[i] < 0)
+			return false;
+		*items *= (uint64_t)shape[i];
+		if (strides != NULL && shape[i] > 1 && strides[i] != want)
+			ok = false;
+		want *= shape[i];
+	}
+	return ok || *items == 0;
+}
+
+/* Reads a tuple of ints into a[] (at most 32); the count, or -1. */
+static Py_ssize_t
+int_tuple(PyObject *t, const char *what, int64_t *a)
+{
+	Py_ssize_t n;
+
+	if (!PyTuple_Check(t) || (n = PyTuple_Size(t)) > 32) {
+		PyErr_Format(PyExc_ValueError, "__cuda_array_interface__: '%s' must be a tuple of at most "
+		    "32 ints", what);
+		return -1;
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		a[i] = PyLong_AsLongLong(PyTuple_GetItem(t, i));
+		if (a[i] == -1 && PyErr_Occurred())
+			return -1;
+	}
+	return n;
+}
+
+/* __cuda_array_interface__ (CuPy, Numba, ...): pointer, shape, typestr, strides. */
+static int
+describe_cai(PyObject *obj, PyObject *cai, bool read_only, struct mem_desc *d)
+{
+	PyObject *data, *shape, *typestr, *strides, *mask;
+	int64_t sh[32], sd[32];
+	Py_ssize_t nd, ns = -1;
+	uint64_t ptr, itemsize, items;
+	int ro;
+
+	if (!PyDict_Check(cai)) {
+		PyErr_SetString(PyExc_TypeError, "__cuda_array_interface__ is not a dict");
+		return -1;
+	}
+	data = PyDict_GetItemString(cai, "data");
+	shape = PyDict_GetItemString(cai, "shape");
+	typestr = PyDict_GetItemString(cai, "typestr");
+	strides = PyDict_GetItemString(cai, "strides");
+	mask = PyDict_GetItemString(cai, "mask");
+	if (data == NULL || shape == NULL || typestr == NULL || !PyTuple_Check(data) || PyTuple_Size(data) != 2) {
+		PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__ lacks data=(ptr, readonly), "
+		    "shape or typestr");
+		return -1;
+	}
+	if (mask != NULL && mask != Py_None) {
+		PyErr_SetString(PyExc_ValueError, "cannot register a masked CUDA array");
+		return -1;
+	}
+	if (as_u64(PyTuple_GetItem(data, 0), "__cuda_array_interface__ data pointer", &ptr) < 0 ||
+	    (ro = PyObject_IsTrue(PyTuple_GetItem(data, 1))) < 0)
+		return -1;
+	if ((itemsize = typestr_size(typestr)) == 0) {
+		PyErr_Format(PyExc_ValueError, "__cuda_array_interface__: unreadable typestr %R", typestr);
+		return -1;
+	}
+	if ((nd = int_tuple(shape, "shape", sh)) < 0)
+		return -1;
+	if (strides != NULL && strides != Py_None && (ns = int_tuple(strides, "strides", sd)) < 0)
+		return -1;
+	if (ns >= 0 && ns != nd) {
+		PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__: strides and shape differ in length");
+		return -1;
+	}
+	if (!c_contiguous(nd, sh, ns >= 0 ? sd : NULL, itemsize, &items)) {
+		PyErr_Format(PyExc_ValueError, "cannot register %s: the CUDA array is not C-contiguous "
+		    "(a strided view): gpx moves one range of bytes", TNAME(obj));
+		return -1;
+	}
+	if (ro && !read_only) {
+		PyErr_SetString(PyExc_ValueError, "the CUDA array is read-only: register it with read_only=True");
+		return -1;
+	}
+	d->cuda = true;
+	d->ptr = (const void *)(uintptr_t)ptr;
+	d->length = items * itemsize;
+	return empty_or_long(obj, d->length);
+}
+
+/* A buffer-protocol object: a view of host memory, which must lie in a HostBuffer. */
+static int
+describe_buffer(PyObject *obj, bool read_only, struct mem_desc *d)
+{
+	if (PyObject_GetBuffer(obj, &d->view, PyBUF_FULL_RO) < 0)
+		return -1;
+	d->has_view = true;
+	if (!PyBuffer_IsContiguous(&d->view, 'C')) {
+		PyErr_Format(PyExc_ValueError, "cannot register %s: its buffer is not C-contiguous (a "
+		    "strided view): gpx moves one range of bytes", TNAME(obj));
+		return -1;
+	}
+	if (d->view.readonly && !read_only) {
+		PyErr_Format(PyExc_ValueError, "cannot register %s for writing: its buffer is read-only "
+		    "(pass read_only=True)", TNAME(obj));
+		return -1;
+	}
+	if (empty_or_long(obj, (uint64_t)d->view.len) < 0)
+		return -1;
+	return describe_host(obj, d->view.buf, (uint64_t)d->view.len, d);
+}
+
+/* DLPack, as its specification has it (dlpack.h, ABI version 0.x / legacy capsule). */
+enum { DL_CPU = 1, DL_CUDA = 2, DL_CUDA_HOST = 3, DL_CUDA_MANAGED = 13 };
+typedef struct {
+	int32_t device_type;
+	int32_t device_id;
+} DLDevice;
+typedef struct {
+	uint8_t code;
+	uint8_t bits;
+	uint16_t lanes;
+} DLDataType;
+typedef struct {
+	void *data;
+	DLDevice device;
+	int32_t ndim;
+	DLDataType dtype;
+	int64_t *shape;
+	int64_t *strides;          /* in items; NULL: compact row-major */
+	uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+	DLTensor dl_tensor;
+	void *manager_ctx;
+	void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+
+/*
+ * A DLPack producer: obj.__dlpack__() gives a "dltensor" capsule; we take the tensor it holds
+ * (renaming the capsule "used_dltensor", as the protocol says a consumer does) and call its
+ * deleter when the region goes.
+ */
+static int
+describe_dlpack(PyObject *obj, PyObject *method, struct mem_desc *d)
+{
+	PyObject *cap = PyObject_CallNoArgs(method);
+	DLManagedTensor *m;
+
+	if (cap == NULL)
+		return -1;
+	m = PyCapsule_GetPointer(cap, "dltensor");
+	if (m == NULL || PyCapsule_SetName(cap, "used_dltensor") < 0) {
+		Py_DECREF(cap);
+		return -1;
+	}
+	Py_DECREF(cap);
+	d->dl = m;                 /* ours now: mem_release calls its deleter */
+	const DLTensor *t = &m->dl_tensor;
+	uint64_t itemsize = ((uint64_t)t->dtype.bits * t->dtype.lanes + 7) / 8, items;
+	if (t->ndim < 0 || itemsize == 0 || !c_contiguous((size_t)t->ndim, t->shape, NULL, 1, &items) ||
+	    (t->strides != NULL && !c_contiguous((size_t)t->ndim, t->shape, t->strides, 1, &items))) {
+		PyErr_Format(PyExc_ValueError, "cannot register %s: the DLPack tensor is not C-contiguous "
+		    "(a strided view): gpx moves one range of bytes", TNAME(obj));
+		return -1;
+	}
+	const void *p = (const unsigned char *)t->data + t->byte_offset;
+	if (empty_or_long(obj, items * itemsize) < 0)
+		return -1;
+	switch (t->device.device_type) {
+	case DL_CUDA:
+	case DL_CUDA_MANAGED:
+		d->cuda = true;
+		d->ptr = p;
+		d->length = items * itemsize;
+		return 0;
+	case DL_CPU:
+	case DL_CUDA_HOST:
+		return describe_host(obj, p, items * itemsize, d);
+	}
+	PyErr_Format(PyExc_ValueError, "cannot register %s: DLPack device type %d (gpx takes CUDA and "
+	    "host memory)", TNAME(obj), (int)t->device.device_type);
+	return -1;
+}
+
+int
+mem_describe(struct modstate *st, PyObject *obj, bool read_only, struct mem_desc *d)
+{
+	PyObject *a;
+	int r;
+
+	memset(d, 0, sizeof(*d));
+	d->obj = Py_NewRef(obj);
+	if (Py_IS_TYPE(obj, st->hostbuf_type)) {
+		HostBuffer *h = (HostBuffer *)obj;
+		if (h->closed) {
+			PyErr_SetString(PyExc_ValueError, "cannot register a closed HostBuffer");
+			goto fail;
+		}
+		d->hb = (HostBuffer *)Py_NewRef(obj);
+		d->length = h->len;
+		h->regs++;
+		return 0;
+	}
+	/* torch tensors first: they also have __cuda_array_interface__ and __dlpack__. */
+	if ((r = opt_attr(obj, st->s_data_ptr, &a)) < 0)
+		goto fail;
+	if (r > 0) {
+		uint64_t ptr, n;
+		bool cpu;
+		Py_DECREF(a);
+		if (tensor_memory(st, obj, "register()", &ptr, &n, &cpu) < 0 || empty_or_long(obj, n) < 0)
+			goto fail;
+		if (cpu && describe_host(obj, (const void *)(uintptr_t)ptr, n, d) < 0)
+			goto fail;
+		if (!cpu) {
+			d->cuda = true;
+			d->ptr = (const void *)(uintptr_t)ptr;
+			d->length = n;
+		}
+		return 0;
+	}
+	if ((r = opt_attr(obj, st->s_cai, &a)) < 0)
+		goto fail;
+	if (r > 0) {
+		r = describe_cai(obj, a, read_only, d);
+		Py_DECREF(a);
+		if (r < 0)
+			goto fail;
+		return 0;
+	}
+	if (PyObject_CheckBuffer(obj)) {
+		if (describe_buffer(obj, read_only, d) < 0)
+			goto fail;
+		return 0;
+	}
+	if ((r = opt_attr(obj, st->s_dlpack, &a)) < 0)
+		goto fail;
+	if (r > 0) {
+		r = describe_dlpack(obj, a, d);
+		Py_DECREF(a);
+		if (r < 0)
+			goto fail;
+		return 0;
+	}
+	PyErr_Format(PyExc_TypeError, "cannot register %s: expected a CUDA tensor or array (data_ptr(), "
+	    "__cuda_array_interface__ or __dlpack__), a gpx.HostBuffer, or a buffer inside one",
+	    TNAME(obj));
+fail:
+	mem_release(d);
+	return -1;
+}
+
+void
+mem_release(struct mem_desc *d)
+{
+	if (d->has_view)
+		PyBuffer_Release(&d->view);
+	d->has_view = false;
+	if (d->dl != NULL) {
+		DLManagedTensor *m = d->dl;
+		d->dl = NULL;
+		if (m->deleter != NULL)
+			m->deleter(m);
+	}
+	if (d->hb != NULL)
+		d->hb->regs--;
+	Py_CLEAR(d->hb);
+	Py_CLEAR(d->obj);
+}
+
+/* ---- segment and page lists ---- */
+
+/* Whether a buffer's format is an integer of `size` bytes in native order; *is_signed. */
+static bool
+int_format(const char *f, size_t size, bool *is_signed)
+{
+	if (f == NULL)
+		f = "B";
+	if (*f == '@' || *f == '=' || (*f == '<' && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__))
+		f++;
+	if (f[0] == '\0' || f[1] != '\0')
+		return false;
+	switch (f[0]) {
+	case 'b': case 'h': case 'i': case 'l': case 'q':
+		*is_signed = true;
+		break;
+	case 'B': case 'H': case 'I': case 'L': case 'Q':
+		*is_signed = false;
+		break;
+	default:
+		return false;
+	}
+	switch (f[0]) {
+	case 'b': case 'B': return size == 1;
+	case 'h': case 'H': return size == sizeof(short);
+	case 'i': case 'I': return size == sizeof(int);
+	case 'l': case 'L': return size == sizeof(long);
+	default: return size == sizeof(long long);
+	}
+}
+
+/* A CPU tensor of integers of `size` bytes, read through its data pointer: 1, 0 (not a tensor), -1. */
+static int
+cpu_int_tensor(struct modstate *st, PyObject *o, const char *what, size_t size, const void **p,
+    size_t *items, bool *is_signed)
+{
+	uint64_t ptr, nbytes, esize;
+	PyObject *a;
+	bool cpu;
+	int r, fl, cx, sg;
+
+	if ((r = opt_attr(o, st->s_data_ptr, &a)) <= 0)
+		return r;
+	Py_DECREF(a);
+	if (tensor_memory(st, o, what, &ptr, &nbytes, &cpu) < 0 ||
+	    call_u64(o, st->s_element_size, "element_size()", &esize) < 0)
+		return -1;
+	if (!cpu) {
+		PyErr_Format(PyExc_ValueError, "%s must be in host memory (a CPU tensor or array)", what);
+		return -1;
+	}
+	if ((fl = attr2_bool(o, st->s_dtype, st->s_is_floating_point)) < 0 ||
+	    (cx = attr2_bool(o, st->s_dtype, st->s_is_complex)) < 0 ||
+	    (sg = attr2_bool(o, st->s_dtype, st->s_is_signed)) < 0)
+		return -1;
+	if (esize != size || fl || cx) {
+		PyErr_Format(PyExc_TypeError, "%s must hold %zu-byte integers", what, size);
+		return -1;
+	}
+	*p = (const void *)(uintptr_t)ptr;
+	*items = nbytes / size;
+	*is_signed = sg;
+	return 1;
+}
+
+/*
+ * Integers of `size` bytes in place: a C-contiguous buffer of such items (any shape), or a
+ * CPU tensor.  1 when found (view filled or *keep set), 0 if obj is neither, -1 on error.
+ */
+static int
+ints_in_place(struct modstate *st, PyObject *obj, const char *what, size_t size, Py_buffer *view,
+    bool *has_view, PyObject **keep, const void **p, size_t *items, bool *is_signed)
+{
+	int r;
+
+	if (PyObject_CheckBuffer(obj)) {
+		if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+			if (PyErr_ExceptionMatches(PyExc_BufferError)) {
+				PyErr_Clear();
+				PyErr_Format(PyExc_ValueError, "%s must be C-contiguous", what);
+			}
+			return -1;
+		}
+		*has_view = true;
+		if (!int_format(view->format, (size_t)view->itemsize, is_signed) || (size_t)view->itemsize != size) {
+			PyErr_Format(PyExc_TypeError, "%s must hold %zu-byte integers (buffer format '%s')", what,
+			    size, view->format ? view->format : "B");
+			return -1;
+		}
+		*p = view->buf;
+		*items = (size_t)view->len / size;
+		return 1;
+	}
+	if ((r = cpu_int_tensor(st, obj, what, size, p, items, is_signed)) > 0)
+		*keep = Py_NewRef(obj);
+	return r;
+}
+
+/* One segment of a sequence: a sequence of three non-negative ints. */
+static int
+seg_from_seq(PyObject *item, size_t i, struct gpx_seg *s)
+{
+	uint64_t v[3];
+
+	if (!PySequence_Check(item) || PySequence_Size(item) != 3) {
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_TypeError, "segments[%zu] must be (src_offset, dst_offset, length)", i);
+		return -1;
+	}
+	for (int k = 0; k < 3; k++) {
+		PyObject *x = PySequence_GetItem(item, k);
+		int e;
+		if (x == NULL)
+			return -1;
+		e = as_u64(x, "a segment's offsets and length", &v[k]);
+		Py_DECREF(x);
+		if (e < 0)
+			return -1;
+	}
+	*s = (struct gpx_seg){ v[0], v[1], v[2] };
+	return 0;
+}
+
+int
+mem_segments(struct modstate *st, PyObject *obj, struct seglist *l)
+{
+	const void *p;
+	size_t items;
+	PyObject *keep = NULL;
+	int r;
+
+	memset(l, 0, sizeof(*l));
+	r = ints_in_place(st, obj, "segments", 8, &l->view, &l->has_view, &keep, &p, &items, &l->is_signed);
+	Py_XDECREF(keep);  /* a CPU tensor: the caller's reference keeps it for the call */
+	if (r < 0)
+		goto fail;
+	if (r > 0) {
+		if (items % 3 != 0 || (l->has_view && l->view.ndim == 2 && l->view.shape[1] != 3)) {
+			PyErr_SetString(PyExc_ValueError, "segments must be an (n, 3) array: rows of "
+			    "(src_offset, dst_offset, length)");
+			goto fail;
+		}
+		l->segs = p;
+		l->n = items / 3;
+	} else {
+		/* A sequence of (src_offset, dst_offset, length). */
+		Py_ssize_t n = PySequence_Check(obj) ? PySequence_Size(obj) : -1;
+		if (n < 0) {
+			if (!PyErr_Occurred())
+				PyErr_Format(PyExc_TypeError, "segments must be an (n, 3) uint64 array or a "
+				    "sequence of (src_offset, dst_offset, length), not %s", TNAME(obj));
+			goto fail;
+		}
+		struct gpx_seg *s = l->own = malloc((n ? n : 1) * sizeof(*s));
+		if (s == NULL) {
+			PyErr_NoMemory();
+			goto fail;
+		}
+		for (Py_ssize_t i = 0; i < n; i++) {
+			PyObject *item = PySequence_GetItem(obj, i);
+			int e = item ? seg_from_seq(item, (size_t)i, &s[i]) : -1;
+			Py_XDECREF(item);
+			if (e < 0)
+				goto fail;
+		}
+		l->segs = s;
+		l->n = (size_t)n;
+	}
+	if (l->n == 0) {
+		PyErr_SetString(PyExc_ValueError, "no segments");
+		goto fail;
+	}
+	return 0;
+fail:
+	mem_segments_release(l);
+	return -1;
+}
+
+void
+mem_segments_release(struct seglist *l)
+{
+	if (l->has_view)
+		PyBuffer_Release(&l->view);
+	l->has_view = false;
+	free(l->own);
+	l->own = NULL;
+}
+
+int
+mem_pages(struct modstate *st, PyObject *obj, const char *what, struct pagelist *l)
+{
+	const void *p;
+	size_t items;
+	bool sgn = false;
+	int r;
+
+	memset(l, 0, sizeof(*l));
+	r = ints_in_place(st, obj, what, 4, &l->view, &l->has_view, &l->keep, &p, &items, &sgn);
+	if (r < 0)
+		goto fail;
+	if (r > 0) {
+		l->pages = p;
+		l->n = items;
+		if (sgn) {
+			/* Negative block numbers are refused, not taken as huge ones. */
+			const int32_t *s = p;
+			int32_t lo = 0;
+			for (size_t i = 0; i < items; i++)
+				lo = s[i] < lo ? s[i] : lo;
+			if (lo < 0) {
+				PyErr_Format(PyExc_ValueError, "%s holds a negative page number (%d)", what, (int)lo);
+				goto fail;
+			}
+		}
+		return 0;
+	}
+	Py_ssize_t n = PySequence_Check(obj) ? PySequence_Size(obj) : -1;
+	if (n < 0) {
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_TypeError, "%s must be an int32/uint32 array, a CPU tensor of them, "
+			    "or a sequence of ints, not %s", what, TNAME(obj));
+		goto fail;
+	}
+	uint32_t *u = l->own = malloc((n ? n : 1) * sizeof(*u));
+	if (u == NULL) {
+		PyErr_NoMemory();
+		goto fail;
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *x = PySequence_GetItem(obj, i);
+		uint64_t v;
+		int e = x ? as_u64(x, "a page number", &v) : -1;
+		Py_XDECREF(x);
+		if (e < 0)
+			goto fail;
+		if (v > UINT32_MAX) {
+			PyErr_Format(PyExc_ValueError, "%s[%zd] does not fit 32 bits", what, i);
+			goto fail;
+		}
+		u[i] = (uint32_t)v;
+	}
+	l->pages = u;
+	l->n = (size_t)n;
+	return 0;
+fail:
+	mem_pages_release(l);
+	return -1;
+}
+
+void
+mem_pages_release(struct pagelist *l)
+{
+	if (l->has_view)
+		PyBuffer_Release(&l->view);
+	l->has_view = false;
+	Py_CLEAR(l->keep);
+	free(l->own);
+	l->own = NULL;
+}

@@ -1,0 +1,53 @@
+"""The package around the extension: the example a PyTorch user copies (run here with host
+memory), the benchmark, and the type stub against what the module really has."""
+import ast
+import os
+import subprocess
+import sys
+
+import gpx
+from conftest import child_env
+
+SRC = os.environ.get("GPX_SRCDIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+EXAMPLE = os.path.join(SRC, "client-lib", "python", "examples", "kv_handoff.py")
+STUB = os.path.join(os.path.dirname(gpx.__file__), "__init__.pyi")
+
+
+def test_kv_handoff_example(gpxd):
+    p = subprocess.run([sys.executable, EXAMPLE, "demo", "--socket", gpxd.sock, "--host", "--name", "py.example",
+                        "--layers", "3", "--blocks", "128", "--batch", "40"],
+                       env=child_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "every byte verified" in p.stdout and "pulled 40 blocks x 6 tensors" in p.stdout, p.stdout
+
+
+def test_bench_overhead_runs(gpxd):
+    p = subprocess.run([sys.executable, "-m", "gpx.bench", "overhead", "--socket", gpxd.sock, "--runs", "2",
+                        "--iters", "50", "--submits", "200"],
+                       env=child_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    for what in ("B copy+wait p50", "B copy+wait mean", "B submissions"):
+        row = [l for l in lines if what in l]
+        assert len(row) == 1 and row[0].split()[-2] == "us", p.stdout
+    assert "per call" in lines[-1], p.stdout
+
+
+def test_stub_matches_the_module():
+    tree = ast.parse(open(STUB).read())
+    stubbed, methods = set(), {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            stubbed.add(node.name)
+        elif isinstance(node, ast.AnnAssign):
+            stubbed.add(node.target.id)
+        if isinstance(node, ast.ClassDef):
+            methods[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)} | \
+                {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
+    public = set(gpx.__all__) | {"__version__"}
+    assert public - stubbed == set(), "not in the stub"
+    assert {n for n in stubbed if n not in ("Memory", "Segments", "Pages")} - public == set(), "not in gpx"
+    for cls in ("Conn", "Region", "Transfer", "HostBuffer"):
+        real = {n for n in dir(getattr(gpx, cls)) if not n.startswith("_")}
+        assert real == {n for n in methods[cls] if not n.startswith("_")}, cls
+    assert set(gpx.Completion.__match_args__) == methods["Completion"]

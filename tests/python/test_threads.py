@@ -1,0 +1,118 @@
+"""Threads: blocking calls release the GIL, and several threads may wait on one connection."""
+import subprocess
+import threading
+import time
+
+import numpy as np
+
+import gpx
+
+
+def host(nbytes):
+    hb = gpx.host_alloc(nbytes)
+    return hb, np.frombuffer(hb, dtype=np.uint8)
+
+
+class Counter(threading.Thread):
+    """Counts as fast as Python lets it: it only advances while this thread holds the GIL."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.n = 0
+        self.stop = False
+
+    def run(self):
+        while not self.stop:
+            self.n += 1
+
+
+def test_waiting_releases_the_gil(conn):
+    c = Counter()
+    c.start()
+    time.sleep(0.05)
+    before = c.n
+    assert conn.wait(timeout=0.5) == []          # nothing pending: the full half second
+    during = c.n - before
+    hb, v = host(256 << 20)
+    r = conn.register(hb)
+    before = c.n
+    t0 = time.monotonic()
+    t = conn.copy(r, r, 128 << 20, dst_offset=128 << 20)
+    t.wait()
+    waited = time.monotonic() - t0
+    during_copy = c.n - before
+    c.stop = True
+    c.join()
+    # Python runs a few million increments a second: a held GIL would leave at most one
+    # switch interval's worth (5 ms).
+    assert during > 100000, during
+    if waited > 0.05:
+        assert during_copy > 10000, (during_copy, waited)
+
+
+def test_threads_wait_on_one_connection(conn):
+    hb, v = host(8 << 20)
+    v[:4 << 20] = np.arange(4 << 20, dtype=np.uint64).view(np.uint8)[:4 << 20]
+    r = conn.register(hb)
+    errors = []
+
+    def worker(k):
+        try:
+            for i in range(100):
+                off = (k * 100 + i) * 1024 % (4 << 20)
+                t = conn.copy(r, r, 1024, src_offset=off, dst_offset=(4 << 20) + off)
+                assert t.wait(timeout=30) == 1024
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not any(t.is_alive() for t in ts), "a waiting thread hangs"
+    assert errors == []
+    assert conn.outstanding == 0 and conn.poll() == []
+
+
+def test_another_threads_poll_wakes_a_waiter(conn):
+    # Thread B reads the completion thread A waits for: A must still wake up.
+    hb, v = host(64 << 20)
+    r = conn.register(hb)
+    for _ in range(5):
+        t = conn.copy(r, r, 16 << 20, dst_offset=32 << 20)
+        res = []
+        a = threading.Thread(target=lambda: res.append(t.wait(timeout=30)))
+        a.start()
+        stop = time.monotonic() + 10
+        while a.is_alive() and time.monotonic() < stop:
+            conn.poll()
+        a.join(30)
+        assert not a.is_alive() and res == [16 << 20]
+
+
+def test_requests_to_a_stopped_gpxd_release_the_gil(daemon_factory):
+    # gpxd stopped (SIGSTOP): import_() and register() block until it goes on, and meanwhile
+    # this thread runs Python.
+    import signal
+    d = daemon_factory()
+    c = gpx.connect(d.sock, name="stopped")
+    hb, v = host(1 << 20)
+    c.export(c.register(hb), "py.threads.stop", rule="any")
+    for call in (lambda: c.import_("py.threads.stop"), lambda: c.register(hb)):
+        d.proc.send_signal(signal.SIGSTOP)
+        # Resumed from outside: were the GIL held, this thread could not do it.
+        resume = subprocess.Popen(["sh", "-c", "sleep 1; kill -CONT %d" % d.proc.pid])
+        out = []
+        w = threading.Thread(target=lambda: out.append(call()))
+        w.start()
+        time.sleep(0.05)
+        n, end = 0, time.monotonic() + 0.3
+        while time.monotonic() < end:
+            n += 1
+        assert w.is_alive(), "the request did not wait for the stopped gpxd, or held the GIL"
+        resume.wait()
+        w.join(10)
+        assert isinstance(out[0], gpx.Region)
+        assert n > 10000, n
+    c.close()
