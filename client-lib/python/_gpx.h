@@ -4,7 +4,7 @@
  *   _gpx.c         the module: state, exceptions, argument helpers, fork detection
  *   conn.c         gpx.Conn: connecting, locking, closing
  *   region.c       gpx.Region: register, import_, export, unexport, deregister
- *   transfer.c     gpx.Transfer: copy, copyv, copy_pages, wait, done, cancel
+ *   transfer.c     gpx.Transfer: copy, copyv, copy_pages, the batches, wait, done, cancel
  *   route.c        completions: reading, routing, waiting; Conn.poll and Conn.wait
  *   mem.c          gpx.HostBuffer, and the memory of tensors, arrays and lists
  *   torch-alloc.c  the VMM allocator PyTorch may allocate exportable memory from
@@ -255,6 +255,8 @@ extern PyType_Spec transfer_spec;
 PyObject *transfer_copy(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copyv(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_pages(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *transfer_copy_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_c_bench(PyObject *op, PyObject *args);
 struct tagslot *transfer_map_find(struct tagmap *m, uint64_t tag);
 int transfer_map_put(struct tagmap *m, uint64_t tag, Transfer *t);

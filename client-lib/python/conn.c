@@ -313,6 +313,17 @@ static PyMethodDef conn_methods[] = {
 	  "dst_pages[i] of dst, page_size bytes each: KV-cache blocks by number.  The page lists are "
 	  "int32/uint32 arrays or CPU tensors read in place (or sequences of ints); negative numbers "
 	  "are refused." },
+	{ "copy_batch", FAST(transfer_copy_batch),
+	  "copy_batch(pairs, *, tag=None) -> Transfer\n--\n\n"
+	  "Many region pairs in one request, checked whole before any byte moves and complete once "
+	  "(a weight push: every tensor of a model).  Each pair is a tuple (src, dst): the whole of src "
+	  "to the start of dst; (src, dst, length); or (src, dst, length, src_offset, dst_offset)." },
+	{ "copy_pages_batch", FAST(transfer_copy_pages_batch),
+	  "copy_pages_batch(pairs, page_size, src_pages, dst_pages, *, tag=None) -> Transfer\n--\n\n"
+	  "The same pages of every pair in one request (a KV-cache handoff: the same blocks out of "
+	  "every layer's K and V tensors), checked whole and complete once.  Each pair is a tuple "
+	  "(src, dst) or (src, dst, src_offset, dst_offset), the bases its pages are numbered from; "
+	  "the page lists are read as for copy_pages." },
 	{ "poll", FAST(route_poll),
 	  "poll(max=64) -> list[Completion]\n--\n\nCompletions not consumed by a Transfer, without "
 	  "blocking: those kept while waiting first, then what has arrived." },

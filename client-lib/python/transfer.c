@@ -575,6 +575,181 @@ out:
 }
 
 /*
+ * The pairs of a batch from a sequence of tuples (src, dst[, ...]): each tuple's two regions
+ * and the 0..nmore unsigned numbers after them, in more[i] (more[i][0] is src's length unless
+ * given) with their count in given[i].  A malloc'ed array of *n pairs, or NULL with the
+ * exception set.
+ */
+static struct gpx_pair *
+batch_pairs(Conn *s, PyObject *seq, Py_ssize_t n, int nmore, uint64_t (*more)[3], int *given, const char *shape)
+{
+	struct gpx_pair *pr = NULL;
+
+	if (n == 0 || n > GPX_PAIRS_MAX) {
+		PyErr_Format(PyExc_ValueError, "a batch takes 1..%d pairs, not %zd", GPX_PAIRS_MAX, n);
+		return NULL;
+	}
+	if ((pr = calloc(n, sizeof(*pr))) == NULL) {
+		PyErr_NoMemory();
+		return NULL;
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *t = PySequence_GetItem(seq, i);
+		Py_ssize_t k = t != NULL && PyTuple_Check(t) ? PyTuple_Size(t) : -1;
+		Region *src, *dst;
+		int bad = t == NULL;
+		if (!bad && (k < 2 || k > 2 + nmore)) {
+			PyErr_Format(PyExc_TypeError, "pair %zd must be a tuple %s, not %s", i, shape, TNAME(t));
+			bad = 1;
+		}
+		if (!bad && transfer_regions(s, PyTuple_GetItem(t, 0), PyTuple_GetItem(t, 1), &src, &dst) < 0)
+			bad = 1;
+		if (!bad) {
+			pr[i].src = src->id;
+			pr[i].dst = dst->id;
+			more[i][0] = src->length;     /* the default length: the whole source */
+			given[i] = (int)k - 2;
+			for (Py_ssize_t j = 2; j < k && !bad; j++)
+				bad = gpxpy_u64(PyTuple_GetItem(t, j), "a pair's number", &more[i][j - 2]) < 0;
+		}
+		Py_XDECREF(t);
+		if (bad) {
+			free(pr);
+			return NULL;
+		}
+	}
+	return pr;
+}
+
+/*
+ * copy_batch(pairs, *, tag=None): one request of many region pairs, each one segment: a
+ * tuple (src, dst) copies the whole of src to the start of dst, (src, dst, length) that many
+ * bytes, (src, dst, length, src_offset, dst_offset) from and to those offsets.
+ */
+PyObject *
+transfer_copy_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+	static const struct argspec spec = { "copy_batch", 1, 1, { "pairs", "tag", NULL } };
+	Conn *s = (Conn *)op;
+	PyObject *a[2];
+	struct gpx_pair *pr = NULL;
+	struct gpx_seg *segs = NULL;
+	uint64_t (*more)[3] = NULL;
+	int *given = NULL;
+	struct callres cr;
+	Transfer *t = NULL;
+	Py_ssize_t n;
+
+	if (gpxpy_args(&spec, args, nargs, kwnames, a) < 0 || conn_usable(s) < 0 ||
+	    (n = PySequence_Size(a[0])) < 0)
+		return NULL;
+	if ((more = calloc(n ? n : 1, sizeof(*more))) == NULL || (segs = calloc(n ? n : 1, sizeof(*segs))) == NULL ||
+	    (given = calloc(n ? n : 1, sizeof(*given))) == NULL) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	if ((pr = batch_pairs(s, a[0], n, 3, more, given, "(src, dst[, length[, src_offset, dst_offset]])")) == NULL)
+		goto out;
+	for (Py_ssize_t i = 0; i < n; i++) {
+		if (given[i] == 2) {
+			PyErr_Format(PyExc_TypeError, "pair %zd: give both offsets, or neither", i);
+			goto out;
+		}
+		/* Each pair's own segment; its offsets ride in the pair. */
+		segs[i] = (struct gpx_seg){ 0, 0, more[i][0] };
+		pr[i].src_offset = more[i][1];
+		pr[i].dst_offset = more[i][2];
+		pr[i].seg_first = (uint32_t)i;
+		pr[i].seg_count = 1;
+	}
+	if ((t = transfer_start(s, a[1])) == NULL)
+		goto out;
+	PyThreadState *ts = conn_lock_quick(s);
+	gpxpy_note(&cr, s->c, s->c != NULL ? gpx_copy_batch(s->c, pr, n, segs, n, t->tag) : -GPX_ECONN);
+	conn_unlock(s, ts);
+	if (cr.r < 0) {
+		transfer_abort(t, &cr);
+		t = NULL;
+	}
+out:
+	free(more);
+	free(given);
+	free(segs);
+	free(pr);
+	return (PyObject *)t;
+}
+
+/*
+ * copy_pages_batch(pairs, page_size, src_pages, dst_pages, *, tag=None): the same pages of
+ * every pair, each pair a tuple (src, dst) or (src, dst, src_offset, dst_offset).
+ */
+PyObject *
+transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+	static const struct argspec spec = { "copy_pages_batch", 4, 4,
+		{ "pairs", "page_size", "src_pages", "dst_pages", "tag", NULL } };
+	Conn *s = (Conn *)op;
+	PyObject *a[5];
+	struct gpx_pair *pr = NULL;
+	uint64_t (*more)[3] = NULL, psize;
+	int *given = NULL;
+	struct pagelist sp = { 0 }, dp = { 0 };
+	bool have_sp = false, have_dp = false;
+	struct callres cr;
+	Transfer *t = NULL;
+	Py_ssize_t n;
+
+	if (gpxpy_args(&spec, args, nargs, kwnames, a) < 0 || conn_usable(s) < 0 ||
+	    gpxpy_u64(a[1], "page_size", &psize) < 0 || (n = PySequence_Size(a[0])) < 0)
+		return NULL;
+	if (psize == 0) {
+		PyErr_SetString(PyExc_ValueError, "page_size must be at least 1");
+		return NULL;
+	}
+	if ((more = calloc(n ? n : 1, sizeof(*more))) == NULL || (given = calloc(n ? n : 1, sizeof(*given))) == NULL) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	if ((pr = batch_pairs(s, a[0], n, 2, more, given, "(src, dst[, src_offset, dst_offset])")) == NULL)
+		goto out;
+	for (Py_ssize_t i = 0; i < n; i++) {
+		if (given[i] == 1) {
+			PyErr_Format(PyExc_TypeError, "pair %zd: give both bases, or neither", i);
+			goto out;
+		}
+		pr[i].src_offset = given[i] ? more[i][0] : 0;
+		pr[i].dst_offset = given[i] ? more[i][1] : 0;
+	}
+	if (!(have_sp = mem_pages(s->st, a[2], "src_pages", &sp) == 0) ||
+	    !(have_dp = mem_pages(s->st, a[3], "dst_pages", &dp) == 0))
+		goto out;
+	if (sp.n != dp.n || sp.n == 0) {
+		PyErr_Format(PyExc_ValueError, sp.n ? "src_pages and dst_pages differ in length (%zu, %zu)" :
+		    "no pages", sp.n, dp.n);
+		goto out;
+	}
+	if ((t = transfer_start(s, a[4])) == NULL)
+		goto out;
+	PyThreadState *ts = sp.n > HEAVY_LIST ? conn_lock_slow(s) : conn_lock_quick(s);
+	gpxpy_note(&cr, s->c, s->c != NULL ? gpx_copy_pages_batch(s->c, pr, n, psize, sp.pages, dp.pages, sp.n,
+	    t->tag) : -GPX_ECONN);
+	conn_unlock(s, ts);
+	if (cr.r < 0) {
+		transfer_abort(t, &cr);
+		t = NULL;
+	}
+out:
+	if (have_sp)
+		mem_pages_release(&sp);
+	if (have_dp)
+		mem_pages_release(&dp);
+	free(more);
+	free(given);
+	free(pr);
+	return (PyObject *)t;
+}
+
+/*
  * _c_bench(src, dst, size, iters, mode): the benchmark's C loops on this connection, the GIL
  * released throughout.  "copy_wait": gpx_copy then gpx_wait for it, iters times; returns each
  * round trip in seconds.  "submit": iters gpx_copy calls in batches of 32, each batch timed and
