@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import gpx
 from conftest import child_env
 
@@ -31,6 +33,16 @@ def test_bench_overhead_runs(gpxd):
         row = [l for l in lines if what in l]
         assert len(row) == 1 and row[0].split()[-2] == "us", p.stdout
     assert "per call" in lines[-1], p.stdout
+
+
+@pytest.mark.parametrize("mode", ["kv", "weights"])
+def test_bench_workload_runs(gpxd, mode):
+    """The workloads of the benchmark, as CI runs them: host memory without a GPU, every
+    result checked against its source (a mismatch ends the run with an error)."""
+    p = subprocess.run([sys.executable, "-m", "gpx.bench", mode, "--socket", gpxd.sock, "--runs", "2"],
+                       env=child_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "gpx" in p.stdout and "GB/s" in p.stdout, p.stdout
 
 
 def test_stub_matches_the_module():

@@ -1,6 +1,12 @@
-"""python3 -m gpx.bench MODE: what the Python binding costs, measured against C in one run.
+"""python3 -m gpx.bench MODE: gpx from Python, measured against the way without it, in one run.
 
     python3 -m gpx.bench overhead [--spawn | --socket PATH] [--gpu] [--json]
+    python3 -m gpx.bench kv|weights|pages [--spawn | --socket PATH] [--runs N]
+
+kv, weights and pages are the workloads of PyTorch programs, in two processes each, against
+PyTorch's own way of doing the same (gpx/_workloads.py says which): a paged KV-cache handoff, a
+weight push from a trainer, scattered pages and a flat copy.  They use every GPU up to two
+(and two processes sharing GPU 0); without a GPU, kv and weights run in host memory.
 
 overhead: the same two loops, once in C (libgpxclient, run by the extension on the same
 connection with the GIL released) and once in Python through gpx, alternating for --runs
@@ -201,6 +207,9 @@ MODES = {
     "overhead": overhead,
 }
 
+# The workloads: each starts processes of its own on the daemon's socket and prints its table.
+WORKLOADS = {"kv": "kv", "weights": "weights", "pages": "pages"}
+
 
 def per_call(c, p, unit):
     """What the binding adds per call, in us: round trips are two calls (copy and wait)."""
@@ -237,13 +246,15 @@ def report(rows, b, out):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python3 -m gpx.bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=sorted(MODES))
+    ap.add_argument("mode", choices=sorted(list(MODES) + list(WORKLOADS)))
     ap.add_argument("-s", "--socket", help="gpxd's socket (default: $GPX_SOCKET, else %s)" % gpx.DEFAULT_SOCKET)
     ap.add_argument("--spawn", action="store_true", help="start a private gpxd for the run")
     ap.add_argument("--set", action="append", default=[], metavar="SEC.KEY=VAL",
                     help="with --spawn: a gpxd.conf setting (e.g. cuda.trust_legacy_ipc=yes)")
     ap.add_argument("--size", type=int, default=4096, help="bytes per copy (default 4096)")
-    ap.add_argument("--runs", type=int, default=30, help="alternating runs of C and Python (default 30)")
+    ap.add_argument("--runs", type=int, default=None,
+                    help="overhead: alternating runs of C and Python (default 30); the workloads: timed "
+                         "repetitions of each figure, the median reported (default 10)")
     ap.add_argument("--iters", type=int, default=1000, help="round trips per run (default 1000)")
     ap.add_argument("--submits", type=int, default=10000, help="submissions per run (default 10000)")
     ap.add_argument("--gpu", action="store_true", help="CUDA tensors (PyTorch) instead of host memory")
@@ -256,7 +267,18 @@ def main(argv=None):
         ap.error("--spawn and --socket exclude each other")
     if a.set and not a.spawn:
         ap.error("--set configures the gpxd of --spawn")
+    if a.runs is None:
+        a.runs = 10 if a.mode in WORKLOADS else 30
     d = Daemon(a.set) if a.spawn else None
+    if a.mode in WORKLOADS:
+        from gpx import _workloads
+        try:
+            sock = d.sock if d else a.socket or os.environ.get("GPX_SOCKET") or gpx.DEFAULT_SOCKET
+            getattr(_workloads, WORKLOADS[a.mode])(sock, a)
+        finally:
+            if d is not None:
+                d.stop()
+        return 0
     try:
         with gpx.connect(d.sock if d else a.socket, name="gpx.bench") as conn:
             b = Bench(conn, a)
