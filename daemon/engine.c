@@ -24,6 +24,7 @@ struct epath {
 	TAILQ_HEAD(, uqueue) active; /* uids with work on the path */
 	atomic_int nactive;          /* uids in `active`: a lock-free hint for spinning workers */
 	atomic_int nqueues;          /* connections with work on the path (a hint too) */
+	atomic_int nsmall;           /* jobs of ENGINE_SMALL_JOB bytes or less not yet handed out */
 	pthread_cond_t cond;
 	atomic_uint_fast64_t transfers, bytes, errors;
 };
@@ -206,6 +207,8 @@ engine_submit(struct job *j)
 	enum path_kind path = j->path;     /* j may be finished by a worker once we unlock */
 	TAILQ_INSERT_TAIL(&q->jobs, j, qe);
 	queue_link(&paths[path], u, q);
+	if (j->total <= ENGINE_SMALL_JOB)
+		atomic_fetch_add(&paths[path].nsmall, 1);
 	pthread_mutex_unlock(&elock);
 	if (path == PATH_FABRIC)
 		fabric_kick();      /* the fabric takes chunks on the loop thread, not a worker */
@@ -284,24 +287,42 @@ cut_segs(struct job *j, struct chunk *c, uint64_t max_bytes, uint32_t max_segs)
 	}
 }
 
-bool
-engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, uint32_t max_segs)
+/*
+ * The next chunk of path pk: of the first job in round-robin order (between uids, a uid's
+ * connections, a connection's jobs) of at most max_job bytes; with max_job UINT64_MAX simply
+ * the first.  The queues it came from go to the back.
+ */
+static bool
+next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, uint32_t max_segs, uint64_t max_job)
 {
 	struct epath *p = &paths[pk];
 	struct uqueue *u;
-	struct equeue *q;
-	struct job *j;
+	struct equeue *q = NULL;
+	struct job *j = NULL;
 
 	pthread_mutex_lock(&elock);
-	while ((u = TAILQ_FIRST(&p->active)) == NULL) {
+	while (TAILQ_FIRST(&p->active) == NULL) {
 		if (quit || !wait) {
 			pthread_mutex_unlock(&elock);
 			return false;
 		}
 		pthread_cond_wait(&p->cond, &elock);
 	}
-	q = TAILQ_FIRST(&u->conns);
-	j = TAILQ_FIRST(&q->jobs);
+	TAILQ_FOREACH(u, &p->active, rr) {
+		TAILQ_FOREACH(q, &u->conns, rr) {
+			TAILQ_FOREACH(j, &q->jobs, qe)
+				if (j->total <= max_job)
+					break;
+			if (j != NULL)
+				break;
+		}
+		if (q != NULL)
+			break;
+	}
+	if (u == NULL) {
+		pthread_mutex_unlock(&elock);
+		return false;      /* no job small enough */
+	}
 	if (j->t_start == 0)
 		j->t_start = now_s();
 	c->job = j;
@@ -311,9 +332,11 @@ engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_by
 		cut_segs(j, c, max_bytes, max_segs);
 	j->chunks_out++;
 	TAILQ_REMOVE(&q->jobs, j, qe);
-	if (j->handed == j->total)
+	if (j->handed == j->total) {
 		j->handed_out = true;
-	else
+		if (j->total <= ENGINE_SMALL_JOB)
+			atomic_fetch_sub(&p->nsmall, 1);
+	} else
 		TAILQ_INSERT_TAIL(&q->jobs, j, qe);     /* round-robin between a connection's jobs, */
 	TAILQ_REMOVE(&u->conns, q, rr);
 	if (TAILQ_EMPTY(&q->jobs)) {
@@ -331,6 +354,19 @@ engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_by
 		pthread_cond_signal(&p->cond);
 	pthread_mutex_unlock(&elock);
 	return true;
+}
+
+bool
+engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, uint32_t max_segs)
+{
+	return next_chunk(pk, c, wait, max_bytes, max_segs, UINT64_MAX);
+}
+
+bool
+engine_next_small_chunk(enum path_kind pk, struct chunk *c, uint32_t max_segs)
+{
+	return atomic_load_explicit(&paths[pk].nsmall, memory_order_relaxed) > 0 &&
+	    next_chunk(pk, c, false, ENGINE_SMALL_JOB, max_segs, ENGINE_SMALL_JOB);
 }
 
 void
@@ -455,6 +491,8 @@ job_cancel_locked(struct job *j)
 	 */
 	if (j->handed_out)
 		return false;
+	if (j->total <= ENGINE_SMALL_JOB)
+		atomic_fetch_sub(&paths[j->path].nsmall, 1);
 	j->cancelled = true;
 	j->handed_out = true;
 	struct equeue *q = &j->cq->eq[j->path];

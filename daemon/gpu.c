@@ -40,7 +40,7 @@
 #include "gpxd.h"
 #include "gpu.h"
 
-#define QUICK_MAX (1u << 20)          /* chunks up to this go to the quick stream */
+#define QUICK_MAX ENGINE_SMALL_JOB      /* chunks up to this go to the quick stream */
 #define BULK_CHUNK (1ull << 30)       /* largest chunk a GPU worker takes */
 #define KSEG_MAX 8192                 /* segments per kernel launch: a long list is cut into
                                          * launches so preparing one overlaps running another */
@@ -808,13 +808,19 @@ gpu_worker(void *arg)
 		if (progress)
 			idle_since = mono_ns();
 
+		/*
+		 * With the bulk stream full, small copies (of anyone) still go onto the quick
+		 * stream, a few at a time: a 4 KiB copy never waits for a 1 GiB chunk, and no
+		 * piece of a large copy is put in its way there.
+		 */
 		bool bulk_room;
 		while (pending < PEND_MAX && ((bulk_room = g->npend[S_BULK] < PEND_MAX / 2) ||
-		    (g->npend[S_QUICK] < QUICK_SHARE && engine_queues(path) > 1)) &&
+		    g->npend[S_QUICK] < QUICK_SHARE) &&
 		    (engine_has_work(path) || (pending == 0 && mono_ns() - idle_since > spin_ns))) {
 			/* Block only when idle for a while: the spin keeps small-copy latency low. */
 			bool wait = pending == 0 && !engine_has_work(path);
-			if (!engine_next_chunk(path, &c, wait, bulk_room ? BULK_CHUNK : QUICK_MAX, KSEG_MAX))
+			if (!(bulk_room ? engine_next_chunk(path, &c, wait, BULK_CHUNK, KSEG_MAX) :
+			    engine_next_small_chunk(path, &c, KSEG_MAX)))
 				break;
 			issue(g, &c);
 			pending = g->npend[S_BULK] + g->npend[S_QUICK];

@@ -368,6 +368,12 @@ typedef void (*engine_visit_fn)(const struct job *, void *);
 void engine_visit(engine_visit_fn, void *);
 /* For back ends: the next chunk of the path, round-robin over uids, their clients, their jobs. */
 bool engine_next_chunk(enum path_kind, struct chunk *, bool wait, uint64_t max_bytes, uint32_t max_segs);
+/*
+ * The same from the first small job (ENGINE_SMALL_JOB bytes or less), never waiting: what a
+ * back end whose large copies fill its queues may still take, so that small copies pass them.
+ */
+#define ENGINE_SMALL_JOB (1u << 20)
+bool engine_next_small_chunk(enum path_kind, struct chunk *, uint32_t max_segs);
 bool engine_has_work(enum path_kind);
 uint32_t engine_pair_of(const struct job *, uint32_t seg);
 int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */

@@ -536,9 +536,10 @@ test_small_under_load(const char *self, const char *sock, gpx_conn *c, struct bu
 		char line[64] = "";
 		FILE *out, *in;
 		pid_t pid = spawn(self, argv, &out, &in);
-		if (!ok(pid > 0 && fgets(line, sizeof(line), out) != NULL && strncmp(line, "READY", 5) == 0,
-		    "another client keeps 16 copies of 1 GiB %s on GPU%d in flight (%s)", modes[m], dev,
-		    line[0] ? line + 6 : "did not start")) {
+		bool ready = pid > 0 && fgets(line, sizeof(line), out) != NULL && strncmp(line, "READY", 5) == 0;
+		line[strcspn(line, "\n")] = '\0';
+		if (!ok(ready, "another client keeps 16 copies of 1 GiB %s on GPU%d in flight (%s)", modes[m], dev,
+		    ready ? line + 6 : "did not start")) {
 			if (pid > 0)
 				kill(pid, SIGKILL);
 			continue;

@@ -39,7 +39,7 @@ def test_bench_overhead_runs(gpxd):
 def test_bench_workload_runs(gpxd, mode):
     """The workloads of the benchmark, as CI runs them: host memory without a GPU, every
     result checked against its source (a mismatch ends the run with an error)."""
-    p = subprocess.run([sys.executable, "-m", "gpx.bench", mode, "--socket", gpxd.sock, "--runs", "2"],
+    p = subprocess.run([sys.executable, "-m", "gpx.bench", mode, "--socket", gpxd.sock, "--runs", "2", "--host"],
                        env=child_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "gpx" in p.stdout and "GB/s" in p.stdout, p.stdout

@@ -82,6 +82,41 @@ def _join(procs):
             raise SystemExit(f"gpx.bench: a worker process failed (exit {p.exitcode})")
 
 
+def _result(q, procs, timeout=1800):
+    """What a worker put on q; a worker that died first ends the run instead of a wait."""
+    import queue
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            return q.get(timeout=0.5)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"gpx.bench: a worker process failed (exit {dead[0].exitcode}); "
+                                 "its error is above")
+    raise SystemExit("gpx.bench: the workers did not finish in time")
+
+
+def _gpu_child(alloc, dev):
+    """The start of every GPU worker: the allocator mode, torch, the device; returns (torch,
+    a context in which the workload's tensors are allocated)."""
+    import contextlib
+    if alloc == "expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    import torch
+    torch.cuda.set_device(dev)
+    if alloc == "pool":
+        return torch, torch.cuda.use_mem_pool(gpx.torch_mem_pool(dev), device=dev)
+    return torch, contextlib.nullcontext()
+
+
+ALLOC_NAMES = {"default": "PyTorch's caching allocator (cuda-ipc)",
+               "expandable": "expandable_segments:True (cuda-vmm, many pieces)",
+               "pool": "gpx.torch_mem_pool() (cuda-vmm)"}
+
+
 # ---------------------------------------------------------------------------------------------
 # kv
 
@@ -98,14 +133,14 @@ def _kv_sizes(torch, devs, free_bytes, layers):
     return 1024 + 256, [1024]
 
 
-def _kv_prefill(sock, devs, nblocks, layers, prefix, conn_q, done_q):
-    import torch
-    torch.cuda.set_device(devs[0])
+def _kv_prefill(sock, devs, nblocks, layers, prefix, alloc, conn_q, done_q):
+    torch, where = _gpu_child(alloc, devs[0])
     caches = []
-    for _ in range(2 * layers):
-        t = torch.empty((nblocks,) + BLOCK_SHAPE, dtype=torch.bfloat16, device=f"cuda:{devs[0]}")
-        t.view(torch.int16).random_(-32768, 32767)
-        caches.append(t)
+    with where:
+        for _ in range(2 * layers):
+            t = torch.empty((nblocks,) + BLOCK_SHAPE, dtype=torch.bfloat16, device=f"cuda:{devs[0]}")
+            t.view(torch.int16).random_(-32768, 32767)
+            caches.append(t)
     with gpx.connect(sock, name="bench-kv-prefill") as c:
         for i, t in enumerate(caches):
             c.export(c.register(t, read_only=True), f"{prefix}.{i}")
@@ -114,12 +149,12 @@ def _kv_prefill(sock, devs, nblocks, layers, prefix, conn_q, done_q):
         done_q.get()
 
 
-def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, conn_q, done_q, out_q):
-    import torch
-    torch.cuda.set_device(devs[1])
+def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q, done_q, out_q):
+    torch, where = _gpu_child(alloc, devs[1])
     dev = f"cuda:{devs[1]}"
     src = conn_q.get()
-    dst = [torch.zeros((nblocks,) + BLOCK_SHAPE, dtype=torch.bfloat16, device=dev) for _ in range(2 * layers)]
+    with where:
+        dst = [torch.zeros((nblocks,) + BLOCK_SHAPE, dtype=torch.bfloat16, device=dev) for _ in range(2 * layers)]
     results = []
     with gpx.connect(sock, name="bench-kv-decode") as c:
         theirs = [c.import_(f"{prefix}.{i}") for i in range(2 * layers)]
@@ -170,7 +205,7 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, conn_q, done_q,
     out_q.put(results)
 
 
-def _kv_gpu(sock, torch, devs, layers, runs):
+def _kv_gpu(sock, torch, devs, layers, runs, alloc):
     free = min(torch.cuda.mem_get_info(d)[0] for d in set(devs))
     nblocks, sizes = _kv_sizes(torch, devs, free, layers)
     ctx = multiprocessing.get_context("spawn")
@@ -178,15 +213,15 @@ def _kv_gpu(sock, torch, devs, layers, runs):
     tctx = tmp.get_context("spawn")
     conn_q, done_q, out_q = tctx.Queue(), ctx.Queue(), ctx.Queue()
     prefix = f"bench.kv.{os.getpid()}"
-    procs = [tctx.Process(target=_kv_prefill, args=(sock, devs, nblocks, layers, prefix, conn_q, done_q)),
-             tctx.Process(target=_kv_decode, args=(sock, devs, nblocks, layers, prefix, sizes, runs, conn_q,
+    procs = [tctx.Process(target=_kv_prefill, args=(sock, devs, nblocks, layers, prefix, alloc, conn_q, done_q)),
+             tctx.Process(target=_kv_decode, args=(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q,
                                                    done_q, out_q))]
     for p in procs:
         p.start()
-    results = out_q.get(timeout=900)
+    results = _result(out_q, procs)
     _join(procs)
     print(f"kv: {layers} layers x K and V [{nblocks}, 16, 8, 128] bf16, 32 KiB blocks, "
-          f"GPU{devs[0]} (prefill) -> GPU{devs[1]} (decode), median of {runs}")
+          f"GPU{devs[0]} (prefill) -> GPU{devs[1]} (decode), {ALLOC_NAMES[alloc]}, median of {runs}")
     for n, nbytes, t_torch, t_gpx, t_flat in results:
         gb = nbytes / 1e9
         _row(f"{n} blocks x {2 * layers} tensors ({nbytes >> 20} MiB)", "PyTorch", gb / t_torch, gb / t_gpx,
@@ -218,7 +253,7 @@ def _kv_host(sock, layers, runs):
     ctx = multiprocessing.get_context("spawn")
     q, done = ctx.Queue(), ctx.Queue()
     procs = _spawn([(_kv_host_prefill, (sock, nblocks, layers, prefix, q, done))])
-    where = q.get(timeout=120)
+    where = _result(q, procs)
     # PyTorch's way has no host twin here: numpy gathers and scatters through the shared memory.
     src = []
     for pid, fd in where:
@@ -260,12 +295,12 @@ def _kv_host(sock, layers, runs):
 def kv(sock, args):
     torch, ngpu = _torch_gpus()
     runs = args.runs
-    if ngpu == 0:
+    if ngpu == 0 or args.host:
         return _kv_host(sock, 4, runs)
     layers = 32
     if ngpu >= 2:
-        _kv_gpu(sock, torch, (0, 1), layers, runs)
-    _kv_gpu(sock, torch, (0, 0), layers, runs)
+        _kv_gpu(sock, torch, (0, 1), layers, runs, args.alloc)
+    _kv_gpu(sock, torch, (0, 0), layers, runs, args.alloc)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,10 +328,10 @@ def _build_params(torch, dev):
     return [torch.empty(s, dtype=torch.bfloat16, device=dev) for s in shapes], "Qwen2-1.5B shapes"
 
 
-def _weights_trainer(sock, devs, prefix, nccl, q, done):
-    import torch
-    torch.cuda.set_device(devs[0])
-    params, _ = _build_params(torch, f"cuda:{devs[0]}")
+def _weights_trainer(sock, devs, prefix, nccl, alloc, q, done):
+    torch, where = _gpu_child(alloc, devs[0])
+    with where:
+        params, _ = _build_params(torch, f"cuda:{devs[0]}")
     for p in params:
         p.view(torch.int16).random_(-32768, 32767)
     torch.cuda.synchronize()
@@ -316,12 +351,12 @@ def _weights_trainer(sock, devs, prefix, nccl, q, done):
             done.get()
 
 
-def _weights_inference(sock, devs, prefix, nccl, runs, q, done, out_q):
-    import torch
-    torch.cuda.set_device(devs[1])
+def _weights_inference(sock, devs, prefix, nccl, runs, alloc, q, done, out_q):
+    torch, where = _gpu_child(alloc, devs[1])
     dev = f"cuda:{devs[1]}"
     src = q.get()
-    dst, model = _build_params(torch, dev)
+    with where:
+        dst, model = _build_params(torch, dev)
     nbytes = sum(p.numel() * p.element_size() for p in dst)
     res = {"tensors": len(dst), "bytes": nbytes, "model": model}
     with gpx.connect(sock, name="bench-inference") as c:
@@ -379,21 +414,21 @@ def _weights_inference(sock, devs, prefix, nccl, runs, q, done, out_q):
     out_q.put(res)
 
 
-def _weights_gpu(sock, devs, runs):
+def _weights_gpu(sock, devs, runs, alloc):
     import torch.multiprocessing as tmp
     tctx = tmp.get_context("spawn")
     q, done, out_q = tctx.Queue(), tctx.Queue(), tctx.Queue()
     nccl = f"tcp://127.0.0.1:{29500 + os.getpid() % 1000}" if devs[0] != devs[1] else None
     prefix = f"bench.w.{os.getpid()}"
-    procs = [tctx.Process(target=_weights_trainer, args=(sock, devs, prefix, nccl, q, done)),
-             tctx.Process(target=_weights_inference, args=(sock, devs, prefix, nccl, runs, q, done, out_q))]
+    procs = [tctx.Process(target=_weights_trainer, args=(sock, devs, prefix, nccl, alloc, q, done)),
+             tctx.Process(target=_weights_inference, args=(sock, devs, prefix, nccl, runs, alloc, q, done, out_q))]
     for p in procs:
         p.start()
-    r = out_q.get(timeout=900)
+    r = _result(out_q, procs)
     _join(procs)
     gb = r["bytes"] / 1e9
     print(f"weights: {r['model']}: {r['tensors']} tensors, {r['bytes'] / 2**30:.2f} GiB, trainer GPU{devs[0]} -> "
-          f"inference GPU{devs[1]}, median of {runs}")
+          f"inference GPU{devs[1]}, {ALLOC_NAMES[alloc]}, median of {runs}")
     best = min(t for k, t in r.items() if k in ("ipc", "nccl"))
     if "nccl" in r:
         _row("full update, NCCL broadcast per tensor", "NCCL", gb / r["nccl"], gb / r["gpx"], "GB/s")
@@ -441,20 +476,20 @@ def _weights_host(sock, runs):
 
 def weights(sock, args):
     torch, ngpu = _torch_gpus()
-    if ngpu == 0:
+    if ngpu == 0 or args.host:
         return _weights_host(sock, args.runs)
     if ngpu >= 2:
-        _weights_gpu(sock, (0, 1), args.runs)
-    _weights_gpu(sock, (0, 0), args.runs)
+        _weights_gpu(sock, (0, 1), args.runs, args.alloc)
+    _weights_gpu(sock, (0, 0), args.runs, args.alloc)
 
 
 # ---------------------------------------------------------------------------------------------
 # pages
 
-def _pages_owner(sock, devs, cache_bytes, prefix, q, done):
-    import torch
-    torch.cuda.set_device(devs[0])
-    t = torch.empty(cache_bytes, dtype=torch.uint8, device=f"cuda:{devs[0]}")
+def _pages_owner(sock, devs, cache_bytes, prefix, alloc, q, done):
+    torch, where = _gpu_child(alloc, devs[0])
+    with where:
+        t = torch.empty(cache_bytes, dtype=torch.uint8, device=f"cuda:{devs[0]}")
     t.view(torch.int16).random_(-32768, 32767)
     with gpx.connect(sock, name="bench-pages-owner") as c:
         c.export(c.register(t, read_only=True), prefix)
@@ -463,12 +498,12 @@ def _pages_owner(sock, devs, cache_bytes, prefix, q, done):
         done.get()
 
 
-def _pages_user(sock, devs, cache_bytes, prefix, runs, q, done, out_q):
-    import torch
-    torch.cuda.set_device(devs[1])
+def _pages_user(sock, devs, cache_bytes, prefix, runs, alloc, q, done, out_q):
+    torch, where = _gpu_child(alloc, devs[1])
     dev = f"cuda:{devs[1]}"
     src = q.get()
-    dst = torch.zeros(cache_bytes, dtype=torch.uint8, device=dev)
+    with where:
+        dst = torch.zeros(cache_bytes, dtype=torch.uint8, device=dev)
     work = torch.empty((4096, 4096), dtype=torch.bfloat16, device=dev)
     rows = []
     with gpx.connect(sock, name="bench-pages") as c:
@@ -536,19 +571,20 @@ def _pages_user(sock, devs, cache_bytes, prefix, runs, q, done, out_q):
     out_q.put((rows, reps))
 
 
-def _pages_gpu(sock, devs, runs):
+def _pages_gpu(sock, devs, runs, alloc):
     import torch.multiprocessing as tmp
     tctx = tmp.get_context("spawn")
     q, done, out_q = tctx.Queue(), tctx.Queue(), tctx.Queue()
     cache = 256 << 20
     prefix = f"bench.pages.{os.getpid()}"
-    procs = [tctx.Process(target=_pages_owner, args=(sock, devs, cache, prefix, q, done)),
-             tctx.Process(target=_pages_user, args=(sock, devs, cache, prefix, runs, q, done, out_q))]
+    procs = [tctx.Process(target=_pages_owner, args=(sock, devs, cache, prefix, alloc, q, done)),
+             tctx.Process(target=_pages_user, args=(sock, devs, cache, prefix, runs, alloc, q, done, out_q))]
     for p in procs:
         p.start()
-    rows, reps = out_q.get(timeout=900)
+    rows, reps = _result(out_q, procs)
     _join(procs)
-    print(f"pages: one 256 MiB cache, GPU{devs[0]} -> GPU{devs[1]}, two processes, median of {runs}")
+    print(f"pages: one 256 MiB cache, GPU{devs[0]} -> GPU{devs[1]}, two processes, {ALLOC_NAMES[alloc]}, "
+          f"median of {runs}")
     for page, n, t_torch, t_gpx, t_after in rows:
         nbytes = cache if page == "flat" else page * n
         gb = nbytes / 1e9
@@ -567,5 +603,5 @@ def pages(sock, args):
         print("pages: no GPU here (the page workload is a GPU figure); see kv for host memory")
         return
     if ngpu >= 2:
-        _pages_gpu(sock, (0, 1), args.runs)
-    _pages_gpu(sock, (0, 0), args.runs)
+        _pages_gpu(sock, (0, 1), args.runs, args.alloc)
+    _pages_gpu(sock, (0, 0), args.runs, args.alloc)

@@ -258,9 +258,11 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=1000, help="round trips per run (default 1000)")
     ap.add_argument("--submits", type=int, default=10000, help="submissions per run (default 10000)")
     ap.add_argument("--gpu", action="store_true", help="CUDA tensors (PyTorch) instead of host memory")
-    ap.add_argument("--alloc", choices=("default", "pool"), default="default",
-                    help="with --gpu: PyTorch's caching allocator (cuda-ipc: needs trust_legacy_ipc) "
-                         "or gpx.torch_mem_pool() (cuda-vmm)")
+    ap.add_argument("--alloc", choices=("default", "expandable", "pool"), default="default",
+                    help="GPU memory from PyTorch's caching allocator (cuda-ipc: needs trust_legacy_ipc, which "
+                         "--spawn sets), with expandable_segments:True (cuda-vmm; the workloads only), or from "
+                         "gpx.torch_mem_pool() (cuda-vmm)")
+    ap.add_argument("--host", action="store_true", help="kv, weights: host memory even where there is a GPU")
     ap.add_argument("--json", action="store_true", help="print JSON")
     a = ap.parse_args(argv)
     if a.spawn and a.socket:
@@ -269,6 +271,10 @@ def main(argv=None):
         ap.error("--set configures the gpxd of --spawn")
     if a.runs is None:
         a.runs = 10 if a.mode in WORKLOADS else 30
+    if a.alloc == "expandable" and a.mode not in WORKLOADS:
+        ap.error("--alloc expandable is for the workloads (overhead: default or pool)")
+    if a.spawn and a.alloc == "default" and not any(s.startswith("cuda.trust_legacy_ipc") for s in a.set):
+        a.set.append("cuda.trust_legacy_ipc=yes")   # the private daemon serves this run alone
     d = Daemon(a.set) if a.spawn else None
     if a.mode in WORKLOADS:
         from gpx import _workloads
