@@ -536,6 +536,18 @@ gpx_host_free(int fd, void *ptr, size_t len)
 		close(fd);
 }
 
+/* The answer to a Register: the region id, and what it is for client_last_region. */
+static int
+registered(gpx_conn *c, const Gpx__Reply *rep, gpx_region *out)
+{
+	if (rep->body_case != GPX__REPLY__BODY_REGISTERED)
+		return set_err(c, GPX_EPROTO, "unexpected reply to Register");
+	*out = rep->registered->region;
+	c->last_kind = rep->registered->kind;
+	c->last_ro = rep->registered->read_only;
+	return 0;
+}
+
 /* Sends a filled-in Register (with its fd, if any) and returns the region id. */
 int
 client_register(gpx_conn *c, Gpx__Register *reg, int fd, gpx_region *out)
@@ -548,12 +560,7 @@ client_register(gpx_conn *c, Gpx__Register *reg, int fd, gpx_region *out)
 	m.register_ = reg;
 	if ((r = rpc(c, &m, fd >= 0 ? &fd : NULL, fd >= 0, &rep, NULL, NULL)) < 0)
 		return r;
-	if (rep->body_case != GPX__REPLY__BODY_REGISTERED)
-		return set_err(c, GPX_EPROTO, "unexpected reply to Register");
-	*out = rep->registered->region;
-	c->last_kind = rep->registered->kind;
-	c->last_ro = rep->registered->read_only;
-	return 0;
+	return registered(c, rep, out);
 }
 
 int
@@ -1144,10 +1151,7 @@ client_register_pieces(gpx_conn *c, Gpx__Register *reg, const struct gpx_wire_pi
 	}
 	if (r < 0)
 		return r;
-	if (rep->body_case != GPX__REPLY__BODY_REGISTERED)
-		return set_err(c, GPX_EPROTO, "unexpected reply to Register");
-	*out = rep->registered->region;
-	return 0;
+	return registered(c, rep, out);
 }
 
 int

@@ -53,7 +53,7 @@ with gpx.connect(sys.argv[1], name="expandable") as c:
     out["a_after_growth"] = host_sha(hb, 100 * MiB) == sha_a
     # Write into b through gpxd: the tensor sees it.
     memoryview(hb)[:150 * MiB] = bytes(range(256)) * (150 * MiB // 256)
-    assert c.copy(rh, rb).wait() == 150 * MiB
+    assert c.copy(rh, rb, 150 * MiB).wait() == 150 * MiB
     out["b_in"] = sha(b) == host_sha(hb, 150 * MiB)
     # The owner frees a and empties the cache: its pieces are unmapped while ra still uses them.
     a_ptr = a.data_ptr()
