@@ -99,7 +99,8 @@ def main():
             elif op == "sha":
                 ans = {"sha": sha(tensors[req["key"]])}
             elif op == "quit":
-                conn.close()
+                if conn is not None:       # (a peer told to quit before init has none)
+                    conn.close()
                 print(json.dumps({}), flush=True)
                 return 0
             else:
