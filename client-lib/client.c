@@ -1301,11 +1301,10 @@ clear_doorbell(gpx_conn *c)
 
 /*
  * Whether a wait should look at the ring again instead of sleeping: for the first
- * WAIT_SPIN_S of a wait that may block.  Most copies of a few KiB complete within that, and
- * being woken from epoll costs more than the copy (on virtual machines 100 us and more).
+ * CLIENT_WAIT_SPIN_S of a wait that may block.  Most copies of a few KiB complete within
+ * that, and being woken from epoll costs more than the copy (on virtual machines 100 us and
+ * more).
  */
-#define WAIT_SPIN_S 30e-6
-
 static bool
 wait_spin(double *until, int timeout_ms)
 {
@@ -1313,13 +1312,13 @@ wait_spin(double *until, int timeout_ms)
 		return false;
 	double t = now_s();
 	if (*until == 0)
-		*until = t + WAIT_SPIN_S;
+		*until = t + CLIENT_WAIT_SPIN_S;
 	return t < *until;
 }
 
 /* Completions already in the ring, without reading the socket: the spin's cheap look. */
-static bool
-ring_ready(const gpx_conn *c)
+bool
+client_ring_ready(const gpx_conn *c)
 {
 	return c->ring != NULL && __atomic_load_n(&c->ring->head, __ATOMIC_ACQUIRE) != c->tail;
 }
@@ -1342,7 +1341,7 @@ gpx_wait(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms)
 				return n;
 		}
 		if (wait_spin(&spin, timeout_ms)) {
-			while (!ring_ready(c) && wait_spin(&spin, timeout_ms))
+			while (!client_ring_ready(c) && wait_spin(&spin, timeout_ms))
 				cpu_relax();
 			continue;
 		}
@@ -1387,7 +1386,7 @@ gpx_wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_
 		if (k == 64)
 			continue;
 		if (wait_spin(&spin, timeout_ms)) {
-			while (!ring_ready(c) && wait_spin(&spin, timeout_ms))
+			while (!client_ring_ready(c) && wait_spin(&spin, timeout_ms))
 				cpu_relax();
 			continue;
 		}

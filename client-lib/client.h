@@ -4,6 +4,8 @@
 #ifndef GPX_CLIENT_H
 #define GPX_CLIENT_H
 
+#include <stdbool.h>
+
 #include "client-lib/gpx.h"
 #include "proto/gpx.pb-c.h"
 #include "proto/ring.h"
@@ -31,5 +33,9 @@ int client_error(gpx_conn *c, int code, const char *msg);
  */
 const char *client_last_region(const gpx_conn *c, int *read_only);
 void client_refusal_hook(gpx_conn *c, void (*fn)(void *arg, uint64_t tag, const char *reason), void *arg);
+/* Whether completion records wait in c's ring (no system call): what a spinning wait looks at. */
+bool client_ring_ready(const gpx_conn *c);
+/* How long a wait looks at the ring before it sleeps, seconds (gpx_wait's own spin). */
+#define CLIENT_WAIT_SPIN_S 30e-6
 
 #endif

@@ -27,6 +27,7 @@
 #include <unistd.h>
 #include <sys/epoll.h>
 
+#include "client-lib/client.h"
 #include "client-lib/python/_gpx.h"
 
 #define FOLLOWER_SLICE_MS 200        /* a thread waiting behind the fd's watcher checks signals */
@@ -323,6 +324,25 @@ route_sleep(Conn *s, uint64_t seen, int timeout_ms)
 }
 
 /*
+ * Spins (the GIL released) until completions wait in the ring, another thread routed some,
+ * or `until` passes.
+ */
+static void
+route_spin(Conn *s, uint64_t seen, double until)
+{
+	for (;;) {
+		pthread_mutex_lock(&s->mu);
+		bool ready = s->c == NULL || client_ring_ready(s->c);
+		pthread_mutex_unlock(&s->mu);
+		if (ready || __atomic_load_n(&s->gen, __ATOMIC_RELAXED) != seen || gpxpy_now() >= until)
+			return;
+#if defined(__x86_64__) || defined(__i386__)
+		__builtin_ia32_pause();
+#endif
+	}
+}
+
+/*
  * Reads and routes completions until pred(s, arg) holds, sleeping with the GIL released in
  * between.  timeout < 0: no limit.  1 when pred holds, 0 on timeout, -1 with an exception
  * (a signal handler's, or ConnectionLostError once the connection is gone).
@@ -330,7 +350,7 @@ route_sleep(Conn *s, uint64_t seen, int timeout_ms)
 int
 route_wait_until(Conn *s, wait_pred pred, void *arg, double timeout, bool self_waits)
 {
-	double deadline = timeout >= 0 ? gpxpy_now() + timeout : 0;
+	double deadline = timeout >= 0 ? gpxpy_now() + timeout : 0, spin_until = 0;
 	struct pulled b[PULL_MAX];
 	struct callres cr;
 	bool clear = false;
@@ -373,6 +393,14 @@ route_wait_until(Conn *s, wait_pred pred, void *arg, double timeout, bool self_w
 				break;
 			}
 			ms = left > 86400 ? 86400000 : (int)ceil(left * 1000);
+		}
+		if (timeout != 0 && spin_until == 0) {
+			/* First, as gpx_wait does, look at the ring for a while: a wake-up costs more. */
+			spin_until = gpxpy_now() + CLIENT_WAIT_SPIN_S;
+			Py_BEGIN_ALLOW_THREADS
+			route_spin(s, seen, spin_until);
+			Py_END_ALLOW_THREADS
+			continue;
 		}
 		Py_BEGIN_ALLOW_THREADS
 		route_sleep(s, seen, ms);

@@ -167,8 +167,10 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q, 
             s_idx, d_idx = sp.long().to(src[0].device), dp.long().to(dev)
 
             def check():
+                # (as bytes: random bits hold NaNs, which equal nothing as bf16 values)
                 for a, b in zip(src, dst):
-                    if not torch.equal(b.index_select(0, d_idx), a.index_select(0, s_idx).to(dev)):
+                    if not torch.equal(b.index_select(0, d_idx).view(torch.uint8),
+                                       a.index_select(0, s_idx).to(dev).view(torch.uint8)):
                         raise SystemExit("gpx.bench kv: a block is not what its source holds")
 
             def torch_way():
@@ -364,8 +366,9 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, q, done, out_q):
         small = [(a, b, 256) for a, b in pairs]
 
         def check(what):
+            # (as bytes: random bits hold NaNs, which equal nothing as bf16 values)
             for a, b in zip(src, dst):
-                if not torch.equal(b, a.to(dev)):
+                if not torch.equal(b.view(torch.uint8), a.to(dev).view(torch.uint8)):
                     raise SystemExit(f"gpx.bench weights: {what}: a tensor is not what the trainer holds")
 
         def ipc_way():
