@@ -52,7 +52,12 @@ def _torch_gpus():
     return torch, torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _median_time(fn, runs):
+def _median_time(fn, runs, warm=0.2):
+    """The median of `runs` timed calls of fn, after calls enough for `warm` seconds: a GPU
+    left idle runs its first milliseconds of work at a fraction of its clock."""
+    end = time.perf_counter() + warm
+    while time.perf_counter() < end:
+        fn()
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
@@ -166,12 +171,16 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q, 
             dp = torch.randperm(nblocks, generator=g)[:n].to(torch.int32)
             s_idx, d_idx = sp.long().to(src[0].device), dp.long().to(dev)
 
-            def check():
+            def check(what):
                 # (as bytes: random bits hold NaNs, which equal nothing as bf16 values)
-                for a, b in zip(src, dst):
-                    if not torch.equal(b.index_select(0, d_idx).view(torch.uint8),
-                                       a.index_select(0, s_idx).to(dev).view(torch.uint8)):
-                        raise SystemExit("gpx.bench kv: a block is not what its source holds")
+                for i, (a, b) in enumerate(zip(src, dst)):
+                    got = b.index_select(0, d_idx).view(torch.uint8)
+                    want = a.index_select(0, s_idx).to(dev).view(torch.uint8)
+                    if not torch.equal(got, want):
+                        bad = (got != want).reshape(n, -1).any(1)
+                        raise SystemExit(f"gpx.bench kv: {what}: tensor {i}: {int(bad.sum())} of {n} blocks are "
+                                         f"not what their source holds (first: {int(bad.nonzero()[0])}, all zero: "
+                                         f"{not bool(got[bad].any())})")
 
             def torch_way():
                 for a, b in zip(src, dst):
@@ -186,8 +195,11 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q, 
             for way in (torch_way, gpx_way):
                 for t in dst:
                     t.zero_()
+                # gpxd's copies are not ordered with this process's streams: what it does on
+                # the GPU must be done before a copy is asked for.
+                torch.cuda.synchronize(dev)
                 way()
-                check()
+                check(way.__name__)
             t_torch = _median_time(torch_way, runs)
             t_gpx = _median_time(gpx_way, runs)
             # A flat copy of the same bytes (beyond 2 GiB the bandwidth is that of 2 GiB).
@@ -367,9 +379,12 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, q, done, out_q):
 
         def check(what):
             # (as bytes: random bits hold NaNs, which equal nothing as bf16 values)
-            for a, b in zip(src, dst):
-                if not torch.equal(b.view(torch.uint8), a.to(dev).view(torch.uint8)):
-                    raise SystemExit(f"gpx.bench weights: {what}: a tensor is not what the trainer holds")
+            for i, (a, b) in enumerate(zip(src, dst)):
+                got, want = b.view(torch.uint8), a.to(dev).view(torch.uint8)
+                if not torch.equal(got, want):
+                    raise SystemExit(f"gpx.bench weights: {what}: tensor {i} {tuple(a.shape)} is not what the "
+                                     f"trainer holds ({int((got != want).sum())} of {got.numel()} bytes differ, "
+                                     f"{'all zero' if not bool(got.any()) else 'not zero'})")
 
         def ipc_way():
             for a, b in zip(src, dst):
@@ -390,6 +405,7 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, q, done, out_q):
         for name, way in (("CUDA IPC + copy_", ipc_way), ("gpx", gpx_way)):
             for p in dst:
                 p.zero_()
+            torch.cuda.synchronize(dev)      # (gpxd's copies are not ordered with our streams)
             way()
             check(name)
         res["ipc"] = _median_time(ipc_way, runs)
@@ -407,6 +423,7 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, q, done, out_q):
                 torch.cuda.synchronize(dev)
             for p in dst:
                 p.zero_()
+            torch.cuda.synchronize(dev)
             nccl_way()
             check("NCCL broadcast")
             res["nccl"] = _median_time(nccl_way, runs)
@@ -546,6 +563,7 @@ def _pages_user(sock, devs, cache_bytes, prefix, runs, alloc, q, done, out_q):
 
             for way in (torch_way, gpx_way):
                 dst.zero_()
+                torch.cuda.synchronize(dev)  # (gpxd's copies are not ordered with our streams)
                 way()
                 if not torch.equal(dv.index_select(0, d_idx), sv.index_select(0, s_idx).to(dev)):
                     raise SystemExit("gpx.bench pages: a page is not what its source holds")
@@ -566,6 +584,7 @@ def _pages_user(sock, devs, cache_bytes, prefix, runs, alloc, q, done, out_q):
             c.copy(theirs, mine).wait()
         for way in (torch_flat, gpx_flat):
             dst.zero_()
+            torch.cuda.synchronize(dev)
             way()
             if not torch.equal(dst, src.to(dev)):
                 raise SystemExit("gpx.bench pages: the flat copy is not what its source holds")
