@@ -8,6 +8,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+struct region;
+
 struct gpu_info {
 	char name[128];
 	char pci[32];
@@ -67,8 +69,14 @@ void cuda_vmm_unmap(uint64_t va, uint64_t size);
 void cuda_vmm_release(uint64_t handle);
 int cuda_dmabuf(uint64_t dptr, uint64_t len, uint64_t *off, uint64_t *size);   /* fd, or -CUresult */
 
-/* gpu.c for vmm.c: the devices that can reach dev's memory. */
+/* gpu.c: the devices that can reach dev's memory; whether a's copies can reach b's memory. */
 uint32_t gpu_access_mask(int dev);
+bool gpu_peer_access(int a, int b);
+/* gpu-map.c: an IPC region's address in GPU dev's context, 0 where it could not be opened. */
+uint64_t gpu_map_addr_on(const struct region *r, int dev);
+/* gpu-copy.c: the copy workers of GPUs 0..n-1 and the page arena. */
+int gpu_workers_start(int n, char *why, size_t whylen);
+void gpu_workers_stop(void);
 
 /* One segment of an SM-kernel copy: absolute addresses (copy-kernel.cu has the same layout). */
 struct gpu_kseg {
