@@ -21,6 +21,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <stdio.h>
@@ -266,6 +267,37 @@ conn_accept(int fd, bool admins_only)
 	if (c == NULL)
 		close(fd);
 	return c;
+}
+
+/* ---- the log's lines about a client ---- */
+
+static struct logwho
+conn_who(struct conn *c)
+{
+	return (struct logwho){ .client = c->id, .uid = c->uid, .pid = c->pid, .name = c->name,
+		.operator = c->admin || c->uid == 0, .mine = &c->log, .uid_share = &c->user->log };
+}
+
+void
+log_audit(struct conn *c, const char *fmt, ...)
+{
+	struct logwho w = conn_who(c);
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vrefused(&w, fmt, ap);
+	va_end(ap);
+}
+
+void
+log_client(struct conn *c, int level, const char *fmt, ...)
+{
+	struct logwho w = conn_who(c);
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vwho(&w, level, fmt, ap);
+	va_end(ap);
 }
 
 /* ---- handle tables ---- */

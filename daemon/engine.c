@@ -38,6 +38,7 @@ static bool quit;
 static int cancel_status = GPX__STATUS__ECANCELED;
 static pthread_t *workers;
 static int nworkers;
+static void (*done_hook)(const struct job *, int status);   /* the metrics' (levent.c sets it) */
 
 static const char *path_names[NPATHS] = {
 	"host", "gpu0", "gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6", "gpu7",
@@ -117,6 +118,12 @@ host_worker(void *unused)
 		engine_chunk_done(&c, true);
 	}
 	return NULL;
+}
+
+void
+engine_on_done(void (*fn)(const struct job *, int status))
+{
+	done_hook = fn;
 }
 
 int
@@ -436,7 +443,8 @@ job_finish(struct job *j)
 		atomic_fetch_add(&p->errors, 1);
 		atomic_fetch_add(&j->cq->errors, 1);
 	}
-	metrics_job_done(j, status);
+	if (done_hook != NULL)
+		done_hook(j, status);
 	if (status == 0)
 		job_notify(j);
 	if (g != NULL) {

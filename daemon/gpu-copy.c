@@ -74,6 +74,13 @@ static int ngpus;                       /* workers started */
  */
 static atomic_bool fault_sticky;
 static volatile bool gpu_quit;
+static void (*idle_hook)(void);
+
+void
+gpu_on_idle(void (*fn)(void))
+{
+	idle_hook = fn;
+}
 
 /* ---- the page arena: pinned page lists the kernel reads in place ---- */
 
@@ -411,7 +418,8 @@ gpu_worker(void *arg)
 			continue;
 		}
 		if (pending == 0) {
-			xfer_help();       /* idle: lend this core to a long page list's check */
+			if (idle_hook != NULL)
+				idle_hook();       /* idle: lend this core (xfer_help: a long page list's check) */
 			sched_yield();
 			continue;
 		}

@@ -43,3 +43,4 @@ int vmm_import(uint64_t o, int d, uint64_t res, uint64_t rs, const struct gpx_wi
 void vmm_sweep(uint64_t owner) { (void)owner; }
 uint64_t vmm_stats(uint64_t *hits) { *hits = 0; return 0; }
 int gpu_dev_by_uuid(const uint8_t uuid[16]) { (void)uuid; return -1; }
+void gpu_on_idle(void (*fn)(void)) { (void)fn; }

@@ -68,14 +68,26 @@ struct logrl {
 	uint32_t lines;              /* lines let through in it */
 	uint32_t held;               /* lines held back in it (counted on the uid) */
 };
-void log_audit(struct conn *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void log_client(struct conn *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-struct user;
-void log_uid(struct user *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/*
+ * Who a line is about: a client of a uid, or (client 0, mine NULL) a uid alone, with their
+ * shares of the log.  Built by the callers (log_audit and log_client in conn.c, log_uid in
+ * user.c): the log knows no connection or user.
+ */
+struct logwho {
+	uint64_t client;
+	uid_t uid;
+	pid_t pid;
+	const char *name;
+	bool operator;               /* root or the admin group: not limited */
+	struct logrl *mine;          /* the client's share, or NULL */
+	struct logrl *uid_share;     /* its uid's */
+};
+void log_vrefused(const struct logwho *, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
+void log_vwho(const struct logwho *, int level, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
+/* Ends a uid's window when it is due (or when told), with a line for what it held back. */
+void log_roll(struct logrl *uid_share, uid_t uid, bool force);
 /* A line of a source that is neither a client nor a uid (an unauthenticated peer): its own share. */
 void log_other(struct logrl *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Every second: reports what the windows that ended held back (final: all windows end). */
-void log_tick(bool final);
 void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 void fatalx(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
@@ -163,6 +175,10 @@ struct user {
 	TAILQ_ENTRY(user) entry;
 };
 struct user *user_get(uid_t);
+/* A line about a uid alone, within its share of the log. */
+void log_uid(struct user *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Every second: ends the uids' windows that are due (final: all), reporting what they held. */
+void user_log_tick(bool final);
 void user_visit(void (*fn)(struct user *, void *), void *arg);
 /* The uid with the most connections not yet past Hello, or NULL if none has any. */
 struct user *user_most_hello(void);
@@ -357,6 +373,8 @@ struct chunk {
 };
 
 int engine_init(int workers, uint64_t chunk);
+/* Hears every finished transfer (any thread, before its completion is posted): the metrics. */
+void engine_on_done(void (*fn)(const struct job *, int status));
 void engine_shutdown(void);
 /* Takes ownership of the job (its segments and region users). */
 void engine_submit(struct job *);
@@ -431,6 +449,9 @@ bool conn_in_group(const struct conn *, gid_t);
 void conn_input(struct conn *);
 void conn_kill(struct conn *, const char *why);
 void conn_reap(void);
+/* The log's lines about a client, within its share and its uid's (log.c): a refusal, or any line. */
+void log_audit(struct conn *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void log_client(struct conn *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* A deferred operation of the connection ended (c->pending--); a dead one is reaped after its last. */
 void conn_settle(struct conn *);
 int conn_poll_sq(struct conn *);      /* takes queued submissions; returns how many */
@@ -503,6 +524,8 @@ double now_s(void);
 int gpu_init(char *why, size_t whylen);
 int gpu_count(void);
 const char *gpu_status(void);
+/* What an idle copy worker lends its core to (xfer_help: a long page list's check), set at start. */
+void gpu_on_idle(void (*fn)(void));
 void gpu_topo(Gpx__QueryReply *);
 void gpu_topo_free(Gpx__QueryReply *);
 const char *gpu_pci(int dev);                /* its PCI bus id, NULL for none */

@@ -355,7 +355,7 @@ wd_cb(evutil_socket_t fd, short what, void *arg)
 	(void)arg;
 	sdn_watchdog();
 	spares_fill();
-	log_tick(false);
+	user_log_tick(false);
 	/*
 	 * Connections that never said Hello are closed after HELLO_TIMEOUT_S; idle ones (nothing
 	 * received for idle_timeout seconds, when configured) too.
@@ -510,14 +510,20 @@ levent_run(const char *socket_override)
 	}
 	gpxd_socket_path = socket_path;
 
-	/* The engine first: the GPU workers that gpu_init starts wait on its queues at once. */
+	/*
+	 * What comes back up from below comes through callbacks, registered here before the
+	 * threads that call them start.  Then the engine: the GPU workers that gpu_init starts
+	 * wait on its queues at once.
+	 */
+	cq_set_broken_hook(cq_broken);
+	engine_on_done(metrics_job_done);
+	gpu_on_idle(xfer_help);
 	if (defer_init(base, cfg->blocking_threads) < 0 || engine_init(cfg->workers, cfg->chunk_size) < 0)
 		fatalx("cannot start worker threads");
 	if (cfg->cuda) {
 		if (gpu_init(why, sizeof(why)) < 0)
 			log_info("GPU memory unavailable, serving host memory: %s", why);
 	}
-	cq_set_broken_hook(cq_broken);
 	metrics_start(base);
 	if (peer_start(base) < 0)        /* fabric: peer daemons (daemon/peer.c) */
 		fatalx("fabric: cannot start (see above)");
@@ -554,7 +560,7 @@ levent_run(const char *socket_override)
 	defer_shutdown();
 	conn_reap();
 	gpu_shutdown();
-	log_tick(true);
+	user_log_tick(true);
 	while (nspare > 0)
 		close(spare[--nspare]);
 	if (own_socket)

@@ -164,53 +164,52 @@ log_debug(const char *sub, const char *fmt, ...)
 #define LOG_CLIENT_LINES 10
 #define LOG_UID_LINES 30
 
-/* Ends the uid's window if its time is up (or when told), reporting what it held back. */
-static void
-uid_roll(struct user *u, double now, bool force)
-{
-	if (now - u->log.start < LOG_WINDOW_S && !force)
-		return;
-	if (u->log.held > 0)
-		log_warnx("uid %u: %u lines suppressed in the last %.1f s (its clients may cause %d lines "
-		    "in %.0f s, and each of them %d)", (unsigned)u->uid, u->log.held, now - u->log.start,
-		    LOG_UID_LINES, LOG_WINDOW_S, LOG_CLIENT_LINES);
-	u->log.start = now;
-	u->log.lines = u->log.held = 0;
-}
-
-/*
- * Whether one more line of client c (may be NULL) and uid u (may be NULL) may be logged.
- * Root's and the admin group's lines are not limited: they are the node's operators, whose
- * programs' lines are the record the operator reads, and no other user can cause them.
- */
-static bool
-log_take(struct conn *c, struct user *u)
+/* Ends a uid's window if its time is up (or when told), reporting what it held back. */
+void
+log_roll(struct logrl *u, uid_t uid, bool force)
 {
 	double now = now_s();
 
-	if ((c != NULL && c->admin) || (u != NULL && u->uid == 0))
+	if (now - u->start < LOG_WINDOW_S && !force)
+		return;
+	if (u->held > 0)
+		log_warnx("uid %u: %u lines suppressed in the last %.1f s (its clients may cause %d lines "
+		    "in %.0f s, and each of them %d)", (unsigned)uid, u->held, now - u->start,
+		    LOG_UID_LINES, LOG_WINDOW_S, LOG_CLIENT_LINES);
+	u->start = now;
+	u->lines = u->held = 0;
+}
+
+/*
+ * Whether one more line about w may be logged.  Root's and the admin group's lines are not
+ * limited: they are the node's operators, whose programs' lines are the record the operator
+ * reads, and no other user can cause them.
+ */
+static bool
+log_take(const struct logwho *w)
+{
+	double now = now_s();
+
+	if (w->operator)
 		return true;
-	if (u != NULL)
-		uid_roll(u, now, false);
-	if (c != NULL) {
-		if (now - c->log.start >= LOG_WINDOW_S) {
-			c->log.start = now;
-			c->log.lines = 0;
+	log_roll(w->uid_share, w->uid, false);
+	if (w->mine != NULL) {
+		if (now - w->mine->start >= LOG_WINDOW_S) {
+			w->mine->start = now;
+			w->mine->lines = 0;
 		}
-		if (c->log.lines >= LOG_CLIENT_LINES) {
-			if (u != NULL)
-				u->log.held++;
+		if (w->mine->lines >= LOG_CLIENT_LINES) {
+			w->uid_share->held++;
 			return false;
 		}
 	}
-	if (u != NULL && u->log.lines >= LOG_UID_LINES) {
-		u->log.held++;
+	if (w->uid_share->lines >= LOG_UID_LINES) {
+		w->uid_share->held++;
 		return false;
 	}
-	if (c != NULL)
-		c->log.lines++;
-	if (u != NULL)
-		u->log.lines++;
+	if (w->mine != NULL)
+		w->mine->lines++;
+	w->uid_share->lines++;
 	return true;
 }
 
@@ -242,57 +241,25 @@ log_other(struct logrl *rl, int level, const char *fmt, ...)
 	rl->held = 0;
 }
 
-static void
-tick_user(struct user *u, void *final)
-{
-	if (u->log.held > 0)
-		uid_roll(u, now_s(), *(bool *)final);
-}
-
-void
-log_tick(bool final)
-{
-	user_visit(tick_user, &final);
-}
-
 /* One line per refusal: who (client, uid, pid) and why, within the client's and uid's share. */
 void
-log_audit(struct conn *c, const char *fmt, ...)
+log_vrefused(const struct logwho *w, const char *fmt, va_list ap)
 {
 	char why[512];
-	va_list ap;
 
-	if (log_level < LOG_L_WARN || !log_take(c, c->user))
+	if (log_level < LOG_L_WARN || !log_take(w))
 		return;
-	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
-	log_warnx("refused client %llu (uid %u pid %d %s): %s", (unsigned long long)c->id, (unsigned)c->uid,
-	    (int)c->pid, c->name[0] ? c->name : "-", why);
+	log_warnx("refused client %llu (uid %u pid %d %s): %s", (unsigned long long)w->client, (unsigned)w->uid,
+	    (int)w->pid, w->name != NULL && w->name[0] ? w->name : "-", why);
 }
 
 void
-log_client(struct conn *c, int level, const char *fmt, ...)
+log_vwho(const struct logwho *w, int level, const char *fmt, va_list ap)
 {
-	va_list ap;
-
-	if (level > log_level || !log_take(c, c->user))
+	if (level > log_level || !log_take(w))
 		return;
-	va_start(ap, fmt);
 	vlog(level, NULL, 0, fmt, ap);
-	va_end(ap);
-}
-
-void
-log_uid(struct user *u, int level, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (level > log_level || !log_take(NULL, u))
-		return;
-	va_start(ap, fmt);
-	vlog(level, NULL, 0, fmt, ap);
-	va_end(ap);
 }
 
 void

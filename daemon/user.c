@@ -7,6 +7,7 @@
  */
 #include "config.h"
 
+#include <stdarg.h>
 #include <stdlib.h>
 
 #include "gpxd.h"
@@ -48,4 +49,26 @@ user_most_hello(void)
 		if (u->hello > 0 && (most == NULL || u->hello > most->hello))
 			most = u;
 	return most;
+}
+
+/* The uid's own line of the log: a uid alone, within its share. */
+void
+log_uid(struct user *u, int level, const char *fmt, ...)
+{
+	struct logwho w = { .uid = u->uid, .pid = 0, .operator = u->uid == 0, .uid_share = &u->log };
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vwho(&w, level, fmt, ap);
+	va_end(ap);
+}
+
+void
+user_log_tick(bool final)
+{
+	struct user *u;
+
+	TAILQ_FOREACH(u, &users, entry)
+		if (u->log.held > 0)
+			log_roll(&u->log, u->uid, final);
 }
