@@ -65,15 +65,11 @@ conn_by_id(uint64_t id)
 	return NULL;
 }
 
-bool
-conn_in_group(const struct conn *c, gid_t g)
+/* Who is at the other end, as the kernel said at accept: what export rules are decided on. */
+struct creds
+conn_creds(const struct conn *c)
 {
-	if (c->gid == g)
-		return true;
-	for (int i = 0; i < c->ngroups; i++)
-		if (c->groups[i] == g)
-			return true;
-	return false;
+	return (struct creds){ c->uid, c->gid, c->groups, c->ngroups };
 }
 
 /* The admin group's gid, looked up again after a reload or a minute, not at every accept. */
@@ -1003,7 +999,8 @@ on_import(struct conn *c, uint32_t seq, const Gpx__Import *m)
 		reply_err(c, seq, GPX__STATUS__ENOENT, "no such export");
 		return;
 	}
-	if (!export_allows(e, c)) {
+	struct creds who = conn_creds(c);
+	if (!export_allows(e, &who)) {
 		log_audit(c, "import of %s denied by its rule", e->name);
 		reply_err(c, seq, GPX__STATUS__EACCES, "the export's access rule does not admit this client");
 		return;

@@ -144,8 +144,9 @@ q_exports(Gpx__QueryReply *q, const struct conn *asker)
 	size_t n = 0;
 
 	q->exports = calloc(export_count() + 1, sizeof(*q->exports));
+	struct creds who = conn_creds(asker);
 	TAILQ_FOREACH(e, &exports, entry) {
-		if (!asker->admin && !export_allows(e, asker))
+		if (!asker->admin && !export_allows(e, &who))
 			continue;
 		Gpx__ExportInfo *i = malloc(sizeof(*i));
 		gpx__export_info__init(i);

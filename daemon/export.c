@@ -36,7 +36,7 @@ export_name_ok(const char *name)
 }
 
 bool
-export_allows(const struct export *e, const struct conn *c)
+export_allows(const struct export *e, const struct creds *c)
 {
 	if (c->uid == 0 || c->uid == e->uid)
 		return true;
@@ -44,7 +44,7 @@ export_allows(const struct export *e, const struct conn *c)
 	case GPX__EXPORT_RULE__EXPORT_ANY:
 		return true;
 	case GPX__EXPORT_RULE__EXPORT_GID:
-		return conn_in_group(c, e->gid);
+		return creds_in_group(c, e->gid);
 	default:
 		return false;
 	}

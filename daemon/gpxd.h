@@ -175,6 +175,14 @@ struct user {
 	TAILQ_ENTRY(user) entry;
 };
 struct user *user_get(uid_t);
+/* Who asks: a uid and its groups, as the kernel tells them. */
+struct creds {
+	uid_t uid;
+	gid_t gid;
+	const gid_t *groups;         /* supplementary */
+	int ngroups;
+};
+bool creds_in_group(const struct creds *, gid_t);
 /* A line about a uid alone, within its share of the log. */
 void log_uid(struct user *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* Every second: ends the uids' windows that are due (final: all), reporting what they held. */
@@ -445,7 +453,7 @@ struct conn *conn_new(int fd);
  * says why and no descriptor opened.  Takes fd either way.
  */
 struct conn *conn_accept(int fd, bool admins_only);
-bool conn_in_group(const struct conn *, gid_t);
+struct creds conn_creds(const struct conn *);
 void conn_input(struct conn *);
 void conn_kill(struct conn *, const char *why);
 void conn_reap(void);
@@ -484,7 +492,7 @@ TAILQ_HEAD(export_list, export);
 extern struct export_list exports;
 struct export *export_find(const char *name);
 bool export_name_ok(const char *name);
-bool export_allows(const struct export *, const struct conn *);
+bool export_allows(const struct export *, const struct creds *);
 void export_remove(struct export *);
 void export_remove_region(struct region *);
 uint32_t export_count(void);

@@ -72,3 +72,14 @@ user_log_tick(bool final)
 		if (u->log.held > 0)
 			log_roll(&u->log, u->uid, final);
 }
+
+bool
+creds_in_group(const struct creds *c, gid_t g)
+{
+	if (c->gid == g)
+		return true;
+	for (int i = 0; i < c->ngroups; i++)
+		if (c->groups[i] == g)
+			return true;
+	return false;
+}

@@ -200,7 +200,8 @@ test_exports(void)
 	ok(!export_name_ok("a%s"), "export_name_ok: '%%' refused");
 
 	struct export e = { .uid = 1000, .gid = 0 };
-	struct conn c = { .uid = 1000, .gid = 1000 };
+	gid_t groups[2];
+	struct creds c = { .uid = 1000, .gid = 1000, .groups = groups };
 	e.rule = GPX__EXPORT_RULE__EXPORT_UID;
 	ok(export_allows(&e, &c), "uid rule admits the owner's uid");
 	c.uid = 1001;
@@ -211,8 +212,8 @@ test_exports(void)
 	e.rule = GPX__EXPORT_RULE__EXPORT_GID;
 	e.gid = 2000;
 	ok(!export_allows(&e, &c), "gid rule refuses a client outside the group");
-	c.groups[0] = 3000;
-	c.groups[1] = 2000;
+	groups[0] = 3000;
+	groups[1] = 2000;
 	c.ngroups = 2;
 	ok(export_allows(&e, &c), "gid rule admits a supplementary member");
 	c.ngroups = 0;
