@@ -351,6 +351,9 @@ do_topo(int argc, char **argv)
 			J_ADD(x, "sms", J_U64(g->sms));
 			J_ADD(x, "nic", J_STR(g->nic));
 			J_ADD(x, "nic_why", J_STR(g->nic_why));
+			J_ADD(x, "nvml", J_BOOL(g->nvml));
+			J_ADD(x, "nvlinks", J_U64(g->nvlinks));
+			J_ADD(x, "nvswitch_links", J_U64(g->nvswitch_links));
 			json_object_array_add(d, x);
 		}
 		json_object *ns = json_object_new_array();
@@ -374,6 +377,8 @@ do_topo(int argc, char **argv)
 			J_ADD(x, "rank", J_INT(p->rank));
 			J_ADD(x, "atomics", J_BOOL(p->atomics));
 			J_ADD(x, "path", J_STR(p->path));
+			J_ADD(x, "nvlinks", J_U64(p->nvlinks));
+			J_ADD(x, "fabric", J_STR(p->fabric));
 			json_object_array_add(l, x);
 		}
 		J_ADD(o, "devices", d);
@@ -390,31 +395,47 @@ do_topo(int argc, char **argv)
 	}
 	for (size_t i = 0; i < q->n_devices; i++) {
 		Gpx__DeviceInfo *g = q->devices[i];
-		printf("GPU%u  %s  %s  pci %s  %s  %u copy engines  %u SMs\n", g->index, g->uuid, g->name,
+		printf("GPU%u  %s  %s  pci %s  %s  %u copy engines  %u SMs", g->index, g->uuid, g->name,
 		    g->pci, human(g->memory, b1, sizeof(b1)), g->copy_engines, g->sms);
+		if (!g->nvml)
+			printf("  NVLinks unknown (no NVML)\n");
+		else if (g->nvswitch_links > 0)
+			printf("  %u NVLinks, %u to NVSwitches\n", g->nvlinks, g->nvswitch_links);
+		else
+			printf("  %u NVLinks\n", g->nvlinks);
 	}
 	if (q->n_devices > 0) {
 		printf("\n%-6s", "");
 		for (size_t j = 0; j < q->n_devices; j++)
-			printf(" GPU%-8u", q->devices[j]->index);
+			printf(" GPU%-13u", q->devices[j]->index);
 		printf("\n");
 		for (size_t i = 0; i < q->n_devices; i++) {
 			printf("GPU%-3u", q->devices[i]->index);
 			for (size_t j = 0; j < q->n_devices; j++) {
 				const char *cell = i == j ? "X" : "-";
-				char buf[32];
+				char buf[48], fab[24];
 				for (size_t k = 0; k < q->n_links; k++) {
 					Gpx__PeerLink *p = q->links[k];
 					if (p->src == q->devices[i]->index && p->dst == q->devices[j]->index) {
-						snprintf(buf, sizeof(buf), "%s/r%d%s", p->path, p->rank, p->atomics ? "/a" : "");
+						fab[0] = '\0';
+						if (strcmp(p->fabric, "nvlink") == 0)
+							snprintf(fab, sizeof(fab), "NV%u/", p->nvlinks);
+						else if (strcmp(p->fabric, "nvswitch") == 0)
+							snprintf(fab, sizeof(fab), "NVS/");
+						else if (strcmp(p->fabric, "pcie") == 0)
+							snprintf(fab, sizeof(fab), "PCIe/");
+						snprintf(buf, sizeof(buf), "%s%s/r%d%s", fab, p->path, p->rank, p->atomics ? "/a" : "");
 						cell = buf;
 					}
 				}
-				printf(" %-11s", cell);
+				printf(" %-16s", cell);
 			}
 			printf("\n");
 		}
-		printf("\np2p: direct peer copies (rN: performance rank, a: native atomics); staged: through host memory\n");
+		printf("\nrow to column: what a copy crosses (NVn: n NVLinks straight to the peer, NVS: NVSwitch, PCIe)\n"
+		    "and how gpxd copies: p2p on the row GPU's copy engines (its SM kernel for pages and long\n"
+		    "lists), staged through host memory where the driver gives no peer access; rN: the\n"
+		    "driver's performance rank, a: native atomics\n");
 	}
 	if (q->n_nics > 0)
 		printf("\n");

@@ -46,9 +46,9 @@ extern const unsigned char gpx_copy_fatbin[];
 
 static void *libcuda;
 static int ndev;
-static CUdevice devs[GPX_MAX_GPUS];
-static CUcontext ctxs[GPX_MAX_GPUS];
-static CUfunction kfn[GPX_MAX_GPUS], kfn_pages[GPX_MAX_GPUS];
+static CUdevice *devs;          /* these four: ndev each, allocated when the driver is loaded */
+static CUcontext *ctxs;
+static CUfunction *kfn, *kfn_pages;
 static int driver_version;
 
 static bool
@@ -147,8 +147,15 @@ cuda_load(char *why, size_t whylen)
 		ndev = 0;
 		return -1;
 	}
-	if (ndev > GPX_MAX_GPUS)
+	if (ndev > GPX_MAX_GPUS) {
+		log_warnx("the driver shows %d GPUs; gpxd drives the first %d", ndev, GPX_MAX_GPUS);
 		ndev = GPX_MAX_GPUS;
+	}
+	if ((devs = calloc(ndev, sizeof(*devs))) == NULL || (ctxs = calloc(ndev, sizeof(*ctxs))) == NULL ||
+	    (kfn = calloc(ndev, sizeof(*kfn))) == NULL || (kfn_pages = calloc(ndev, sizeof(*kfn_pages))) == NULL) {
+		snprintf(why, whylen, "out of memory");
+		return -1;
+	}
 	for (int i = 0; i < ndev; i++) {
 		if (CU(cuDeviceGet(&devs[i], i)) < 0 || CU(cuDevicePrimaryCtxRetain(&ctxs[i], devs[i])) < 0) {
 			snprintf(why, whylen, "cannot open device %d", i);

@@ -65,7 +65,7 @@ struct gdev {
 	pthread_t thread;
 };
 
-static struct gdev gpus[GPX_MAX_GPUS];
+static struct gdev *gpus;              /* one per device, allocated at start */
 static int ngpus;                       /* workers started */
 /*
  * Fault injection for the test suite: GPXD_FAULT_INJECT=sticky makes the first copy launch a
@@ -482,6 +482,10 @@ gpu_workers_start(int n, char *why, size_t whylen)
 
 	if (fault != NULL && strcmp(fault, "sticky") == 0)
 		atomic_store(&fault_sticky, true);
+	if ((gpus = calloc(n, sizeof(*gpus))) == NULL) {
+		snprintf(why, whylen, "out of memory for %d copy workers", n);
+		return -1;
+	}
 	for (int i = 0; i < n; i++) {
 		gpus[i].index = i;
 		if (gdev_start(&gpus[i]) < 0) {
@@ -507,4 +511,6 @@ gpu_workers_stop(void)
 			cuda_stream_sync(gpus[i].stream[s]);
 	}
 	ngpus = 0;
+	free(gpus);
+	gpus = NULL;
 }

@@ -37,7 +37,7 @@ struct gmap {
 	 * of GPU d reaches a peer's IPC memory at link speed only through a mapping in d's own
 	 * context; through the owner's mapping the driver stages it at a tenth of that.
 	 */
-	uint64_t base_on[GPX_MAX_GPUS];
+	uint64_t base_on[];     /* gpu_count() of them */
 };
 
 static void
@@ -287,7 +287,7 @@ cuda_open(struct region *r, char *err, size_t errlen)
 		pthread_mutex_unlock(&gmap_lock);
 		goto out;
 	}
-	if ((m = calloc(1, sizeof(*m))) == NULL) {
+	if ((m = calloc(1, sizeof(*m) + gpu_count() * sizeof(m->base_on[0]))) == NULL) {
 		pthread_mutex_unlock(&gmap_lock);
 		snprintf(err, errlen, "out of memory");
 		e = -GPX__STATUS__ENOMEM;

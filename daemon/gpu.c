@@ -16,11 +16,13 @@
 /* A device: what the driver says of it and of its links to the others. */
 struct gpu_dev {
 	struct gpu_info info;
-	struct gpu_link link[GPX_MAX_GPUS];
+	struct gpu_nvlinks nvl;
+	bool nvml;                          /* NVML described its links */
+	struct gpu_link *link;              /* to each device, ngpus of them */
 	uint32_t access_mask;               /* devices that can reach this one's memory */
 };
 
-static struct gpu_dev devs[GPX_MAX_GPUS];
+static struct gpu_dev *devs;            /* sized at start: the devices the driver shows */
 static int ngpus;
 static char status_text[256] = "not initialised";
 
@@ -82,7 +84,22 @@ gpu_host_unpin(void *map)
 	cuda_host_unregister(map);
 }
 
+/* "18 NVLinks up, 18 to NVSwitches"; "NVLink unknown" without NVML. */
+static const char *
+nvlink_str(const struct gpu_dev *d, char *buf, size_t len)
+{
+	if (!d->nvml)
+		snprintf(buf, len, "NVLinks unknown (no NVML)");
+	else if (d->nvl.to_switch > 0)
+		snprintf(buf, len, "%d NVLinks up, %d to NVSwitches", d->nvl.up, d->nvl.to_switch);
+	else
+		snprintf(buf, len, "%d NVLinks up", d->nvl.up);
+	return buf;
+}
+
 /* ---- start and stop ---- */
+
+static void gpu_devs_free(int n);
 
 int
 gpu_init(char *why, size_t whylen)
@@ -93,43 +110,67 @@ gpu_init(char *why, size_t whylen)
 		snprintf(status_text, sizeof(status_text), "unavailable: %s", why);
 		return -1;
 	}
+	if ((devs = calloc(n, sizeof(*devs))) == NULL) {
+		snprintf(why, whylen, "out of memory");
+		goto fail;
+	}
 	for (int i = 0; i < n; i++) {
+		if ((devs[i].link = calloc(n, sizeof(*devs[i].link))) == NULL) {
+			snprintf(why, whylen, "out of memory");
+			goto fail;
+		}
 		if (cuda_device_info(i, &devs[i].info) < 0) {
 			snprintf(why, whylen, "cannot query GPU%d", i);
-			snprintf(status_text, sizeof(status_text), "unavailable: %s", why);
-			return -1;
+			goto fail;
 		}
 		devs[i].access_mask = 1u << i;
+		devs[i].nvml = nvml_nvlinks(devs[i].info.pci, &devs[i].nvl) == 0;
 	}
 	for (int a = 0; a < n; a++)
 		for (int b = 0; b < n; b++)
 			if (a != b) {
-				cuda_peer(a, b, &devs[a].link[b]);
+				struct gpu_link *l = &devs[a].link[b];
+				cuda_peer(a, b, l);
+				for (int k = 0; k < devs[a].nvl.ngpu; k++)
+					l->nvlinks += devs[a].nvl.gpu[k] == nvml_pci_key(devs[b].info.pci);
+				l->nvswitch = devs[a].nvl.to_switch > 0 && devs[b].nvl.to_switch > 0;
 				if (devs[a].link[b].access)
 					devs[b].access_mask |= 1u << a;   /* a's copies can reach b's memory */
 			}
 	ngpus = n;
-	if (gpu_workers_start(n, why, whylen) < 0) {
-		snprintf(status_text, sizeof(status_text), "unavailable: %s", why);
-		ngpus = 0;
-		return -1;
-	}
+	if (gpu_workers_start(n, why, whylen) < 0)
+		goto fail;
 	int v = cuda_driver_version();
 	snprintf(status_text, sizeof(status_text), "available: %d GPU%s, driver API %d.%d", n,
 	    n == 1 ? "" : "s", v / 1000, v % 1000 / 10);
 	for (int i = 0; i < n; i++) {
-		char u[48];
+		char u[48], nvl[96];
 		uuid_str(devs[i].info.uuid, u, sizeof(u));
-		log_info("GPU%d: %s %s pci %s, %d copy engines, %d SMs", i, devs[i].info.name, u,
-		    devs[i].info.pci, devs[i].info.copy_engines, devs[i].info.sms);
+		log_info("GPU%d: %s %s pci %s, %d copy engines, %d SMs, %s", i, devs[i].info.name, u,
+		    devs[i].info.pci, devs[i].info.copy_engines, devs[i].info.sms, nvlink_str(&devs[i], nvl, sizeof(nvl)));
 	}
 	return 0;
+fail:
+	snprintf(status_text, sizeof(status_text), "unavailable: %s", why);
+	gpu_devs_free(n);
+	return -1;
+}
+
+static void
+gpu_devs_free(int n)
+{
+	for (int i = 0; devs != NULL && i < n; i++)
+		free(devs[i].link);
+	free(devs);
+	devs = NULL;
+	ngpus = 0;
 }
 
 void
 gpu_shutdown(void)
 {
 	gpu_workers_stop();
+	gpu_devs_free(ngpus);
 }
 
 /* ---- gpxctl topo ---- */
@@ -151,6 +192,9 @@ gpu_topo(Gpx__QueryReply *q)
 		d->memory = devs[i].info.memory;
 		d->copy_engines = devs[i].info.copy_engines;
 		d->sms = devs[i].info.sms;
+		d->nvml = devs[i].nvml;
+		d->nvlinks = devs[i].nvl.up;
+		d->nvswitch_links = devs[i].nvl.to_switch;
 		q->devices[q->n_devices++] = d;
 		for (int j = 0; j < ngpus; j++) {
 			if (i == j)
@@ -163,6 +207,9 @@ gpu_topo(Gpx__QueryReply *q)
 			l->rank = devs[i].link[j].rank;
 			l->atomics = devs[i].link[j].atomics;
 			l->path = (char *)(l->access ? "p2p" : "staged");
+			l->nvlinks = devs[i].link[j].nvlinks;
+			l->fabric = (char *)(!devs[i].nvml || !devs[j].nvml ? "" : l->nvlinks > 0 ? "nvlink" :
+			    devs[i].link[j].nvswitch ? "nvswitch" : "pcie");
 			q->links[q->n_links++] = l;
 		}
 	}

@@ -24,7 +24,18 @@ struct gpu_link {
 	bool access;
 	int rank;
 	bool atomics;
+	int nvlinks;             /* NVLinks straight to the other GPU */
+	bool nvswitch;           /* both GPUs have NVLinks to NVSwitches */
 };
+
+/* nvml.c: a GPU's NVLinks that are up, by where they lead (NVML; -1 where it cannot say). */
+#define GPU_NVLINKS_MAX 32
+struct gpu_nvlinks {
+	int up, to_switch, ngpu;
+	uint32_t gpu[GPU_NVLINKS_MAX];   /* the far GPU of each other link, as nvml_pci_key */
+};
+int nvml_nvlinks(const char *pci, struct gpu_nvlinks *out);
+uint32_t nvml_pci_key(const char *pci);    /* "0000:18:00.0": domain, bus and device; 0 if not */
 
 int cuda_load(char *why, size_t whylen);
 int cuda_driver_version(void);

@@ -267,6 +267,8 @@ void region_unuse(struct region *);
 void region_revoke(struct region *);
 
 /* ---- engine.c: scheduling state kept in each client's completion queue ---- */
+/* The most GPUs one gpxd drives: it bounds the path ids below and the 32-bit access masks; the
+ * device tables themselves are sized at start by what the driver shows. */
 #define GPX_MAX_GPUS 16
 /* A path is where a copy executes: host memcpy workers, or the copy worker of one GPU. */
 enum path_kind { PATH_HOST = 0, PATH_GPU0 = 1, PATH_FABRIC = PATH_GPU0 + GPX_MAX_GPUS, NPATHS };

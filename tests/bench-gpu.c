@@ -30,9 +30,10 @@
 
 #include "proto/gpx.pb-c.h"
 #include "tests/bench.h"
+#include "tests/bench-gpu.h"
 
-static CUcontext ctx[8];
-static CUstream stream[8];
+static CUcontext ctx[BENCH_GPUS];
+static CUstream stream[BENCH_GPUS];
 static int ndev = -1;
 
 #define CK(x) cuda_ok((x), #x)
@@ -49,16 +50,16 @@ cuda_ok(CUresult r, const char *what)
 	return false;
 }
 
-static int
-cuda_setup(struct bench_ctx *b, const char *mode, int need)
+int
+bench_gpu_open(void)
 {
 	if (ndev < 0) {
 		CUdevice d;
 		ndev = 0;
 		if (cuInit(0) != CUDA_SUCCESS || cuDeviceGetCount(&ndev) != CUDA_SUCCESS)
 			ndev = 0;
-		if (ndev > 8)
-			ndev = 8;
+		if (ndev > BENCH_GPUS)
+			ndev = BENCH_GPUS;
 		for (int i = 0; i < ndev; i++)
 			if (!CK(cuDeviceGet(&d, i)) || !CK(cuDevicePrimaryCtxRetain(&ctx[i], d)) ||
 			    !CK(cuCtxSetCurrent(ctx[i])) || !CK(cuStreamCreate(&stream[i], CU_STREAM_NON_BLOCKING)))
@@ -70,7 +71,26 @@ cuda_setup(struct bench_ctx *b, const char *mode, int need)
 					cuCtxEnablePeerAccess(ctx[j], 0);
 				}
 	}
-	if (ndev < need) {
+	return ndev;
+}
+
+CUcontext
+bench_gpu_ctx(int dev)
+{
+	return ctx[dev];
+}
+
+void
+bench_gpu_adopt(int dev, CUcontext c, int n)
+{
+	ctx[dev] = c;
+	ndev = n;
+}
+
+static int
+cuda_setup(struct bench_ctx *b, const char *mode, int need)
+{
+	if (bench_gpu_open() < need) {
 		char why[96];
 		snprintf(why, sizeof(why), "needs %d GPU%s, this machine has %d", need, need > 1 ? "s" : "", ndev);
 		bench_skip(b, mode, why);
@@ -79,16 +99,7 @@ cuda_setup(struct bench_ctx *b, const char *mode, int need)
 	return 0;
 }
 
-/* A VMM allocation on dev, readable and writable from every device, registered with gpxd. */
-struct gbuf {
-	int dev;
-	CUdeviceptr d;
-	size_t len;
-	CUmemGenericAllocationHandle h;
-	gpx_region region;
-};
-
-static int
+int
 gbuf_alloc(int dev, size_t len, struct gbuf *g)
 {
 	const char *kind = getenv("GPX_BENCH_GPU_MEM");
@@ -106,12 +117,13 @@ gbuf_alloc(int dev, size_t len, struct gbuf *g)
 		.location = { CU_MEM_LOCATION_TYPE_DEVICE, dev },
 		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
 	};
-	CUmemAccessDesc acc[8];
+	CUmemAccessDesc acc[BENCH_GPUS];
 	size_t gran;
 
 	memset(g, 0, sizeof(*g));
 	g->dev = dev;
-	cuCtxSetCurrent(ctx[dev]);
+	if (ctx[dev] != NULL)
+		cuCtxSetCurrent(ctx[dev]);
 	if (!CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)))
 		return -1;
 	g->len = (len + gran - 1) / gran * gran;
@@ -122,6 +134,18 @@ gbuf_alloc(int dev, size_t len, struct gbuf *g)
 	    !CK(cuMemsetD8(g->d, 0x5a, g->len)))
 		return -1;
 	return 0;
+}
+
+void
+gbuf_release(struct gbuf *g)
+{
+	if (g->h == 0) {
+		cuMemFree(g->d);
+		return;
+	}
+	cuMemUnmap(g->d, g->len);
+	cuMemAddressFree(g->d, g->len);
+	cuMemRelease(g->h);
 }
 
 static int
@@ -140,13 +164,7 @@ static void
 gbuf_free(struct bench_ctx *b, struct gbuf *g)
 {
 	gpx_deregister(b->conn, g->region);
-	if (g->h == 0) {
-		cuMemFree(g->d);
-		return;
-	}
-	cuMemUnmap(g->d, g->len);
-	cuMemAddressFree(g->d, g->len);
-	cuMemRelease(g->h);
+	gbuf_release(g);
 }
 
 /* ---- one copy, direct and brokered ---- */
@@ -702,7 +720,7 @@ mode_import(struct bench_ctx *b)
 	for (int i = 0; i < 2; i++) {
 		int fd = -1;
 		CUmemGenericAllocationHandle h;
-		CUmemAccessDesc acc[8];
+		CUmemAccessDesc acc[BENCH_GPUS];
 		for (int k = 0; k < ndev; k++)
 			acc[k] = (CUmemAccessDesc){ { CU_MEM_LOCATION_TYPE_DEVICE, k }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
 		if (!CK(cuMemExportToShareableHandle(&fd, g[i]->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) ||
