@@ -38,26 +38,6 @@ opt_attr(PyObject *o, PyObject *name, PyObject **out)
 	return 0;
 }
 
-/* A Python int (or anything with __index__) as a non-negative 64-bit value. */
-static int
-as_u64(PyObject *o, const char *what, uint64_t *out)
-{
-	PyObject *i = PyNumber_Index(o);
-
-	if (i == NULL)
-		return -1;
-	*out = PyLong_AsUnsignedLongLong(i);
-	Py_DECREF(i);
-	if (*out == (uint64_t)-1 && PyErr_Occurred()) {
-		if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-			PyErr_Clear();
-			PyErr_Format(PyExc_ValueError, "%s must be an integer in [0, 2**64)", what);
-		}
-		return -1;
-	}
-	return 0;
-}
-
 /* The result of o.name() as a truth value: 1, 0 or -1. */
 static int
 call_bool(PyObject *o, PyObject *name)
@@ -81,7 +61,7 @@ call_u64(PyObject *o, PyObject *name, const char *what, uint64_t *out)
 
 	if (r == NULL)
 		return -1;
-	e = as_u64(r, what, out);
+	e = gpxpy_u64(r, what, out);
 	Py_DECREF(r);
 	return e;
 }
@@ -144,7 +124,7 @@ mem_host_alloc(PyObject *module, PyObject *arg)
 	void *p;
 	int fd, r;
 
-	if (as_u64(arg, "nbytes", &n) < 0)
+	if (gpxpy_u64(arg, "nbytes", &n) < 0)
 		return NULL;
 	if (n == 0 || n > (uint64_t)PY_SSIZE_T_MAX) {
 		PyErr_SetString(PyExc_ValueError, "host_alloc: nbytes must be at least 1");
@@ -392,7 +372,7 @@ tensor_memory(struct modstate *st, PyObject *t, const char *what, uint64_t *ptr,
 	if ((r = opt_attr(t, st->s_nbytes, &nb)) < 0)
 		return -1;
 	if (r > 0) {
-		r = as_u64(nb, "nbytes", nbytes);
+		r = gpxpy_u64(nb, "nbytes", nbytes);
 		Py_DECREF(nb);
 		return r;
 	}
@@ -483,7 +463,7 @@ describe_cai(PyObject *obj, PyObject *cai, bool read_only, struct mem_desc *d)
 		PyErr_SetString(PyExc_ValueError, "cannot register a masked CUDA array");
 		return -1;
 	}
-	if (as_u64(PyTuple_GetItem(data, 0), "__cuda_array_interface__ data pointer", &ptr) < 0 ||
+	if (gpxpy_u64(PyTuple_GetItem(data, 0), "__cuda_array_interface__ data pointer", &ptr) < 0 ||
 	    (ro = PyObject_IsTrue(PyTuple_GetItem(data, 1))) < 0)
 		return -1;
 	if ((itemsize = typestr_size(typestr)) == 0) {
@@ -808,7 +788,7 @@ seg_from_seq(PyObject *item, size_t i, struct gpx_seg *s)
 		int e;
 		if (x == NULL)
 			return -1;
-		e = as_u64(x, "a segment's offsets and length", &v[k]);
+		e = gpxpy_u64(x, "a segment's offsets and length", &v[k]);
 		Py_DECREF(x);
 		if (e < 0)
 			return -1;
@@ -925,7 +905,7 @@ mem_pages(struct modstate *st, PyObject *obj, const char *what, struct pagelist 
 	for (Py_ssize_t i = 0; i < n; i++) {
 		PyObject *x = PySequence_GetItem(obj, i);
 		uint64_t v;
-		int e = x ? as_u64(x, "a page number", &v) : -1;
+		int e = x ? gpxpy_u64(x, "a page number", &v) : -1;
 		Py_XDECREF(x);
 		if (e < 0)
 			goto fail;
