@@ -6,7 +6,9 @@
  *   region.c       gpx.Region: register, import_, export, unexport, deregister
  *   transfer.c     gpx.Transfer: copy, copyv, copy_pages, the batches, wait, done, cancel
  *   route.c        completions: reading, routing, waiting; Conn.poll and Conn.wait
- *   mem.c          gpx.HostBuffer, and the memory of tensors, arrays and lists
+ *   mem.c          the memory of tensors, arrays and buffers, for register()
+ *   mem-host.c     gpx.HostBuffer: host memory gpxd can map, with the buffer protocol
+ *   mem-lists.c    segment and page lists, read in place or converted from sequences
  *   torch-alloc.c  the VMM allocator PyTorch may allocate exportable memory from
  *
  * Built against the stable ABI of Python 3.11 (Py_LIMITED_API is set by the build), so the
@@ -279,10 +281,19 @@ void route_backlog_take(Conn *s, Transfer *t);
 void route_backlog_clear(Conn *s);
 
 /* mem.c */
-extern PyType_Spec mem_hostbuf_spec;
-PyObject *mem_host_alloc(PyObject *module, PyObject *arg);
 int mem_describe(struct modstate *st, PyObject *obj, bool read_only, struct mem_desc *d);
 void mem_release(struct mem_desc *d);
+/* A CPU tensor of integers of `size` bytes, read through its data pointer: 1, 0 (not a tensor), -1. */
+int mem_int_tensor(struct modstate *st, PyObject *o, const char *what, size_t size, const void **p,
+    size_t *items, bool *is_signed);
+
+/* mem-host.c */
+extern PyType_Spec mem_hostbuf_spec;
+PyObject *mem_host_alloc(PyObject *module, PyObject *arg);
+/* The live HostBuffer that holds [p, p+len), and where in it; NULL if none does. */
+HostBuffer *mem_host_find(const void *p, uint64_t len, uint64_t *off);
+
+/* mem-lists.c */
 int mem_segments(struct modstate *st, PyObject *obj, struct seglist *l);
 void mem_segments_release(struct seglist *l);
 int mem_pages(struct modstate *st, PyObject *obj, const char *what, struct pagelist *l);
