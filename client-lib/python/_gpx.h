@@ -1,15 +1,16 @@
 /*
  * The Python module gpx._gpx: what its C files share.
  *
- *   _gpx.c         the module: state, exceptions, argument helpers, fork detection
- *   conn.c         gpx.Conn: connecting, locking, closing
- *   region.c       gpx.Region: register, import_, export, unexport, deregister
- *   transfer.c     gpx.Transfer: copy, copyv, copy_pages, the batches, wait, done, cancel
- *   route.c        completions: reading, routing, waiting; Conn.poll and Conn.wait
- *   mem.c          the memory of tensors, arrays and buffers, for register()
- *   mem-host.c     gpx.HostBuffer: host memory gpxd can map, with the buffer protocol
- *   mem-lists.c    segment and page lists, read in place or converted from sequences
- *   torch-alloc.c  the VMM allocator PyTorch may allocate exportable memory from
+ *   _gpx.c             the module: state, exceptions, argument helpers, fork detection
+ *   conn.c             gpx.Conn: connecting, locking, closing
+ *   region.c           gpx.Region: register, import_, export, unexport, deregister
+ *   transfer.c         gpx.Transfer: wait, done, await, cancel, the map of pending tags
+ *   transfer-submit.c  copy, copyv, copy_pages and the batches; the benchmark's C loops
+ *   route.c            completions: reading, routing, waiting; Conn.poll and Conn.wait
+ *   mem.c              the memory of tensors, arrays and buffers, for register()
+ *   mem-host.c         gpx.HostBuffer: host memory gpxd can map, with the buffer protocol
+ *   mem-lists.c        segment and page lists, read in place or converted from sequences
+ *   torch-alloc.c      the VMM allocator PyTorch may allocate exportable memory from
  *
  * Built against the stable ABI of Python 3.11 (Py_LIMITED_API is set by the build), so the
  * one module loads in every CPython from 3.11 on.
@@ -254,17 +255,23 @@ void region_drop_keeps(Conn *s);
 
 /* transfer.c */
 extern PyType_Spec transfer_spec;
+/* A new Transfer, entered under its tag (tag_arg: the caller's, or NULL/None for an automatic one). */
+Transfer *transfer_start(Conn *s, PyObject *tag_arg);
+/* A submission failed: the Transfer goes, and the error is raised (returns NULL). */
+PyObject *transfer_abort(Transfer *t, const struct callres *cr);
+struct tagslot *transfer_map_find(struct tagmap *m, uint64_t tag);
+int transfer_map_put(struct tagmap *m, uint64_t tag, Transfer *t);
+void transfer_map_del(struct tagmap *m, struct tagslot *slot);
+void transfer_resolve(Transfer *t, int status, uint64_t bytes, PyObject *reason);
+void transfer_wake(Transfer *t);
+
+/* transfer-submit.c */
 PyObject *transfer_copy(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copyv(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_pages(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_c_bench(PyObject *op, PyObject *args);
-struct tagslot *transfer_map_find(struct tagmap *m, uint64_t tag);
-int transfer_map_put(struct tagmap *m, uint64_t tag, Transfer *t);
-void transfer_map_del(struct tagmap *m, struct tagslot *slot);
-void transfer_resolve(Transfer *t, int status, uint64_t bytes, PyObject *reason);
-void transfer_wake(Transfer *t);
 
 /* route.c */
 PyObject *route_poll(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
