@@ -156,6 +156,21 @@ client_ring_ready(const gpx_conn *c)
 	return c->ring != NULL && __atomic_load_n(&c->ring->head, __ATOMIC_ACQUIRE) != c->tail;
 }
 
+/*
+ * Between two looks of a wait at the ring and the socket: looks at the ring until something
+ * is there or the spin is over, else sleeps once in epoll.  0, or the sleep's error.
+ */
+static int
+wait_more(gpx_conn *c, double *spin, int timeout_ms)
+{
+	if (wait_spin(spin, timeout_ms)) {
+		while (!client_ring_ready(c) && wait_spin(spin, timeout_ms))
+			cpu_relax();
+		return 0;
+	}
+	return sleep_once(c, timeout_ms);
+}
+
 API int
 gpx_wait(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms)
 {
@@ -173,12 +188,7 @@ gpx_wait(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms)
 			if ((n = gpx_poll(c, out, max)) != 0)
 				return n;
 		}
-		if (wait_spin(&spin, timeout_ms)) {
-			while (!client_ring_ready(c) && wait_spin(&spin, timeout_ms))
-				cpu_relax();
-			continue;
-		}
-		int r = sleep_once(c, timeout_ms);
+		int r = wait_more(c, &spin, timeout_ms);
 		if (r < 0)
 			return r;
 	}
@@ -218,12 +228,7 @@ gpx_wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_
 			return -GPX_ECONN;
 		if (k == 64)
 			continue;
-		if (wait_spin(&spin, timeout_ms)) {
-			while (!client_ring_ready(c) && wait_spin(&spin, timeout_ms))
-				cpu_relax();
-			continue;
-		}
-		int r = sleep_once(c, timeout_ms);
+		int r = wait_more(c, &spin, timeout_ms);
 		if (r < 0)
 			return r;
 	}
