@@ -21,6 +21,7 @@
 #include "tests/integ.h"
 #include "tests/tclient.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 /* ---- descriptors that are not what the message says ---- */
 
@@ -95,30 +96,6 @@ query_msg(uint32_t seq, Gpx__Query *q)
 	return m;
 }
 
-/* Sends raw bytes with any number of fds (wire_send refuses both what is too big and too many). */
-static ssize_t
-send_raw(int sock, const void *buf, size_t len, const int *fds, int nfds)
-{
-	size_t clen = CMSG_SPACE(nfds * sizeof(int));
-	char *cbuf = calloc(1, clen ? clen : 1);
-	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-	ssize_t n;
-
-	if (nfds > 0) {
-		mh.msg_control = cbuf;
-		mh.msg_controllen = clen;
-		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-		memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
-	}
-	n = sendmsg(sock, &mh, MSG_NOSIGNAL);
-	free(cbuf);
-	return n;
-}
-
 static size_t
 pack_query(uint8_t *buf, uint32_t seq)
 {
@@ -153,7 +130,7 @@ query_status(int s, uint32_t seq, const int *fds, int nfds)
 	uint8_t buf[256];
 	size_t n = pack_query(buf, seq);
 
-	if (send_raw(s, buf, n, fds, nfds) != (ssize_t)n)
+	if (send_fds(s, buf, n, fds, nfds) != (ssize_t)n)
 		return -1;
 	Gpx__DaemonMsg *m = harness_recv(s, WAIT_MS, NULL, NULL, NULL);
 	int st = m != NULL ? (int)m->reply->status : -1;
@@ -218,7 +195,7 @@ test_protocol(void)
 	    "a Query with an fd before Hello: EPROTO, closed");
 	close(s);
 	s = harness_connect(&H);
-	ok(send_raw(s, "\x0a\xff\xff", 3, NULL, 0) == 3 && harness_wait_eof(s, WAIT_MS),
+	ok(send_fds(s, "\x0a\xff\xff", 3, NULL, 0) == 3 && harness_wait_eof(s, WAIT_MS),
 	    "undecodable bytes before Hello: closed");
 	close(s);
 	s = harness_connect(&H);
@@ -232,7 +209,7 @@ test_protocol(void)
 		m3.body_case = GPX__CLIENT_MSG__BODY_HELLO;
 		m3.hello = &h3;
 		size_t hl = gpx__client_msg__pack(&m3, hb);
-		ok(send_raw(s, hb, hl, three, 3) == (ssize_t)hl && harness_wait_eof(s, WAIT_MS),
+		ok(send_fds(s, hb, hl, three, 3) == (ssize_t)hl && harness_wait_eof(s, WAIT_MS),
 		    "a Hello carrying three fds (it takes one): closed");
 	}
 	close(s);
@@ -248,7 +225,7 @@ test_protocol(void)
 		big[n + 2] = 0x80 | ((pad >> 7) & 0x7f);
 		big[n + 3] = (uint8_t)(pad >> 14);
 		memset(big + n + 4, 'x', pad);
-		ssize_t sent = send_raw(s, big, want, NULL, 0);
+		ssize_t sent = send_fds(s, big, want, NULL, 0);
 		if (!over) {
 			m = harness_recv(s, WAIT_MS, NULL, NULL, NULL);
 			ok(sent == (ssize_t)want && m != NULL && m->reply->status == 0 && m->reply->seq == 7,
@@ -265,18 +242,18 @@ test_protocol(void)
 	int sndbuf = 1 << 20;
 	setsockopt(s, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
 	memset(big, 0, 3 * GPX_MSG_MAX);
-	ok(send_raw(s, big, 3 * GPX_MSG_MAX, NULL, 0) == 3 * GPX_MSG_MAX && harness_wait_eof(s, WAIT_MS),
+	ok(send_fds(s, big, 3 * GPX_MSG_MAX, NULL, 0) == 3 * GPX_MSG_MAX && harness_wait_eof(s, WAIT_MS),
 	    "a datagram of 3 x GPX_MSG_MAX closes the connection");
 	close(s);
 	s = raw_ready();
-	ok(send_raw(s, "\x12\x01", 2, NULL, 0) == 2 && harness_wait_eof(s, WAIT_MS), "undecodable bytes after Hello: closed");
+	ok(send_fds(s, "\x12\x01", 2, NULL, 0) == 2 && harness_wait_eof(s, WAIT_MS), "undecodable bytes after Hello: closed");
 	close(s);
 	s = raw_ready();
 	uint8_t noBody[8];
 	Gpx__ClientMsg nb = GPX__CLIENT_MSG__INIT;
 	nb.seq = 3;
 	size_t nbl = gpx__client_msg__pack(&nb, noBody);
-	ok(send_raw(s, noBody, nbl, NULL, 0) == (ssize_t)nbl && harness_wait_eof(s, WAIT_MS),
+	ok(send_fds(s, noBody, nbl, NULL, 0) == (ssize_t)nbl && harness_wait_eof(s, WAIT_MS),
 	    "a message without a body (unknown type): closed");
 	close(s);
 
@@ -298,7 +275,7 @@ test_protocol(void)
 	int answered = 0, sent = 0;
 	for (int burst = 0; burst < 200; burst++) {
 		for (int i = 0; i < 50; i++)
-			sent += send_raw(s, qb, ql, many, 2 + (i % 3)) == (ssize_t)ql;
+			sent += send_fds(s, qb, ql, many, 2 + (i % 3)) == (ssize_t)ql;
 		for (int i = 0; i < 50; i++) {
 			m = harness_recv(s, WAIT_MS, NULL, NULL, NULL);
 			if (m == NULL)

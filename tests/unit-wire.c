@@ -39,26 +39,6 @@ same_file(int a, int b)
 	return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_ino == sb.st_ino && sa.st_dev == sb.st_dev;
 }
 
-static ssize_t
-send_fds(int sock, const void *buf, size_t len, const int *fds, int nfds)
-{
-	char cbuf[CMSG_SPACE(128 * sizeof(int))];
-	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-
-	memset(cbuf, 0, sizeof(cbuf));
-	if (nfds > 0) {
-		mh.msg_control = cbuf;
-		mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-		memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
-	}
-	return sendmsg(sock, &mh, MSG_NOSIGNAL);
-}
-
 void
 test_wire(void)
 {
