@@ -17,9 +17,6 @@
  */
 #include "config.h"
 
-#include <signal.h>
-#include <stdio.h>
-
 #include "tests/harness.h"
 #include "tests/integ.h"
 #include "tests/tclient.h"
@@ -36,10 +33,7 @@ daemon_fds_settle(int want)
 int
 main(void)
 {
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	signal(SIGPIPE, SIG_IGN);
-	if (harness_start(&H, NULL) < 0)
-		tap_bail("cannot start gpxd");
+	start_gpxd();
 	diag("gpxd pid %d on %s, %d descriptors at baseline", (int)H.pid, H.sock, H.baseline);
 
 	test_concurrent();
@@ -61,8 +55,5 @@ main(void)
 
 	ok(daemon_fds_settle(H.baseline) == H.baseline, "at the end gpxd holds exactly its baseline descriptors");
 	test_stop_restart();
-	if (tap_failed)
-		harness_dump_log(&H);
-	harness_cleanup(&H);
-	return tap_done();
+	return finish();
 }
