@@ -1,5 +1,6 @@
 /*
- * Internal interface between the parts of libgpxclient (not installed).
+ * The internal interface of libgpxclient (not installed) that client-lib/cuda.c and the Python
+ * module use.  The library's own files share more through client-private.h.
  */
 #ifndef GPX_CLIENT_H
 #define GPX_CLIENT_H

@@ -6,7 +6,6 @@
  */
 #include "config.h"
 
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -456,10 +455,7 @@ test_wire(void)
 int
 main(void)
 {
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	signal(SIGPIPE, SIG_IGN);
-	if (harness_start(&H, NULL) < 0)
-		tap_bail("cannot start gpxd");
+	start_gpxd();
 	test_segments();
 	test_pages();
 	test_exports();
@@ -467,8 +463,5 @@ main(void)
 	test_wire();
 	ok(harness_wait_fds(&H, H.baseline, WAIT_MS) == H.baseline, "gpxd is back to its baseline descriptors");
 	ok(harness_stop(&H) == 0, "gpxd stops cleanly");
-	if (tap_failed)
-		harness_dump_log(&H);
-	harness_cleanup(&H);
-	return tap_done();
+	return finish();
 }

@@ -2,7 +2,8 @@
  * A tiny TAP producer for the gpx tests: one `ok N - description` (or `not ok`) line per check,
  * comments as `# ...`, skips as `ok N # SKIP why`, and the plan `1..N` printed at the end.
  * Automake's tap-driver.sh counts these lines.  Checks may come from several threads; the
- * numbering stays consistent.  Header-only: every test program includes it once.
+ * numbering stays consistent.  Header-only; a program of several files includes it in each,
+ * and they count on one set of counters.
  */
 #ifndef GPX_TAP_H
 #define GPX_TAP_H
@@ -12,9 +13,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static pthread_mutex_t tap_lock = PTHREAD_MUTEX_INITIALIZER;
-static int tap_count;
-static int tap_failed;
+/*
+ * The counters and their lock, one set per program however many of its files include this
+ * header: weak definitions, which the linker merges into one, so that a program's checks in
+ * several files number on (tests/integ.c and its parts).
+ */
+__attribute__((weak)) pthread_mutex_t tap_lock = PTHREAD_MUTEX_INITIALIZER;
+__attribute__((weak)) int tap_count;
+__attribute__((weak)) int tap_failed;
 
 static inline void tap_vline(int pass, const char *file, int line, const char *fmt, va_list ap)
     __attribute__((format(printf, 4, 0)));

@@ -3,7 +3,9 @@
  */
 #include "config.h"
 
+#include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "tests/tap.h"
@@ -112,4 +114,22 @@ drain(gpx_conn *c, struct gpx_completion *out, int max, int ms)
 		n += k;
 	}
 	return n;
+}
+
+void
+start_gpxd(void)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	signal(SIGPIPE, SIG_IGN);
+	if (harness_start(&H, NULL) < 0)
+		tap_bail("cannot start gpxd");
+}
+
+int
+finish(void)
+{
+	if (tap_failed)
+		harness_dump_log(&H);
+	harness_cleanup(&H);
+	return tap_done();
 }

@@ -1,7 +1,7 @@
 /*
  * What the test programs that drive a real gpxd through libgpxclient share: a random
- * generator and fills from it, host buffers gpxd accepts, a connected client, and waits for
- * a transfer's completion.  Each program defines H, the daemon it started (tests/harness.h).
+ * generator and fills from it, host buffers gpxd accepts, a connected client, waits for a
+ * transfer's completion, and the start and end of such a program.  Each program defines H, the daemon it started (tests/harness.h).
  */
 #ifndef GPX_TESTS_TCLIENT_H
 #define GPX_TESTS_TCLIENT_H
@@ -38,5 +38,10 @@ gpx_conn *client(const char *name);
 int wait_tag(gpx_conn *c, uint64_t tag, uint64_t *bytes);
 /* Collects every completion already delivered or arriving within ms. */
 int drain(gpx_conn *c, struct gpx_completion *out, int max, int ms);
+
+/* Starts H with the tests' configuration, stdout line-buffered, SIGPIPE ignored; bails out if it cannot. */
+void start_gpxd(void);
+/* The end of a program: gpxd's log after a failure, its directory removed, the plan; the exit status. */
+int finish(void);
 
 #endif

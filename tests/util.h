@@ -1,7 +1,8 @@
 /*
  * Small tools the test programs share: a monotonic clock in seconds, a checksum of a buffer
  * (FNV-1a), a xorshift generator and a deterministic fill of a buffer from a seed with it,
- * and a count of a process's open descriptors.  Header-only.
+ * a count of a process's open descriptors, and a datagram sent with descriptors that
+ * proto/wire.c would refuse to send.  Header-only.
  */
 #ifndef GPX_TESTS_UTIL_H
 #define GPX_TESTS_UTIL_H
@@ -9,8 +10,10 @@
 #include <dirent.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/socket.h>
 
 static inline double
 now(void)
@@ -66,6 +69,33 @@ fds_in(const char *dir)
 		if (e->d_name[0] != '.')
 			n++;
 	closedir(d);
+	return n;
+}
+
+/*
+ * Sends buf as one datagram with nfds descriptors, whatever the length and the count (the
+ * tests' wrong input); what sendmsg returns.
+ */
+static inline ssize_t
+send_fds(int sock, const void *buf, size_t len, const int *fds, int nfds)
+{
+	size_t clen = CMSG_SPACE(nfds * sizeof(int));
+	char *cbuf = calloc(1, clen ? clen : 1);
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	ssize_t n;
+
+	if (nfds > 0) {
+		mh.msg_control = cbuf;
+		mh.msg_controllen = clen;
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, nfds * sizeof(int));
+	}
+	n = sendmsg(sock, &mh, MSG_NOSIGNAL);
+	free(cbuf);
 	return n;
 }
 

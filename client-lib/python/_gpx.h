@@ -1,13 +1,16 @@
 /*
  * The Python module gpx._gpx: what its C files share.
  *
- *   _gpx.c         the module: state, exceptions, argument helpers, fork detection
- *   conn.c         gpx.Conn: connecting, locking, closing
- *   region.c       gpx.Region: register, import_, export, unexport, deregister
- *   transfer.c     gpx.Transfer: copy, copyv, copy_pages, the batches, wait, done, cancel
- *   route.c        completions: reading, routing, waiting; Conn.poll and Conn.wait
- *   mem.c          gpx.HostBuffer, and the memory of tensors, arrays and lists
- *   torch-alloc.c  the VMM allocator PyTorch may allocate exportable memory from
+ *   _gpx.c             the module: state, exceptions, argument helpers, fork detection
+ *   conn.c             gpx.Conn: connecting, locking, closing
+ *   region.c           gpx.Region: register, import_, export, unexport, deregister
+ *   transfer.c         gpx.Transfer: wait, done, await, cancel, the map of pending tags
+ *   transfer-submit.c  copy, copyv, copy_pages and the batches; the benchmark's C loops
+ *   route.c            completions: reading, routing, waiting; Conn.poll and Conn.wait
+ *   mem.c              the memory of tensors, arrays and buffers, for register()
+ *   mem-host.c         gpx.HostBuffer: host memory gpxd can map, with the buffer protocol
+ *   mem-lists.c        segment and page lists, read in place or converted from sequences
+ *   torch-alloc.c      the VMM allocator PyTorch may allocate exportable memory from
  *
  * Built against the stable ABI of Python 3.11 (Py_LIMITED_API is set by the build), so the
  * one module loads in every CPython from 3.11 on.
@@ -252,17 +255,23 @@ void region_drop_keeps(Conn *s);
 
 /* transfer.c */
 extern PyType_Spec transfer_spec;
+/* A new Transfer, entered under its tag (tag_arg: the caller's, or NULL/None for an automatic one). */
+Transfer *transfer_start(Conn *s, PyObject *tag_arg);
+/* A submission failed: the Transfer goes, and the error is raised (returns NULL). */
+PyObject *transfer_abort(Transfer *t, const struct callres *cr);
+struct tagslot *transfer_map_find(struct tagmap *m, uint64_t tag);
+int transfer_map_put(struct tagmap *m, uint64_t tag, Transfer *t);
+void transfer_map_del(struct tagmap *m, struct tagslot *slot);
+void transfer_resolve(Transfer *t, int status, uint64_t bytes, PyObject *reason);
+void transfer_wake(Transfer *t);
+
+/* transfer-submit.c */
 PyObject *transfer_copy(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copyv(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_pages(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_c_bench(PyObject *op, PyObject *args);
-struct tagslot *transfer_map_find(struct tagmap *m, uint64_t tag);
-int transfer_map_put(struct tagmap *m, uint64_t tag, Transfer *t);
-void transfer_map_del(struct tagmap *m, struct tagslot *slot);
-void transfer_resolve(Transfer *t, int status, uint64_t bytes, PyObject *reason);
-void transfer_wake(Transfer *t);
 
 /* route.c */
 PyObject *route_poll(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
@@ -279,10 +288,19 @@ void route_backlog_take(Conn *s, Transfer *t);
 void route_backlog_clear(Conn *s);
 
 /* mem.c */
-extern PyType_Spec mem_hostbuf_spec;
-PyObject *mem_host_alloc(PyObject *module, PyObject *arg);
 int mem_describe(struct modstate *st, PyObject *obj, bool read_only, struct mem_desc *d);
 void mem_release(struct mem_desc *d);
+/* A CPU tensor of integers of `size` bytes, read through its data pointer: 1, 0 (not a tensor), -1. */
+int mem_int_tensor(struct modstate *st, PyObject *o, const char *what, size_t size, const void **p,
+    size_t *items, bool *is_signed);
+
+/* mem-host.c */
+extern PyType_Spec mem_hostbuf_spec;
+PyObject *mem_host_alloc(PyObject *module, PyObject *arg);
+/* The live HostBuffer that holds [p, p+len), and where in it; NULL if none does. */
+HostBuffer *mem_host_find(const void *p, uint64_t len, uint64_t *off);
+
+/* mem-lists.c */
 int mem_segments(struct modstate *st, PyObject *obj, struct seglist *l);
 void mem_segments_release(struct seglist *l);
 int mem_pages(struct modstate *st, PyObject *obj, const char *what, struct pagelist *l);

@@ -1,27 +1,18 @@
 /*
- * gpx._gpx, memory: what Python code hands in, turned into what libgpxclient takes.
- *
- * - gpx.HostBuffer, the host memory gpxd can map: a memfd made by gpx_host_alloc, with the
- *   buffer protocol, so that numpy.frombuffer / torch.frombuffer / memoryview view it in place.
- *   The live ones are kept in a list so that any view of one (a numpy array, a CPU tensor) is
- *   found by its address and registered as that slice of it.
- * - mem_describe: the memory of an object for Conn.register(): a torch tensor (data_ptr(),
- *   device, is_contiguous()), anything with __cuda_array_interface__, a buffer-protocol
- *   object, or a DLPack producer (__dlpack__).  CUDA memory goes to gpx_register_cuda as a
- *   pointer; host memory must lie in a HostBuffer (gpxd maps memfds, never a process's heap).
- *   Nothing here imports torch, numpy or cupy: they are asked through their attributes.
- * - mem_segments, mem_pages: segment lists ((n, 3) 64-bit integers) and page lists (4-byte
- *   integers) read in place through the buffer protocol (or a CPU tensor's data pointer), or
- *   converted from Python sequences.
+ * gpx._gpx, memory: what Python code hands to Conn.register(), turned into what libgpxclient
+ * takes.  mem_describe finds the memory of an object: a torch tensor (data_ptr(), device,
+ * is_contiguous()), anything with __cuda_array_interface__, a buffer-protocol object, or a
+ * DLPack producer (__dlpack__).  CUDA memory goes to gpx_register_cuda as a pointer; host
+ * memory must lie in a HostBuffer (mem-host.c; gpxd maps memfds, never a process's heap).
+ * Nothing here imports torch, numpy or cupy: they are asked through their attributes.  Also
+ * a CPU tensor of integers read in place, for the lists of mem-lists.c.
  */
 #include "config.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "client-lib/python/_gpx.h"
-#include <structmember.h>
 
 /* ---- small helpers ---- */
 
@@ -35,26 +26,6 @@ opt_attr(PyObject *o, PyObject *name, PyObject **out)
 	if (!PyErr_ExceptionMatches(PyExc_AttributeError))
 		return -1;
 	PyErr_Clear();
-	return 0;
-}
-
-/* A Python int (or anything with __index__) as a non-negative 64-bit value. */
-static int
-as_u64(PyObject *o, const char *what, uint64_t *out)
-{
-	PyObject *i = PyNumber_Index(o);
-
-	if (i == NULL)
-		return -1;
-	*out = PyLong_AsUnsignedLongLong(i);
-	Py_DECREF(i);
-	if (*out == (uint64_t)-1 && PyErr_Occurred()) {
-		if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-			PyErr_Clear();
-			PyErr_Format(PyExc_ValueError, "%s must be an integer in [0, 2**64)", what);
-		}
-		return -1;
-	}
 	return 0;
 }
 
@@ -81,7 +52,7 @@ call_u64(PyObject *o, PyObject *name, const char *what, uint64_t *out)
 
 	if (r == NULL)
 		return -1;
-	e = as_u64(r, what, out);
+	e = gpxpy_u64(r, what, out);
 	Py_DECREF(r);
 	return e;
 }
@@ -104,231 +75,13 @@ attr2_bool(PyObject *o, PyObject *a, PyObject *b)
 	return v;
 }
 
-/* ---- gpx.HostBuffer ---- */
-
-static HostBuffer *hostbufs;         /* the live ones (the GIL guards the list) */
-
-/* The live HostBuffer that holds [p, p+len), and where in it; NULL if none does. */
-static HostBuffer *
-hostbuf_find(const void *p, uint64_t len, uint64_t *off)
-{
-	uintptr_t a = (uintptr_t)p;
-
-	for (HostBuffer *h = hostbufs; h != NULL; h = h->next) {
-		uintptr_t b = (uintptr_t)h->ptr;
-		if (!h->closed && a >= b && a - b <= h->len && len <= h->len - (a - b)) {
-			*off = a - b;
-			return h;
-		}
-	}
-	return NULL;
-}
-
-static void
-hostbuf_unlink(HostBuffer *h)
-{
-	if (h->prev != NULL)
-		h->prev->next = h->next;
-	else if (hostbufs == h)
-		hostbufs = h->next;
-	if (h->next != NULL)
-		h->next->prev = h->prev;
-	h->prev = h->next = NULL;
-}
-
-PyObject *
-mem_host_alloc(PyObject *module, PyObject *arg)
-{
-	struct modstate *st = PyModule_GetState(module);
-	uint64_t n;
-	void *p;
-	int fd, r;
-
-	if (as_u64(arg, "nbytes", &n) < 0)
-		return NULL;
-	if (n == 0 || n > (uint64_t)PY_SSIZE_T_MAX) {
-		PyErr_SetString(PyExc_ValueError, "host_alloc: nbytes must be at least 1");
-		return NULL;
-	}
-	Py_BEGIN_ALLOW_THREADS
-	r = gpx_host_alloc(n, &fd, &p);
-	Py_END_ALLOW_THREADS
-	if (r < 0)
-		return gpxpy_raise(st, r, r == -GPX_ESYS ? "cannot create or map a memfd of that size" : NULL);
-	HostBuffer *h = (HostBuffer *)PyType_GenericAlloc(st->hostbuf_type, 0);
-	if (h == NULL) {
-		gpx_host_free(fd, p, n);
-		return NULL;
-	}
-	h->fd = fd;
-	h->ptr = p;
-	h->len = n;
-	h->next = hostbufs;
-	if (hostbufs != NULL)
-		hostbufs->prev = h;
-	hostbufs = h;
-	return (PyObject *)h;
-}
-
-/* Unmaps and closes, unless views or regions still use it: then BufferError. */
-static PyObject *
-hostbuf_close(PyObject *self, PyObject *unused)
-{
-	HostBuffer *h = (HostBuffer *)self;
-
-	if (h->closed)
-		Py_RETURN_NONE;
-	if (h->exports > 0)
-		return PyErr_Format(PyExc_BufferError, "cannot close a HostBuffer while %zd buffer view(s) "
-		    "of it exist (numpy arrays, tensors, memoryviews): drop them first", h->exports);
-	if (h->regs > 0)
-		return PyErr_Format(PyExc_BufferError, "cannot close a HostBuffer while %u region(s) are "
-		    "registered in it: deregister them or close their connections first", h->regs);
-	hostbuf_unlink(h);
-	gpx_host_free(h->fd, h->ptr, h->len);
-	h->fd = -1;
-	h->ptr = NULL;
-	h->closed = true;
-	Py_RETURN_NONE;
-}
-
-static void
-hostbuf_dealloc(PyObject *self)
-{
-	HostBuffer *h = (HostBuffer *)self;
-	PyTypeObject *tp = Py_TYPE(self);
-
-	if (h->weakrefs != NULL)
-		PyObject_ClearWeakRefs(self);
-	/* Views and regions hold references: none is left now. */
-	if (!h->closed) {
-		hostbuf_unlink(h);
-		gpx_host_free(h->fd, h->ptr, h->len);
-	}
-	((freefunc)PyType_GetSlot(tp, Py_tp_free))(self);
-	Py_DECREF(tp);
-}
-
-static int
-hostbuf_getbuffer(PyObject *self, Py_buffer *view, int flags)
-{
-	HostBuffer *h = (HostBuffer *)self;
-
-	if (h->closed) {
-		PyErr_SetString(PyExc_ValueError, "the HostBuffer is closed");
-		return -1;
-	}
-	if (PyBuffer_FillInfo(view, self, h->ptr, (Py_ssize_t)h->len, 0, flags) < 0)
-		return -1;
-	h->exports++;
-	return 0;
-}
-
-static void
-hostbuf_releasebuffer(PyObject *self, Py_buffer *view)
-{
-	((HostBuffer *)self)->exports--;
-}
-
-static Py_ssize_t
-hostbuf_len(PyObject *self)
-{
-	return (Py_ssize_t)((HostBuffer *)self)->len;
-}
-
-static PyObject *
-hostbuf_enter(PyObject *self, PyObject *unused)
-{
-	return Py_NewRef(self);
-}
-
-static PyObject *
-hostbuf_exit(PyObject *self, PyObject *args)
-{
-	return hostbuf_close(self, NULL);
-}
-
-static PyObject *
-hostbuf_repr(PyObject *self)
-{
-	HostBuffer *h = (HostBuffer *)self;
-
-	if (h->closed)
-		return PyUnicode_FromString("<gpx.HostBuffer closed>");
-	return PyUnicode_FromFormat("<gpx.HostBuffer %zu bytes, fd %d>", h->len, h->fd);
-}
-
-static PyObject *
-hostbuf_get_fd(PyObject *self, void *unused)
-{
-	return PyLong_FromLong(((HostBuffer *)self)->fd);
-}
-
-static PyObject *
-hostbuf_get_nbytes(PyObject *self, void *unused)
-{
-	return PyLong_FromSize_t(((HostBuffer *)self)->len);
-}
-
-static PyObject *
-hostbuf_get_closed(PyObject *self, void *unused)
-{
-	return PyBool_FromLong(((HostBuffer *)self)->closed);
-}
-
-static PyMethodDef hostbuf_methods[] = {
-	{ "close", hostbuf_close, METH_NOARGS,
-	  "close()\n--\n\nUnmaps the memory and closes the memfd.  Refused (BufferError) while buffer views "
-	  "of it exist or regions are registered in it; closing twice is fine." },
-	{ "__enter__", hostbuf_enter, METH_NOARGS, "Returns the HostBuffer itself." },
-	{ "__exit__", hostbuf_exit, METH_VARARGS, "Closes the HostBuffer." },
-	{ NULL }
-};
-
-static PyGetSetDef hostbuf_getset[] = {
-	{ "fd", hostbuf_get_fd, NULL, "The memfd (close-on-exec; -1 once closed).", NULL },
-	{ "nbytes", hostbuf_get_nbytes, NULL, "Its size in bytes.", NULL },
-	{ "closed", hostbuf_get_closed, NULL, "Whether close() has run.", NULL },
-	{ NULL }
-};
-
-static PyMemberDef hostbuf_members[] = {
-	{ "__weaklistoffset__", T_PYSSIZET, offsetof(HostBuffer, weakrefs), READONLY, NULL },
-	{ NULL }
-};
-
-static PyType_Slot hostbuf_slots[] = {
-	{ Py_tp_doc, "HostBuffer: host memory gpxd can map, made by gpx.host_alloc(nbytes).\n\n"
-	  "A memfd sealed against shrinking, mapped in this process and zero-filled.  It supports the "
-	  "buffer protocol (writable bytes), so numpy.frombuffer(buf, dtype), torch.frombuffer(buf, "
-	  "dtype=...) and memoryview(buf) view it without a copy, and such views (or slices of them) "
-	  "can be registered: Conn.register() finds the HostBuffer by address.  It stays valid in a "
-	  "child after fork() (the mapping is shared)." },
-	{ Py_tp_dealloc, hostbuf_dealloc },
-	{ Py_tp_repr, hostbuf_repr },
-	{ Py_tp_methods, hostbuf_methods },
-	{ Py_tp_getset, hostbuf_getset },
-	{ Py_tp_members, hostbuf_members },
-	{ Py_bf_getbuffer, hostbuf_getbuffer },
-	{ Py_bf_releasebuffer, hostbuf_releasebuffer },
-	{ Py_sq_length, hostbuf_len },
-	{ 0, NULL }
-};
-
-PyType_Spec mem_hostbuf_spec = {
-	.name = "gpx.HostBuffer",
-	.basicsize = sizeof(HostBuffer),
-	.flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_IMMUTABLETYPE,
-	.slots = hostbuf_slots,
-};
-
 /* ---- memory of objects, for register() ---- */
 
 /* Host memory at [p, p+len): the slice of the HostBuffer that holds it, or ValueError. */
 static int
 describe_host(PyObject *obj, const void *p, uint64_t len, struct mem_desc *d)
 {
-	HostBuffer *h = hostbuf_find(p, len, &d->offset);
+	HostBuffer *h = mem_host_find(p, len, &d->offset);
 
 	if (h == NULL) {
 		PyErr_Format(PyExc_ValueError, "cannot register %s: its host memory is not in a "
@@ -392,7 +145,7 @@ tensor_memory(struct modstate *st, PyObject *t, const char *what, uint64_t *ptr,
 	if ((r = opt_attr(t, st->s_nbytes, &nb)) < 0)
 		return -1;
 	if (r > 0) {
-		r = as_u64(nb, "nbytes", nbytes);
+		r = gpxpy_u64(nb, "nbytes", nbytes);
 		Py_DECREF(nb);
 		return r;
 	}
@@ -483,7 +236,7 @@ describe_cai(PyObject *obj, PyObject *cai, bool read_only, struct mem_desc *d)
 		PyErr_SetString(PyExc_ValueError, "cannot register a masked CUDA array");
 		return -1;
 	}
-	if (as_u64(PyTuple_GetItem(data, 0), "__cuda_array_interface__ data pointer", &ptr) < 0 ||
+	if (gpxpy_u64(PyTuple_GetItem(data, 0), "__cuda_array_interface__ data pointer", &ptr) < 0 ||
 	    (ro = PyObject_IsTrue(PyTuple_GetItem(data, 1))) < 0)
 		return -1;
 	if ((itemsize = typestr_size(typestr)) == 0) {
@@ -694,40 +447,9 @@ mem_release(struct mem_desc *d)
 	Py_CLEAR(d->obj);
 }
 
-/* ---- segment and page lists ---- */
-
-/* Whether a buffer's format is an integer of `size` bytes in native order; *is_signed. */
-static bool
-int_format(const char *f, size_t size, bool *is_signed)
-{
-	if (f == NULL)
-		f = "B";
-	if (*f == '@' || *f == '=' || (*f == '<' && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__))
-		f++;
-	if (f[0] == '\0' || f[1] != '\0')
-		return false;
-	switch (f[0]) {
-	case 'b': case 'h': case 'i': case 'l': case 'q':
-		*is_signed = true;
-		break;
-	case 'B': case 'H': case 'I': case 'L': case 'Q':
-		*is_signed = false;
-		break;
-	default:
-		return false;
-	}
-	switch (f[0]) {
-	case 'b': case 'B': return size == 1;
-	case 'h': case 'H': return size == sizeof(short);
-	case 'i': case 'I': return size == sizeof(int);
-	case 'l': case 'L': return size == sizeof(long);
-	default: return size == sizeof(long long);
-	}
-}
-
 /* A CPU tensor of integers of `size` bytes, read through its data pointer: 1, 0 (not a tensor), -1. */
-static int
-cpu_int_tensor(struct modstate *st, PyObject *o, const char *what, size_t size, const void **p,
+int
+mem_int_tensor(struct modstate *st, PyObject *o, const char *what, size_t size, const void **p,
     size_t *items, bool *is_signed)
 {
 	uint64_t ptr, nbytes, esize;
@@ -757,199 +479,4 @@ cpu_int_tensor(struct modstate *st, PyObject *o, const char *what, size_t size, 
 	*items = nbytes / size;
 	*is_signed = sg;
 	return 1;
-}
-
-/*
- * Integers of `size` bytes in place: a C-contiguous buffer of such items (any shape), or a
- * CPU tensor.  1 when found (view filled or *keep set), 0 if obj is neither, -1 on error.
- */
-static int
-ints_in_place(struct modstate *st, PyObject *obj, const char *what, size_t size, Py_buffer *view,
-    bool *has_view, PyObject **keep, const void **p, size_t *items, bool *is_signed)
-{
-	int r;
-
-	if (PyObject_CheckBuffer(obj)) {
-		if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-			if (PyErr_ExceptionMatches(PyExc_BufferError)) {
-				PyErr_Clear();
-				PyErr_Format(PyExc_ValueError, "%s must be C-contiguous", what);
-			}
-			return -1;
-		}
-		*has_view = true;
-		if (!int_format(view->format, (size_t)view->itemsize, is_signed) || (size_t)view->itemsize != size) {
-			PyErr_Format(PyExc_TypeError, "%s must hold %zu-byte integers (buffer format '%s')", what,
-			    size, view->format ? view->format : "B");
-			return -1;
-		}
-		*p = view->buf;
-		*items = (size_t)view->len / size;
-		return 1;
-	}
-	if ((r = cpu_int_tensor(st, obj, what, size, p, items, is_signed)) > 0)
-		*keep = Py_NewRef(obj);
-	return r;
-}
-
-/* One segment of a sequence: a sequence of three non-negative ints. */
-static int
-seg_from_seq(PyObject *item, size_t i, struct gpx_seg *s)
-{
-	uint64_t v[3];
-
-	if (!PySequence_Check(item) || PySequence_Size(item) != 3) {
-		if (!PyErr_Occurred())
-			PyErr_Format(PyExc_TypeError, "segments[%zu] must be (src_offset, dst_offset, length)", i);
-		return -1;
-	}
-	for (int k = 0; k < 3; k++) {
-		PyObject *x = PySequence_GetItem(item, k);
-		int e;
-		if (x == NULL)
-			return -1;
-		e = as_u64(x, "a segment's offsets and length", &v[k]);
-		Py_DECREF(x);
-		if (e < 0)
-			return -1;
-	}
-	*s = (struct gpx_seg){ v[0], v[1], v[2] };
-	return 0;
-}
-
-int
-mem_segments(struct modstate *st, PyObject *obj, struct seglist *l)
-{
-	const void *p;
-	size_t items;
-	PyObject *keep = NULL;
-	int r;
-
-	memset(l, 0, sizeof(*l));
-	r = ints_in_place(st, obj, "segments", 8, &l->view, &l->has_view, &keep, &p, &items, &l->is_signed);
-	Py_XDECREF(keep);  /* a CPU tensor: the caller's reference keeps it for the call */
-	if (r < 0)
-		goto fail;
-	if (r > 0) {
-		if (items % 3 != 0 || (l->has_view && l->view.ndim == 2 && l->view.shape[1] != 3)) {
-			PyErr_SetString(PyExc_ValueError, "segments must be an (n, 3) array: rows of "
-			    "(src_offset, dst_offset, length)");
-			goto fail;
-		}
-		l->segs = p;
-		l->n = items / 3;
-	} else {
-		/* A sequence of (src_offset, dst_offset, length). */
-		Py_ssize_t n = PySequence_Check(obj) ? PySequence_Size(obj) : -1;
-		if (n < 0) {
-			if (!PyErr_Occurred())
-				PyErr_Format(PyExc_TypeError, "segments must be an (n, 3) uint64 array or a "
-				    "sequence of (src_offset, dst_offset, length), not %s", TNAME(obj));
-			goto fail;
-		}
-		struct gpx_seg *s = l->own = malloc((n ? n : 1) * sizeof(*s));
-		if (s == NULL) {
-			PyErr_NoMemory();
-			goto fail;
-		}
-		for (Py_ssize_t i = 0; i < n; i++) {
-			PyObject *item = PySequence_GetItem(obj, i);
-			int e = item ? seg_from_seq(item, (size_t)i, &s[i]) : -1;
-			Py_XDECREF(item);
-			if (e < 0)
-				goto fail;
-		}
-		l->segs = s;
-		l->n = (size_t)n;
-	}
-	if (l->n == 0) {
-		PyErr_SetString(PyExc_ValueError, "no segments");
-		goto fail;
-	}
-	return 0;
-fail:
-	mem_segments_release(l);
-	return -1;
-}
-
-void
-mem_segments_release(struct seglist *l)
-{
-	if (l->has_view)
-		PyBuffer_Release(&l->view);
-	l->has_view = false;
-	free(l->own);
-	l->own = NULL;
-}
-
-int
-mem_pages(struct modstate *st, PyObject *obj, const char *what, struct pagelist *l)
-{
-	const void *p;
-	size_t items;
-	bool sgn = false;
-	int r;
-
-	memset(l, 0, sizeof(*l));
-	r = ints_in_place(st, obj, what, 4, &l->view, &l->has_view, &l->keep, &p, &items, &sgn);
-	if (r < 0)
-		goto fail;
-	if (r > 0) {
-		l->pages = p;
-		l->n = items;
-		if (sgn) {
-			/* Negative block numbers are refused, not taken as huge ones. */
-			const int32_t *s = p;
-			int32_t lo = 0;
-			for (size_t i = 0; i < items; i++)
-				lo = s[i] < lo ? s[i] : lo;
-			if (lo < 0) {
-				PyErr_Format(PyExc_ValueError, "%s holds a negative page number (%d)", what, (int)lo);
-				goto fail;
-			}
-		}
-		return 0;
-	}
-	Py_ssize_t n = PySequence_Check(obj) ? PySequence_Size(obj) : -1;
-	if (n < 0) {
-		if (!PyErr_Occurred())
-			PyErr_Format(PyExc_TypeError, "%s must be an int32/uint32 array, a CPU tensor of them, "
-			    "or a sequence of ints, not %s", what, TNAME(obj));
-		goto fail;
-	}
-	uint32_t *u = l->own = malloc((n ? n : 1) * sizeof(*u));
-	if (u == NULL) {
-		PyErr_NoMemory();
-		goto fail;
-	}
-	for (Py_ssize_t i = 0; i < n; i++) {
-		PyObject *x = PySequence_GetItem(obj, i);
-		uint64_t v;
-		int e = x ? as_u64(x, "a page number", &v) : -1;
-		Py_XDECREF(x);
-		if (e < 0)
-			goto fail;
-		if (v > UINT32_MAX) {
-			PyErr_Format(PyExc_ValueError, "%s[%zd] does not fit 32 bits", what, i);
-			goto fail;
-		}
-		u[i] = (uint32_t)v;
-	}
-	l->pages = u;
-	l->n = (size_t)n;
-	return 0;
-fail:
-	mem_pages_release(l);
-	return -1;
-}
-
-void
-mem_pages_release(struct pagelist *l)
-{
-	if (l->has_view)
-		PyBuffer_Release(&l->view);
-	l->has_view = false;
-	Py_CLEAR(l->keep);
-	free(l->own);
-	l->own = NULL;
 }

@@ -1,0 +1,235 @@
+/*
+ * libgpxclient's completions: the ring gpxd writes a record into for each finished transfer
+ * (proto/ring.h), the backlog of those read but not yet handed over (refusals, and records
+ * gpx_wait_tag set aside), and the calls that hand them to the caller: gpx_poll, gpx_wait,
+ * gpx_wait_tag, with the descriptor to sleep on (gpx_fd), the credit in use
+ * (gpx_outstanding) and the notifications the ring had no room for (gpx_dropped).
+ *
+ * A wait looks at the ring for CLIENT_WAIT_SPIN_S before it sleeps in epoll on the doorbell
+ * and the socket.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/epoll.h>
+
+#include "client-lib/client-private.h"
+
+/* The body of a spin-wait loop: lets the sibling hardware thread run. */
+static inline void
+cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+API int
+gpx_fd(const gpx_conn *c)
+{
+	return c->epfd;
+}
+
+API unsigned
+gpx_outstanding(const gpx_conn *c)
+{
+	return c->outstanding;
+}
+
+API uint64_t
+gpx_dropped(const gpx_conn *c)
+{
+	return c->ring ? __atomic_load_n(&c->ring->dropped, __ATOMIC_RELAXED) : 0;
+}
+
+static void
+drain_socket(gpx_conn *c)
+{
+	int err;
+	Gpx__Reply *r;
+
+	while ((r = client_recv(c, false, NULL, NULL, &err)) != NULL)
+		client_async_reply(c, r);
+}
+
+static int
+take_ring(gpx_conn *c, struct gpx_completion *out, int max)
+{
+	uint64_t head = __atomic_load_n(&c->ring->head, __ATOMIC_ACQUIRE);
+	int n = 0;
+
+	if (head - c->tail > c->entries)
+		return -GPX_EPROTO;
+	while (c->tail != head && n < max) {
+		const struct gpx_cqe *e = gpx_ring_slot(c->ring, c->tail);
+		out[n].tag = e->tag;
+		out[n].bytes = e->bytes;
+		out[n].status = -e->status;
+		out[n].flags = e->flags;
+		if (!(e->flags & GPX_CQE_NOTIFY) && c->outstanding > 0)
+			c->outstanding--;
+		c->tail++;
+		n++;
+	}
+	if (n > 0)
+		__atomic_store_n(&c->ring->tail, c->tail, __ATOMIC_RELEASE);
+	return n;
+}
+
+API int
+gpx_poll(gpx_conn *c, struct gpx_completion *out, int max)
+{
+	int n = 0;
+
+	if (max <= 0)
+		return 0;
+	if (c->nback == 0 && !c->dead)
+		drain_socket(c);
+	if (c->nback > 0) {
+		n = c->nback < (size_t)max ? (int)c->nback : max;
+		memcpy(out, c->back, n * sizeof(*out));
+		memmove(c->back, c->back + n, (c->nback - n) * sizeof(*out));
+		c->nback -= n;
+	}
+	if (n < max && c->ring != NULL) {
+		int k = take_ring(c, out + n, max - n);
+		if (k < 0)
+			return k;
+		n += k;
+	}
+	if (n == 0 && c->dead)
+		return -GPX_ECONN;
+	return n;
+}
+
+static int
+sleep_once(gpx_conn *c, int timeout_ms)
+{
+	struct epoll_event ev[2];
+	int k;
+
+	do
+		k = epoll_wait(c->epfd, ev, 2, timeout_ms);
+	while (k < 0 && errno == EINTR);
+	if (k < 0)
+		return -GPX_ESYS;
+	if (k == 0)
+		return -GPX_ETIMEDOUT;
+	return 0;
+}
+
+static void
+clear_doorbell(gpx_conn *c)
+{
+	uint64_t v;
+
+	if (c->own_efd)
+		(void)!read(c->efd, &v, sizeof(v));
+}
+
+/*
+ * Whether a wait should look at the ring again instead of sleeping: for the first
+ * CLIENT_WAIT_SPIN_S of a wait that may block.  Most copies of a few KiB complete within
+ * that, and being woken from epoll costs more than the copy (on virtual machines 100 us and
+ * more).
+ */
+static bool
+wait_spin(double *until, int timeout_ms)
+{
+	if (timeout_ms == 0)
+		return false;
+	double t = client_now();
+	if (*until == 0)
+		*until = t + CLIENT_WAIT_SPIN_S;
+	return t < *until;
+}
+
+/* Completions already in the ring, without reading the socket: the spin's cheap look. */
+bool
+client_ring_ready(const gpx_conn *c)
+{
+	return c->ring != NULL && __atomic_load_n(&c->ring->head, __ATOMIC_ACQUIRE) != c->tail;
+}
+
+/*
+ * Between two looks of a wait at the ring and the socket: looks at the ring until something
+ * is there or the spin is over, else sleeps once in epoll.  0, or the sleep's error.
+ */
+static int
+wait_more(gpx_conn *c, double *spin, int timeout_ms)
+{
+	if (wait_spin(spin, timeout_ms)) {
+		while (!client_ring_ready(c) && wait_spin(spin, timeout_ms))
+			cpu_relax();
+		return 0;
+	}
+	return sleep_once(c, timeout_ms);
+}
+
+API int
+gpx_wait(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms)
+{
+	double spin = 0;
+
+	for (;;) {
+		clear_doorbell(c);
+		int n = gpx_poll(c, out, max);
+		if (n != 0)
+			return n;
+		if (!c->own_efd && c->efd >= 0) {
+			/* The caller's eventfd: consume one doorbell only (it may be a semaphore). */
+			uint64_t v;
+			(void)!read(c->efd, &v, sizeof(v));
+			if ((n = gpx_poll(c, out, max)) != 0)
+				return n;
+		}
+		int r = wait_more(c, &spin, timeout_ms);
+		if (r < 0)
+			return r;
+	}
+}
+
+API int
+gpx_wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_ms)
+{
+	struct gpx_completion tmp[64];
+	double spin = 0;
+
+	for (;;) {
+		for (size_t i = 0; i < c->nback; i++)
+			if (c->back[i].tag == tag && !(c->back[i].flags & GPX_COMP_NOTIFY)) {
+				*out = c->back[i];
+				memmove(&c->back[i], &c->back[i + 1], (c->nback - i - 1) * sizeof(*out));
+				c->nback--;
+				return 0;
+			}
+		clear_doorbell(c);
+		drain_socket(c);
+		int k = c->ring ? take_ring(c, tmp, 64) : 0;
+		if (k < 0)
+			return k;
+		for (int i = 0; i < k; i++)
+			client_backlog_push(c, &tmp[i]);
+		if (k > 0 || c->nback > 0) {
+			bool found = false;
+			/* A notification that happens to carry the same tag is not the one (and
+			 * counting it would spin here forever, never sleeping, never timing out). */
+			for (size_t i = 0; i < c->nback && !found; i++)
+				found = c->back[i].tag == tag && !(c->back[i].flags & GPX_COMP_NOTIFY);
+			if (found)
+				continue;
+		}
+		if (c->dead)
+			return -GPX_ECONN;
+		if (k == 64)
+			continue;
+		int r = wait_more(c, &spin, timeout_ms);
+		if (r < 0)
+			return r;
+	}
+}

@@ -1,0 +1,230 @@
+/*
+ * The GPU tests' copies (tests/gpu/gpu-test.c runs them): random copies between every pair of
+ * buffers of every kind, vectored copies of scattered pages (the SM kernel path), page
+ * transfers by number (gpx_copy_pages) on every path and at 65,536 pages, an interior pointer
+ * of a larger allocation (as PyTorch's caching allocator hands out), and a registration that
+ * gpxd serves from its cache of opened handles.
+ */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cuda.h>
+
+#include "client-lib/gpx.h"
+#include "tests/gpu/gpu-test.h"
+#include "tests/tap.h"
+#include "tests/gpu/gpu-util.h"
+
+void
+test_matrix(gpx_conn *c, struct buf *bufs, int nb)
+{
+	for (int i = 0; i < nb; i++)
+		for (int j = 0; j < nb; j++) {
+			bool good = true;
+			for (int k = 0; k < 6 && good; k++)
+				good = random_copy(c, &bufs[i], &bufs[j]);
+			ok(good, "random copies %s -> %s verified", bufs[i].name, bufs[j].name);
+		}
+}
+
+/* 0..n-1 in a random order, allocated. */
+static uint32_t *
+shuffled(size_t n)
+{
+	uint32_t *p = malloc(n * sizeof(*p));
+
+	if (p == NULL)
+		tap_bail("out of memory");
+	for (size_t i = 0; i < n; i++)
+		p[i] = i;
+	for (size_t i = n - 1; i > 0; i--) {
+		size_t k = rnd() % (i + 1);
+		uint32_t t = p[i];
+		p[i] = p[k];
+		p[k] = t;
+	}
+	return p;
+}
+
+/* Scattered pages in one vectored request: the SM kernel between GPUs, copy engines otherwise. */
+void
+test_vectored(gpx_conn *c, struct buf *a, struct buf *b, size_t page, int n, bool odd)
+{
+	struct gpx_seg *s = calloc(n, sizeof(*s));
+	size_t slots = BUF / page;
+	uint32_t *perm = shuffled(slots);
+	struct gpx_completion done;
+
+	for (int i = 0; i < n; i++) {
+		s[i].src_offset = (rnd() % slots) * page + (odd ? rnd() % 16 : 0);
+		s[i].dst_offset = (size_t)perm[i] * page + (odd ? rnd() % 16 : 0);
+		s[i].length = odd ? page - 16 - rnd() % 100 : page;
+	}
+	int r = gpx_copyv(c, a->region, b->region, s, n, 77);
+	if (r == 0)
+		r = gpx_wait_tag(c, 77, &done, 30000);
+	if (r == 0)
+		r = done.status;
+	for (int i = 0; i < n && r == 0; i++)
+		memmove(b->mirror + s[i].dst_offset, a->mirror + s[i].src_offset, s[i].length);
+	unsigned char *got = malloc(BUF);
+	buf_read(b, 0, got, BUF);
+	ok(r == 0 && memcmp(got, b->mirror, BUF) == 0, "vectored %d x %zu%s %s -> %s verified", n, page,
+	    odd ? " (unaligned)" : "", a->name, b->name);
+	if (r != 0)
+		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
+	free(got);
+	free(perm);
+	free(s);
+}
+
+/*
+ * Pages by number (gpx_copy_pages): the copy kernel reads gpxd's checked list in place where it
+ * runs the copy; pages above 256 KiB go to copy engines as plain segments.
+ */
+void
+test_pages(gpx_conn *c, struct buf *a, struct buf *b, size_t page, uint32_t n, size_t so, size_t dof)
+{
+	size_t slots = (BUF - (so > dof ? so : dof)) / page;
+	uint32_t *sp = malloc(n * sizeof(*sp)), *dp = malloc(n * sizeof(*dp));
+	struct gpx_completion done;
+
+	if (n > slots)
+		tap_bail("test_pages: %u pages of %zu do not fit", n, page);
+	uint32_t *perm = shuffled(slots);
+	for (uint32_t i = 0; i < n; i++) {
+		dp[i] = perm[i];       /* distinct destinations, in a random order */
+		sp[i] = rnd() % slots;
+	}
+	free(perm);
+	int r = gpx_copy_pages(c, a->region, so, b->region, dof, page, sp, dp, n, 78);
+	if (r == 0)
+		r = gpx_wait_tag(c, 78, &done, 30000);
+	if (r == 0)
+		r = done.status;
+	for (uint32_t i = 0; i < n && r == 0; i++)
+		memmove(b->mirror + dof + dp[i] * page, a->mirror + so + sp[i] * page, page);
+	unsigned char *got = malloc(BUF);
+	buf_read(b, 0, got, BUF);
+	ok(r == 0 && memcmp(got, b->mirror, BUF) == 0, "pages %u x %zu (bases %zu -> %zu) %s -> %s verified", n,
+	    page, so, dof, a->name, b->name);
+	if (r != 0)
+		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
+	free(got);
+	free(sp);
+	free(dp);
+}
+
+/*
+ * A page transfer past the GPU worker's largest chunk (1 GiB), so the kernel gets it in two
+ * launches cut inside a page: 131,072 pages (the harness's max_segments) of 9,000 bytes into
+ * the last GPU.
+ */
+void
+test_pages_big(gpx_conn *c)
+{
+	const uint32_t n = 131072, page = 9000;
+	const size_t len = (size_t)n * page;
+	int dd = ndev > 1 ? 1 : 0;
+	uint64_t *src = malloc(len), *got = malloc(len);
+	uint32_t *sp = malloc(n * sizeof(*sp)), *dp = malloc(n * sizeof(*dp));
+	CUdeviceptr a, b;
+	gpx_region ra, rb;
+	struct gpx_completion done;
+
+	for (size_t i = 0; i < len / 8; i++)
+		src[i] = rnd();
+	for (uint32_t i = 0; i < n; i++) {
+		dp[i] = (uint32_t)((i * 7919ull) % n);      /* a permutation: n is a power of two */
+		sp[i] = rnd() % n;
+	}
+	CK(cuCtxSetCurrent(ctx[0]));
+	CK(cuMemAlloc(&a, len));
+	CK(cuMemcpyHtoD(a, src, len));
+	CK(cuCtxSetCurrent(ctx[dd]));
+	CK(cuMemAlloc(&b, len));
+	CK(cuMemsetD8(b, 0, len));
+	int r = gpx_register_cuda(c, (void *)a, len, 0, &ra);
+	r = r ? r : gpx_register_cuda(c, (void *)b, len, 0, &rb);
+	/* One page out, in the list's first and in its second half (checked on two cores). */
+	for (int k = 0; k < 2 && r == 0; k++) {
+		uint32_t at = k ? n - 1 : 5, keep = sp[at];
+		sp[at] = n;
+		int e = gpx_copy_pages(c, ra, 0, rb, 0, page, sp, dp, n, 80 + k);
+		e = e ? e : gpx_wait_tag(c, 80 + k, &done, 60000);
+		e = e ? e : done.status;
+		ok(e == -GPX_ERANGE, "pages past one chunk, page %u out of its region: refused (%s)", at, gpx_strerror(e));
+		sp[at] = keep;
+	}
+	CK(cuMemcpyDtoH(got, b, len));
+	bool zero = true;
+	for (size_t i = 0; i < len / 8 && zero; i++)
+		zero = got[i] == 0;
+	ok(zero, "no byte of either reached the destination");
+	r = r ? r : gpx_copy_pages(c, ra, 0, rb, 0, page, sp, dp, n, 79);
+	r = r ? r : gpx_wait_tag(c, 79, &done, 60000);
+	r = r ? r : done.status;
+	CK(cuMemcpyDtoH(got, b, len));
+	bool same = r == 0 && done.bytes == len;
+	for (uint32_t i = 0; i < n && same; i++)
+		same = memcmp((char *)got + (size_t)dp[i] * page, (char *)src + (size_t)sp[i] * page, page) == 0;
+	ok(same, "pages past one chunk: %u x %u bytes (%.2f GiB) GPU0 -> GPU%d, cut inside a page, verified",
+	    n, page, len / 1073741824.0, dd);
+	if (r != 0)
+		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
+	gpx_deregister(c, ra);
+	gpx_deregister(c, rb);
+	cuMemFree(a);
+	cuMemFree(b);
+	free(src);
+	free(got);
+	free(sp);
+	free(dp);
+}
+
+/* An interior pointer of a larger cuMemAlloc, as PyTorch's caching allocator hands out. */
+void
+test_interior(gpx_conn *c, struct buf *src)
+{
+	CUdeviceptr big;
+	size_t off = (1 << 20) + 4096 * 3 + 256, len = 1 << 20;
+	unsigned char *before = malloc(4 << 20), *after = malloc(4 << 20), *want = malloc(len);
+	gpx_region r;
+
+	CK(cuCtxSetCurrent(ctx[0]));
+	CK(cuMemAlloc(&big, 4 << 20));
+	fill(before, 4 << 20);
+	CK(cuMemcpyHtoD(big, before, 4 << 20));
+	int e = gpx_register_cuda(c, (void *)(big + off), len, 0, &r);
+	ok(e == 0, "register an interior pointer of a larger allocation");
+	e = e ? e : gpx_copy_sync(c, src->region, 0, r, 0, len);
+	CK(cuMemcpyDtoH(after, big, 4 << 20));
+	memcpy(before + off, src->mirror, len);
+	ok(e == 0 && memcmp(before, after, 4 << 20) == 0, "copy into it lands at the offset, neighbours untouched");
+	gpx_deregister(c, r);
+	cuMemFree(big);
+	free(before);
+	free(after);
+	free(want);
+}
+
+void
+test_cached_registration(gpx_conn *c, struct buf *b)
+{
+	struct timespec t0, t1, t2;
+	gpx_region r1, r2;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int e1 = gpx_register_cuda(c, (void *)b->d, BUF, 0, &r1);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	int e2 = gpx_register_cuda(c, (void *)(b->d + 4096), 4096, 0, &r2);
+	clock_gettime(CLOCK_MONOTONIC, &t2);
+	ok(e1 == 0 && e2 == 0 && r1 != r2, "registering %s again gives new region ids", b->name);
+	diag("re-registration of %s: %.1f us and %.1f us (both served from the mapping cache)", b->name,
+	    (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3,
+	    (t2.tv_sec - t1.tv_sec) * 1e6 + (t2.tv_nsec - t1.tv_nsec) / 1e3);
+	gpx_deregister(c, r1);
+	gpx_deregister(c, r2);
+}

@@ -1,0 +1,479 @@
+/*
+ * The integration tests' completion ring and credit (tests/integ.c runs them): cancel, the
+ * credit of a ring's slots as libgpxclient keeps it and as gpxd enforces it on a raw client
+ * that never reads its ring (with the lists and page lists such a client may send wrong, a
+ * ring tail it corrupts, and protocol 1), and the doorbell: one wake per record, and a client
+ * whose eventfd blocks.
+ */
+#include "config.h"
+
+#include <poll.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+
+#include "client-lib/gpx.h"
+#include "proto/ring.h"
+#include "tests/harness.h"
+#include "tests/integ.h"
+#include "tests/tclient.h"
+#include "tests/tap.h"
+
+/* ---- cancel ---- */
+
+void
+test_cancel(void)
+{
+	const size_t len = 32u << 20;
+	struct buf a, b;
+	gpx_conn *c = client("integ-cancel");
+	struct gpx_completion e[16];
+	uint64_t seed = 5;
+
+	if (c == NULL || buf_new(&a, len) < 0 || buf_new(&b, len) < 0 || buf_reg(c, &a, 0) < 0 ||
+	    buf_reg(c, &b, 0) < 0)
+		tap_bail("cannot set up the cancel test");
+	fill_random(a.p, len, &seed);
+	int subm = 0;
+	for (int t = 1; t <= 4; t++)
+		subm += gpx_copy(c, a.r, 0, b.r, 0, len, t) == 0;
+	int r = gpx_cancel(c, 4);
+	ok(subm == 4 && (r == 0 || r == -GPX_ENOENT), "four 32 MiB copies queued; cancelling the last: %s",
+	    r == 0 ? "accepted" : "it had already finished");
+	int count[5] = { 0 }, status4 = 1;
+	uint64_t bytes4 = 0;
+	bool others_ok = true;
+	int got = 0;
+	while (got < 4) {
+		int k = gpx_wait(c, e, 16, WAIT_MS);
+		if (k <= 0)
+			break;
+		for (int i = 0; i < k; i++, got++) {
+			if (e[i].tag < 1 || e[i].tag > 4) {
+				others_ok = false;
+				continue;
+			}
+			count[e[i].tag]++;
+			if (e[i].tag == 4) {
+				status4 = e[i].status;
+				bytes4 = e[i].bytes;
+			} else if (e[i].status != 0 || e[i].bytes != len)
+				others_ok = false;
+		}
+	}
+	ok(got == 4 && count[1] == 1 && count[2] == 1 && count[3] == 1 && count[4] == 1 && others_ok,
+	    "each transfer completes exactly once; the others are untouched");
+	ok((status4 == -GPX_ECANCELED && bytes4 < len) || (status4 == 0 && bytes4 == len),
+	    "the cancelled one ends either cancelled with fewer bytes, or complete (%s, %llu bytes)",
+	    gpx_strerror(status4), (unsigned long long)bytes4);
+	if (status4 == 0)
+		ok(memcmp(a.p, b.p, len) == 0, "it completed: the destination holds the source");
+	else
+		ok(r == 0, "it was cancelled, and the cancel request said so");
+	/* A round trip through the engine, then nothing else may be waiting. */
+	ok(gpx_copy_sync(c, a.r, 0, b.r, 0, 1) == 0 && gpx_poll(c, e, 16) == 0 && gpx_outstanding(c) == 0,
+	    "no second completion for any of them");
+	ok(gpx_cancel(c, 12345) == -GPX_ENOENT, "cancelling an unknown tag: ENOENT");
+
+	/* Many cancels against a long queue: every tag ends once, whatever the race decided. */
+	int n = 40, bad = 0;
+	for (int t = 100; t < 100 + n; t++)
+		if (gpx_copy(c, a.r, 0, b.r, 0, len / 8, t) < 0)
+			bad++;
+	for (int t = 100 + n - 1; t >= 100; t -= 2)
+		(void)gpx_cancel(c, t);
+	int seen[40] = { 0 };
+	got = 0;
+	while (got < n) {
+		int k = gpx_wait(c, e, 16, WAIT_MS);
+		if (k <= 0)
+			break;
+		for (int i = 0; i < k; i++, got++) {
+			int idx = (int)e[i].tag - 100;
+			if (idx < 0 || idx >= n)
+				bad++;
+			else {
+				seen[idx]++;
+				if (!(e[i].status == 0 && e[i].bytes == len / 8) &&
+				    !(e[i].status == -GPX_ECANCELED && e[i].bytes < len / 8 && idx % 2 == 1))
+					bad++;
+			}
+		}
+	}
+	for (int i = 0; i < n; i++)
+		bad += seen[i] != 1;
+	ok(bad == 0 && got == n, "40 queued copies, every other one cancelled: each ends exactly once, consistently");
+	gpx_close(c);
+	buf_free(&a);
+	buf_free(&b);
+}
+
+/* ---- credits ---- */
+
+void
+test_credits_lib(void)
+{
+	const size_t len = 8u << 20;
+	struct buf a, b;
+	gpx_conn *c = client("integ-credits");
+	struct gpx_completion e[64];
+	int accepted = 0;
+
+	if (c == NULL || buf_new(&a, len) < 0 || buf_new(&b, len) < 0 || buf_reg(c, &a, 0) < 0 ||
+	    buf_reg(c, &b, 0) < 0)
+		tap_bail("cannot set up the credit test");
+	for (int t = 0; t < H.ring_entries; t++)
+		accepted += gpx_copy(c, a.r, 0, b.r, 0, len, t) == 0;
+	int r = gpx_copy(c, a.r, 0, b.r, 0, len, 9999);
+	ok(accepted == H.ring_entries && r == -GPX_EBUSY,
+	    "%d transfers outstanding fill the ring; one more is refused at once with EBUSY", accepted);
+	int got = drain(c, e, 64, WAIT_MS);
+	bool all = got == H.ring_entries;
+	for (int i = 0; i < got; i++)
+		all = all && e[i].status == 0 && e[i].tag != 9999;
+	ok(all, "the %d accepted transfers all complete, the refused one leaves no record", got);
+	ok(gpx_copy_sync(c, a.r, 0, b.r, 0, 1) == 0, "credit is back once the completions were collected");
+	gpx_close(c);
+	buf_free(&a);
+	buf_free(&b);
+}
+
+/* A raw client with a ring: Hello with an eventfd, the ring mapped, one memfd registered. */
+struct raw {
+	int sock;
+	int efd;
+	struct gpx_ring_hdr *ring;
+	size_t ring_len;
+	uint32_t entries;
+	uint64_t region;
+	struct buf mem;
+	uint32_t seq;
+};
+
+static int
+raw_open_v(struct raw *w, uint32_t version)
+{
+	int ring_fd;
+
+	memset(w, 0, sizeof(*w));
+	w->seq = 10;
+	if ((w->sock = harness_connect(&H)) < 0 || (w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+		return -1;
+	Gpx__DaemonMsg *m = harness_hello(w->sock, version, w->efd, &ring_fd);
+	if (m == NULL || m->reply->status != 0 || ring_fd < 0 || m->reply->welcome->version != version) {
+		if (m)
+			gpx__daemon_msg__free_unpacked(m, NULL);
+		return -1;
+	}
+	w->entries = m->reply->welcome->ring_entries;
+	gpx__daemon_msg__free_unpacked(m, NULL);
+	w->ring_len = gpx_ring_size(w->entries);
+	w->ring = mmap(NULL, w->ring_len, PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd, 0);
+	close(ring_fd);
+	if (w->ring == MAP_FAILED || buf_new(&w->mem, 65536) < 0)
+		return -1;
+
+	Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
+	Gpx__Register reg = GPX__REGISTER__INIT;
+	reg.kind = GPX__MEM_KIND__MEM_HOST;
+	reg.length = w->mem.len;
+	cm.seq = ++w->seq;
+	cm.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
+	cm.register_ = &reg;
+	if (harness_send(w->sock, &cm, &w->mem.fd, 1) < 0 ||
+	    (m = harness_recv(w->sock, WAIT_MS, NULL, NULL, NULL)) == NULL)
+		return -1;
+	int r = m->reply->status == 0 && m->reply->body_case == GPX__REPLY__BODY_REGISTERED ? 0 : -1;
+	if (r == 0)
+		w->region = m->reply->registered->region;
+	gpx__daemon_msg__free_unpacked(m, NULL);
+	return r;
+}
+
+static int
+raw_open(struct raw *w)
+{
+	return raw_open_v(w, GPX_PROTO_VERSION);
+}
+
+static int
+raw_transfer(struct raw *w, uint64_t tag)
+{
+	Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
+	Gpx__Transfer t = GPX__TRANSFER__INIT;
+	Gpx__Segment s = GPX__SEGMENT__INIT, *sp = &s;
+
+	s.src_offset = 0;
+	s.dst_offset = 4096;
+	s.length = 1;
+	t.tag = tag;
+	t.src_region = w->region;
+	t.dst_region = w->region;
+	t.n_segments = 1;
+	t.segments = &sp;
+	cm.seq = ++w->seq;
+	cm.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
+	cm.transfer = &t;
+	return harness_send(w->sock, &cm, NULL, 0);
+}
+
+static void
+raw_close(struct raw *w)
+{
+	if (w->ring != NULL && w->ring != MAP_FAILED)
+		munmap(w->ring, w->ring_len);
+	if (w->sock >= 0)
+		close(w->sock);
+	if (w->efd >= 0)
+		close(w->efd);
+	if (w->mem.p != NULL)
+		buf_free(&w->mem);
+}
+
+static uint64_t
+ring_head(struct raw *w)
+{
+	return __atomic_load_n(&w->ring->head, __ATOMIC_ACQUIRE);
+}
+
+static bool
+wait_head(struct raw *w, uint64_t want)
+{
+	for (int i = 0; i < WAIT_MS && ring_head(w) < want; i++) {
+		struct pollfd p = { .fd = w->efd, .events = POLLIN };
+		uint64_t v;
+		if (poll(&p, 1, 1) == 1)
+			(void)!read(w->efd, &v, sizeof(v));
+	}
+	return ring_head(w) == want;
+}
+
+void
+test_credits_raw(void)
+{
+	struct raw w;
+
+	if (raw_open(&w) < 0)
+		tap_bail("cannot set up a raw client");
+	/* Nothing is ever consumed: entries transfers take every slot, the next one is refused. */
+	int sent = 0;
+	for (uint32_t t = 1; t <= w.entries + 1; t++)
+		sent += raw_transfer(&w, t) == 0;
+	Gpx__DaemonMsg *m = harness_recv(w.sock, WAIT_MS, NULL, NULL, NULL);
+	ok(sent == (int)w.entries + 1 && m != NULL && m->reply->status == GPX__STATUS__EBUSY &&
+	    m->reply->tag == w.entries + 1, "daemon side: transfer %u of a %u-entry ring that is never read is refused BUSY",
+	    w.entries + 1, w.entries);
+	if (m)
+		gpx__daemon_msg__free_unpacked(m, NULL);
+	ok(wait_head(&w, w.entries), "the %u accepted transfers fill the ring exactly (head %llu)", w.entries,
+	    (unsigned long long)ring_head(&w));
+	/* Two workers: records come in completion order, not submission order. */
+	bool seen_all = true;
+	uint8_t *seen = calloc(w.entries + 2, 1);
+	for (uint64_t i = 0; i < w.entries; i++) {
+		const struct gpx_cqe *e = gpx_ring_slot(w.ring, i);
+		seen_all = seen_all && e->tag >= 1 && e->tag <= w.entries && !seen[e->tag] && e->status == 0 &&
+		    e->bytes == 1;
+		if (e->tag <= w.entries)
+			seen[e->tag] = 1;
+	}
+	free(seen);
+	ok(seen_all, "their records carry each tag once, status OK");
+	/* Consume everything: credit comes back. */
+	__atomic_store_n(&w.ring->tail, ring_head(&w), __ATOMIC_RELEASE);
+	ok(raw_transfer(&w, 5000) == 0 && wait_head(&w, w.entries + 1) &&
+	    gpx_ring_slot(w.ring, w.entries)->tag == 5000, "after the tail moves, a transfer is accepted again");
+	/* Segment tables in a memfd that do not hold what the message claims. */
+	static const struct {
+		uint32_t count;
+		int kind;           /* 0: small memfd, 1: pipe, 2: memfd plus inline segments */
+		int status;
+		const char *what;
+	} tables[] = {
+		{ 100000, 0, GPX__STATUS__EINVAL, "seg_count 100,000 with a 4 KiB table" },
+		{ 10, 1, GPX__STATUS__EBADFD, "a pipe as the segment table" },
+		{ 10, 2, GPX__STATUS__EPROTO, "a table and inline segments at once" },
+	};
+	for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
+		Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
+		Gpx__Transfer t = GPX__TRANSFER__INIT;
+		Gpx__Segment sg = GPX__SEGMENT__INIT, *sgp = &sg;
+		int fd, p[2] = { -1, -1 };
+		if (tables[i].kind == 1) {
+			if (pipe(p) < 0)
+				tap_bail("pipe");
+			fd = p[0];
+		} else {
+			fd = memfd_create("integ-segs", MFD_CLOEXEC);
+			(void)!ftruncate(fd, 4096);
+		}
+		t.tag = 6000 + i;
+		t.src_region = t.dst_region = w.region;
+		t.seg_count = tables[i].count;
+		if (tables[i].kind == 2) {
+			t.n_segments = 1;
+			t.segments = &sgp;
+		}
+		cm.seq = ++w.seq;
+		cm.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
+		cm.transfer = &t;
+		harness_send(w.sock, &cm, &fd, 1);
+		close(fd);
+		if (p[1] >= 0)
+			close(p[1]);
+		m = harness_recv(w.sock, WAIT_MS, NULL, NULL, NULL);
+		ok(m != NULL && (int)m->reply->status == tables[i].status && m->reply->tag == 6000 + i,
+		    "%s: refused (%s)", tables[i].what, m ? m->reply->message : "no reply");
+		if (m)
+			gpx__daemon_msg__free_unpacked(m, NULL);
+	}
+
+	/* Page transfers come only as records in the segment area, which this client has none of. */
+	static const struct {
+		int kind;           /* 0: no area, 1: a memfd, 2: inline segments */
+		int status;
+		const char *what;
+	} pages[] = {
+		{ 0, GPX__STATUS__EINVAL, "a page list with no segment area" },
+		{ 1, GPX__STATUS__EPROTO, "a page list in a memfd" },
+		{ 2, GPX__STATUS__EPROTO, "pages as inline segments" },
+	};
+	for (size_t i = 0; i < sizeof(pages) / sizeof(pages[0]); i++) {
+		Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
+		Gpx__Transfer t = GPX__TRANSFER__INIT;
+		Gpx__Segment sg = GPX__SEGMENT__INIT, *sgp = &sg;
+		int fd = pages[i].kind == 1 ? memfd_create("integ-pages", MFD_CLOEXEC) : -1;
+		if (fd >= 0)
+			(void)!ftruncate(fd, 4096);
+		t.tag = 6100 + i;
+		t.src_region = t.dst_region = w.region;
+		t.page_size = 16;
+		if (pages[i].kind == 2) {
+			t.n_segments = 1;
+			t.segments = &sgp;
+		} else
+			t.seg_count = 4;
+		cm.seq = ++w.seq;
+		cm.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
+		cm.transfer = &t;
+		harness_send(w.sock, &cm, fd >= 0 ? &fd : NULL, fd >= 0);
+		if (fd >= 0)
+			close(fd);
+		m = harness_recv(w.sock, WAIT_MS, NULL, NULL, NULL);
+		ok(m != NULL && (int)m->reply->status == pages[i].status && m->reply->tag == 6100 + i,
+		    "%s: refused (%s)", pages[i].what, m ? m->reply->message : "no reply");
+		if (m)
+			gpx__daemon_msg__free_unpacked(m, NULL);
+	}
+
+	/* A tail that runs ahead of head is a broken client: refused, then disconnected. */
+	__atomic_store_n(&w.ring->tail, ring_head(&w) + 3, __ATOMIC_RELEASE);
+	raw_transfer(&w, 5001);
+	m = harness_recv(w.sock, WAIT_MS, NULL, NULL, NULL);
+	ok(m != NULL && m->reply->status == GPX__STATUS__EPROTO && m->reply->tag == 5001,
+	    "a transfer after the client corrupted its ring tail is refused EPROTO");
+	if (m)
+		gpx__daemon_msg__free_unpacked(m, NULL);
+	ok(harness_wait_eof(w.sock, WAIT_MS), "and gpxd closes that connection");
+	raw_close(&w);
+
+	/* A client of protocol 1 is still served, and a page transfer on it is refused. */
+	if (raw_open_v(&w, 1) < 0)
+		tap_bail("cannot set up a raw client of protocol 1");
+	ok(raw_transfer(&w, 7000) == 0 && wait_head(&w, 1) && gpx_ring_slot(w.ring, 0)->status == 0,
+	    "a client speaking protocol 1 is welcomed as such, and its copies run");
+	Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
+	Gpx__Transfer t = GPX__TRANSFER__INIT;
+	t.tag = 7001;
+	t.src_region = t.dst_region = w.region;
+	t.page_size = 16;
+	t.seg_count = 4;
+	cm.seq = ++w.seq;
+	cm.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
+	cm.transfer = &t;
+	harness_send(w.sock, &cm, NULL, 0);
+	m = harness_recv(w.sock, WAIT_MS, NULL, NULL, NULL);
+	ok(m != NULL && m->reply->status == GPX__STATUS__EPROTO && m->reply->tag == 7001,
+	    "a page transfer on it is refused EPROTO (%s)", m ? m->reply->message : "no reply");
+	if (m)
+		gpx__daemon_msg__free_unpacked(m, NULL);
+	raw_close(&w);
+	ok(daemon_fds_settle(H.baseline) == H.baseline, "gpxd's descriptors back to baseline");
+}
+
+/* ---- the doorbell: one wake per record, and a client that blocks it ---- */
+
+void
+test_doorbell(void)
+{
+	const int total = 20000;
+	struct buf a;
+	struct gpx_completion e[64];
+	int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	struct gpx_connect_opts o = { .socket = H.sock, .name = "integ-doorbell", .eventfd = efd };
+	gpx_conn *c = NULL;
+	int sent = 0, got = 0, bad = 0;
+
+	if (gpx_connect_opts(&o, &c) < 0 || buf_new(&a, 65536) < 0 || buf_reg(c, &a, 0) < 0)
+		tap_bail("cannot set up the doorbell test");
+	/* Waits only look at readiness, so the counter keeps every doorbell. */
+	while (got < total) {
+		while (sent < total && gpx_outstanding(c) < (unsigned)H.ring_entries)
+			bad += gpx_copy(c, a.r, 0, a.r, 4096, 64, sent++) != 0;
+		struct pollfd p = { .fd = efd, .events = POLLIN };
+		if (poll(&p, 1, WAIT_MS) != 1)
+			break;
+		int k = gpx_poll(c, e, 64);
+		if (k < 0)
+			break;
+		for (int i = 0; i < k; i++)
+			bad += e[i].status != 0 || e[i].bytes != 64;
+		got += k;
+	}
+	/* A record is published before its doorbell is rung: the last doorbells may trail. */
+	uint64_t wakes = 0, v;
+	for (int i = 0; i < WAIT_MS && wakes < (uint64_t)total; i++) {
+		if (read(efd, &v, sizeof(v)) == sizeof(v))
+			wakes += v;
+		else
+			usleep(1000);
+	}
+	if (read(efd, &v, sizeof(v)) == sizeof(v))
+		wakes += v;
+	ok(got == total && bad == 0, "%d transfers through the client's own eventfd all complete", got);
+	ok(wakes == (uint64_t)total, "the eventfd counted exactly one doorbell per completion (%llu)",
+	    (unsigned long long)wakes);
+	gpx_close(c);
+	close(efd);
+
+	/* Another client makes its eventfd blocking and fills the counter. */
+	gpx_conn *good = client("integ-bystander");
+	struct buf b;
+	efd = eventfd(0, EFD_CLOEXEC);
+	o.eventfd = efd;
+	o.name = "integ-doorbell-full";
+	if (good == NULL || buf_new(&b, 65536) < 0 || buf_reg(good, &b, 0) < 0 || gpx_connect_opts(&o, &c) < 0 ||
+	    buf_reg(c, &a, 0) < 0)
+		tap_bail("cannot set up the blocked-doorbell test");
+	uint64_t max = 0xfffffffffffffffeULL;
+	(void)!write(efd, &max, sizeof(max));
+	ok(gpx_copy(c, a.r, 0, a.r, 4096, 64, 1) == 0, "a client with a full, blocking eventfd submits a copy");
+	/* gpx_poll, not gpx_wait: a wait would read (and so empty) the counter itself. */
+	int r = 0;
+	for (int i = 0; i < WAIT_MS && r != -GPX_ECONN; i++) {
+		r = gpx_poll(c, e, 64);
+		if (r == 0)
+			usleep(1000);
+	}
+	ok(r == -GPX_ECONN, "gpxd disconnects it instead of blocking on its doorbell (%s)", gpx_strerror(r));
+	ok(gpx_copy_sync(good, b.r, 0, b.r, 100, 100) == 0, "the other client's copies keep completing");
+	gpx_close(c);
+	gpx_close(good);
+	close(efd);
+	buf_free(&a);
+	buf_free(&b);
+	ok(daemon_fds_settle(H.baseline) == H.baseline, "gpxd's descriptors back to baseline");
+}
