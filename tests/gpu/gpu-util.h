@@ -11,7 +11,7 @@
 
 #include "tests/tap.h"
 
-#define GPU_MAX 8
+#define GPU_MAX 16
 
 #define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char *n_ = "?"; \
 	cuGetErrorName(r_, &n_); tap_bail("%s: %s", #x, n_); } } while (0)
