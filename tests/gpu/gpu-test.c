@@ -240,10 +240,12 @@ main(int argc, char **argv)
 	test_pages_big(c);
 	test_interior(c, &bufs[0]);
 	test_cached_registration(c, &bufs[1]);
-	test_two_processes(argv[0], h.sock, c, ndev > 1 ? 1 : 0);
-	test_client_dies(argv[0], h.sock, c, &bufs[1], &bufs[2], 0);
-	test_owner_frees(argv[0], h.sock, c, &bufs[2], 0);
-	test_small_under_load(argv[0], h.sock, c, &bufs[1], &bufs[2], 0);
+	/* The other processes are this program again, however it was started (PATH or not). */
+	const char *self = "/proc/self/exe";
+	test_two_processes(self, h.sock, c, ndev > 1 ? 1 : 0);
+	test_client_dies(self, h.sock, c, &bufs[1], &bufs[2], 0);
+	test_owner_frees(self, h.sock, c, &bufs[2], 0);
+	test_small_under_load(self, h.sock, c, &bufs[1], &bufs[2], 0);
 	test_matrix(c, bufs, nb > 3 ? 3 : nb);
 	test_forged(&h);
 	test_pool();
