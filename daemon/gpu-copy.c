@@ -5,6 +5,9 @@
  * stream so that a 4 KiB copy never queues behind a 1 GiB one.  When the bulk stream is full,
  * small copies (of anyone) still go onto the quick stream, a few at a time: one client keeping
  * the bulk stream full cannot hold another's small copy back until a whole bulk chunk ends.
+ * A copy engine runs the copy it has whole before it takes another stream's, so no bulk chunk
+ * is longer than its job's slice (engine_slice_for: about 20 us at the link's speed): a 1 GiB
+ * copy is many back-to-back pieces on the bulk stream, and a small copy gets in between two.
  * After each chunk it has the stream write a sequence number into pinned host memory.  The
  * worker polls those words (spinning while work is due soon, sleeping in proportion
  * otherwise): no host callbacks, no driver lock taken per completion.  Contiguous pieces go
