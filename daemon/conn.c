@@ -913,7 +913,7 @@ on_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 	e->gid = m->gid;
 	e->read_only = m->read_only || h->r->read_only;
 	e->notify = m->notify;
-	/* fabric: whether peers may import it, and which (daemon/peer.c) */
+	/* fabric: whether peers may import it, and which (daemon/fabric/peer.c) */
 	char ferr[160];
 	int fe = peer_export_opts(e, m, ferr, sizeof(ferr));
 	if (fe < 0) {
@@ -1000,7 +1000,7 @@ on_import(struct conn *c, uint32_t seq, const Gpx__Import *m)
 	conn_reply(c, seq, 0, NULL, &rep, NULL, 0);
 }
 
-/* fabric: a remote import answered by its peer (daemon/peer.c); r arrives with one reference. */
+/* fabric: a remote import answered by its peer (fabric/peer.c); r arrives with one reference. */
 void
 conn_import_remote(struct conn *c, uint32_t seq, struct region *r, bool read_only)
 {

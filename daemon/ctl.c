@@ -21,8 +21,8 @@
 #include <sys/mman.h>
 
 #include "gpxd.h"
-#include "nic.h"
-#include "fabric.h"
+#include "fabric/nic.h"
+#include "fabric/internal.h"
 
 static const char *state_names[] = { "hello", "ready", "draining", "dead" };
 
@@ -166,7 +166,7 @@ q_exports(Gpx__QueryReply *q, const struct conn *asker)
 	q->n_exports = n;
 }
 
-/* GPU memory between nodes, by path (daemon/stage.c, daemon/fabric-rdma.c). */
+/* GPU memory between nodes, by path (daemon/fabric/stage.c, daemon/fabric/rdma.c). */
 static void
 q_fabric_gpu(Gpx__QueryReply *q, Gpx__FabricGpu *g)
 {

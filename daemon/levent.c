@@ -519,7 +519,7 @@ levent_run(const char *socket_override)
 	}
 	cq_set_broken_hook(cq_broken);
 	metrics_start(base);
-	if (peer_start(base) < 0)        /* fabric: peer daemons (daemon/peer.c) */
+	if (peer_start(base) < 0)        /* fabric: peer daemons (daemon/fabric/peer.c) */
 		fatalx("fabric: cannot start (see above)");
 
 	spares_fill();

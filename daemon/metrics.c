@@ -29,7 +29,7 @@
 #include <event2/util.h>
 
 #include "gpxd.h"
-#include "fabric.h"
+#include "fabric/internal.h"
 
 #define NBUCKETS 19                  /* finite bucket bounds; +Inf is the count */
 #define NSTATUS 32                   /* gpx.Status values; larger ones count as the last */

@@ -1,7 +1,7 @@
 /*
  * GPU memory on one side of a copy between nodes.
  *
- * GPUDirect first: over RDMA, daemon/fabric-rdma.c registers GPU memory with the NIC itself
+ * GPUDirect first: over RDMA, daemon/fabric/rdma.c registers GPU memory with the NIC itself
  * (a dma-buf from the driver with ibv_reg_dmabuf_mr, else the device pointer with ibv_reg_mr
  * through nvidia-peermem), and the NIC reads and writes the GPU with no copy.  Where neither
  * can be (the tcp transport, no RDMA device, a NIC that is not this GPU's, a driver or NIC
@@ -35,7 +35,7 @@
 #include <sys/vfs.h>
 #include <event2/event.h>
 
-#include "daemon/fabric.h"
+#include "daemon/fabric/internal.h"
 
 #ifdef HAVE_CUDA
 

@@ -17,19 +17,19 @@
  * one chunk (1 MiB by default) at a time, so a large transfer never holds the loop for long.
  *
  * When the peer's queue pairs are up and the import came with an RDMA registration
- * (daemon/fabric-rdma.c), a chunk is posted as one RDMA WRITE or READ instead of a message and
+ * (daemon/fabric/rdma.c), a chunk is posted as one RDMA WRITE or READ instead of a message and
  * ends with its work completion; everything else (windows, notifications, deadlines) is the same.
  *
  * GPU memory on our side of a chunk goes by RDMA straight from or to the GPU when the NIC can
- * register it, and is staged otherwise (daemon/stage.c): a write's chunk is first copied from
- * the GPU into a host buffer, which then goes as host memory would; a read's chunk lands in a
+ * register it, and is staged otherwise (daemon/fabric/stage.c): a write's chunk is first copied
+ * from the GPU into a host buffer, which then goes as host memory would; a read's chunk lands in a
  * host buffer and is done once copied into the GPU.  While its copy runs, a chunk belongs to
  * the stage thread: it is on no list, so a peer going down does not free it, and
  * its done function finds the peer again by name and epoch.  A peer's Write or Read of an
  * export in GPU memory is served the same way, answered when the copy is done.
  *
  * Failures end every waiting chunk with EIO, never a hang: the peer connection going down
- * (daemon/peer.c), a request unanswered for [fabric] timeout seconds (the connection is then
+ * (daemon/fabric/peer.c), a request unanswered for [fabric] timeout seconds (the connection is then
  * dropped: a peer that lost one answer cannot be trusted with the rest), or a region imported
  * through an older connection (its epoch no longer matches: EREVOKED at submission).
  */
@@ -41,7 +41,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
-#include "daemon/fabric.h"
+#include "daemon/fabric/internal.h"
 
 enum fop_kind { FOP_WRITE, FOP_READ, FOP_NOTIFY };
 

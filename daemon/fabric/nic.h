@@ -1,5 +1,5 @@
 /*
- * The node's RDMA NICs as sysfs shows them, and which one serves each GPU (daemon/nic.c).
+ * The node's RDMA NICs as sysfs shows them, and which one serves each GPU (daemon/fabric/nic.c).
  * Nothing here calls verbs: the names, PCI addresses, NUMA nodes and port states come from
  * /sys/class/infiniband, so gpxctl topo shows them even where gpxd runs over tcp, and the
  * choice is made (and tested) without a device.

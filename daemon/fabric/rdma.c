@@ -1,6 +1,6 @@
 /*
  * The RDMA data transport of the fabric: the only file that includes <infiniband/verbs.h> and
- * <rdma/rdma_cma.h>.  daemon/fabric.c decides what moves; this file moves it with one-sided
+ * <rdma/rdma_cma.h>.  daemon/fabric/fabric.c decides what moves; this file moves it with one-sided
  * RDMA WRITE and RDMA READ between registered host memory of two nodes, when both daemons
  * have an RDMA device up ([fabric] transport = auto or rdma), and otherwise says no, so that
  * fabric.c sends Write and Read messages over the control connection instead.
@@ -10,7 +10,7 @@
  * its rails.  Memory is registered per device.
  *
  * Connection setup never trusts the RDMA side on its own.  The control connection
- * (daemon/peer.c) authenticates first; the answering daemon then announces in Ready the port
+ * (daemon/fabric/peer.c) authenticates first; the answering daemon then announces in Ready the port
  * of its rdma_cm listener, a fresh 32-byte random token and the address of each of its
  * devices, and the connecting daemon opens a pool of RQP_POOL reliable-connected queue pairs
  * to each of those addresses (from whichever of its devices the route leaves by), each with
@@ -58,7 +58,7 @@
  * driver exports for the range (ibv_reg_dmabuf_mr, no kernel module needed), else from the
  * device pointer itself (ibv_reg_mr, which only nvidia-peermem makes work); when neither
  * works the registration fails here, the failure is cached with the region, and the caller
- * stages the chunk through host buffers (daemon/stage.c).  No machine of this project has
+ * stages the chunk through host buffers (daemon/fabric/stage.c).  No machine of this project has
  * both a GPU and an RDMA NIC: these two registrations have never run.
  *
  * Built without rdma-core, the stubs at the end keep the interface and say why.
@@ -73,8 +73,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/fabric.h"
-#include "daemon/nic.h"
+#include "daemon/fabric/internal.h"
+#include "daemon/fabric/nic.h"
 #ifdef HAVE_CUDA
 #include "daemon/gpu.h"
 #endif

@@ -6,7 +6,7 @@
  *   fabric.c  the engine path PATH_FABRIC: remote regions (memory kind `remote`), chunks of
  *             transfers sent as Write/Read to the peer, answers, owner notifications, timeouts;
  *             and the serving side of Write/Read/Notify for our exports
- *   fabric-rdma.c  the RDMA data transport: rdma_cm queue pairs announced on the control
+ *   rdma.c    the RDMA data transport: rdma_cm queue pairs announced on the control
  *             connection, registrations, RDMA WRITE/READ of a chunk, their completions
  *
  * Threads: everything here runs on the loop thread, except mem_remote_ops.close, which may run
@@ -18,7 +18,7 @@
  *
  * Where it stands: the control plane (peering, authentication, versions, remote exports and
  * imports, epochs, keepalive) and the tcp data transport are done and tested by
- * tests/fabric-tcp.test.  The RDMA data transport (fabric-rdma.c: librdmacm, RC queue pairs
+ * tests/fabric-tcp.test.  The RDMA data transport (rdma.c: librdmacm, RC queue pairs
  * shared per peer, RDMA WRITE/READ, per-import registrations of exports, a registration cache
  * for local regions) is tested with host memory between two Soft-RoCE guests by
  * tests/vm-rdma.test; the owner's notification after RDMA WRITEs is an RDMA WRITE with
@@ -27,8 +27,8 @@
  * (stage.c), each only when the one before is impossible; the staged path over tcp runs on the
  * GPU machines (tests/gpu/fabric-gpu.test), the registrations need a GPU and an RDMA NIC in
  * one machine, which this project has never had.  The NIC of each GPU is chosen by PCI
- * distance from sysfs (daemon/nic.c, shown by gpxctl topo, overridden by [fabric]
- * nic_for_gpuN); fabric-rdma.c opens every device with an active port (or those [fabric]
+ * distance from sysfs (daemon/fabric/nic.c, shown by gpxctl topo, overridden by [fabric]
+ * nic_for_gpuN); rdma.c opens every device with an active port (or those [fabric]
  * rdma_device names), stripes host memory and staged buffers over all of them, and registers
  * a GPU's memory only on its own NIC.
  */
@@ -151,7 +151,7 @@ void fabric_rdma_done(uint64_t id, bool ok, const char *why);
 /* Loop thread: the peer's note arrived by RDMA: a transfer of bytes into its import handle ended. */
 void fabric_rdma_notified(struct peer *, uint64_t handle, uint64_t bytes);
 
-/* ---- fabric-rdma.c (stubs without rdma-core) ---- */
+/* ---- rdma.c (stubs without rdma-core) ---- */
 #define FABRIC_RDMA_TOKEN 32
 /* 1: rdma is on; 0: tcp (why says why); -1: transport = rdma and it cannot be. */
 int fabric_rdma_init(struct event_base *, char *why, size_t whylen);

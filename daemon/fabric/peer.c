@@ -4,7 +4,7 @@
  * retry_interval), and on every connection, before anything else, runs the handshake of
  * proto/peer.proto: version negotiation and a mutual HMAC-SHA256 challenge over both nonces and
  * both node names with the key shared by the nodes.  Only then are imports, Write and Read
- * accepted; the data plane itself is daemon/fabric.c.
+ * accepted; the data plane itself is daemon/fabric/fabric.c.
  *
  * Everything a peer sends is untrusted: frame lengths are capped before anything is read (far
  * lower before authentication), messages unpack into the bounded arena, names are checked
@@ -47,7 +47,7 @@
 #include <event2/event.h>
 #include <event2/listener.h>
 
-#include "daemon/fabric.h"
+#include "daemon/fabric/internal.h"
 
 /*
  * A peer address: a configured one is dialled until a connection to it is up; one dialled on

@@ -23,7 +23,7 @@
 #include <string.h>
 
 #include "daemon/gpxd.h"
-#include "daemon/nic.h"
+#include "daemon/fabric/nic.h"
 
 const char *nic_sysfs_root = "/sys";
 
