@@ -56,7 +56,7 @@ engine_path_name(enum path_kind p)
 enum path_kind
 engine_path_for(const struct region *src, const struct region *dst)
 {
-	/* fabric: anything with another node's region on one side (daemon/fabric/fabric.c) */
+	/* fabric: anything with another node's region on one side (daemon/fabric/request.c) */
 	if (src->kind == GPX__MEM_KIND__MEM_REMOTE || dst->kind == GPX__MEM_KIND__MEM_REMOTE)
 		return PATH_FABRIC;
 	if (src->dev != DEV_HOST)

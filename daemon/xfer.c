@@ -65,7 +65,7 @@ resolve_pair(struct conn *c, uint64_t src, uint64_t dst, struct rhandle **sh, st
 		log_audit(c, "%s", err);
 		return -GPX__STATUS__EACCES;
 	}
-	/* fabric: another node's region on one side (daemon/fabric/fabric.c) */
+	/* fabric: another node's region on one side (daemon/fabric/request.c) */
 	return fabric_xfer_check((*sh)->r, (*dh)->r, err, errlen);
 }
 

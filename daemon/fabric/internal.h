@@ -3,7 +3,7 @@
  *   hmac.c    SHA-256 and HMAC-SHA256 for the peers' mutual authentication
  *   peer.c    peer connections over TCP: connect and accept, authenticate, negotiate the
  *             version, keepalive, remote imports and the handles peers hold on our exports
- *   fabric.c  the engine path PATH_FABRIC: remote regions (memory kind `remote`), chunks of
+ *   request.c the engine path PATH_FABRIC: remote regions (memory kind `remote`), chunks of
  *             transfers sent as Write/Read to the peer, answers, owner notifications, timeouts;
  *             and the serving side of Write/Read/Notify for our exports
  *   rdma.c    the RDMA data transport: rdma_cm queue pairs announced on the control
@@ -124,7 +124,7 @@ void peer_kill(struct peer *, const char *fmt, ...) __attribute__((format(printf
 
 #define FABRIC_RDMA_DEVS 8           /* RDMA devices a gpxd opens (its NICs, the rails) */
 
-/* ---- fabric.c ---- */
+/* ---- request.c ---- */
 extern const struct mem_ops mem_remote_ops;
 struct remote {                  /* r->priv of a `remote` region */
 	char node[PEER_NAME_MAX + 1];

@@ -4,7 +4,7 @@
  * retry_interval), and on every connection, before anything else, runs the handshake of
  * proto/peer.proto: version negotiation and a mutual HMAC-SHA256 challenge over both nonces and
  * both node names with the key shared by the nodes.  Only then are imports, Write and Read
- * accepted; the data plane itself is daemon/fabric/fabric.c.
+ * accepted; the data plane itself is daemon/fabric/request.c.
  *
  * Everything a peer sends is untrusted: frame lengths are capped before anything is read (far
  * lower before authentication), messages unpack into the bounded arena, names are checked

@@ -1,9 +1,9 @@
 /*
  * The RDMA data transport of the fabric: the only file that includes <infiniband/verbs.h> and
- * <rdma/rdma_cma.h>.  daemon/fabric/fabric.c decides what moves; this file moves it with one-sided
+ * <rdma/rdma_cma.h>.  daemon/fabric/request.c decides what moves; this file moves it with one-sided
  * RDMA WRITE and RDMA READ between registered host memory of two nodes, when both daemons
  * have an RDMA device up ([fabric] transport = auto or rdma), and otherwise says no, so that
- * fabric.c sends Write and Read messages over the control connection instead.
+ * request.c sends Write and Read messages over the control connection instead.
  *
  * Devices.  Every RDMA device with an active port is opened (or those [fabric] rdma_device
  * names), each with its protection domain, completion queue and events: the NICs of a node,
@@ -48,7 +48,7 @@
  * Failures: a work completion in error, a queue pair or port error (async events), the
  * peer's disconnection or the control connection going down all end in peer_kill, which
  * destroys the queue pairs first (so the device no longer touches any buffer) and then fails
- * every waiting chunk with EIO; a chunk that never completes is caught by fabric.c's deadline
+ * every waiting chunk with EIO; a chunk that never completes is caught by request.c's deadline
  * ([fabric] timeout).  The outbound side reconnects after retry_interval with a new epoch.
  * The completion channel, the async-event fd and the rdma_cm event channel are all watched by
  * the libevent loop: nothing here blocks or runs on another thread, except
