@@ -14,7 +14,7 @@
  *
  *   stage.c   GPU memory on one side of a remote copy when the NIC cannot reach it: staging
  *             through pinned host buffers, and the dma-buf probe of exported GPU memory
- * The rest of the daemon sees only the hooks declared at the end of daemon/gpxd.h.
+ * The rest of the daemon sees only daemon/fabric/fabric.h: fabric_init and its hooks.
  *
  * Where it stands: the control plane (peering, authentication, versions, remote exports and
  * imports, epochs, keepalive) and the tcp data transport are done and tested by
@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "daemon/gpxd.h"
+#include "daemon/fabric/fabric.h"
 #include "proto/peer.pb-c.h"
 
 struct evbuffer;
@@ -74,7 +75,7 @@ bool hmac_equal(const uint8_t *a, const uint8_t *b, size_t len);
 #define PEER_PREAUTH_MAX 1024           /* ... before: Hello, Challenge, Auth, Ready, Bye */
 #define PEER_DATA_MAX (16u << 20)       /* raw data after one message */
 #define PEER_NONCE_LEN 32
-#define PEER_NAME_MAX 64
+#define PEER_NAME_MAX 64              /* node names: export_node_name_ok (export.c) */
 
 /* ---- peer.c ---- */
 enum peer_state { PEER_CONNECTING, PEER_HELLO, PEER_AUTH, PEER_READY, PEER_DEAD };
@@ -115,6 +116,14 @@ struct peer {
 TAILQ_HEAD(peer_list, peer);
 extern struct peer_list peers;
 
+int peer_start(struct event_base *);         /* fabric_init: after engine_init */
+void peer_stop(void);                        /* fails what waits on peers; before engine_shutdown */
+/* The hooks of the same names (fabric.h). */
+bool peer_import(const struct fabric_import *);
+void peer_query(Gpx__QueryReply *);          /* Q_PEERS */
+void peer_query_free(Gpx__QueryReply *);
+const char *peer_status(void);               /* one line for status */
+
 /* Sends one framed message (and data, which may be NULL).  0, or -1 if the peer is gone. */
 int peer_send(struct peer *, const Gpxpeer__PeerMsg *, const void *data, size_t len);
 /* The ready connection to node `name`, or NULL. */
@@ -136,8 +145,11 @@ struct remote {                  /* r->priv of a `remote` region */
 	uint32_t rkeys[FABRIC_RDMA_DEVS];   /* ... and the key on each of its devices (0: none);
 	                                       bounds and rights enforced by its NIC */
 };
-int fabric_init(struct event_base *);
-void fabric_shutdown(void);
+int request_init(struct event_base *);
+void request_shutdown(void);
+void fabric_kick(void);                      /* any thread: PATH_FABRIC has new work */
+/* A transfer with a remote side is possible (host memory, connection alive)? */
+int fabric_xfer_check(const struct region *src, const struct region *dst, char *err, size_t errlen);
 struct region *fabric_remote_region(struct peer *, uint64_t handle, uint64_t length, bool read_only);
 /* Loop thread: a Write, Read, Notify or Done arrived; consumes exactly datalen bytes of in. */
 void fabric_on_msg(struct peer *, const Gpxpeer__PeerMsg *, struct evbuffer *in, size_t datalen);
@@ -178,6 +190,8 @@ uint32_t fabric_rdma_regs(const struct peer *);    /* registrations of our expor
  * may carry it (its key by device index, 0 where not); false: tcp only. */
 bool fabric_rdma_export(struct peer *, struct phandle *, uint64_t *addr, uint32_t rkeys[FABRIC_RDMA_DEVS]);
 void fabric_rdma_unexport(struct phandle *);
+/* Any thread: r's mapping is about to close; its RDMA registrations go first. */
+void fabric_rdma_region_gone(struct region *);
 /*
  * The owner's notification of a transfer into an export, by RDMA: a write with immediate
  * data into the peer's mailbox on a queue pair, after the transfer's bytes on that pair.
@@ -203,11 +217,6 @@ void fabric_rdma_gpu_regs(uint64_t *dmabuf, uint64_t *peermem, uint64_t *none);
 
 /* ---- stage.c ---- */
 typedef void (*stage_fn)(void *arg, bool ok);
-struct stage_stats {
-	uint64_t direct_bytes;       /* GPU memory moved by the NIC itself */
-	uint64_t staged_bytes, staged_copies, heap_copies;
-	uint64_t pool_bytes;
-};
 int stage_init(struct event_base *);         /* after gpu_init; nothing without a GPU */
 void stage_shutdown(void);                   /* after the queue pairs are down */
 /* Loop thread: a buffer for len bytes (pinned when one of the pool is free); NULL: no memory. */
@@ -218,6 +227,10 @@ struct region *stage_pool(const void *buf, uint64_t *off);
 /* Loop thread: copies len bytes between GPU memory (dev, dptr) and buf; done(arg, ok) later on it. */
 void stage_copy(bool to_gpu, int dev, uint64_t dptr, void *buf, uint64_t len, stage_fn done, void *arg);
 void stage_count_direct(uint64_t bytes);
-void stage_stats(struct stage_stats *);
+/* Its part of the counters: the bytes by path, the copies, the pool. */
+void stage_stats(struct fabric_gpu_stats *);
+/* Loop thread: an export peers may import; of GPU memory, its dma-buf is obtained and checked
+ * (on the stage thread), the verdict in r->gdr. */
+void stage_probe(struct region *r);
 
 #endif

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "daemon/gpxd.h"
+#include "daemon/fabric/fabric.h"
 #include "daemon/fabric/nic.h"
 
 const char *nic_sysfs_root = "/sys";

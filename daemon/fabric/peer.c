@@ -71,8 +71,9 @@ struct pimport {
 	uint64_t id;
 	struct peer *p;                  /* asked through this one, NULL while waiting for t */
 	struct ptarget *t;               /* the address whose connection it waits for */
-	struct conn *c;                  /* kept alive by c->pending */
-	uint32_t seq;
+	fabric_import_fn done;           /* the asker's answer (conn.c), called once */
+	void *arg;
+	uid_t uid;                       /* the asker's */
 	double deadline;
 	char name[65];                   /* the export's name on the peer */
 };
@@ -107,16 +108,6 @@ static void import_fail(struct pimport *, int status, const char *fmt, ...)
 static void target_ready(struct ptarget *, struct peer *);
 static void target_down(struct ptarget *, const char *why);
 static void dial(struct ptarget *);
-
-/* Node names: 1..64 of [A-Za-z0-9._-]; no ':', which separates NODE from name in imports. */
-static bool
-node_name_ok(const char *n)
-{
-	size_t l = n ? strlen(n) : 0;
-
-	return l > 0 && l <= PEER_NAME_MAX &&
-	    strspn(n, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == l;
-}
 
 static const char *
 state_name(enum peer_state s)
@@ -497,7 +488,7 @@ on_hello(struct peer *p, const Gpxpeer__Hello *h)
 		peer_kill(p, "%s", why);
 		return;
 	}
-	if (!node_name_ok(h->node) || h->nonce.len != PEER_NONCE_LEN) {
+	if (!export_node_name_ok(h->node) || h->nonce.len != PEER_NONCE_LEN) {
 		peer_kill(p, "malformed Hello");
 		return;
 	}
@@ -533,7 +524,7 @@ on_challenge(struct peer *p, const Gpxpeer__Challenge *c)
 		peer_kill(p, "unexpected Challenge");
 		return;
 	}
-	if (c->version < PEER_PROTO_MIN || c->version > PEER_PROTO_MAX || !node_name_ok(c->node) ||
+	if (c->version < PEER_PROTO_MIN || c->version > PEER_PROTO_MAX || !export_node_name_ok(c->node) ||
 	    c->nonce.len != PEER_NONCE_LEN || c->mac.len != SHA256_LEN) {
 		peer_kill(p, "malformed Challenge (version %u)", c->version);
 		return;
@@ -636,24 +627,6 @@ on_ready(struct peer *p, const Gpxpeer__Ready *r)
 
 /* ---- imports: serving side ---- */
 
-/* Whether export e admits peer node n: remote, and n in its list when it has one. */
-static bool
-export_admits(const struct export *e, const char *n)
-{
-	if (!e->remote)
-		return false;
-	if (e->peers == NULL)
-		return true;
-	size_t l = strlen(n);
-	for (const char *s = e->peers; *s;) {
-		size_t k = strcspn(s, ",");
-		if (k == l && strncmp(s, n, l) == 0)
-			return true;
-		s += k + (s[k] == ',');
-	}
-	return false;
-}
-
 static void
 on_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
 {
@@ -670,7 +643,7 @@ on_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
 	if (e == NULL) {
 		rep.status = GPX__STATUS__ENOENT;
 		snprintf(msg, sizeof(msg), "no export of that name on %s", node);
-	} else if (!export_admits(e, p->node)) {
+	} else if (!export_admits_peer(e, p->node)) {
 		rep.status = GPX__STATUS__EACCES;
 		snprintf(msg, sizeof(msg), "export %s on %s is not open to peer %s", e->name, node, p->node);
 		log_info("fabric: peer %s: import of %s refused by the export's remote rule", p->node, e->name);
@@ -727,22 +700,22 @@ on_release(struct peer *p, const Gpxpeer__Release *r)
 
 /* ---- imports: asking side ---- */
 
-/* A waiting import of export `name` for c's request seq; NULL (and c answered) without memory. */
+/* A waiting import of export `name` for the asker rq; NULL (and rq answered) without memory. */
 static struct pimport *
-import_new(struct conn *c, uint32_t seq, const char *name)
+import_new(const struct fabric_import *rq, const char *name)
 {
 	struct pimport *pi = calloc(1, sizeof(*pi));
 
 	if (pi == NULL) {
-		conn_reply(c, seq, GPX__STATUS__ENOMEM, "out of memory", NULL, NULL, 0);
+		rq->done(rq->arg, GPX__STATUS__ENOMEM, "out of memory", NULL, false);
 		return NULL;
 	}
 	pi->id = ++next_import;
-	pi->c = c;
-	pi->seq = seq;
+	pi->done = rq->done;
+	pi->arg = rq->arg;
+	pi->uid = rq->uid;
 	pi->deadline = now_s() + cfg->fabric_timeout_s;
 	snprintf(pi->name, sizeof(pi->name), "%s", name);
-	c->pending++;
 	TAILQ_INSERT_TAIL(&pimports, pi, entry);
 	return pi;
 }
@@ -764,6 +737,14 @@ import_send(struct pimport *pi, struct peer *p)
 	peer_send(p, &m, NULL, 0);
 }
 
+/* Answers an import no longer on the list, and forgets it. */
+static void
+import_answer(struct pimport *pi, int status, const char *msg, struct region *r, bool read_only)
+{
+	pi->done(pi->arg, status, msg, r, read_only);
+	free(pi);
+}
+
 /* Answers an import with an error and forgets it. */
 static void
 import_fail(struct pimport *pi, int status, const char *fmt, ...)
@@ -772,14 +753,10 @@ import_fail(struct pimport *pi, int status, const char *fmt, ...)
 	va_list ap;
 
 	TAILQ_REMOVE(&pimports, pi, entry);
-	conn_settle(pi->c);
-	if (pi->c->state != CONN_DEAD) {
-		va_start(ap, fmt);
-		vsnprintf(err, sizeof(err), fmt, ap);
-		va_end(ap);
-		conn_reply(pi->c, pi->seq, status, err, NULL, NULL, 0);
-	}
-	free(pi);
+	va_start(ap, fmt);
+	vsnprintf(err, sizeof(err), fmt, ap);
+	va_end(ap);
+	import_answer(pi, status, err, NULL, false);
 }
 
 /* The connection for t is ready, p or the node's one kept instead: its waiting imports go out. */
@@ -838,7 +815,7 @@ addr_chars_ok(const char *a)
  * dialled now if dial_on_demand allows it; the import waits for it (see the top of the file).
  */
 static void
-import_by_addr(struct conn *c, uint32_t seq, const char *a)
+import_by_addr(const struct fabric_import *rq, const char *a)
 {
 	const char *slash = strchr(a, '/');
 	char addr[96], host[80], port[16];
@@ -852,18 +829,13 @@ import_by_addr(struct conn *c, uint32_t seq, const char *a)
 	if (slash == NULL || (size_t)(slash - a) >= sizeof(addr) || !addr_chars_ok(addr) ||
 	    !split_addr(addr, host, sizeof(host), port, sizeof(port)) || host[0] == '\0' ||
 	    strtoul(port, NULL, 10) - 1 >= 65535) {
-		conn_reply(c, seq, GPX__STATUS__EINVAL, "an import by address is @HOST:PORT/name or "
-		    "@[IPV6]:PORT/name", NULL, NULL, 0);
+		rq->done(rq->arg, GPX__STATUS__EINVAL, "an import by address is @HOST:PORT/name or "
+		    "@[IPV6]:PORT/name", NULL, false);
 		return;
 	}
 	if (!export_name_ok(slash + 1)) {
-		conn_reply(c, seq, GPX__STATUS__EINVAL, "export names are 1..64 bytes of [A-Za-z0-9._:/-]",
-		    NULL, NULL, 0);
-		return;
-	}
-	if (!enabled) {
-		conn_reply(c, seq, GPX__STATUS__EACCES, "importing by address needs the fabric: "
-		    "[fabric] dial_on_demand = yes in gpxd.conf", NULL, NULL, 0);
+		rq->done(rq->arg, GPX__STATUS__EINVAL, "export names are 1..64 bytes of [A-Za-z0-9._:/-]",
+		    NULL, false);
 		return;
 	}
 	TAILQ_FOREACH(t, &targets, entry) {
@@ -880,24 +852,24 @@ import_by_addr(struct conn *c, uint32_t seq, const char *a)
 		if (!cfg->fabric_dial_on_demand) {
 			snprintf(err, sizeof(err), "%s is not a configured peer, and [fabric] dial_on_demand "
 			    "is off", addr);
-			conn_reply(c, seq, GPX__STATUS__EACCES, err, NULL, NULL, 0);
+			rq->done(rq->arg, GPX__STATUS__EACCES, err, NULL, false);
 			return;
 		}
 		if (n >= PEER_MAX_ON_DEMAND) {
 			snprintf(err, sizeof(err), "%u addresses are being dialled on demand already",
 			    PEER_MAX_ON_DEMAND);
-			conn_reply(c, seq, GPX__STATUS__EQUOTA, err, NULL, NULL, 0);
+			rq->done(rq->arg, GPX__STATUS__EQUOTA, err, NULL, false);
 			return;
 		}
 		if ((t = calloc(1, sizeof(*t))) == NULL) {
-			conn_reply(c, seq, GPX__STATUS__ENOMEM, "out of memory", NULL, NULL, 0);
+			rq->done(rq->arg, GPX__STATUS__ENOMEM, "out of memory", NULL, false);
 			return;
 		}
 		t->on_demand = true;
 		snprintf(t->addr, sizeof(t->addr), "%s", addr);
 		TAILQ_INSERT_TAIL(&targets, t, entry);
 	}
-	if ((pi = import_new(c, seq, slash + 1)) == NULL)
+	if ((pi = import_new(rq, slash + 1)) == NULL)
 		return;          /* a fresh target with no import is forgotten at the next tick */
 	if (t->node[0] != '\0' && (p = peer_by_node(t->node)) != NULL) {
 		import_send(pi, p);
@@ -906,41 +878,41 @@ import_by_addr(struct conn *c, uint32_t seq, const char *a)
 	pi->t = t;
 	if (t->p == NULL && !t->resolving) {
 		if (t->on_demand)
-			log_client(c, LOG_L_INFO, "fabric: dialling %s on demand, for an import by uid %u", addr,
-			    (unsigned)c->uid);
+			log_client(rq->log_as, LOG_L_INFO, "fabric: dialling %s on demand, for an import by uid %u",
+			    addr, (unsigned)rq->uid);
 		dial(t);
 	}
 }
 
 bool
-peer_import(struct conn *c, uint32_t seq, const char *name)
+peer_import(const struct fabric_import *rq)
 {
-	const char *colon = strchr(name, ':');
+	const char *name = rq->name, *colon = strchr(name, ':');
 	char n[PEER_NAME_MAX + 1], err[256];
 	struct pimport *pi;
 	struct peer *p;
 
 	/* '@' is in neither node nor export names: "@..." is an address, never NODE:name. */
 	if (name[0] == '@') {
-		import_by_addr(c, seq, name + 1);
+		import_by_addr(rq, name + 1);
 		return true;
 	}
 	if (!enabled || colon == NULL || colon == name || colon - name > PEER_NAME_MAX)
 		return false;
 	snprintf(n, sizeof(n), "%.*s", (int)(colon - name), name);
-	if (!node_name_ok(n) || strcmp(n, node) == 0)
+	if (!export_node_name_ok(n) || strcmp(n, node) == 0)
 		return false;
 	if ((p = peer_by_node(n)) == NULL) {
 		snprintf(err, sizeof(err), "no local export %s, and no connected peer named %s", name, n);
-		conn_reply(c, seq, GPX__STATUS__ENOENT, err, NULL, NULL, 0);
+		rq->done(rq->arg, GPX__STATUS__ENOENT, err, NULL, false);
 		return true;
 	}
 	if (!export_name_ok(colon + 1)) {
-		conn_reply(c, seq, GPX__STATUS__EINVAL, "export names are 1..64 bytes of [A-Za-z0-9._:/-]",
-		    NULL, NULL, 0);
+		rq->done(rq->arg, GPX__STATUS__EINVAL, "export names are 1..64 bytes of [A-Za-z0-9._:/-]",
+		    NULL, false);
 		return true;
 	}
-	if ((pi = import_new(c, seq, colon + 1)) != NULL)
+	if ((pi = import_new(rq, colon + 1)) != NULL)
 		import_send(pi, p);
 	return true;
 }
@@ -971,20 +943,9 @@ on_import_rep(struct peer *p, const Gpxpeer__ImportRep *rep)
 		return;
 	}
 	TAILQ_REMOVE(&pimports, pi, entry);
-	struct conn *c = pi->c;
-	uint32_t seq = pi->seq;
-	free(pi);
-	conn_settle(c);
 	if (rep->status == 0 && ((uint32_t)(rep->handle >> 32) != p->epoch || rep->length == 0)) {
 		peer_kill(p, "malformed import answer");
-		if (c->state != CONN_DEAD)
-			conn_reply(c, seq, GPX__STATUS__EIO, "the peer answered the import with nonsense",
-			    NULL, NULL, 0);
-		return;
-	}
-	if (c->state == CONN_DEAD) {
-		if (rep->status == 0)
-			release_handle(p, rep->handle);
+		import_answer(pi, GPX__STATUS__EIO, "the peer answered the import with nonsense", NULL, false);
 		return;
 	}
 	if (rep->status != 0) {
@@ -994,13 +955,14 @@ on_import_rep(struct peer *p, const Gpxpeer__ImportRep *rep)
 		for (char *s = err; *s; s++)
 			if (*s < 0x20 || *s > 0x7e)
 				*s = '?';
-		conn_reply(c, seq, st, err, NULL, NULL, 0);
+		import_answer(pi, st, err, NULL, false);
 		return;
 	}
+	/* An asker gone meanwhile drops the region at once, which sends the Release. */
 	struct region *r = fabric_remote_region(p, rep->handle, rep->length, rep->read_only);
 	if (r == NULL) {
 		release_handle(p, rep->handle);
-		conn_reply(c, seq, GPX__STATUS__ENOMEM, "out of memory", NULL, NULL, 0);
+		import_answer(pi, GPX__STATUS__ENOMEM, "out of memory", NULL, false);
 		return;
 	}
 	if (rep->notify)
@@ -1015,47 +977,8 @@ on_import_rep(struct peer *p, const Gpxpeer__ImportRep *rep)
 		for (size_t i = 0; i < rep->n_rdma_rkeys && i < FABRIC_RDMA_DEVS; i++)
 			rm->rkeys[i] = rep->rdma_rkeys[i];
 	}
-	r->uid = c->uid;
-	conn_import_remote(c, seq, r, rep->read_only);
-}
-
-/* ---- exports ---- */
-
-int
-peer_export_opts(struct export *e, const Gpx__Export *m, char *err, size_t errlen)
-{
-	size_t len = 0;
-
-	e->remote = m->remote;
-	e->peers = NULL;
-	if (m->n_peers == 0)
-		return 0;
-	if (!m->remote) {
-		snprintf(err, errlen, "a list of peers only applies to a remote export");
-		return -GPX__STATUS__EINVAL;
-	}
-	if (m->n_peers > 256) {
-		snprintf(err, errlen, "at most 256 peers per export");
-		return -GPX__STATUS__EINVAL;
-	}
-	for (size_t i = 0; i < m->n_peers; i++) {
-		if (!node_name_ok(m->peers[i])) {
-			snprintf(err, errlen, "peer names are 1..64 bytes of [A-Za-z0-9._-]");
-			return -GPX__STATUS__EINVAL;
-		}
-		len += strlen(m->peers[i]) + 1;
-	}
-	if ((e->peers = malloc(len)) == NULL) {
-		snprintf(err, errlen, "out of memory");
-		return -GPX__STATUS__ENOMEM;
-	}
-	e->peers[0] = '\0';
-	for (size_t i = 0; i < m->n_peers; i++) {
-		if (i > 0)
-			strcat(e->peers, ",");
-		strcat(e->peers, m->peers[i]);
-	}
-	return 0;
+	r->uid = pi->uid;
+	import_answer(pi, 0, NULL, r, rep->read_only);
 }
 
 /* ---- input ---- */
@@ -1385,10 +1308,6 @@ peer_start(struct event_base *b)
 	struct timeval tv = { 0, TICK_MS * 1000 };
 
 	base = b;
-	if (cfg->fabric_listen == NULL && cfg->fabric_peers == NULL && !cfg->fabric_dial_on_demand) {
-		snprintf(status_buf, sizeof(status_buf), "off");
-		return 0;
-	}
 	if (cfg->fabric_node != NULL)
 		snprintf(node, sizeof(node), "%s", cfg->fabric_node);
 	else {
@@ -1396,7 +1315,7 @@ peer_start(struct event_base *b)
 			node[0] = '\0';
 		node[strcspn(node, ".")] = '\0';     /* the short name */
 	}
-	if (!node_name_ok(node)) {
+	if (!export_node_name_ok(node)) {
 		log_warnx("fabric: node name '%s' is not 1..64 of [A-Za-z0-9._-]: set [fabric] node", node);
 		return -1;
 	}
@@ -1408,7 +1327,7 @@ peer_start(struct event_base *b)
 		log_warnx("fabric: %s", err);
 		return -1;
 	}
-	if ((arena = wire_arena_new(16 * PEER_MSG_MAX)) == NULL || fabric_init(b) < 0)
+	if ((arena = wire_arena_new(16 * PEER_MSG_MAX)) == NULL || request_init(b) < 0)
 		return -1;
 	if (fabric_rdma_init(b, err, sizeof(err)) < 0) {
 		log_warnx("fabric: transport = rdma: %s; use transport = tcp or auto", err);
@@ -1492,7 +1411,7 @@ peer_stop(void)
 		TAILQ_REMOVE(&targets, t, entry);
 		free(t);
 	}
-	fabric_shutdown();
+	request_shutdown();
 	fabric_rdma_shutdown();
 	if (listener != NULL)
 		evconnlistener_free(listener);

@@ -772,7 +772,7 @@ fabric_kick(void)
 }
 
 int
-fabric_init(struct event_base *b)
+request_init(struct event_base *b)
 {
 	if ((kick_ev = event_new(b, -1, 0, on_kick, NULL)) == NULL || stage_init(b) < 0)
 		return -1;
@@ -784,7 +784,7 @@ fabric_init(struct event_base *b)
 
 /* After every peer is down (so every request has failed): nothing is queued any more. */
 void
-fabric_shutdown(void)
+request_shutdown(void)
 {
 	struct rel *x;
 	struct fop *f;
