@@ -77,7 +77,7 @@ bool hmac_equal(const uint8_t *a, const uint8_t *b, size_t len);
 #define PEER_NONCE_LEN 32
 #define PEER_NAME_MAX 64              /* node names: export_node_name_ok (export.c) */
 
-/* ---- peer.c ---- */
+/* ---- peer.c: peer connections and their lifetime ---- */
 enum peer_state { PEER_CONNECTING, PEER_HELLO, PEER_AUTH, PEER_READY, PEER_DEAD };
 
 /* A handle a peer holds on one of our exports (it imported it). */
@@ -111,25 +111,83 @@ struct peer {
 	uint64_t notes_msg_tx, notes_msg_rx;   /* ... as messages (Write with notify, Notify) */
 	uint32_t inflight;           /* our requests waiting for an answer */
 	char why[160];               /* why it went down, or the last error */
-	struct rpeer *rdma;          /* its queue pairs (fabric-rdma.c), NULL over tcp */
+	struct rpeer *rdma;          /* its queue pairs (rdma.c), NULL over tcp */
 };
 TAILQ_HEAD(peer_list, peer);
 extern struct peer_list peers;
+extern char peer_self[PEER_NAME_MAX + 1];    /* this node's name */
 
 int peer_start(struct event_base *);         /* fabric_init: after engine_init */
 void peer_stop(void);                        /* fails what waits on peers; before engine_shutdown */
 /* The hooks of the same names (fabric.h). */
-bool peer_import(const struct fabric_import *);
 void peer_query(Gpx__QueryReply *);          /* Q_PEERS */
 void peer_query_free(Gpx__QueryReply *);
 const char *peer_status(void);               /* one line for status */
 
+/* A connection on bev (connecting when outbound), from or to addr; NULL without memory. */
+struct peer *peer_new(struct bufferevent *bev, bool outbound, const char *addr);
 /* Sends one framed message (and data, which may be NULL).  0, or -1 if the peer is gone. */
 int peer_send(struct peer *, const Gpxpeer__PeerMsg *, const void *data, size_t len);
+/* Says why in a Bye, on the wire at once: the connection is killed next. */
+void peer_bye(struct peer *, const char *why);
 /* The ready connection to node `name`, or NULL. */
 struct peer *peer_by_node(const char *name);
 struct phandle *peer_handle(struct peer *, uint64_t id);
 void peer_kill(struct peer *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- peer-auth.c: the handshake, versions and mutual authentication ---- */
+int peer_auth_init(void);                    /* loads the key file; -1 (logged) when it cannot */
+void peer_auth_forget(void);                 /* wipes the key */
+void peer_auth_hello(struct peer *);         /* outbound, once connected: the first message */
+/* A message before the connection is ready: Hello, Challenge, Auth or Ready, else it dies. */
+void peer_auth_msg(struct peer *, const Gpxpeer__PeerMsg *);
+
+/* ---- peer-dial.c: how connections come to be: the listener, the addresses we dial ---- */
+/*
+ * A peer address: a configured one is dialled until a connection to it is up; one dialled on
+ * demand, for imports by address, only when an import asks for it, and forgotten at the next
+ * tick once no connection reaches its node and no import waits for it.
+ */
+struct ptarget {
+	TAILQ_ENTRY(ptarget) entry;
+	char addr[96];
+	char node[PEER_NAME_MAX + 1];    /* learned at the first handshake */
+	struct peer *p;                  /* the outbound connection, while there is one */
+	bool resolving;
+	bool on_demand;
+	double t_next;
+	char why[160];
+};
+int peer_dial_start(struct event_base *);    /* [fabric] listen and peers; -1 (logged) if bad */
+void peer_dial_stop(void);
+void peer_dial_tick(double now);             /* dials configured addresses, forgets others */
+/* "HOST:PORT" or "[V6]:PORT" into host and port; false if malformed. */
+bool peer_dial_split(const char *a, char *host, size_t hl, char *port, size_t pl);
+/*
+ * The address for an import by address: the configured one (or one dialled already), else a
+ * new one to dial on demand when [fabric] dial_on_demand allows; NULL with a gpx status and
+ * why otherwise.
+ */
+struct ptarget *peer_dial_target(const char *addr, int *status, char *err, size_t errlen);
+void peer_dial(struct ptarget *);            /* resolves t's name, then connects */
+void peer_dial_lost(struct peer *);          /* p, dialled, is dead: its address waits or retries */
+const char *peer_dial_listening(void);       /* [fabric] listen, or "" */
+size_t peer_dial_count(void);                /* addresses known */
+void peer_dial_query(Gpx__QueryReply *);     /* appends those with no connection now */
+
+/* ---- peer-import.c: imports, ours of peers' exports and peers' of ours ---- */
+bool peer_import(const struct fabric_import *);     /* the hook (fabric.h) */
+void peer_import_req(struct peer *, const Gpxpeer__ImportReq *);     /* a peer imports */
+void peer_import_release(struct peer *, const Gpxpeer__Release *);   /* ... and lets go */
+void peer_import_rep(struct peer *, const Gpxpeer__ImportRep *);     /* a peer answered ours */
+/* The connection for t is ready, p or the node's one kept instead: its waiting imports go out. */
+void peer_import_target_ready(struct ptarget *t, struct peer *p);
+/* The attempt to reach t failed: the imports waiting for it fail now, with the reason. */
+void peer_import_target_down(struct ptarget *t, const char *why);
+bool peer_import_waits_for(const struct ptarget *t);
+void peer_import_down(struct peer *);        /* its imports fail, its handles on ours go */
+void peer_import_tick(double now);           /* imports past their deadline fail */
+void peer_import_stop(void);                 /* those still waiting fail */
 
 #define FABRIC_RDMA_DEVS 8           /* RDMA devices a gpxd opens (its NICs, the rails) */
 
