@@ -23,8 +23,8 @@ gpu_stats(struct fabric_gpu_stats *g)
 static const struct fabric_ops ops = {
 	.import = peer_import,                       /* peer.c */
 	.probe = stage_probe,                        /* stage.c */
-	.xfer_check = fabric_xfer_check,             /* request.c */
-	.kick = fabric_kick,                         /* request.c */
+	.xfer_check = remote_xfer_check,             /* remote.c */
+	.kick = request_kick,                        /* request.c */
 	.region_gone = fabric_rdma_region_gone,      /* rdma.c */
 	.status = peer_status,                       /* peer.c */
 	.peers = peer_query,

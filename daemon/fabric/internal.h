@@ -191,8 +191,7 @@ void peer_import_stop(void);                 /* those still waiting fail */
 
 #define FABRIC_RDMA_DEVS 8           /* RDMA devices a gpxd opens (its NICs, the rails) */
 
-/* ---- request.c ---- */
-extern const struct mem_ops mem_remote_ops;
+/* ---- remote.c: other nodes' memory as regions (memory kind `remote`) ---- */
 struct remote {                  /* r->priv of a `remote` region */
 	char node[PEER_NAME_MAX + 1];
 	uint32_t epoch;              /* of the connection it was imported through */
@@ -203,23 +202,34 @@ struct remote {                  /* r->priv of a `remote` region */
 	uint32_t rkeys[FABRIC_RDMA_DEVS];   /* ... and the key on each of its devices (0: none);
 	                                       bounds and rights enforced by its NIC */
 };
+/* The region of an import that peer p answered with handle; NULL without memory. */
+struct region *remote_region(struct peer *p, uint64_t handle, uint64_t length, bool read_only);
+/* The hook xfer_check: a transfer with a remote side is possible (connection alive)? */
+int remote_xfer_check(const struct region *src, const struct region *dst, char *err, size_t errlen);
+/* Loop thread: tells the peer that we let go of handle (if that connection still stands). */
+void remote_release(const char *node, uint32_t epoch, uint64_t handle);
+void remote_flush(void);                     /* loop thread: sends the Releases queued */
+void remote_start(void);                     /* Releases may be queued from now on */
+void remote_stop(void);                      /* ... no longer: those queued are dropped */
+
+/* ---- request.c: our requests to peers, the engine's PATH_FABRIC ---- */
 int request_init(struct event_base *);
 void request_shutdown(void);
-void fabric_kick(void);                      /* any thread: PATH_FABRIC has new work */
-/* A transfer with a remote side is possible (host memory, connection alive)? */
-int fabric_xfer_check(const struct region *src, const struct region *dst, char *err, size_t errlen);
-struct region *fabric_remote_region(struct peer *, uint64_t handle, uint64_t length, bool read_only);
-/* Loop thread: a Write, Read, Notify or Done arrived; consumes exactly datalen bytes of in. */
-void fabric_on_msg(struct peer *, const Gpxpeer__PeerMsg *, struct evbuffer *in, size_t datalen);
+void request_kick(void);                     /* any thread (the kick hook): new work, or Releases */
+/* Loop thread: a Done arrived; consumes exactly dlen bytes of in (a Read's). */
+void request_done(struct peer *, const Gpxpeer__Done *, struct evbuffer *in, size_t dlen);
 /* The peer is gone: everything waiting on it fails now. */
-void fabric_peer_down(struct peer *);
+void request_peer_down(struct peer *);
 /* Loop thread, about every 100 ms: requests past their deadline fail. */
-void fabric_tick(double now);
-void fabric_release(const char *node, uint32_t epoch, uint64_t handle);
+void request_tick(double now);
 /* Loop thread: an RDMA work request posted for request id completed. */
-void fabric_rdma_done(uint64_t id, bool ok, const char *why);
+void request_rdma_done(uint64_t id, bool ok, const char *why);
+
+/* ---- serve.c: peers' requests to us, against their handles on our exports ---- */
+/* Loop thread: a Write, Read or Notify arrived; consumes exactly datalen bytes of in. */
+void serve_msg(struct peer *, const Gpxpeer__PeerMsg *, struct evbuffer *in, size_t datalen);
 /* Loop thread: the peer's note arrived by RDMA: a transfer of bytes into its import handle ended. */
-void fabric_rdma_notified(struct peer *, uint64_t handle, uint64_t bytes);
+void serve_rdma_note(struct peer *, uint64_t handle, uint64_t bytes);
 
 /* ---- rdma.c (stubs without rdma-core) ---- */
 #define FABRIC_RDMA_TOKEN 32

@@ -9,7 +9,7 @@
  * dial_on_demand, a connection dialled then for the import (peer-dial.c), authenticated exactly
  * like the others.  The import waits for that connection without blocking the loop (a pimport
  * with a target and no peer yet) and fails with the reason as soon as the attempt fails, or
- * after [fabric] timeout; the peer's answer becomes a region of kind `remote` (request.c).
+ * after [fabric] timeout; the peer's answer becomes a region of kind `remote` (remote.c).
  *
  * Every import is answered exactly once, through the fabric_import_fn the asker handed in
  * (conn.c's), never by a call into the asker: errors at once, the rest when the peer answers.
@@ -365,7 +365,7 @@ peer_import_rep(struct peer *p, const Gpxpeer__ImportRep *rep)
 		return;
 	}
 	/* An asker gone meanwhile drops the region at once, which sends the Release. */
-	struct region *r = fabric_remote_region(p, rep->handle, rep->length, rep->read_only);
+	struct region *r = remote_region(p, rep->handle, rep->length, rep->read_only);
 	if (r == NULL) {
 		release_handle(p, rep->handle);
 		import_answer(pi, GPX__STATUS__ENOMEM, "out of memory", NULL, false);

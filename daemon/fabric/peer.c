@@ -3,7 +3,7 @@
  * node's gpxd.  A connection comes from the listener or from dialling an address
  * (peer-dial.c); before anything else it runs the handshake of proto/peer.proto (peer-auth.c);
  * then it carries imports (peer-import.c), the data plane's requests and answers
- * (request.c) and keepalive pings.  This file owns the list of connections, frames
+ * (request.c, serve.c) and keepalive pings.  This file owns the list of connections, frames
  * what goes out and what comes in, hands each message to the file of its job, and runs the
  * tick; it starts and stops the rest of the fabric (peer_start, peer_stop), and answers
  * gpxctl's status and peers.
@@ -173,7 +173,7 @@ peer_kill(struct peer *p, const char *fmt, ...)
 		bufferevent_free(p->bev);
 		p->bev = NULL;
 	}
-	fabric_peer_down(p);
+	request_peer_down(p);
 	peer_import_down(p);
 	TAILQ_REMOVE(&peers, p, entry);
 	TAILQ_INSERT_TAIL(&dead, p, entry);
@@ -269,9 +269,12 @@ dispatch(struct peer *p, const Gpxpeer__PeerMsg *m, struct evbuffer *in, size_t 
 	case GPXPEER__PEER_MSG__BODY_WRITE:
 	case GPXPEER__PEER_MSG__BODY_READ:
 	case GPXPEER__PEER_MSG__BODY_NOTIFY:
+		p->ops++;
+		serve_msg(p, m, in, datalen);
+		break;
 	case GPXPEER__PEER_MSG__BODY_DONE:
 		p->ops++;
-		fabric_on_msg(p, m, in, datalen);
+		request_done(p, m->done, in, datalen);
 		break;
 	default:
 		peer_kill(p, "unexpected message %d", m->body_case);
@@ -381,7 +384,7 @@ on_tick(evutil_socket_t fd, short what, void *arg)
 		}
 	}
 	peer_import_tick(now);
-	fabric_tick(now);
+	request_tick(now);
 	while ((p = TAILQ_FIRST(&dead)) != NULL)
 		peer_free(p);
 }

@@ -430,7 +430,7 @@ qp_established(struct rqp *q)
 		log_info("fabric: peer %s (epoch %08x): transport rdma, %d of %d queue pairs on %s", rp->p->node,
 		    rp->p->epoch, n, want, dev.names);
 	rp->said_up = true;
-	fabric_kick();
+	request_kick();
 }
 
 /* The inbound side: a connection request is accepted only as announced on a control connection. */
@@ -630,7 +630,7 @@ note_in(const struct rdev *d, const struct ibv_wc *wc)
 		qp_fail(q, strerror(errno));
 		return;
 	}
-	fabric_rdma_notified(q->rp->p, be64toh(n.handle), be64toh(n.bytes));
+	serve_rdma_note(q->rp->p, be64toh(n.handle), be64toh(n.bytes));
 }
 
 static void on_cq(evutil_socket_t, short, void *);
@@ -672,7 +672,7 @@ on_cq(evutil_socket_t fd, short what, void *arg)
 				unsigned nwr = (unsigned)(wc[i].wr_id >> WRID_SHIFT);
 				q->wrs = q->wrs > nwr ? q->wrs - nwr : 0;
 			}
-			fabric_rdma_done(id, wc[i].status == IBV_WC_SUCCESS, ibv_wc_status_str(wc[i].status));
+			request_rdma_done(id, wc[i].status == IBV_WC_SUCCESS, ibv_wc_status_str(wc[i].status));
 		}
 }
 
