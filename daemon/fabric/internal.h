@@ -1,39 +1,48 @@
 /*
- * gpxd to gpxd: the interfaces of the fabric subsystem, shared by its files only.
- *   hmac.c    SHA-256 and HMAC-SHA256 for the peers' mutual authentication
- *   peer.c    peer connections over TCP: connect and accept, authenticate, negotiate the
- *             version, keepalive, remote imports and the handles peers hold on our exports
- *   request.c the engine path PATH_FABRIC: remote regions (memory kind `remote`), chunks of
- *             transfers sent as Write/Read to the peer, answers, owner notifications, timeouts;
- *             and the serving side of Write/Read/Notify for our exports
- *   rdma.c    the RDMA data transport: rdma_cm queue pairs announced on the control
- *             connection, registrations, RDMA WRITE/READ of a chunk, their completions
+ * gpxd to gpxd: the interfaces of the fabric's files, shared by them only (the rest of the
+ * daemon sees daemon/fabric/fabric.h: fabric_init and its hooks).  By job:
  *
- * Threads: everything here runs on the loop thread, except mem_remote_ops.close, which may run
- * on a copy worker and only queues a Release for the loop.
+ *   fabric.c       the front door: fabric_init and the table of hooks the core calls
+ *   peer.c         peer connections and their lifetime: framing, dispatch of messages to the
+ *                  files below, keepalive, the tick, start and stop, gpxctl status and peers
+ *   peer-dial.c    how connections come to be: the listener, configured addresses and those
+ *                  dialled on demand, name resolution
+ *   peer-auth.c    the handshake: versions and the mutual HMAC-SHA256 challenge, Ready
+ *   peer-import.c  imports both ways: peers' handles on our exports, our imports of theirs
+ *   hmac.c         SHA-256 and HMAC-SHA256 for that challenge
+ *   remote.c       other nodes' memory as regions (memory kind `remote`), their Releases
+ *   request.c      our requests to peers, the engine's PATH_FABRIC: chunks sent as Write/Read
+ *                  or posted by RDMA, the window, answers, owners' notes, deadlines
+ *   serve.c        peers' requests to us: Write, Read and Notify against their handles
+ *   stage.c        GPU memory the NIC cannot reach: staged through pinned host buffers; the
+ *                  dma-buf probe of exported GPU memory
+ *   nic.c, nic.h   the node's RDMA NICs from sysfs, and the NIC of each GPU
+ *   rdma-*.c       the RDMA transport (devices, queue pairs, registrations, data path, notes),
+ *                  behind its private header rdma.h, the only one that includes
+ *                  <infiniband/verbs.h> and <rdma/rdma_cma.h>; rdma-none.c without rdma-core
  *
- *   stage.c   GPU memory on one side of a remote copy when the NIC cannot reach it: staging
- *             through pinned host buffers, and the dma-buf probe of exported GPU memory
- * The rest of the daemon sees only daemon/fabric/fabric.h: fabric_init and its hooks.
+ * Threads: everything here runs on the loop thread, except the `remote` kind's close (any
+ * thread; it only queues a Release for the loop), fabric_rdma_region_gone (any thread, under
+ * the registration lock), the kick hook (any thread) and stage.c's copies (its own thread).
  *
  * Where it stands: the control plane (peering, authentication, versions, remote exports and
  * imports, epochs, keepalive) and the tcp data transport are done and tested by
- * tests/fabric-tcp.test.  The RDMA data transport (rdma.c: librdmacm, RC queue pairs
- * shared per peer, RDMA WRITE/READ, per-import registrations of exports, a registration cache
- * for local regions) is tested with host memory between two Soft-RoCE guests by
- * tests/vm-rdma.test; the owner's notification after RDMA WRITEs is an RDMA WRITE with
- * immediate data into the peer's mailbox on a queue pair.  GPU memory on either side: registered with the NIC from a dma-buf
+ * tests/fabric-tcp.test.  The RDMA data transport (librdmacm, RC queue pairs shared per
+ * peer, RDMA WRITE/READ, per-import registrations of exports, a registration cache for local
+ * regions) is tested with host memory between two Soft-RoCE guests by tests/vm-rdma.test; the
+ * owner's notification after RDMA WRITEs is an RDMA WRITE with immediate data into the peer's
+ * mailbox on a queue pair.  GPU memory on either side: registered with the NIC from a dma-buf
  * (ibv_reg_dmabuf_mr), else the device pointer (ibv_reg_mr, nvidia-peermem), else staged
  * (stage.c), each only when the one before is impossible; the staged path over tcp runs on the
- * GPU machines (tests/gpu/fabric-gpu.test), the registrations need a GPU and an RDMA NIC in
- * one machine, which this project has never had.  The NIC of each GPU is chosen by PCI
- * distance from sysfs (daemon/fabric/nic.c, shown by gpxctl topo, overridden by [fabric]
- * nic_for_gpuN); rdma.c opens every device with an active port (or those [fabric]
- * rdma_device names), stripes host memory and staged buffers over all of them, and registers
- * a GPU's memory only on its own NIC.
+ * GPU machines (tests/fabric-gpu.test), the registrations need a GPU and an RDMA NIC in one
+ * machine, which this project has never had.  The NIC of each GPU is chosen by PCI distance
+ * from sysfs (nic.c, shown by gpxctl topo, overridden by [fabric] nic_for_gpuN); rdma-dev.c
+ * opens every device with an active port (or those [fabric] rdma_device names), host memory
+ * and staged buffers are striped over all of them, and a GPU's memory is registered only on
+ * its own NIC.
  */
-#ifndef GPX_FABRIC_H
-#define GPX_FABRIC_H
+#ifndef GPX_FABRIC_INTERNAL_H
+#define GPX_FABRIC_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -111,7 +120,7 @@ struct peer {
 	uint64_t notes_msg_tx, notes_msg_rx;   /* ... as messages (Write with notify, Notify) */
 	uint32_t inflight;           /* our requests waiting for an answer */
 	char why[160];               /* why it went down, or the last error */
-	struct rpeer *rdma;          /* its queue pairs (rdma.c), NULL over tcp */
+	struct rpeer *rdma;          /* its queue pairs (rdma-qp.c), NULL over tcp */
 };
 TAILQ_HEAD(peer_list, peer);
 extern struct peer_list peers;
@@ -231,7 +240,7 @@ void serve_msg(struct peer *, const Gpxpeer__PeerMsg *, struct evbuffer *in, siz
 /* Loop thread: the peer's note arrived by RDMA: a transfer of bytes into its import handle ended. */
 void serve_rdma_note(struct peer *, uint64_t handle, uint64_t bytes);
 
-/* ---- rdma.c (stubs without rdma-core) ---- */
+/* ---- rdma-*.c, the RDMA transport (private header rdma.h; rdma-none.c without rdma-core) ---- */
 #define FABRIC_RDMA_TOKEN 32
 /* 1: rdma is on; 0: tcp (why says why); -1: transport = rdma and it cannot be. */
 int fabric_rdma_init(struct event_base *, char *why, size_t whylen);

@@ -4,7 +4,7 @@
  * with the key the nodes share ([fabric] key_file; the key never crosses the wire).  The
  * connecting side says Hello, the answering side a Challenge with its proof, the connecting
  * side its own proof in Auth, and the answering side Ready with the connection's epoch and its
- * RDMA offer (rdma.c).  Until Ready nothing but these messages is accepted (peer.c caps
+ * RDMA offer (rdma-qp.c).  Until Ready nothing but these messages is accepted (peer.c caps
  * their size far lower), and a side that fails to prove the key is told so and dropped.
  *
  * Two daemons that both list each other end up with two connections; once both are

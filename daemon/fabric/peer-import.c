@@ -2,7 +2,7 @@
  * Imports between nodes, both ways.  Serving: a peer asks for one of our exports by name; if
  * the export is remote and its rule admits that node (export_admits_peer), the peer gets a
  * handle (struct phandle) that carries the connection's epoch, and, over RDMA, a registration
- * of the export for this import alone (rdma.c); the handle holds a reference on the region
+ * of the export for this import alone (rdma-mr.c); the handle holds a reference on the region
  * until the peer releases it or the connection ends.  Asking: a local client imports
  * "NODE:name" from a ready peer, or "@HOST:PORT/name" (IPv6 as [ADDR]:PORT) from the daemon at
  * an address: the configured peer of that address if there is one, else, only with [fabric]

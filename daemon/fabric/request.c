@@ -17,7 +17,7 @@
  * thread: one chunk (1 MiB by default) at a time, so a large transfer never holds the loop for
  * long.
  *
- * When the peer's queue pairs are up and the import came with an RDMA registration (rdma.c), a
+ * When the peer's queue pairs are up and the import came with an RDMA registration (rdma-*.c), a
  * chunk is posted as one RDMA WRITE or READ instead of a message and ends with its work
  * completion; everything else (windows, notifications, deadlines) is the same.
  *

@@ -6,7 +6,7 @@
  * carries a gpx status, and a Read's bytes.  A transfer into an export whose owner asked for
  * notifications ends with the owner's notification, posted in its completion queue exactly as
  * for a local copy: from a Write that carries it, a Notify, or a note that came by RDMA
- * (rdma.c hands it here).
+ * (rdma-note.c hands it here).
  *
  * An export in GPU memory is served through a staging buffer (stage.c): a Write's bytes go
  * into the GPU, or a Read's come out of it, on the stage thread, and the answer goes when the

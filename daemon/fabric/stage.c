@@ -1,7 +1,7 @@
 /*
  * GPU memory on one side of a copy between nodes.
  *
- * GPUDirect first: over RDMA, daemon/fabric/rdma.c registers GPU memory with the NIC itself
+ * GPUDirect first: over RDMA, rdma-mr.c registers GPU memory with the NIC itself
  * (a dma-buf from the driver with ibv_reg_dmabuf_mr, else the device pointer with ibv_reg_mr
  * through nvidia-peermem), and the NIC reads and writes the GPU with no copy.  Where neither
  * can be (the tcp transport, no RDMA device, a NIC that is not this GPU's, a driver or NIC
@@ -13,7 +13,7 @@
  * tells which path a peer's copies would take before any is made.
  *
  * Buffers: STAGE_BYTES of pinned memory cut into buffers of [fabric] chunk_size, allocated
- * at start when the node has a GPU, and known to fabric-rdma.c as one host region (pool_r),
+ * at start when the node has a GPU, and known to rdma-mr.c as one host region (pool_r),
  * so that a staged chunk can still go by RDMA.  When every buffer is taken a chunk is staged
  * through the heap (the driver then copies pageable memory itself): slower, never stuck; up
  * to STAGE_HEAP_MAX bytes at once (two peers' full windows of the largest chunks), beyond
