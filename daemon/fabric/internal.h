@@ -52,6 +52,14 @@
 #include "daemon/fabric/fabric.h"
 #include "proto/peer.pb-c.h"
 
+/*
+ * Calls out of the fabric go down: into regions, exports, the engine's chunks, completion
+ * queues, defer, log, conf and the wire arena.  The one upward by file is now_s(), the
+ * daemon's clock, which lives in levent.c: reading a clock is not a call into the loop, and a
+ * callback for it would only hide that.  Answers to the core go through its callbacks
+ * (fabric_import_fn).
+ */
+
 struct evbuffer;
 struct bufferevent;
 
@@ -189,6 +197,7 @@ bool peer_import(const struct fabric_import *);     /* the hook (fabric.h) */
 void peer_import_req(struct peer *, const Gpxpeer__ImportReq *);     /* a peer imports */
 void peer_import_release(struct peer *, const Gpxpeer__Release *);   /* ... and lets go */
 void peer_import_rep(struct peer *, const Gpxpeer__ImportRep *);     /* a peer answered ours */
+void peer_import_let_go(struct peer *, uint64_t handle);  /* sends Release: we let go of it */
 /* The connection for t is ready, p or the node's one kept instead: its waiting imports go out. */
 void peer_import_target_ready(struct ptarget *t, struct peer *p);
 /* The attempt to reach t failed: the imports waiting for it fail now, with the reason. */

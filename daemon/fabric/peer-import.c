@@ -323,8 +323,8 @@ peer_import(const struct fabric_import *rq)
 	return true;
 }
 
-static void
-release_handle(struct peer *p, uint64_t handle)
+void
+peer_import_let_go(struct peer *p, uint64_t handle)
 {
 	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
 	Gpxpeer__Release r = GPXPEER__RELEASE__INIT;
@@ -367,7 +367,7 @@ peer_import_rep(struct peer *p, const Gpxpeer__ImportRep *rep)
 	/* An asker gone meanwhile drops the region at once, which sends the Release. */
 	struct region *r = remote_region(p, rep->handle, rep->length, rep->read_only);
 	if (r == NULL) {
-		release_handle(p, rep->handle);
+		peer_import_let_go(p, rep->handle);
 		import_answer(pi, GPX__STATUS__ENOMEM, "out of memory", NULL, false);
 		return;
 	}

@@ -164,8 +164,9 @@ ack_timeout(struct rdma_cm_id *id)
 		log_debug("fabric", "rdma ack timeout not set: %s", strerror(errno));
 }
 
+/* The rdma_cm parameters of connecting or accepting q, with pd as private data. */
 static void
-conn_param(struct rdma_conn_param *cp, const struct rqp *q, const void *pd, size_t pdl)
+qp_param(struct rdma_conn_param *cp, const struct rqp *q, const void *pd, size_t pdl)
 {
 	memset(cp, 0, sizeof(*cp));
 	cp->private_data = pd;
@@ -257,7 +258,7 @@ on_request(struct rdma_cm_id *id, const uint8_t *pd, size_t pdl)
 		w.magic = htonl(RDMA_MAGIC);
 		w.dev = htonl((uint32_t)d->index);
 		w.box = htonl(q->box_mr != NULL ? q->box_mr->rkey : 0);
-		conn_param(&cp, q, &w, sizeof(w));
+		qp_param(&cp, q, &w, sizeof(w));
 	}
 	if (q->id->qp == NULL || rdma_accept(id, &cp) < 0) {
 		log_warn("fabric: peer %s: accepting rdma queue pair %u", p->node, idx);
@@ -296,7 +297,7 @@ cm_event(const struct rdma_cm_event *e, const uint8_t *pd, size_t pdl)
 		h.dev = htonl((uint32_t)q->dev);
 		memcpy(h.token, q->rp->token, sizeof(h.token));
 		h.box = htonl(q->box_mr != NULL ? q->box_mr->rkey : 0);
-		conn_param(&cp, q, &h, sizeof(h));
+		qp_param(&cp, q, &h, sizeof(h));
 		ack_timeout(q->id);
 		if (rdma_connect(q->id, &cp) < 0)
 			rqp_fail(q, strerror(errno));

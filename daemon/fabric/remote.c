@@ -120,18 +120,13 @@ remote_xfer_check(const struct region *src, const struct region *dst, char *err,
 void
 remote_release(const char *n, uint32_t epoch, uint64_t handle)
 {
-	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
-	Gpxpeer__Release r = GPXPEER__RELEASE__INIT;
 	struct peer *p = peer_by_node(n);
 
 	if (p == NULL || p->epoch != epoch)
 		return;          /* that connection is gone, and its handles with it */
 	if (p->nimports > 0)
 		p->nimports--;
-	r.handle = handle;
-	m.body_case = GPXPEER__PEER_MSG__BODY_RELEASE;
-	m.release = &r;
-	peer_send(p, &m, NULL, 0);
+	peer_import_let_go(p, handle);
 }
 
 void
