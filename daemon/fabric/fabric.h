@@ -7,9 +7,10 @@
  * below, which levent.c keeps in `fabric`; the core calls a hook only while `fabric` is set, and
  * otherwise does what a daemon without peers does (no such export, nothing remote, zeros).  So
  * without the fabric none of its code runs: no thread, socket, timer or RDMA device.  A reload
- * neither starts nor stops it: a [fabric] section added or removed takes effect at restart.
- * Once set, `fabric` stays set until the process exits (hooks may be called from any thread
- * that names them so; after stop they find nothing to do).
+ * neither starts nor stops it, as before: turning it on or off takes effect at restart (the
+ * keys it reads at each use, such as timeout, at once).  Once set, `fabric` stays set until
+ * the process exits, so that kick and region_gone, which other threads call, never see it
+ * change; after stop the hooks find nothing to do.
  *
  * One thing is not behind fabric_init: nic_topo, the node's RDMA NICs read from sysfs, which
  * gpxctl topo shows whether or not the fabric runs (daemon/fabric/nic.c; it reads files only).
