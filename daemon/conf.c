@@ -48,7 +48,7 @@ conf_defaults(struct conf *c)
 	c->busy_poll_us = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 5000 : 0;
 	c->log_level = strdup("info");
 	c->metrics_listen = NULL;
-	/* [fabric] (daemon/peer.c) */
+	/* [fabric] (daemon/fabric/peer.c) */
 	c->fabric_transport = strdup("auto");
 	c->fabric_timeout_s = 10;
 	c->fabric_retry_s = 2;
@@ -224,7 +224,7 @@ on_key(void *user, const char *sec, const char *key, const char *v)
 	else if (KEY("fabric", "rdma_device"))
 		bad = set_str(&c->fabric_rdma_device, v);
 	else if (!strcmp(sec, "fabric") && !strncmp(key, "nic_for_gpu", 11) && isdigit((unsigned char)key[11])) {
-		/* nic_for_gpu0 .. nic_for_gpu15 (daemon/nic.c) */
+		/* nic_for_gpu0 .. nic_for_gpu15 (daemon/fabric/nic.c) */
 		char *end;
 		unsigned long g = strtoul(key + 11, &end, 10);
 		bad = *end != '\0' || g >= 16 || (key[11] == '0' && key[12] != '\0') || v[0] == '\0' ||

@@ -35,6 +35,7 @@
 #include <event2/event.h>
 
 #include "gpxd.h"
+#include "fabric/fabric.h"
 
 struct conn_list conns = TAILQ_HEAD_INITIALIZER(conns);
 double conn_last_input;
@@ -941,9 +942,9 @@ on_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 	e->gid = m->gid;
 	e->read_only = m->read_only || h->r->read_only;
 	e->notify = m->notify;
-	/* fabric: whether peers may import it, and which (daemon/peer.c) */
+	/* fabric: whether other nodes may import it, and which (export.c keeps that rule) */
 	char ferr[160];
-	int fe = peer_export_opts(e, m, ferr, sizeof(ferr));
+	int fe = export_remote_opts(e, m, ferr, sizeof(ferr));
 	if (fe < 0) {
 		region_unref(h->r);
 		free(e);
@@ -961,8 +962,11 @@ on_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 	}
 	c->user->exports++;
 	TAILQ_INSERT_TAIL(&exports, e, entry);
-	if (e->remote)
-		stage_probe(h->r);     /* GPU memory: what a peer's NIC would get */
+	if (e->remote && fabric != NULL)
+		fabric->probe(h->r);     /* GPU memory: what a peer's NIC would get */
+	else if (e->remote && h->r->host == NULL && h->r->dev >= 0)
+		/* No fabric to probe it: what the fabric says when it cannot. */
+		snprintf(h->r->gdr, sizeof(h->r->gdr), "staging: GPU memory cannot be probed now");
 	log_debug("export", "client %llu exports %#llx as %s", (unsigned long long)c->id,
 	    (unsigned long long)h->id, e->name);
 	reply_err(c, seq, 0, NULL);
@@ -986,6 +990,43 @@ on_unexport(struct conn *c, uint32_t seq, const Gpx__Unexport *m)
 	reply_err(c, seq, 0, NULL);
 }
 
+/* fabric: an import the fabric answers later through import_answered, with c kept alive. */
+struct rimport {
+	struct conn *c;
+	uint32_t seq;
+};
+
+static void import_answered(void *arg, int status, const char *msg, struct region *r, bool read_only);
+
+/* fabric: hands an import of a name no local export has to the fabric; false: not its kind. */
+static bool
+import_remote(struct conn *c, uint32_t seq, const char *name)
+{
+	struct fabric_import rq = { .name = name, .uid = c->uid, .log_as = c, .done = import_answered };
+	struct rimport *ri;
+
+	if (fabric == NULL) {
+		if (name[0] != '@')
+			return false;
+		reply_err(c, seq, GPX__STATUS__EACCES, "importing by address needs the fabric: "
+		    "[fabric] dial_on_demand = yes in gpxd.conf");
+		return true;
+	}
+	if ((ri = malloc(sizeof(*ri))) == NULL) {
+		reply_err(c, seq, GPX__STATUS__ENOMEM, "out of memory");
+		return true;
+	}
+	ri->c = c;
+	ri->seq = seq;
+	rq.arg = ri;
+	c->pending++;                /* import_answered settles it, maybe before this returns */
+	if (fabric->import(&rq))
+		return true;
+	c->pending--;
+	free(ri);
+	return false;
+}
+
 static void
 on_import(struct conn *c, uint32_t seq, const Gpx__Import *m)
 {
@@ -993,8 +1034,8 @@ on_import(struct conn *c, uint32_t seq, const Gpx__Import *m)
 	struct rhandle *h;
 
 	if (e == NULL) {
-		/* fabric: "NODE:name" of a connected peer is answered by peer.c, later */
-		if (m->name != NULL && peer_import(c, seq, m->name))
+		/* fabric: "NODE:name" or "@HOST:PORT/name" is answered by the fabric, maybe later */
+		if (m->name != NULL && import_remote(c, seq, m->name))
 			return;
 		reply_err(c, seq, GPX__STATUS__ENOENT, "no such export");
 		return;
@@ -1029,14 +1070,33 @@ on_import(struct conn *c, uint32_t seq, const Gpx__Import *m)
 	conn_reply(c, seq, 0, NULL, &rep, NULL, 0);
 }
 
-/* fabric: a remote import answered by its peer (daemon/peer.c); r arrives with one reference. */
-void
-conn_import_remote(struct conn *c, uint32_t seq, struct region *r, bool read_only)
+/*
+ * fabric: the answer to an import of another node's export (fabric.h's fabric_import_fn): a
+ * handle on r, which arrives with one reference, or the error.  An asker gone meanwhile drops r.
+ */
+static void
+import_answered(void *arg, int status, const char *msg, struct region *r, bool read_only)
 {
+	struct rimport *ri = arg;
+	struct conn *c = ri->c;
+	uint32_t seq = ri->seq;
 	Gpx__Reply rep = GPX__REPLY__INIT;
 	Gpx__Registered reg = GPX__REGISTERED__INIT;
 	struct rhandle *h = NULL;
 
+	free(ri);
+	conn_settle(c);
+	if (c->state == CONN_DEAD) {
+		if (r != NULL) {
+			region_revoke(r);      /* its closing tells the peer */
+			region_unref(r);
+		}
+		return;
+	}
+	if (status != 0) {
+		reply_err(c, seq, status, msg);
+		return;
+	}
 	if (c->user->regions >= cfg->max_regions_per_uid || (h = handle_add(c, r, true, read_only)) == NULL) {
 		reply_err(c, seq, c->user->regions >= cfg->max_regions_per_uid ? GPX__STATUS__EQUOTA :
 		    GPX__STATUS__ENOMEM, "uid is at its region limit, or out of memory");

@@ -21,8 +21,7 @@
 #include <sys/mman.h>
 
 #include "gpxd.h"
-#include "nic.h"
-#include "fabric.h"
+#include "fabric/fabric.h"
 
 static const char *state_names[] = { "hello", "ready", "draining", "dead" };
 
@@ -48,7 +47,7 @@ q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
 	s->cuda = (char *)gpu_status();
 	s->trust_legacy = cfg->trust_legacy_ipc;
 	s->config = cfg->path ? cfg->path : (char *)"(defaults)";
-	s->fabric = (char *)peer_status();
+	s->fabric = fabric != NULL ? (char *)fabric->status() : (char *)"off";
 	for (int p = 0; p < NPATHS; p++) {
 		uint64_t x, b, e;
 		engine_path_stats(p, &x, &b, &e);
@@ -167,19 +166,22 @@ q_exports(Gpx__QueryReply *q, const struct conn *asker)
 	q->n_exports = n;
 }
 
-/* GPU memory between nodes, by path (daemon/stage.c, daemon/fabric-rdma.c). */
+/* GPU memory between nodes, by path (daemon/fabric/): zeros without the fabric. */
 static void
 q_fabric_gpu(Gpx__QueryReply *q, Gpx__FabricGpu *g)
 {
-	struct stage_stats s;
+	struct fabric_gpu_stats s = { 0 };
 
-	stage_stats(&s);
+	if (fabric != NULL)
+		fabric->gpu_stats(&s);
 	g->direct_bytes = s.direct_bytes;
 	g->staged_bytes = s.staged_bytes;
 	g->staged_copies = s.staged_copies;
 	g->heap_copies = s.heap_copies;
 	g->pool_bytes = s.pool_bytes;
-	fabric_rdma_gpu_regs(&g->dmabuf_regs, &g->peermem_regs, &g->unregistrable);
+	g->dmabuf_regs = s.dmabuf_regs;
+	g->peermem_regs = s.peermem_regs;
+	g->unregistrable = s.unregistrable;
 	q->fabric_gpu = g;
 }
 
@@ -302,7 +304,8 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 		nic_topo(&q);
 		break;
 	case GPX__QUERY_WHAT__Q_PEERS:
-		peer_query(&q);
+		if (fabric != NULL)
+			fabric->peers(&q);
 		q_fabric_gpu(&q, &fg);
 		break;
 	default:
@@ -317,7 +320,8 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 	free_list((void **)q.paths, q.n_paths);
 	nic_topo_free(&q);
 	gpu_topo_free(&q);
-	peer_query_free(&q);
+	if (fabric != NULL)
+		fabric->peers_free(&q);
 }
 
 void

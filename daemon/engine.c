@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "gpxd.h"
+#include "fabric/fabric.h"
 
 struct epath {
 	TAILQ_HEAD(, uqueue) active; /* uids with work on the path */
@@ -57,7 +58,7 @@ engine_path_name(enum path_kind p)
 enum path_kind
 engine_path_for(const struct region *src, const struct region *dst)
 {
-	/* fabric: anything with another node's region on one side (daemon/fabric.c) */
+	/* fabric: anything with another node's region on one side (daemon/fabric/) */
 	if (src->kind == GPX__MEM_KIND__MEM_REMOTE || dst->kind == GPX__MEM_KIND__MEM_REMOTE)
 		return PATH_FABRIC;
 	if (src->dev != DEV_HOST)
@@ -235,8 +236,8 @@ engine_submit(struct job *j)
 	if (j->total <= ENGINE_SMALL_JOB)
 		atomic_fetch_add(&paths[path].nsmall, 1);
 	pthread_mutex_unlock(&elock);
-	if (path == PATH_FABRIC)
-		fabric_kick();      /* the fabric takes chunks on the loop thread, not a worker */
+	if (path == PATH_FABRIC && fabric != NULL)
+		fabric->kick();     /* the fabric takes chunks on the loop thread, not a worker */
 }
 
 /*

@@ -2,10 +2,13 @@
  * Exports: a region published under a name with an access rule, so that another client can
  * import it and copy into or out of it without the two processes sharing anything directly.
  * The rule is checked against the importer's kernel credentials, never against anything the
- * importer says about itself.
+ * importer says about itself.  An export may also be open to other nodes' daemons (remote,
+ * all of them or those its list names): that rule is kept and checked here too, for the
+ * fabric (daemon/fabric/), which asks export_admits_peer when a peer imports.
  */
 #include "config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +38,71 @@ export_name_ok(const char *name)
 	return strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-") == n;
 }
 
+/* 1..64 of [A-Za-z0-9._-]; no ':', which separates NODE from name in imports of NODE:name. */
+bool
+export_node_name_ok(const char *n)
+{
+	size_t l = n ? strlen(n) : 0;
+
+	return l > 0 && l <= 64 &&
+	    strspn(n, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == l;
+}
+
+int
+export_remote_opts(struct export *e, const Gpx__Export *m, char *err, size_t errlen)
+{
+	size_t len = 0;
+
+	e->remote = m->remote;
+	e->peers = NULL;
+	if (m->n_peers == 0)
+		return 0;
+	if (!m->remote) {
+		snprintf(err, errlen, "a list of peers only applies to a remote export");
+		return -GPX__STATUS__EINVAL;
+	}
+	if (m->n_peers > 256) {
+		snprintf(err, errlen, "at most 256 peers per export");
+		return -GPX__STATUS__EINVAL;
+	}
+	for (size_t i = 0; i < m->n_peers; i++) {
+		if (!export_node_name_ok(m->peers[i])) {
+			snprintf(err, errlen, "peer names are 1..64 bytes of [A-Za-z0-9._-]");
+			return -GPX__STATUS__EINVAL;
+		}
+		len += strlen(m->peers[i]) + 1;
+	}
+	if ((e->peers = malloc(len)) == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return -GPX__STATUS__ENOMEM;
+	}
+	e->peers[0] = '\0';
+	for (size_t i = 0; i < m->n_peers; i++) {
+		if (i > 0)
+			strcat(e->peers, ",");
+		strcat(e->peers, m->peers[i]);
+	}
+	return 0;
+}
+
+/* Whether export e admits peer node n: remote, and n in its list when it has one. */
+bool
+export_admits_peer(const struct export *e, const char *n)
+{
+	if (!e->remote)
+		return false;
+	if (e->peers == NULL)
+		return true;
+	size_t l = strlen(n);
+	for (const char *s = e->peers; *s;) {
+		size_t k = strcspn(s, ",");
+		if (k == l && strncmp(s, n, l) == 0)
+			return true;
+		s += k + (s[k] == ',');
+	}
+	return false;
+}
+
 bool
 export_allows(const struct export *e, const struct creds *c)
 {
@@ -59,7 +127,7 @@ export_remove(struct export *e)
 	struct user *u = user_get(e->uid);
 	u->exports--;
 	region_unref(e->r);
-	free(e->peers);     /* fabric */
+	free(e->peers);
 	free(e);
 }
 

@@ -121,8 +121,7 @@ struct conf {
 	char *log_level;
 	char *metrics_listen;        /* "127.0.0.1:9464", NULL = off */
 	bool metrics_allow_remote;   /* serve metrics on a non-loopback address too */
-	/* [fabric]: gpxd to gpxd (daemon/peer.c, daemon/fabric.c); off without listen, peers and
-	 * dial_on_demand */
+	/* [fabric]: gpxd to gpxd (daemon/fabric/), on with listen, peers or dial_on_demand */
 	char *fabric_node;           /* this node's name among peers (default: the hostname) */
 	char *fabric_listen;         /* "ADDR:PORT" for peer connections, NULL = none */
 	char *fabric_key_file;       /* key shared by the nodes (required when the fabric is on) */
@@ -130,7 +129,7 @@ struct conf {
 	bool fabric_dial_on_demand;  /* an import "@HOST:PORT/name" may dial an address not in peers */
 	char *fabric_transport;      /* auto | rdma | tcp */
 	char *fabric_rdma_device;    /* NULL = chosen from the topology */
-	char *fabric_nic_for_gpu[16];   /* nic_for_gpuN: GPU N's NIC; NULL = nearest (daemon/nic.c) */
+	char *fabric_nic_for_gpu[16];   /* nic_for_gpuN: GPU N's NIC; NULL = nearest (fabric/nic.c) */
 	double fabric_timeout_s;     /* a request, a handshake or a silent peer fails after this */
 	double fabric_retry_s;       /* between attempts to reach a configured peer */
 	uint64_t fabric_chunk;       /* bytes per Write/Read on the wire */
@@ -239,7 +238,7 @@ struct region {
 	atomic_bool notify_on;
 	_Atomic uint64_t notify_tag;
 	char export_name[65];
-	char gdr[112];               /* an export's GPU memory to peers: what daemon/stage.c found */
+	char gdr[112];               /* an export's GPU memory to peers: what fabric/stage.c found */
 };
 
 extern const struct mem_ops mem_host_ops;
@@ -473,8 +472,6 @@ uint32_t conn_count(void);
 struct conn *conn_by_id(uint64_t);
 struct rhandle *conn_handle(struct conn *, uint64_t id);
 int conn_reply(struct conn *, uint32_t seq, int status, const char *msg, Gpx__Reply *body, const int *fds, int nfds);
-/* A remote import (daemon/peer.c) answered: gives c a handle on r, or answers the error. */
-void conn_import_remote(struct conn *, uint32_t seq, struct region *r, bool read_only);
 
 /* ---- export.c: names under which regions are shared ---- */
 struct export {
@@ -489,7 +486,7 @@ struct export {
 	bool read_only;
 	bool notify;
 	uint32_t importers;
-	bool remote;                 /* peers may import it (daemon/peer.c) */
+	bool remote;                 /* other nodes' daemons may import it (daemon/fabric/) */
 	char *peers;                 /* "a,b": only these peer nodes; NULL = any authenticated peer */
 };
 TAILQ_HEAD(export_list, export);
@@ -497,6 +494,12 @@ extern struct export_list exports;
 struct export *export_find(const char *name);
 bool export_name_ok(const char *name);
 bool export_allows(const struct export *, const struct creds *);
+/* A node name as exports' peer lists and the fabric spell it: 1..64 of [A-Za-z0-9._-]. */
+bool export_node_name_ok(const char *name);
+/* The remote fields of an Export message into e (remote, peers); <0 (a gpx status) on bad input. */
+int export_remote_opts(struct export *e, const Gpx__Export *m, char *err, size_t errlen);
+/* Whether a remote export admits the peer node named node (its list, or any). */
+bool export_admits_peer(const struct export *, const char *node);
 void export_remove(struct export *);
 void export_remove_region(struct region *);
 uint32_t export_count(void);
@@ -565,25 +568,6 @@ void vmm_sweep(uint64_t owner);
 uint64_t vmm_stats(uint64_t *hits);
 void gpu_host_unpin(void *map);         /* undoes gpu_host_register; may block */
 void gpu_shutdown(void);
-
-/* ---- peer.c, fabric.c: gpxd to gpxd (internals in daemon/fabric.h) ---- */
-int peer_start(struct event_base *);         /* loop thread, after engine_init */
-void peer_stop(void);                        /* fails what waits on peers; before engine_shutdown */
-/* conn.c: an import of "NODE:name" that no local export matched; true if it was taken over. */
-bool peer_import(struct conn *, uint32_t seq, const char *name);
-/* conn.c: the remote fields of an Export message into e; <0 (a gpx status) on bad input. */
-int peer_export_opts(struct export *e, const Gpx__Export *m, char *err, size_t errlen);
-void peer_query(Gpx__QueryReply *);          /* Q_PEERS */
-void peer_query_free(Gpx__QueryReply *);
-const char *peer_status(void);               /* one line for status */
-void fabric_kick(void);                      /* any thread: PATH_FABRIC has new work */
-/* Loop thread: an export peers may import; of GPU memory, its dma-buf is obtained and checked
- * (daemon/stage.c), the verdict in r->gdr, shown by gpxctl exports. */
-void stage_probe(struct region *r);
-/* region.c, any thread: r's mapping is about to close; its RDMA registrations go first. */
-void fabric_rdma_region_gone(struct region *);
-/* xfer.c: a transfer with a remote side is possible (host memory, connection alive)? */
-int fabric_xfer_check(const struct region *src, const struct region *dst, char *err, size_t errlen);
 
 extern double gpxd_start_time;
 extern const char *gpxd_socket_path;

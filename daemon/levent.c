@@ -33,9 +33,11 @@
 #include <event2/thread.h>
 
 #include "gpxd.h"
+#include "fabric/fabric.h"
 
 double gpxd_start_time;
 const char *gpxd_socket_path = "";
+const struct fabric_ops *fabric;     /* daemon/fabric/fabric.h: set once at start, or never */
 
 static struct event_base *base;
 static int listen_fd = -1;
@@ -525,7 +527,8 @@ levent_run(const char *socket_override)
 			log_info("GPU memory unavailable, serving host memory: %s", why);
 	}
 	metrics_start(base);
-	if (peer_start(base) < 0)        /* fabric: peer daemons (daemon/peer.c) */
+	/* The fabric: peer daemons (daemon/fabric/), only when gpxd.conf asks for it. */
+	if (fabric_configured(cfg) && (fabric = fabric_init(base)) == NULL)
 		fatalx("fabric: cannot start (see above)");
 
 	spares_fill();
@@ -555,7 +558,8 @@ levent_run(const char *socket_override)
 	levent_dispatch();
 
 	/* Shutdown: everything below runs with no client left. */
-	peer_stop();                     /* fabric: what waits on peers fails now */
+	if (fabric != NULL)
+		fabric->stop();              /* fabric: what waits on peers fails now */
 	engine_shutdown();
 	defer_shutdown();
 	conn_reap();

@@ -29,7 +29,7 @@
 #include <event2/util.h>
 
 #include "gpxd.h"
-#include "fabric.h"
+#include "fabric/fabric.h"
 
 #define NBUCKETS 19                  /* finite bucket bounds; +Inf is the count */
 #define NSTATUS 32                   /* gpx.Status values; larger ones count as the last */
@@ -322,10 +322,10 @@ render(struct evbuffer *b, struct snapshot *sn)
 	head(b, "gpx_transfers_in_flight", "gauge", "Transfers accepted and not yet completed.");
 	evbuffer_add_printf(b, "gpx_transfers_in_flight %u\n", engine_inflight());
 
-	struct stage_stats st;
-	uint64_t reg[3];
-	stage_stats(&st);
-	fabric_rdma_gpu_regs(&reg[0], &reg[1], &reg[2]);
+	struct fabric_gpu_stats st = { 0 };
+	if (fabric != NULL)
+		fabric->gpu_stats(&st);
+	uint64_t reg[3] = { st.dmabuf_regs, st.peermem_regs, st.unregistrable };
 	head(b, "gpx_fabric_gpu_bytes_total", "counter",
 	    "GPU memory moved to or from other nodes: by the NIC itself (gpudirect) or through host buffers (staged).");
 	evbuffer_add_printf(b, "gpx_fabric_gpu_bytes_total{path=\"gpudirect\"} %llu\n",

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 
 #include "gpxd.h"
+#include "fabric/fabric.h"
 
 struct region *
 region_new(void)
@@ -63,7 +64,8 @@ region_unuse(struct region *r)
 	if (atomic_fetch_sub(&r->users, 1) != 1)
 		return;
 	/* Whatever its kind, an RDMA NIC lets go of its memory before the mapping goes. */
-	fabric_rdma_region_gone(r);
+	if (fabric != NULL)
+		fabric->region_gone(r);
 	if (r->ops != NULL)
 		r->ops->close(r);
 	/*

@@ -1,5 +1,5 @@
 /*
- * hmac-test: daemon/hmac.c against the published vectors: SHA-256 of "", "abc" and a million
+ * hmac-test: daemon/fabric/hmac.c against the published vectors: SHA-256 of "", "abc" and a million
  * 'a' fed in uneven pieces (FIPS 180-2), and HMAC-SHA256 test cases 1 to 7 of RFC 4231 (case 5
  * truncated to 128 bits, as the RFC gives it).  Also the constant-time comparison.
  */
@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/fabric.h"
+#include "daemon/fabric/internal.h"
 #include "tests/tap.h"
 
 static void

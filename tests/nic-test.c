@@ -1,5 +1,5 @@
 /*
- * Unit tests of daemon/nic.c against fake sysfs trees made in a temporary directory: reading
+ * Unit tests of daemon/fabric/nic.c against fake sysfs trees made in a temporary directory: reading
  * the NICs (PCI address, "virtual" devices, NUMA node, port state and link layer), PCI address
  * spelling, the common-ancestor depth, the nearest NIC of each GPU with its tie-breaks (an
  * active port, then the GPU's NUMA node, then the name), the only NIC, no NIC, the configured
@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 
 #include "daemon/gpxd.h"
-#include "daemon/nic.h"
+#include "daemon/fabric/nic.h"
 #include "tests/tap.h"
 
 static char root[64];

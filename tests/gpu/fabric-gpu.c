@@ -1,7 +1,7 @@
 /*
  * GPU memory between nodes: two gpxd on one GPU machine, nodes "gpua" and "gpub", peered
  * over TCP (the machine has no RDMA device), so every chunk of GPU memory is staged through
- * host buffers on both sides (daemon/stage.c).  This one process is a client of both daemons
+ * host buffers on both sides (daemon/fabric/stage.c).  This one process is a client of both daemons
  * and owns every buffer, so it checks each byte that crosses:
  *   - B exports GPU memory (cuda-vmm) and host memory to peers; B obtains the dma-buf of the
  *     exported GPU memory and checks it (what a NIC would register: gpxctl exports shows it);

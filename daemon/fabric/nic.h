@@ -1,5 +1,5 @@
 /*
- * The node's RDMA NICs as sysfs shows them, and which one serves each GPU (daemon/nic.c).
+ * The node's RDMA NICs as sysfs shows them, and which one serves each GPU (daemon/fabric/nic.c).
  * Nothing here calls verbs: the names, PCI addresses, NUMA nodes and port states come from
  * /sys/class/infiniband, so gpxctl topo shows them even where gpxd runs over tcp, and the
  * choice is made (and tested) without a device.
@@ -46,9 +46,6 @@ int nic_common_depth(const char *a, const char *b);
 int nic_for_gpu(const struct nic *, int n, const char *gpu_pci, const char *configured, enum nic_why *);
 const char *nic_why_str(enum nic_why);
 
-/* Q_TOPO: the NICs, and each GPU's NIC into the devices gpu_topo filled. */
-void nic_topo(Gpx__QueryReply *);
-void nic_topo_free(Gpx__QueryReply *);
 /* The NIC gpxd uses for GPU dev (rdma_device for host memory is the caller's business). */
 bool nic_for_dev(int dev, char *name, size_t namelen, enum nic_why *);
 

@@ -8,7 +8,7 @@
  * The NIC of a GPU is the one [fabric] nic_for_gpuN names, else the only NIC, else the nearest
  * by PCI: the one whose resolved device path shares the deepest ancestor with the GPU's (the
  * same switch beats the same root port beats the same root complex), NICs with an active port
- * before the others, ties broken by the GPU's NUMA node and then by name.  fabric-rdma.c asks
+ * before the others, ties broken by the GPU's NUMA node and then by name.  rdma-dev.c asks
  * nic_for_dev when the local side of a transfer is GPU memory; host memory keeps rdma_device.
  *
  * The sysfs root is nic_sysfs_root so that tests/unit.c can point it at a fake tree.
@@ -23,7 +23,8 @@
 #include <string.h>
 
 #include "daemon/gpxd.h"
-#include "daemon/nic.h"
+#include "daemon/fabric/fabric.h"
+#include "daemon/fabric/nic.h"
 
 const char *nic_sysfs_root = "/sys";
 

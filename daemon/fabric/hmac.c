@@ -1,6 +1,6 @@
 /*
  * SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), small and dependency-free, for the mutual
- * authentication of peer daemons (daemon/peer.c).  Nothing here is secret-dependent in its
+ * authentication of peer daemons (daemon/fabric/peer.c).  Nothing here is secret-dependent in its
  * timing except through the data it hashes; hmac_equal() compares tags in constant time.
  * Tested against the RFC 4231 vectors in tests/hmac-test.c.
  */
@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-#include "daemon/fabric.h"
+#include "daemon/fabric/internal.h"
 
 static const uint32_t K[64] = {
 	0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,

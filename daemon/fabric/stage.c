@@ -1,7 +1,7 @@
 /*
  * GPU memory on one side of a copy between nodes.
  *
- * GPUDirect first: over RDMA, daemon/fabric-rdma.c registers GPU memory with the NIC itself
+ * GPUDirect first: over RDMA, rdma-mr.c registers GPU memory with the NIC itself
  * (a dma-buf from the driver with ibv_reg_dmabuf_mr, else the device pointer with ibv_reg_mr
  * through nvidia-peermem), and the NIC reads and writes the GPU with no copy.  Where neither
  * can be (the tcp transport, no RDMA device, a NIC that is not this GPU's, a driver or NIC
@@ -13,7 +13,7 @@
  * tells which path a peer's copies would take before any is made.
  *
  * Buffers: STAGE_BYTES of pinned memory cut into buffers of [fabric] chunk_size, allocated
- * at start when the node has a GPU, and known to fabric-rdma.c as one host region (pool_r),
+ * at start when the node has a GPU, and known to rdma-mr.c as one host region (pool_r),
  * so that a staged chunk can still go by RDMA.  When every buffer is taken a chunk is staged
  * through the heap (the driver then copies pageable memory itself): slower, never stuck; up
  * to STAGE_HEAP_MAX bytes at once (two peers' full windows of the largest chunks), beyond
@@ -35,7 +35,7 @@
 #include <sys/vfs.h>
 #include <event2/event.h>
 
-#include "daemon/fabric.h"
+#include "daemon/fabric/internal.h"
 
 #ifdef HAVE_CUDA
 
@@ -322,7 +322,7 @@ stage_count_direct(uint64_t bytes)
 }
 
 void
-stage_stats(struct stage_stats *s)
+stage_stats(struct fabric_gpu_stats *s)
 {
 	s->staged_bytes = atomic_load(&st.staged_bytes);
 	s->staged_copies = atomic_load(&st.staged_copies);
@@ -405,6 +405,6 @@ void stage_copy(bool to_gpu, int dev, uint64_t dptr, void *buf, uint64_t len, st
 { (void)to_gpu; (void)dev; (void)dptr; (void)buf; (void)len; done(arg, false); }
 void stage_probe(struct region *r) { (void)r; }
 void stage_count_direct(uint64_t bytes) { (void)bytes; }
-void stage_stats(struct stage_stats *s) { memset(s, 0, sizeof(*s)); }
+void stage_stats(struct fabric_gpu_stats *s) { (void)s; }
 
 #endif

@@ -1,37 +1,37 @@
 /*
- * The fabric path of the engine (PATH_FABRIC) and its TCP data transport.  A client that
- * imported "NODE:name" holds a region of kind `remote`; a transfer with a remote side is
- * queued on PATH_FABRIC and cut into chunks of at most [fabric] chunk_size, each sent to the
- * peer that holds the export as a Write (local -> remote, the bytes follow the message) or a
- * Read (remote -> local, the bytes follow the answer).  A chunk is done when its answer (Done)
- * arrives; a transfer into an export whose owner asked for notifications ends with a Notify
- * (folded into the Write when the transfer is one chunk), so the owner hears of it exactly as
- * for a local copy.  The serving side of Write, Read and Notify is here too.
+ * Our requests to peers: the engine's path PATH_FABRIC.  A transfer with a remote side (a
+ * region of kind `remote`, remote.c) is queued on PATH_FABRIC and cut into chunks of at most
+ * [fabric] chunk_size, each sent to the peer that holds the export as a Write (local ->
+ * remote, the bytes follow the message) or a Read (remote -> local, the bytes follow the
+ * answer).  A chunk is done when its answer (Done) arrives; a transfer into an export whose
+ * owner asked for notifications ends with a Notify (folded into the Write when the transfer is
+ * one chunk), so the owner hears of it exactly as for a local copy.  The other side of these
+ * requests is serve.c.
  *
  * Why chunks are taken on the loop thread and not by a worker as daemon/gpu.c does: a chunk
  * here is a message on a non-blocking socket, not a copy that blocks, so no thread needs to
- * wait on it.  engine_submit kicks the loop (fabric_kick); the loop takes chunks with
- * engine_next_chunk(wait = false) while fewer than FABRIC_WINDOW are in flight, and each
- * answer takes the next one, which keeps the engine's round-robin between clients and jobs.
- * The received bytes are copied out of the socket buffer into the region on the loop thread:
- * one chunk (1 MiB by default) at a time, so a large transfer never holds the loop for long.
+ * wait on it.  engine_submit kicks the loop (request_kick, the kick hook); the loop takes
+ * chunks with engine_next_chunk(wait = false) while fewer than FABRIC_WINDOW are in flight,
+ * and each answer takes the next one, which keeps the engine's round-robin between clients and
+ * jobs.  The received bytes are copied out of the socket buffer into the region on the loop
+ * thread: one chunk (1 MiB by default) at a time, so a large transfer never holds the loop for
+ * long.
  *
- * When the peer's queue pairs are up and the import came with an RDMA registration
- * (daemon/fabric-rdma.c), a chunk is posted as one RDMA WRITE or READ instead of a message and
- * ends with its work completion; everything else (windows, notifications, deadlines) is the same.
+ * When the peer's queue pairs are up and the import came with an RDMA registration (rdma-*.c), a
+ * chunk is posted as one RDMA WRITE or READ instead of a message and ends with its work
+ * completion; everything else (windows, notifications, deadlines) is the same.
  *
  * GPU memory on our side of a chunk goes by RDMA straight from or to the GPU when the NIC can
- * register it, and is staged otherwise (daemon/stage.c): a write's chunk is first copied from
- * the GPU into a host buffer, which then goes as host memory would; a read's chunk lands in a
- * host buffer and is done once copied into the GPU.  While its copy runs, a chunk belongs to
- * the stage thread: it is on no list, so a peer going down does not free it, and
- * its done function finds the peer again by name and epoch.  A peer's Write or Read of an
- * export in GPU memory is served the same way, answered when the copy is done.
+ * register it, and is staged otherwise (stage.c): a write's chunk is first copied from the GPU
+ * into a host buffer, which then goes as host memory would; a read's chunk lands in a host
+ * buffer and is done once copied into the GPU.  While its copy runs, a chunk belongs to the
+ * stage thread: it is on no list, so a peer going down does not free it, and its done function
+ * finds the peer again by name and epoch.
  *
  * Failures end every waiting chunk with EIO, never a hang: the peer connection going down
- * (daemon/peer.c), a request unanswered for [fabric] timeout seconds (the connection is then
- * dropped: a peer that lost one answer cannot be trusted with the rest), or a region imported
- * through an older connection (its epoch no longer matches: EREVOKED at submission).
+ * (peer.c), a request unanswered for [fabric] timeout seconds (the connection is then dropped:
+ * a peer that lost one answer cannot be trusted with the rest), or a region imported through
+ * an older connection (its epoch no longer matches: EREVOKED at submission, remote.c).
  */
 #include "config.h"
 
@@ -41,7 +41,7 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 
-#include "daemon/fabric.h"
+#include "daemon/fabric/internal.h"
 
 enum fop_kind { FOP_WRITE, FOP_READ, FOP_NOTIFY };
 
@@ -60,25 +60,6 @@ struct fop {
 	double deadline;
 };
 
-/* A peer's Write or Read of an export in GPU memory, while its bytes are staged. */
-struct sreq {
-	char node[PEER_NAME_MAX + 1];
-	uint32_t epoch;
-	uint64_t id;
-	struct region *r;            /* a mapping user until the answer */
-	void *buf;
-	uint64_t len, notify;
-	bool read;
-};
-
-/* A Release queued by a thread other than the loop's. */
-struct rel {
-	TAILQ_ENTRY(rel) entry;
-	char node[PEER_NAME_MAX + 1];
-	uint32_t epoch;
-	uint64_t handle;
-};
-
 #define FABRIC_WINDOW 32             /* chunks in flight over all peers */
 /*
  * ... and bytes: Writes queue their data on the peer's connection and Reads have the answers
@@ -93,96 +74,7 @@ static uint32_t nfops;                                          /* alive: waitin
 static uint64_t nfbytes;                                        /* ... and their bytes */
 static uint64_t next_id;
 static struct event *kick_ev;
-static pthread_mutex_t rlock = PTHREAD_MUTEX_INITIALIZER;
-static TAILQ_HEAD(, rel) rels = TAILQ_HEAD_INITIALIZER(rels);
 static bool running;
-
-/* ---- the `remote` memory kind ---- */
-
-static int
-remote_open(struct region *r, char *err, size_t errlen)
-{
-	(void)r;
-	snprintf(err, errlen, "remote regions come from importing NODE:name, not from registration");
-	return -GPX__STATUS__ENOTSUP;
-}
-
-/* Any thread: the last user let go; tell the peer, from the loop thread. */
-static void
-remote_close(struct region *r)
-{
-	struct remote *rm = r->priv;
-	struct rel *x;
-
-	if (rm == NULL)
-		return;
-	r->priv = NULL;
-	x = malloc(sizeof(*x));
-	pthread_mutex_lock(&rlock);
-	if (running && x != NULL) {
-		memcpy(x->node, rm->node, sizeof(x->node));
-		x->epoch = rm->epoch;
-		x->handle = rm->handle;
-		TAILQ_INSERT_TAIL(&rels, x, entry);
-		event_active(kick_ev, EV_READ, 0);
-		x = NULL;
-	}
-	pthread_mutex_unlock(&rlock);
-	free(x);
-	free(rm);
-}
-
-const struct mem_ops mem_remote_ops = {
-	.name = "remote",
-	.open = remote_open,
-	.close = remote_close,
-};
-
-struct region *
-fabric_remote_region(struct peer *p, uint64_t handle, uint64_t length, bool read_only)
-{
-	struct region *r = region_new();
-	struct remote *rm = calloc(1, sizeof(*rm));
-
-	if (r == NULL || rm == NULL) {
-		free(r);
-		free(rm);
-		return NULL;
-	}
-	snprintf(rm->node, sizeof(rm->node), "%s", p->node);
-	rm->epoch = p->epoch;
-	rm->handle = handle;
-	r->ops = &mem_remote_ops;
-	r->kind = GPX__MEM_KIND__MEM_REMOTE;
-	r->dev = DEV_HOST;
-	r->length = length;
-	r->read_only = read_only;
-	r->priv = rm;
-	p->nimports++;
-	return r;
-}
-
-/* xfer.c: what a transfer with a remote side needs, checked before it becomes a job. */
-int
-fabric_xfer_check(const struct region *src, const struct region *dst, char *err, size_t errlen)
-{
-	bool rs = src->kind == GPX__MEM_KIND__MEM_REMOTE, rd = dst->kind == GPX__MEM_KIND__MEM_REMOTE;
-	const struct remote *rm = (rs ? src : dst)->priv;
-	struct peer *p;
-
-	if (!rs && !rd)
-		return 0;
-	if (rs && rd) {
-		snprintf(err, errlen, "both regions are remote: copy through a local region");
-		return -GPX__STATUS__ENOTSUP;
-	}
-	if (rm == NULL || (p = peer_by_node(rm->node)) == NULL || p->epoch != rm->epoch) {
-		snprintf(err, errlen, "the connection to peer %s this region was imported through has "
-		    "ended: import it again", rm ? rm->node : "?");
-		return -GPX__STATUS__EREVOKED;
-	}
-	return 0;
-}
 
 /* ---- requests ---- */
 
@@ -216,7 +108,7 @@ static void
 fop_send(struct fop *f, const Gpxpeer__PeerMsg *m, const void *data, size_t len)
 {
 	fop_list(f);
-	/* On failure the peer was killed, and fabric_peer_down has failed f already. */
+	/* On failure the peer was killed, and request_peer_down has failed f already. */
 	peer_send(f->p, m, data, len);
 }
 
@@ -431,8 +323,8 @@ fop_end(struct fop *f, bool ok)
 	fop_free(f, ok);
 }
 
-static void
-on_done(struct peer *p, const Gpxpeer__Done *d, struct evbuffer *in, size_t dlen)
+void
+request_done(struct peer *p, const Gpxpeer__Done *d, struct evbuffer *in, size_t dlen)
 {
 	struct fop *f;
 
@@ -466,7 +358,7 @@ on_done(struct peer *p, const Gpxpeer__Done *d, struct evbuffer *in, size_t dlen
 }
 
 void
-fabric_rdma_done(uint64_t id, bool ok, const char *why)
+request_rdma_done(uint64_t id, bool ok, const char *why)
 {
 	struct fop *f;
 
@@ -493,203 +385,10 @@ fabric_rdma_done(uint64_t id, bool ok, const char *why)
 	pump();
 }
 
-/* ---- serving: our exports, written and read by a peer ---- */
-
-static bool
-inside(uint64_t off, uint64_t len, uint64_t size)
-{
-	return off <= size && len <= size - off;
-}
-
-static void
-answer(struct peer *p, uint64_t id, int status, const void *data, size_t len)
-{
-	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
-	Gpxpeer__Done d = GPXPEER__DONE__INIT;
-
-	d.id = id;
-	d.status = status;
-	d.length = len;
-	m.body_case = GPXPEER__PEER_MSG__BODY_DONE;
-	m.done = &d;
-	if (status != 0)
-		p->errors++;
-	peer_send(p, &m, data, len);
-}
-
-static void
-notify_owner(struct region *r, uint64_t bytes)
-{
-	if (atomic_load(&r->notify_on) && r->notify_cq != NULL)
-		cq_notify(r->notify_cq, r->notify_tag, 0, bytes);
-}
-
-/* Checks a peer's request against the handle: a gpx status, 0 when it may go ahead. */
-static int
-check(struct peer *p, uint64_t handle, uint64_t off, uint64_t len, bool write, struct phandle **out)
-{
-	struct phandle *h = peer_handle(p, handle);
-
-	if (h == NULL)
-		return GPX__STATUS__ENOENT;
-	if (write && h->read_only)
-		return GPX__STATUS__EACCES;
-	if (len == 0 || len > PEER_DATA_MAX || !inside(off, len, h->r->length))
-		return GPX__STATUS__ERANGE;
-	if (!region_use(h->r))
-		return GPX__STATUS__EREVOKED;
-	*out = h;
-	return 0;
-}
-
-/* Loop thread: a staged Write is in the GPU, or a staged Read's bytes are out of it. */
-static void
-served(void *arg, bool ok)
-{
-	struct sreq *q = arg;
-	struct peer *p = peer_by_node(q->node);
-
-	if (ok && q->notify != 0) {
-		notify_owner(q->r, q->notify);
-		if (p != NULL)
-			p->notes_msg_rx++;
-	}
-	region_unuse(q->r);
-	if (p != NULL && p->epoch == q->epoch)
-		answer(p, q->id, ok ? 0 : GPX__STATUS__EIO, ok && q->read ? q->buf : NULL, ok && q->read ? q->len : 0);
-	stage_put(q->buf);
-	free(q);
-}
-
-/* A peer's Write or Read of an export in GPU memory (h checked, its region in use): staged. */
-static void
-serve_staged(struct peer *p, struct phandle *h, uint64_t id, uint64_t off, uint64_t len, uint64_t notify,
-    struct evbuffer *in)
-{
-	struct sreq *q = calloc(1, sizeof(*q));
-	struct region *r = h->r;
-
-	if (q == NULL || (q->buf = stage_get(len)) == NULL) {
-		free(q);
-		if (in != NULL)
-			evbuffer_drain(in, len);
-		region_unuse(r);
-		answer(p, id, GPX__STATUS__ENOMEM, NULL, 0);
-		return;
-	}
-	snprintf(q->node, sizeof(q->node), "%s", p->node);
-	q->epoch = p->epoch;
-	q->id = id;
-	q->r = r;
-	q->len = len;
-	q->notify = notify;
-	q->read = in == NULL;
-	if (in != NULL)
-		evbuffer_remove(in, q->buf, len);
-	stage_copy(in != NULL, r->dev, r->dptr + off, q->buf, len, served, q);
-}
-
-static void
-serve_write(struct peer *p, const Gpxpeer__Write *w, struct evbuffer *in, size_t dlen)
-{
-	struct phandle *h;
-	int st;
-
-	if (dlen != w->length) {
-		peer_kill(p, "a Write of %llu bytes carries %zu", (unsigned long long)w->length, dlen);
-		return;
-	}
-	if ((st = check(p, w->handle, w->offset, w->length, true, &h)) == 0 && h->r->host == NULL) {
-		serve_staged(p, h, w->id, w->offset, w->length, w->notify, in);
-		return;
-	}
-	if (st == 0) {
-		evbuffer_remove(in, (char *)h->r->host + w->offset, dlen);
-		if (w->notify != 0) {
-			p->notes_msg_rx++;
-			notify_owner(h->r, w->notify);
-		}
-		region_unuse(h->r);
-	} else
-		evbuffer_drain(in, dlen);
-	answer(p, w->id, st, NULL, 0);
-}
-
-static void
-serve_read(struct peer *p, const Gpxpeer__Read *r)
-{
-	struct phandle *h;
-	int st;
-
-	if ((st = check(p, r->handle, r->offset, r->length, false, &h)) != 0) {
-		answer(p, r->id, st, NULL, 0);
-		return;
-	}
-	if (h->r->host == NULL) {
-		serve_staged(p, h, r->id, r->offset, r->length, 0, NULL);
-		return;
-	}
-	answer(p, r->id, 0, (const char *)h->r->host + r->offset, r->length);
-	region_unuse(h->r);
-}
-
-static void
-serve_notify(struct peer *p, const Gpxpeer__Notify *n)
-{
-	struct phandle *h = peer_handle(p, n->handle);
-
-	if (h == NULL) {
-		answer(p, n->id, GPX__STATUS__ENOENT, NULL, 0);
-		return;
-	}
-	if (!h->read_only) {
-		p->notes_msg_rx++;
-		notify_owner(h->r, n->bytes);
-	}
-	answer(p, n->id, h->read_only ? GPX__STATUS__EACCES : 0, NULL, 0);
-}
-
-void
-fabric_rdma_notified(struct peer *p, uint64_t handle, uint64_t bytes)
-{
-	struct phandle *h = peer_handle(p, handle);
-
-	if (h == NULL || h->read_only) {
-		/* Not one of its handles (its own note arrives before its Release: see on_release). */
-		p->errors++;
-		log_info("fabric: peer %s: a note by rdma for %s handle %016llx: dropped", p->node,
-		    h == NULL ? "no" : "read-only", (unsigned long long)handle);
-		return;
-	}
-	p->notes_imm_rx++;
-	notify_owner(h->r, bytes);
-}
-
-void
-fabric_on_msg(struct peer *p, const Gpxpeer__PeerMsg *m, struct evbuffer *in, size_t datalen)
-{
-	switch (m->body_case) {
-	case GPXPEER__PEER_MSG__BODY_WRITE:
-		serve_write(p, m->write, in, datalen);
-		break;
-	case GPXPEER__PEER_MSG__BODY_READ:
-		serve_read(p, m->read);
-		break;
-	case GPXPEER__PEER_MSG__BODY_NOTIFY:
-		serve_notify(p, m->notify);
-		break;
-	case GPXPEER__PEER_MSG__BODY_DONE:
-		on_done(p, m->done, in, datalen);
-		break;
-	default:
-		peer_kill(p, "unexpected message %d", m->body_case);
-	}
-}
-
 /* ---- failures, the loop's kick, start and stop ---- */
 
 void
-fabric_peer_down(struct peer *p)
+request_peer_down(struct peer *p)
 {
 	struct fop *f, *t;
 	TAILQ_HEAD(, fop) failed = TAILQ_HEAD_INITIALIZER(failed);
@@ -708,11 +407,11 @@ fabric_peer_down(struct peer *p)
 		TAILQ_REMOVE(&failed, f, entry);
 		fop_free(f, false);
 	}
-	fabric_kick();
+	request_kick();
 }
 
 void
-fabric_tick(double now)
+request_tick(double now)
 {
 	struct fop *f;
 
@@ -727,75 +426,41 @@ again:
 	pump();
 }
 
-void
-fabric_release(const char *n, uint32_t epoch, uint64_t handle)
-{
-	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
-	Gpxpeer__Release r = GPXPEER__RELEASE__INIT;
-	struct peer *p = peer_by_node(n);
-
-	if (p == NULL || p->epoch != epoch)
-		return;          /* that connection is gone, and its handles with it */
-	if (p->nimports > 0)
-		p->nimports--;
-	r.handle = handle;
-	m.body_case = GPXPEER__PEER_MSG__BODY_RELEASE;
-	m.release = &r;
-	peer_send(p, &m, NULL, 0);
-}
-
 static void
 on_kick(evutil_socket_t fd, short what, void *arg)
 {
-	TAILQ_HEAD(, rel) todo = TAILQ_HEAD_INITIALIZER(todo);
-	struct rel *x;
-
 	(void)fd;
 	(void)what;
 	(void)arg;
-	pthread_mutex_lock(&rlock);
-	TAILQ_CONCAT(&todo, &rels, entry);
-	pthread_mutex_unlock(&rlock);
-	while ((x = TAILQ_FIRST(&todo)) != NULL) {
-		TAILQ_REMOVE(&todo, x, entry);
-		fabric_release(x->node, x->epoch, x->handle);
-		free(x);
-	}
+	remote_flush();
 	pump();
 }
 
 void
-fabric_kick(void)
+request_kick(void)
 {
 	if (kick_ev != NULL)
 		event_active(kick_ev, EV_READ, 0);
 }
 
 int
-fabric_init(struct event_base *b)
+request_init(struct event_base *b)
 {
 	if ((kick_ev = event_new(b, -1, 0, on_kick, NULL)) == NULL || stage_init(b) < 0)
 		return -1;
-	pthread_mutex_lock(&rlock);
+	remote_start();
 	running = true;
-	pthread_mutex_unlock(&rlock);
 	return 0;
 }
 
 /* After every peer is down (so every request has failed): nothing is queued any more. */
 void
-fabric_shutdown(void)
+request_shutdown(void)
 {
-	struct rel *x;
 	struct fop *f;
 
-	pthread_mutex_lock(&rlock);
+	remote_stop();
 	running = false;
-	while ((x = TAILQ_FIRST(&rels)) != NULL) {
-		TAILQ_REMOVE(&rels, x, entry);
-		free(x);
-	}
-	pthread_mutex_unlock(&rlock);
 	/* Those waiting on peers end first, their staging buffers given back while the pool
 	 * still knows them, then the staged ones (failed: the fabric is stopped). */
 	while ((f = TAILQ_FIRST(&fops)) != NULL) {

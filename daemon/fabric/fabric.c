@@ -1,0 +1,40 @@
+/*
+ * The fabric's front door: fabric_init, the one call gpxd makes to start it (and only when
+ * gpxd.conf turns it on), and the table of hooks through which the rest of the daemon reaches
+ * it (daemon/fabric/fabric.h).  Each hook is a function of the file that does that job; this
+ * file only names them, so that a reader finds here where every way into the fabric leads.
+ */
+#include "config.h"
+
+#include <string.h>
+
+#include "daemon/fabric/fabric.h"
+#include "daemon/fabric/internal.h"
+
+/* GPU memory between nodes: staging's counters and the NICs' registrations together. */
+static void
+gpu_stats(struct fabric_gpu_stats *g)
+{
+	memset(g, 0, sizeof(*g));
+	stage_stats(g);
+	fabric_rdma_gpu_regs(&g->dmabuf_regs, &g->peermem_regs, &g->unregistrable);
+}
+
+static const struct fabric_ops ops = {
+	.import = peer_import,                       /* peer.c */
+	.probe = stage_probe,                        /* stage.c */
+	.xfer_check = remote_xfer_check,             /* remote.c */
+	.kick = request_kick,                        /* request.c */
+	.region_gone = fabric_rdma_region_gone,      /* rdma-mr.c */
+	.status = peer_status,                       /* peer.c */
+	.peers = peer_query,
+	.peers_free = peer_query_free,
+	.gpu_stats = gpu_stats,
+	.stop = peer_stop,
+};
+
+const struct fabric_ops *
+fabric_init(struct event_base *b)
+{
+	return peer_start(b) < 0 ? NULL : &ops;
+}
