@@ -2,7 +2,8 @@
  * gpx-bench's shared pieces: the mode registry, the settings every mode reads, timing and
  * statistics, the side-by-side measurement of a direct operation against the same operation
  * brokered by gpxd, the direct/gpx/ratio tables (text or JSON), host buffers registered with
- * the daemon, and a private gpxd started for the run.
+ * the daemon, and a private gpxd started for the run.  tests/bench.c holds the registry, the
+ * timing and the buffers, tests/bench-out.c the tables, tests/bench-daemon.c the private gpxd.
  *
  * A mode is a function that measures something twice in the same run, once done in-process
  * ("direct") and once through gpxd ("gpx"), and prints rows of both figures and their ratio.

@@ -11,8 +11,8 @@
  *   segs   the CPU work of one vectored request of 1,024 and 65,536 scattered 4 KiB segments,
  *          before its first byte moves and until it completes
  *
- * Other files add modes through BENCH_MODES (tests/bench.h); the timing, tables, buffers and
- * the --spawn daemon live in tests/bench.c.
+ * Other files add modes through BENCH_MODES (tests/bench.h); the timing and buffers live in
+ * tests/bench.c, the tables in tests/bench-out.c, the --spawn daemon in tests/bench-daemon.c.
  */
 #include "config.h"
 
