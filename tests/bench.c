@@ -76,8 +76,8 @@ bench_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + ts.tv_nsec;
 }
 
-static int
-cmp_double(const void *a, const void *b)
+int
+bench_cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
 
@@ -89,7 +89,7 @@ bench_percentile(double *v, size_t n, double p)
 {
 	if (n == 0)
 		return NAN;
-	qsort(v, n, sizeof(*v), cmp_double);
+	qsort(v, n, sizeof(*v), bench_cmp_double);
 	/* Nearest rank: the smallest value with at least p% of the samples at or below it. */
 	size_t k = (size_t)ceil(p / 100.0 * n);
 	return v[k > 0 ? k - 1 : 0];
@@ -100,7 +100,7 @@ bench_median(double *v, size_t n)
 {
 	if (n == 0)
 		return NAN;
-	qsort(v, n, sizeof(*v), cmp_double);
+	qsort(v, n, sizeof(*v), bench_cmp_double);
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 

@@ -62,6 +62,7 @@ double bench_now(void);                                  /* CLOCK_MONOTONIC, sec
 uint64_t bench_now_ns(void);
 double bench_median(double *v, size_t n);                 /* sorts v */
 double bench_percentile(double *v, size_t n, double p);   /* sorts v; p in [0, 100] */
+int bench_cmp_double(const void *a, const void *b);      /* qsort: doubles, ascending */
 
 /* One unit of work to time; returns 0 or a negative GPX_E* code. */
 typedef int (*bench_op)(void *arg);
