@@ -2,7 +2,8 @@
  * gpx-bench's shared pieces: the mode registry, the settings every mode reads, timing and
  * statistics, the side-by-side measurement of a direct operation against the same operation
  * brokered by gpxd, the direct/gpx/ratio tables (text or JSON), host buffers registered with
- * the daemon, and a private gpxd started for the run.
+ * the daemon, and a private gpxd started for the run.  tests/bench.c holds the registry, the
+ * timing and the buffers, tests/bench-out.c the tables, tests/bench-daemon.c the private gpxd.
  *
  * A mode is a function that measures something twice in the same run, once done in-process
  * ("direct") and once through gpxd ("gpx"), and prints rows of both figures and their ratio.
@@ -61,6 +62,7 @@ double bench_now(void);                                  /* CLOCK_MONOTONIC, sec
 uint64_t bench_now_ns(void);
 double bench_median(double *v, size_t n);                 /* sorts v */
 double bench_percentile(double *v, size_t n, double p);   /* sorts v; p in [0, 100] */
+int bench_cmp_double(const void *a, const void *b);      /* qsort: doubles, ascending */
 
 /* One unit of work to time; returns 0 or a negative GPX_E* code. */
 typedef int (*bench_op)(void *arg);

@@ -1,0 +1,223 @@
+/*
+ * gpx-bench-gpu's copy modes: contiguous copies between GPU buffers, done in this process
+ * against the same copies through gpxd.
+ *
+ *   gpu-import   a control for gpu-copy: the same copies in this process, through its own
+ *                mappings and through mappings imported from exported fds, as gpxd maps them
+ *   gpu-copy     contiguous copies 4 KiB .. 1 GiB, GPU0 -> GPU1 (or within GPU0 on one GPU)
+ *   gpu-bidir    GPU0 -> GPU1 and GPU1 -> GPU0 at once
+ *   gpu-latency  one 4 KiB copy, submit to completion seen by the client: p50 and p99
+ */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <cuda.h>
+
+#include "tests/bench.h"
+#include "tests/bench-gpu.h"
+
+static int
+mode_copy(struct bench_ctx *b)
+{
+	int r = bench_gpu_setup(b, "gpu-copy", 1);
+	struct gbuf a, z;
+	uint64_t max = b->max_size < (1ull << 30) ? b->max_size : (1ull << 30);
+	char sz[32];
+
+	if (r)
+		return r;
+	int dd = bench_gpu_count() > 1 ? 1 : 0;
+	if (gbuf_new(b, 0, max, &a) < 0 || gbuf_new(b, dd, max, &z) < 0)
+		return -1;
+	bench_table_begin(b, "gpu-copy", dd ? "contiguous copies GPU0 -> GPU1: cuMemcpyPeerAsync vs gpx"
+	    : "contiguous copies within GPU0: cuMemcpyAsync vs gpx");
+	for (uint64_t len = 4096; len <= max; len *= (len < (1 << 20) ? 16 : 4)) {
+		struct gcopy o = { .b = b, .dev = 0, .dst = z.d, .src = a.d, .len = len, .rdst = z.region, .rsrc = a.region };
+		struct bench_pair p;
+		if (bench_pair_measure(b, gcopy_direct, gcopy_spin, &o, &p) < 0)
+			return -1;
+		bench_gpu_row(b, bench_size_str(len, sz, sizeof(sz)), "GB/s", len / p.direct / 1e9, len / p.gpx / 1e9, false, len);
+		bench_pair_free(&p);
+	}
+	bench_table_end(b, "one copy at a time, submit to completion; DESIGN target >= 0.97x at >= 64 MiB");
+	gbuf_free(b, &a);
+	gbuf_free(b, &z);
+	return 0;
+}
+
+struct bidir {
+	struct bench_ctx *b;
+	struct gbuf *x0, *x1, *y0, *y1;   /* x0 (GPU0) -> x1 (GPU1); y1 (GPU1) -> y0 (GPU0) */
+	uint64_t len, tag;
+};
+
+static int
+bidir_direct(void *arg)
+{
+	struct bidir *o = arg;
+
+	cuCtxSetCurrent(bench_gpu_ctx(0));
+	cuMemcpyAsync(o->x1->d, o->x0->d, o->len, bench_gpu_stream(0));
+	cuCtxSetCurrent(bench_gpu_ctx(1));
+	cuMemcpyAsync(o->y0->d, o->y1->d, o->len, bench_gpu_stream(1));
+	if (cuStreamSynchronize(bench_gpu_stream(1)) != CUDA_SUCCESS)
+		return -GPX_EIO;
+	cuCtxSetCurrent(bench_gpu_ctx(0));
+	return cuStreamSynchronize(bench_gpu_stream(0)) == CUDA_SUCCESS ? 0 : -GPX_EIO;
+}
+
+static int
+bidir_gpx(void *arg)
+{
+	struct bidir *o = arg;
+	struct gpx_completion c[2];
+	int got = 0, r;
+
+	if ((r = gpx_copy(o->b->conn, o->x0->region, 0, o->x1->region, 0, o->len, ++o->tag)) < 0 ||
+	    (r = gpx_copy(o->b->conn, o->y1->region, 0, o->y0->region, 0, o->len, ++o->tag)) < 0)
+		return r;
+	while (got < 2) {
+		if ((r = gpx_poll(o->b->conn, c + got, 2 - got)) < 0)
+			return r;
+		got += r;
+	}
+	return c[0].status ? c[0].status : c[1].status;
+}
+
+static int
+mode_bidir(struct bench_ctx *b)
+{
+	int r = bench_gpu_setup(b, "gpu-bidir", 2);
+	struct gbuf x0, x1, y0, y1;
+	uint64_t len = b->max_size < (256ull << 20) ? b->max_size : (256ull << 20);
+	char sz[32];
+
+	if (r)
+		return r;
+	if (gbuf_new(b, 0, len, &x0) < 0 || gbuf_new(b, 1, len, &x1) < 0 ||
+	    gbuf_new(b, 0, len, &y0) < 0 || gbuf_new(b, 1, len, &y1) < 0)
+		return -1;
+	struct bidir o = { .b = b, .x0 = &x0, .x1 = &x1, .y0 = &y0, .y1 = &y1, .len = len };
+	struct bench_pair p;
+	bench_table_begin(b, "gpu-bidir", "GPU0 -> GPU1 and GPU1 -> GPU0 at once (total of both directions)");
+	if (bench_pair_measure(b, bidir_direct, bidir_gpx, &o, &p) < 0)
+		return -1;
+	bench_gpu_row(b, bench_size_str(len, sz, sizeof(sz)), "GB/s", 2 * len / p.direct / 1e9, 2 * len / p.gpx / 1e9, false, 2 * len);
+	bench_pair_free(&p);
+	bench_table_end(b, "DESIGN target >= 0.97x direct");
+	gbuf_free(b, &x0);
+	gbuf_free(b, &x1);
+	gbuf_free(b, &y0);
+	gbuf_free(b, &y1);
+	return 0;
+}
+
+static int
+mode_latency(struct bench_ctx *b)
+{
+	int r = bench_gpu_setup(b, "gpu-latency", 1);
+	struct gbuf a, z;
+	enum { N = 20000 };
+	static double dl[N], gl[N];
+
+	if (r)
+		return r;
+	int dd = bench_gpu_count() > 1 ? 1 : 0;
+	if (gbuf_new(b, 0, 1 << 21, &a) < 0 || gbuf_new(b, dd, 1 << 21, &z) < 0)
+		return -1;
+	struct gcopy o = { .b = b, .dev = 0, .dst = z.d, .src = a.d, .len = 4096, .rdst = z.region, .rsrc = a.region };
+	for (int i = 0; i < 2000; i++) {
+		gcopy_direct(&o);
+		gcopy_spin(&o);
+	}
+	/* Each side in a block of its own: interleaving them would make the GPU switch between
+	 * this process's context and the daemon's for every copy, and time that instead. */
+	for (int i = 0; i < N; i++) {
+		double t0 = bench_now();
+		gcopy_direct(&o);
+		dl[i] = (bench_now() - t0) * 1e6;
+	}
+	for (int i = 0; i < 2000; i++)
+		gcopy_spin(&o);
+	for (int i = 0; i < N; i++) {
+		double t0 = bench_now();
+		if ((r = gcopy_spin(&o)) < 0)
+			return bench_fail(b, r, "gpx_copy");
+		gl[i] = (bench_now() - t0) * 1e6;
+	}
+	qsort(dl, N, sizeof(double), bench_cmp_double);
+	qsort(gl, N, sizeof(double), bench_cmp_double);
+	bench_table_begin(b, "gpu-latency", dd ? "one 4 KiB copy GPU0 -> GPU1, submit to completion seen by the client"
+	    : "one 4 KiB copy within GPU0, submit to completion seen by the client");
+	bench_gpu_row(b, "p50", "us", dl[N / 2], gl[N / 2], true, 4096);
+	bench_gpu_row(b, "p99", "us", dl[N * 99 / 100], gl[N * 99 / 100], true, 4096);
+	bench_table_end(b, "direct: cuMemcpyAsync + cuStreamSynchronize; gpx: gpx_copy + spinning gpx_poll; "
+	    "DESIGN target p50 <= 10 us");
+	gbuf_free(b, &a);
+	gbuf_free(b, &z);
+	return 0;
+}
+
+/*
+ * A control for gpu-copy: the same copies done in this process twice, through its own mappings
+ * and through mappings of the same allocations imported from their exported fds, as gpxd maps
+ * them.  It tells what part of a gap between direct and gpx comes from imported mappings.
+ */
+static int
+mode_import(struct bench_ctx *b)
+{
+	int r = bench_gpu_setup(b, "gpu-import", 1);
+	uint64_t len = b->max_size < (1ull << 30) ? b->max_size : (1ull << 30);
+	struct gbuf a, z;
+	CUdeviceptr ia = 0, iz = 0;
+	char what[64], sz[32];
+
+	if (r)
+		return r;
+	int dd = bench_gpu_count() > 1 ? 1 : 0;
+	if (gbuf_alloc(0, len, &a) < 0 || gbuf_alloc(dd, len, &z) < 0 || a.h == 0) {
+		bench_skip(b, "gpu-import", "needs VMM buffers");
+		return BENCH_SKIP;
+	}
+	struct gbuf *g[2] = { &a, &z };
+	CUdeviceptr *im[2] = { &ia, &iz };
+	for (int i = 0; i < 2; i++) {
+		int fd = -1;
+		CUmemGenericAllocationHandle h;
+		CUmemAccessDesc acc[BENCH_GPUS];
+		for (int k = 0; k < bench_gpu_count(); k++)
+			acc[k] = (CUmemAccessDesc){ { CU_MEM_LOCATION_TYPE_DEVICE, k }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+		if (!CK(cuMemExportToShareableHandle(&fd, g[i]->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) ||
+		    !CK(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) ||
+		    !CK(cuMemAddressReserve(im[i], g[i]->len, 0, 0, 0)) || !CK(cuMemMap(*im[i], g[i]->len, 0, h, 0)) ||
+		    !CK(cuMemSetAccess(*im[i], g[i]->len, acc, bench_gpu_count())))
+			return -1;
+		close(fd);
+	}
+	bench_table_begin(b, "gpu-import", "control: the same copies in this process, own mappings (direct) vs "
+	    "imported mappings (in the gpx column)");
+	for (uint64_t n = 64ull << 20; n <= len; n *= 4) {
+		struct gcopy own = { .b = b, .dev = 0, .dst = z.d, .src = a.d, .len = n };
+		struct gcopy imp = { .b = b, .dev = 0, .dst = iz, .src = ia, .len = n };
+		struct bench_pair p1, p2;
+		if (bench_pair_measure(b, gcopy_direct, gcopy_direct, &own, &p1) < 0 ||
+		    bench_pair_measure(b, gcopy_direct, gcopy_direct, &imp, &p2) < 0)
+			return -1;
+		snprintf(what, sizeof(what), "%s", bench_size_str(n, sz, sizeof(sz)));
+		bench_gpu_row(b, what, "GB/s", n / p1.direct / 1e9, n / p2.direct / 1e9, false, n);
+		bench_pair_free(&p1);
+		bench_pair_free(&p2);
+	}
+	bench_table_end(b, "no daemon involved in either column");
+	return 0;
+}
+
+static const struct bench_mode copy_modes[] = {
+	{ "gpu-import", "control: own vs imported mappings in one process", mode_import },
+	{ "gpu-copy", "contiguous GPU copies 4 KiB..1 GiB: cuMemcpyPeerAsync vs gpx", mode_copy },
+	{ "gpu-bidir", "GPU0<->GPU1 both directions at once", mode_bidir },
+	{ "gpu-latency", "4 KiB copy latency p50/p99: direct vs gpx", mode_latency },
+};
+BENCH_MODES(copy_modes)
