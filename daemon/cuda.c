@@ -25,7 +25,8 @@
 	X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDeviceGetPCIBusId) \
 	X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) \
 	X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute) X(cuCtxEnablePeerAccess) \
-	X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamQuery) X(cuStreamSynchronize) \
+	X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
+	X(cuStreamDestroy) X(cuStreamQuery) X(cuStreamSynchronize) \
 	X(cuStreamWriteValue64) X(cuMemcpyAsync) X(cuMemcpyPeerAsync) X(cuMemcpyHtoDAsync) \
 	X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost) \
 	X(cuMemHostRegister) X(cuMemHostUnregister) \
@@ -244,6 +245,22 @@ int
 cuda_stream_new(void **s)
 {
 	return CU(cuStreamCreate((CUstream *)s, CU_STREAM_NON_BLOCKING));
+}
+
+/*
+ * A stream of the greatest priority the context allows.  Copy engines honour it: a small copy
+ * on it runs within microseconds although a 1 GiB copy of a lower stream is under way (on an
+ * H100 within the GPU: 23 us submit to completion against 712 us at equal priority, the long
+ * copy as fast as alone).
+ */
+int
+cuda_stream_new_urgent(void **s)
+{
+	int least, greatest;
+
+	if (CU(cuCtxGetStreamPriorityRange(&least, &greatest)) < 0)
+		return -1;
+	return CU(cuStreamCreateWithPriority((CUstream *)s, CU_STREAM_NON_BLOCKING, greatest));
 }
 
 void

@@ -68,24 +68,6 @@ engine_path_for(const struct region *src, const struct region *dst)
 	return PATH_HOST;
 }
 
-/*
- * The longest piece of a copy between src and dst that a GPU worker hands to a copy engine at
- * once.  An engine finishes the copy it runs before it takes the next stream's, so this is
- * how long another client's 4 KiB copy may wait behind it: about 20 us at each link's speed
- * (within a GPU ~1.5 TB/s, NVLink ~400 GB/s, PCIe ~55 GB/s).  Copies of these sizes queued
- * back to back on one stream run at the speed of one whole copy.  0: no limit of its own.
- */
-uint64_t
-engine_slice_for(const struct region *src, const struct region *dst)
-{
-	if (src->kind == GPX__MEM_KIND__MEM_REMOTE || dst->kind == GPX__MEM_KIND__MEM_REMOTE ||
-	    (src->dev == DEV_HOST && dst->dev == DEV_HOST))
-		return 0;
-	if (src->dev == DEV_HOST || dst->dev == DEV_HOST)
-		return 2ull << 20;
-	return src->dev == dst->dev ? 32ull << 20 : 8ull << 20;
-}
-
 /* The pair that job segment (or page item) seg belongs to. */
 uint32_t
 engine_pair_of(const struct job *j, uint32_t seg)
@@ -355,7 +337,7 @@ next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, ui
 	if (j->pages != NULL)
 		cut_pages(j, c, max_bytes);
 	else
-		cut_segs(j, c, j->slice != 0 && j->slice < max_bytes ? j->slice : max_bytes, max_segs);
+		cut_segs(j, c, max_bytes, max_segs);
 	j->chunks_out++;
 	TAILQ_REMOVE(&q->jobs, j, qe);
 	if (j->handed == j->total) {

@@ -45,6 +45,7 @@ int cuda_device_info(int dev, struct gpu_info *);
 int cuda_peer(int a, int b, struct gpu_link *);
 int cuda_load_kernel(int dev);
 int cuda_stream_new(void **s);
+int cuda_stream_new_urgent(void **s);    /* of the greatest priority: for small copies */
 void cuda_stream_free(void *s);
 int cuda_stream_busy(void *s);
 int cuda_stream_sync(void *s);

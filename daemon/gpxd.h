@@ -357,7 +357,6 @@ struct job {
 	uint32_t nseg;               /* segments, or items (pairs x pages) of a page job */
 	uint64_t total;
 	enum path_kind path;
-	uint64_t slice;              /* largest chunk of it a worker takes (engine_slice_for), 0: any */
 	/* scheduling state, under the engine lock */
 	uint32_t cur_seg;
 	uint64_t cur_off;
@@ -406,7 +405,6 @@ bool engine_has_work(enum path_kind);
 uint32_t engine_pair_of(const struct job *, uint32_t seg);
 int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */
 enum path_kind engine_path_for(const struct region *src, const struct region *dst);
-uint64_t engine_slice_for(const struct region *src, const struct region *dst);
 void engine_chunk_done(struct chunk *, bool ok);
 void engine_free_job(struct job *);
 void engine_path_stats(enum path_kind, uint64_t *xfers, uint64_t *bytes, uint64_t *errors);

@@ -573,11 +573,6 @@ job_finish_build(struct job *j, const Gpx__Transfer *t, struct conn *c, double t
 	j->t_build = t_build;
 	if (j->pages == NULL)
 		j->path = engine_path_for(j->src, j->dst);
-	for (uint32_t k = 0; k < j->npairs; k++) {
-		uint64_t s = engine_slice_for(j->pairs[k].src, j->pairs[k].dst);
-		if (s != 0 && (j->slice == 0 || s < j->slice))
-			j->slice = s;
-	}
 	j->t_submit = now_s();
 }
 

@@ -242,22 +242,6 @@ model_next(struct model *m, uint64_t max_bytes, uint32_t max_segs, struct chunk 
 	return true;
 }
 
-/* How long a piece of a copy a GPU worker takes at once, by what the copy crosses. */
-void
-test_engine_slices(void)
-{
-	struct region host = { .kind = GPX__MEM_KIND__MEM_HOST, .dev = DEV_HOST },
-	    g0 = { .kind = GPX__MEM_KIND__MEM_CUDA_VMM, .dev = 0 }, g0b = { .kind = GPX__MEM_KIND__MEM_CUDA_IPC, .dev = 0 },
-	    g5 = { .kind = GPX__MEM_KIND__MEM_CUDA_VMM, .dev = 5 }, far = { .kind = GPX__MEM_KIND__MEM_REMOTE, .dev = DEV_HOST };
-
-	ok(engine_slice_for(&host, &host) == 0 && engine_slice_for(&far, &g0) == 0 && engine_slice_for(&g0, &far) == 0,
-	    "slices: none of its own for host to host and for another node's memory");
-	ok(engine_slice_for(&host, &g5) == 2 << 20 && engine_slice_for(&g0, &host) == 2 << 20,
-	    "slices: 2 MiB between host memory and a GPU (about 40 us over PCIe)");
-	ok(engine_slice_for(&g0, &g0b) == 32 << 20 && engine_slice_for(&g5, &g0) == 8 << 20 &&
-	    engine_slice_for(&g0, &g5) == 8 << 20, "slices: 32 MiB within a GPU, 8 MiB between two (about 20 us each)");
-}
-
 void
 test_engine_chunks(void)
 {
@@ -274,9 +258,6 @@ test_engine_chunks(void)
 	for (int k = 0; k < 400; k++) {
 		/* Lengths of every kind: zero (leading, inner, trailing), small, larger than a chunk. */
 		uint64_t max_bytes = (uint64_t[]){ 1, 4096, 2 << 20, 1ull << 30, UINT64_MAX }[k % 5];
-		/* Some jobs carry a slice of their own (engine_slice_for): the smaller limit wins. */
-		uint64_t slice = k % 7 == 3 ? 3000 : k % 7 == 5 ? (1 << 20) : 0;
-		uint64_t limit = slice != 0 && slice < max_bytes ? slice : max_bytes;
 		uint32_t max_segs = (uint32_t[]){ 1, 3, 64, 8192, UINT32_MAX }[k / 5 % 5];
 		/* Some segments longer than a chunk, but not so many chunks that the test takes long. */
 		uint64_t big = max_bytes == 1 ? 8 : max_bytes == 4096 ? 20000 : 3 << 20;
@@ -296,7 +277,6 @@ test_engine_chunks(void)
 		if (fake_build(&f, g, n, &j) < 0 || cq_reserve(q) < 0)
 			break;
 		j->path = PATH_GPU0 + 7;   /* a path no worker serves */
-		j->slice = slice;
 		j->cq = q;
 		j->user = user_get(getuid());
 		cq_ref(q);
@@ -307,7 +287,7 @@ test_engine_chunks(void)
 		struct chunk c, w;
 		bool same = true;
 		uint64_t moved = 0;
-		while (model_next(&m, limit, max_segs, &w)) {
+		while (model_next(&m, max_bytes, max_segs, &w)) {
 			if (!engine_next_chunk(PATH_GPU0 + 7, &c, false, max_bytes, max_segs) || c.job != j ||
 			    c.seg != w.seg || c.off != w.off || c.bytes != w.bytes || c.pieces != w.pieces) {
 				if (same)
@@ -330,8 +310,7 @@ test_engine_chunks(void)
 			break;
 	}
 	ok(jobs > 300 && agree == jobs, "%d jobs cut into %d chunks exactly as the model cuts them (zero-length "
-	    "segments anywhere, chunks from 1 byte to unlimited, 1 to unlimited segments, some jobs with a "
-	    "slice of their own)", jobs, chunks);
+	    "segments anywhere, chunks from 1 byte to unlimited, 1 to unlimited segments)", jobs, chunks);
 	ok(engine_inflight() == 0, "every job finished with its last chunk");
 	engine_shutdown();
 	fake_conn_free(&f);

@@ -34,7 +34,6 @@ main(void)
 	test_region();
 	test_cq();
 	test_xfer_check();
-	test_engine_slices();
 	test_engine_chunks();
 
 	char cmd[128];

@@ -19,6 +19,5 @@ void test_cq(void);
 /* tests/unit-xfer.c */
 void test_xfer_check(void);
 void test_engine_chunks(void);
-void test_engine_slices(void);
 
 #endif
