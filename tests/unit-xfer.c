@@ -33,6 +33,7 @@ fake_conn_init(struct fake_conn *f, uint64_t slen, uint64_t dlen, size_t area_le
 {
 	memset(f, 0, sizeof(*f));
 	f->c.epoch = 7;
+	f->c.user = user_get(getuid());   /* refusals are logged against the uid's share */
 	f->c.hcap = 1;                 /* one hash chain holds both handles */
 	f->c.htab = &f->slot;
 	f->hs = (struct rhandle){ .id = 7ull << 32 | 1, .r = region_new() };
