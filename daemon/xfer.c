@@ -24,7 +24,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
-#include "gpxd.h"
+#include "xfer-private.h"
 #include "fabric/fabric.h"
 
 static int
@@ -107,17 +107,6 @@ seg_refused(struct conn *c, uint32_t i, const struct gpx_wire_seg *g, const stru
 	return -GPX__STATUS__ERANGE;
 }
 
-/*
- * No region, segment or request reaches 2^62 bytes (4 EiB).  That bound lets the checking pass
- * use plain 64-bit arithmetic without a compare per segment.  Every offset, length and running
- * total goes into one OR: any of them at 2^62 or above sets one of its top two bits.  Below
- * that nothing can wrap (the total is caught before it could), and limit - offset - length,
- * with the limit below 2^62 too, has its top bit set exactly when offset + length passes the
- * limit; it goes into the OR as well.  One test of the top two bits at the end says whether
- * any segment is bad; then a second pass over the private copy finds which.
- */
-#define SEG_LIMIT (1ull << 62)
-#define SEG_BAD (~(SEG_LIMIT - 1))
 
 /* Source and destination offsets side by side: one subtraction checks both (GCC and Clang). */
 typedef uint64_t seg_pair __attribute__((vector_size(16), aligned(8)));
@@ -248,8 +237,8 @@ take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int
 }
 
 /* The job's private segment array, with room for blocks[] after it. */
-static int
-segs_alloc(struct job *j, char *err, size_t errlen)
+int
+xfer_segs_alloc(struct job *j, char *err, size_t errlen)
 {
 	size_t nblocks = (j->nseg + SEG_BLOCK - 1) / SEG_BLOCK;
 
@@ -259,209 +248,6 @@ segs_alloc(struct job *j, char *err, size_t errlen)
 		return -GPX__STATUS__ENOMEM;
 	}
 	j->blocks = (uint64_t *)(j->segs + j->nseg);
-	return 0;
-}
-
-/*
- * Page transfers (protocol 2).  Record i of the list copies page_size bytes from page src of
- * the source (at src_base + src * page_size) to page dst of the destination.  page_size is at
- * most 2^31 and bases below 2^62, so no page's place wraps; a side of L whole pages takes page
- * numbers below L.
- */
-#define PAGE_SIZE_MAX (1ull << 31)
-
-typedef uint32_t page_quad __attribute__((vector_size(16), aligned(4)));   /* two records */
-
-/*
- * The one pass over the records at `in`: each loaded once, stored into the private copy `out`,
- * and checked with the segments' trick (SEG_LIMIT above) in 32 bits: with lim = L - 1 below
- * 2^31, p | (lim - p) has its top bit set exactly when p > lim.  Two records per vector, no
- * branch; true when some page may be out of its region (exactly so when both L <= 2^31).
- */
-static bool
-pages_copy(struct gpx_wire_page *out, const unsigned char *in, uint32_t n, uint32_t lim_s, uint32_t lim_d)
-{
-	const page_quad lim = { lim_s, lim_d, lim_s, lim_d };
-	page_quad bad = { 0, 0, 0, 0 };
-	uint32_t i = 0, b;
-
-	for (; i + 2 <= n; i += 2) {
-		const page_quad v = *(const volatile page_quad *)(in + (size_t)i * sizeof(*out));
-		memcpy(&out[i], &v, sizeof(v));
-		bad |= v | (lim - v);
-	}
-	b = bad[0] | bad[1] | bad[2] | bad[3];
-	if (i < n) {
-		memcpy(&out[i], in + (size_t)i * sizeof(*out), sizeof(*out));
-		b |= out[i].src | (lim_s - out[i].src) | out[i].dst | (lim_d - out[i].dst);
-	}
-	return b >> 31;
-}
-
-/*
- * A second core for long page lists.  The pass above runs at the speed one core reads lines
- * the client's core has just written (65,536 pages: ~30 us); two cores take ~19.  The loop
- * thread posts the list's second half here, and an idle GPU worker, spinning between jobs
- * anyway, may claim it (xfer_help).  If none has claimed it once the loop thread's own half
- * is done, the loop thread takes it back: never slower than one core, and never waiting on
- * a thread that is not already working on it.
- */
-#define HELP_MIN 16384
-enum { HELP_FREE, HELP_POSTED, HELP_CLAIMED, HELP_DONE };
-static struct {
-	_Atomic int state;
-	struct gpx_wire_page *out;
-	const unsigned char *in;
-	uint32_t n, lim_s, lim_d;
-	bool bad;
-} help;
-
-void
-xfer_help(void)
-{
-	int posted = HELP_POSTED;
-
-	if (atomic_load_explicit(&help.state, memory_order_relaxed) != HELP_POSTED ||
-	    !atomic_compare_exchange_strong(&help.state, &posted, HELP_CLAIMED))
-		return;
-	help.bad = pages_copy(help.out, help.in, help.n, help.lim_s, help.lim_d);
-	atomic_store_explicit(&help.state, HELP_DONE, memory_order_release);
-}
-
-/* pages_copy of n records, the second half offered to a helper.  Loop thread only. */
-static bool
-pages_copy2(struct gpx_wire_page *out, const unsigned char *in, uint32_t n, uint32_t lim_s, uint32_t lim_d)
-{
-	const uint32_t h = n / 2 & ~1u;
-	int posted = HELP_POSTED;
-	bool bad;
-
-	if (n < HELP_MIN)
-		return pages_copy(out, in, n, lim_s, lim_d);
-	help.out = out + h;
-	help.in = in + (size_t)h * sizeof(*out);
-	help.n = n - h;
-	help.lim_s = lim_s;
-	help.lim_d = lim_d;
-	atomic_store_explicit(&help.state, HELP_POSTED, memory_order_release);
-	bad = pages_copy(out, in, h, lim_s, lim_d);
-	if (atomic_compare_exchange_strong(&help.state, &posted, HELP_FREE))
-		return pages_copy(help.out, help.in, help.n, lim_s, lim_d) || bad;
-	while (atomic_load_explicit(&help.state, memory_order_acquire) != HELP_DONE)
-		cpu_pause();
-	bad |= help.bad;
-	atomic_store_explicit(&help.state, HELP_FREE, memory_order_relaxed);
-	return bad;
-}
-
-/* Whole pages of a side from its base on. */
-static uint64_t
-pages_in(const struct region *r, uint64_t base, uint64_t ps)
-{
-	return r->length > base ? (r->length - base) / ps : 0;
-}
-
-/* The largest page number every pair allows on each side, below 2^31, and 0 when some side has none. */
-static bool
-pages_limits(const struct job *j, uint64_t ps, uint64_t *ls, uint64_t *ld)
-{
-	*ls = *ld = 1ull << 31;
-	for (uint32_t k = 0; k < j->npairs; k++) {
-		const uint64_t s = pages_in(j->pairs[k].src, j->pairs[k].src_base, ps);
-		const uint64_t d = pages_in(j->pairs[k].dst, j->pairs[k].dst_base, ps);
-		*ls = s < *ls ? s : *ls;
-		*ld = d < *ld ? d : *ld;
-	}
-	return *ls > 0 && *ld > 0;
-}
-
-/* The refusal of a page list with a page out of some pair's region: which, from the copy. */
-static int
-pages_refused(const struct job *j, const struct gpx_wire_page *pg, uint32_t n, uint64_t ps, struct conn *c,
-    char *err, size_t errlen)
-{
-	for (uint32_t k = 0; k < j->npairs; k++) {
-		const struct jpair *p = &j->pairs[k];
-		const uint64_t ls = pages_in(p->src, p->src_base, ps), ld = pages_in(p->dst, p->dst_base, ps);
-		for (uint32_t i = 0; i < n; i++)
-			if (ls == 0 || ld == 0 || pg[i].src >= ls || pg[i].dst >= ld) {
-				snprintf(err, errlen, "page %u (%u -> %u, %llu bytes each from %llu -> %llu) of pair "
-				    "%u leaves its region (source %llu bytes, destination %llu bytes)", i,
-				    ls == 0 || ld == 0 ? 0 : pg[i].src, ls == 0 || ld == 0 ? 0 : pg[i].dst,
-				    (unsigned long long)ps, (unsigned long long)p->src_base,
-				    (unsigned long long)p->dst_base, k, (unsigned long long)p->src->length,
-				    (unsigned long long)p->dst->length);
-				log_audit(c, "%s", err);
-				return -GPX__STATUS__ERANGE;
-			}
-	}
-	return 0;
-}
-
-/*
- * Takes the n page records at `in` (the segment area, or a batch's private copy) into private
- * memory, the kernel's pinned list when a GPU runs the job as pages, else a scratch array
- * that becomes plain segments, and checks them from that copy only against every pair of j
- * (j->pairs with their bases are set).
- */
-static int
-take_pages(struct job *j, const unsigned char *in, uint32_t n, uint64_t ps, struct conn *c, char *err,
-    size_t errlen)
-{
-	const uint64_t items = (uint64_t)j->npairs * n;
-	struct gpx_wire_page *pg;
-	uint64_t ls, ld;
-	int r, dev;
-
-	for (uint32_t k = 0; k < j->npairs; k++)
-		if (j->pairs[k].src_base >= SEG_LIMIT || j->pairs[k].dst_base >= SEG_LIMIT)
-			ps = 0;      /* refused just below */
-	if (ps == 0 || ps > PAGE_SIZE_MAX || items > UINT32_MAX || items * ps >= SEG_LIMIT) {
-		snprintf(err, errlen, "%u pages of %llu bytes for %u pairs: pages are 1..2^31 bytes, "
-		    "bases and the whole below 2^62, at most 2^32 pages in all", n, (unsigned long long)ps,
-		    j->npairs);
-		return -GPX__STATUS__ERANGE;
-	}
-	j->page_size = ps;
-	j->npages = n;
-	j->nseg = (uint32_t)items;
-	j->total = items * ps;
-	for (uint32_t k = 0; k < j->npairs; k++) {
-		j->pairs[k].seg_end = (k + 1) * n;
-		j->pairs[k].bytes = n * ps;
-	}
-	if ((j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, n, &dev)) != NULL) {
-		pg = j->pages;
-		j->path = (enum path_kind)(PATH_GPU0 + dev);      /* that GPU's kernel runs it */
-	} else if ((r = segs_alloc(j, err, errlen)) < 0)
-		return r;
-	else
-		pg = (struct gpx_wire_page *)(j->segs + j->nseg) - n;    /* the array's tail */
-	if (!pages_limits(j, ps, &ls, &ld) ||
-	    pages_copy2(pg, in, n, (uint32_t)(ls - 1), (uint32_t)(ld - 1))) {
-		/* Some page may be out (or a side of more than 2^31 pages): exactly, from the copy. */
-		if ((r = pages_refused(j, pg, n, ps, c, err, errlen)) < 0)
-			return r;
-	}
-	if (j->pages != NULL)
-		return 0;
-	/*
-	 * Plain segments, written over the scratch copy from the front, pair after pair.  The
-	 * scratch is the array's last n * 8 bytes: no segment of a pair but the last reaches it,
-	 * and the last pair's segment q ends before record q + 1 (24 (N - n + q + 1) <= 24 N - 8 n
-	 * + 8 (q + 1) for q < n, N = pairs x n).  Each record is read by memcpy before the segment
-	 * over it is stored, so no compiler moves that store ahead of the read.
-	 */
-	for (uint32_t k = 0, i = 0; k < j->npairs; k++) {
-		const struct jpair *p = &j->pairs[k];
-		for (uint32_t q = 0; q < n; q++, i++) {
-			struct gpx_wire_page w;
-			memcpy(&w, &pg[q], sizeof(w));
-			j->segs[i] = (struct gpx_wire_seg){ p->src_base + w.src * ps, p->dst_base + w.dst * ps, ps };
-			if ((i + 1) % SEG_BLOCK == 0 || i + 1 == j->nseg)
-				j->blocks[i / SEG_BLOCK] = (uint64_t)(i + 1) * ps;
-		}
-	}
 	return 0;
 }
 
@@ -674,7 +460,7 @@ build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out,
 		if (pages)
 			continue;       /* the page list is taken once the groups are known */
 		j->nseg = (uint32_t)segs;
-		if ((r = segs_alloc(j, err, errlen)) < 0)
+		if ((r = xfer_segs_alloc(j, err, errlen)) < 0)
 			break;
 		uint64_t total = 0;
 		bool bad = false;
@@ -711,7 +497,7 @@ build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out,
 			}
 		}
 		for (struct job *j = head; j != NULL && r == 0; j = j->gnext)
-			r = take_pages(j, in, n, t->page_size, c, err, errlen);
+			r = xfer_take_pages(j, in, n, t->page_size, c, err, errlen);
 	}
 	for (struct job *j = head; j != NULL && r == 0; j = j->gnext)
 		if ((r = job_hold(j, err, errlen)) < 0)
@@ -806,10 +592,10 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 	j->one = (struct jpair){ .src = sh->r, .dst = dh->r, .src_base = t->src_offset,
 	    .dst_base = t->dst_offset, .seg_end = n };
 	if (t->page_size > 0)
-		r = take_pages(j, table, n, t->page_size, c, err, errlen);
+		r = xfer_take_pages(j, table, n, t->page_size, c, err, errlen);
 	else {
 		j->nseg = n;
-		if ((r = segs_alloc(j, err, errlen)) == 0)
+		if ((r = xfer_segs_alloc(j, err, errlen)) == 0)
 			r = take_segs(j, t, table, segfd, sh->r, dh->r, c, err, errlen);
 		j->one.bytes = j->total;
 	}
