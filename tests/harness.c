@@ -513,6 +513,16 @@ harness_stop(struct harness *h)
 }
 
 void
+harness_finish(struct harness *h)
+{
+	int st = harness_stop(h);
+
+	if (!ok(st == 0, "gpxd stopped cleanly (exit %d)", st))
+		harness_dump_log(h);
+	harness_cleanup(h);
+}
+
+void
 harness_cleanup(struct harness *h)
 {
 	char path[PATH_MAX];

@@ -46,6 +46,8 @@ int harness_respawn(struct harness *h);
 void harness_cleanup(struct harness *h);
 /* Prints the daemon's log as TAP comments (after a failure). */
 void harness_dump_log(const struct harness *h);
+/* A program's last check: stops gpxd, one TAP line for a clean exit (the log shown if not), cleans up. */
+void harness_finish(struct harness *h);
 
 /* gpxd's open descriptors now, or -1. */
 int harness_fds(const struct harness *h);

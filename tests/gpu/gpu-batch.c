@@ -26,70 +26,6 @@ static CUcontext ctx[GPU_MAX];
 static int ndev;
 static uint64_t seed = 4711;
 
-/* A device buffer registered on c: VMM or cudaMalloc memory, filled from a host copy. */
-struct dbuf {
-	int dev;
-	CUdeviceptr d;
-	CUmemGenericAllocationHandle h;
-	size_t len, alloc;
-	bool vmm;
-	unsigned char *host;       /* what it holds */
-	gpx_region r;
-};
-
-static void
-dbuf_new(struct dbuf *b, gpx_conn *c, int dev, size_t len, bool vmm, bool random)
-{
-	memset(b, 0, sizeof(*b));
-	b->dev = dev;
-	b->len = len;
-	b->vmm = vmm;
-	CK(cuCtxSetCurrent(ctx[dev]));
-	if (vmm)
-		vmm_alloc(dev, len, &b->d, &b->h, &b->alloc);
-	else
-		CK(cuMemAlloc(&b->d, len));
-	if ((b->host = calloc(1, len)) == NULL)
-		tap_bail("out of memory");
-	if (random)
-		for (size_t i = 0; i + 8 <= len; i += 8) {
-			uint64_t x = xorshift(&seed);
-			memcpy(b->host + i, &x, 8);
-		}
-	CK(cuMemcpyHtoD(b->d, b->host, len));
-	int e = gpx_register_cuda(c, (void *)b->d, len, 0, &b->r);
-	if (e < 0)
-		tap_bail("gpx_register_cuda: %s: %s", gpx_strerror(e), gpx_last_error(c));
-}
-
-/* Whether the device holds exactly what the host copy says. */
-static bool
-dbuf_same(struct dbuf *b)
-{
-	unsigned char *got = malloc(b->len);
-	bool same;
-
-	CK(cuCtxSetCurrent(ctx[b->dev]));
-	CK(cuMemcpyDtoH(got, b->d, b->len));
-	same = memcmp(got, b->host, b->len) == 0;
-	free(got);
-	return same;
-}
-
-static void
-dbuf_free(gpx_conn *c, struct dbuf *b)
-{
-	gpx_deregister(c, b->r);
-	CK(cuCtxSetCurrent(ctx[b->dev]));
-	if (b->vmm) {
-		CK(cuMemUnmap(b->d, b->alloc));
-		CK(cuMemRelease(b->h));
-		CK(cuMemAddressFree(b->d, b->alloc));
-	} else
-		CK(cuMemFree(b->d));
-	free(b->host);
-}
-
 static int
 wait_tag(gpx_conn *c, uint64_t tag, uint64_t *bytes)
 {
@@ -113,8 +49,8 @@ test_kv(gpx_conn *c, int sdev, int ddev, int layers, uint32_t blocks, uint32_t b
 	uint64_t bytes = 0;
 
 	for (int k = 0; k < np; k++) {
-		dbuf_new(&src[k], c, sdev, (size_t)blocks * bs, vmm, true);
-		dbuf_new(&dst[k], c, ddev, (size_t)blocks * bs, !vmm, false);
+		dbuf_new(&src[k], c, ctx[sdev], sdev, (size_t)blocks * bs, vmm, &seed);
+		dbuf_new(&dst[k], c, ctx[ddev], ddev, (size_t)blocks * bs, !vmm, NULL);
 		pr[k] = (struct gpx_pair){ src[k].r, dst[k].r, 0, 0, 0, 0 };
 	}
 	for (uint32_t i = 0; i < blocks; i++)
@@ -133,7 +69,7 @@ test_kv(gpx_conn *c, int sdev, int ddev, int layers, uint32_t blocks, uint32_t b
 			memcpy(dst[k].host + (size_t)dp[i] * bs, src[k].host + (size_t)sp[i] * bs, bs);
 	bool all = r == 0 && bytes == (uint64_t)np * n * bs;
 	for (int k = 0; k < np && all; k++)
-		all = dbuf_same(&dst[k]);
+		all = dbuf_holds(&dst[k], dst[k].host);
 	ok(all, "KV handoff GPU%d -> GPU%d: %u blocks of %u bytes out of %d tensors (%s -> %s) in one batch, "
 	    "every byte where it belongs", sdev, ddev, n, bs, np, vmm ? "vmm" : "cudaMalloc", vmm ? "cudaMalloc" : "vmm");
 	if (r < 0)
@@ -162,8 +98,8 @@ test_weights(gpx_conn *c, int sdev, int ddev, int n)
 		/* A third tiny (norms, biases), a third of a few KiB to 1 MiB, a third up to 8 MiB. */
 		size_t len = k % 3 == 0 ? 256 + 8 * (xorshift(&seed) % 64) :
 		    k % 3 == 1 ? 4096 + 8 * (xorshift(&seed) % (1 << 17)) : (1u << 20) + 8 * (xorshift(&seed) % (7 << 17));
-		dbuf_new(&src[k], c, sdev, len, k % 2 == 0, true);
-		dbuf_new(&dst[k], c, ddev, len, k % 2 == 1, false);
+		dbuf_new(&src[k], c, ctx[sdev], sdev, len, k % 2 == 0, &seed);
+		dbuf_new(&dst[k], c, ctx[ddev], ddev, len, k % 2 == 1, NULL);
 		pr[k] = (struct gpx_pair){ src[k].r, dst[k].r, 0, 0, k, 1 };
 		segs[k] = (struct gpx_seg){ 0, 0, len };
 		memcpy(dst[k].host, src[k].host, len);
@@ -173,7 +109,7 @@ test_weights(gpx_conn *c, int sdev, int ddev, int n)
 	r = r < 0 ? r : wait_tag(c, 200, &bytes);
 	bool all = r == 0 && bytes == want;
 	for (int k = 0; k < n && all; k++)
-		all = dbuf_same(&dst[k]);
+		all = dbuf_holds(&dst[k], dst[k].host);
 	ok(all, "weight push GPU%d -> GPU%d: %d tensors of 256 B to 9 MiB (%.1f MiB) in one batch, verified", sdev,
 	    ddev, n, want / 1048576.0);
 	if (r < 0)
@@ -198,10 +134,11 @@ test_paths(gpx_conn *c)
 	int fd[4];
 	gpx_region hr[4];
 	uint64_t bytes = 0;
+	const int d3 = ndev > 1 ? 1 : 0;     /* the third buffer on another GPU where there is one */
 
-	dbuf_new(&g1, c, 0, len, true, true);
-	dbuf_new(&g2, c, 0, len, false, false);
-	dbuf_new(&g3, c, ndev > 1 ? 1 : 0, len, true, false);
+	dbuf_new(&g1, c, ctx[0], 0, len, true, &seed);
+	dbuf_new(&g2, c, ctx[0], 0, len, false, NULL);
+	dbuf_new(&g3, c, ctx[d3], d3, len, true, NULL);
 	for (int i = 0; i < 4; i++) {
 		if (gpx_host_alloc(len, &fd[i], (void **)&h[i]) < 0 || gpx_register_host(c, fd[i], 0, len, 0, &hr[i]) < 0)
 			tap_bail("host memory");
@@ -219,7 +156,7 @@ test_paths(gpx_conn *c)
 	memcpy(g2.host, h[2], len);
 	memcpy(g3.host, g1.host, len);
 	bool all = r == 0 && bytes == 4 * len && memcmp(h[1], h[0], len) == 0 && memcmp(h[3], g1.host, len) == 0 &&
-	    dbuf_same(&g2) && dbuf_same(&g3);
+	    dbuf_holds(&g2, g2.host) && dbuf_holds(&g3, g3.host);
 	struct gpx_completion e;
 	ok(all && gpx_poll(c, &e, 1) == 0, "a batch over host -> host, host -> GPU, GPU -> host and GPU -> GPU%d: "
 	    "split over its paths, one completion with every byte (%llu), verified", g3.dev, (unsigned long long)bytes);
@@ -258,9 +195,6 @@ main(void)
 	} else
 		tap_skip(3, "one GPU: no batch between two");
 	gpx_close(c);
-	int st = harness_stop(&h);
-	if (!ok(st == 0, "gpxd stopped cleanly (exit %d)", st))
-		harness_dump_log(&h);
-	harness_cleanup(&h);
+	harness_finish(&h);
 	return tap_done();
 }

@@ -26,55 +26,6 @@ static CUcontext ctx[GPU_MAX];
 static int ndev;
 static uint64_t seed = 90210;
 
-/* A cuMemAlloc buffer on dev holding random bytes (src) or zeros, registered on c. */
-struct mbuf {
-	int dev;
-	CUdeviceptr d;
-	size_t len;
-	unsigned char *host;
-	gpx_region r;
-};
-
-static void
-mbuf_new(struct mbuf *b, gpx_conn *c, int dev, size_t len, bool random)
-{
-	b->dev = dev;
-	b->len = len;
-	if ((b->host = calloc(1, len)) == NULL)
-		tap_bail("out of memory");
-	if (random)
-		fill(b->host, len, (unsigned)xorshift(&seed));
-	CK(cuCtxSetCurrent(ctx[dev]));
-	CK(cuMemAlloc(&b->d, len));
-	CK(cuMemcpyHtoD(b->d, b->host, len));
-	int e = gpx_register_cuda(c, (void *)b->d, len, 0, &b->r);
-	if (e < 0)
-		tap_bail("gpx_register_cuda on GPU%d: %s: %s", dev, gpx_strerror(e), gpx_last_error(c));
-}
-
-/* Whether dst now holds what src's host copy says. */
-static bool
-mbuf_holds(const struct mbuf *dst, const struct mbuf *src)
-{
-	unsigned char *got = malloc(dst->len);
-	bool same;
-
-	CK(cuCtxSetCurrent(ctx[dst->dev]));
-	CK(cuMemcpyDtoH(got, dst->d, dst->len));
-	same = memcmp(got, src->host, dst->len) == 0;
-	free(got);
-	return same;
-}
-
-static void
-mbuf_free(gpx_conn *c, struct mbuf *b)
-{
-	gpx_deregister(c, b->r);
-	CK(cuCtxSetCurrent(ctx[b->dev]));
-	CK(cuMemFree(b->d));
-	free(b->host);
-}
-
 static void
 uuid_str(const CUuuid *u, char *buf, size_t len)
 {
@@ -135,15 +86,15 @@ test_every_pair(gpx_conn *c)
 {
 	const size_t len = 24u << 20;
 	int n = ndev * (ndev - 1), k = 0;
-	struct mbuf *src = calloc(n, sizeof(*src)), *dst = calloc(n, sizeof(*dst));
+	struct dbuf *src = calloc(n, sizeof(*src)), *dst = calloc(n, sizeof(*dst));
 	uint64_t bytes = 0;
 	bool all = true;
 
 	for (int i = 0; i < ndev; i++)
 		for (int j = 0; j < ndev; j++)
 			if (i != j) {
-				mbuf_new(&src[k], c, i, len, true);
-				mbuf_new(&dst[k], c, j, len, false);
+				dbuf_new(&src[k], c, ctx[i], i, len, false, &seed);
+				dbuf_new(&dst[k], c, ctx[j], j, len, false, NULL);
 				k++;
 			}
 	for (k = 0; k < n && all; k++)
@@ -154,12 +105,12 @@ test_every_pair(gpx_conn *c)
 		bytes += e.bytes;
 	}
 	for (k = 0; k < n && all; k++)
-		all = mbuf_holds(&dst[k], &src[k]);
+		all = dbuf_holds(&dst[k], src[k].host);
 	ok(all && bytes == (uint64_t)n * len, "every ordered pair of %d GPUs at once: %d copies of %zu MiB in "
 	    "flight, every byte where it belongs", ndev, n, len >> 20);
 	for (k = 0; k < n; k++) {
-		mbuf_free(c, &src[k]);
-		mbuf_free(c, &dst[k]);
+		dbuf_free(c, &src[k]);
+		dbuf_free(c, &dst[k]);
 	}
 	free(src);
 	free(dst);
@@ -170,15 +121,15 @@ static void
 test_batch_ring(gpx_conn *c)
 {
 	const size_t len = 5u << 20;
-	struct mbuf src[3], dst[3];
+	struct dbuf src[3], dst[3];
 	struct gpx_pair pr[3];
 	struct gpx_seg segs[3] = { { 0, 0, len / 4 }, { len / 4, 3 * len / 4, len / 4 }, { len / 2, len / 4, len / 2 } };
 	struct gpx_completion e;
 	uint64_t bytes = 0;
 
 	for (int i = 0; i < 3; i++) {
-		mbuf_new(&src[i], c, i, len, true);
-		mbuf_new(&dst[i], c, (i + 1) % 3, len, false);
+		dbuf_new(&src[i], c, ctx[i], i, len, false, &seed);
+		dbuf_new(&dst[i], c, ctx[(i + 1) % 3], (i + 1) % 3, len, false, NULL);
 		pr[i] = (struct gpx_pair){ src[i].r, dst[i].r, 0, 0, 0, 3 };
 	}
 	int r = gpx_copy_batch(c, pr, 3, segs, 3, 2000);
@@ -189,19 +140,19 @@ test_batch_ring(gpx_conn *c)
 	bool all = r == 0 && bytes == 3 * len;
 	for (int i = 0; i < 3 && all; i++) {
 		/* the segments move bytes around: build what the destination should hold */
-		struct mbuf want = { .len = len, .host = calloc(1, len) };
+		unsigned char *want = calloc(1, len);
 		for (int s = 0; s < 3; s++)
-			memcpy(want.host + segs[s].dst_offset, src[i].host + segs[s].src_offset, segs[s].length);
-		all = mbuf_holds(&dst[i], &want);
-		free(want.host);
+			memcpy(want + segs[s].dst_offset, src[i].host + segs[s].src_offset, segs[s].length);
+		all = dbuf_holds(&dst[i], want);
+		free(want);
 	}
 	ok(all && gpx_poll(c, &e, 1) == 0, "a batch GPU0 -> GPU1, GPU1 -> GPU2, GPU2 -> GPU0 runs on three copy "
 	    "workers and completes once, every byte where its segment says");
 	if (r < 0)
 		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
 	for (int i = 0; i < 3; i++) {
-		mbuf_free(c, &src[i]);
-		mbuf_free(c, &dst[i]);
+		dbuf_free(c, &src[i]);
+		dbuf_free(c, &dst[i]);
 	}
 }
 
@@ -234,9 +185,6 @@ main(void)
 		tap_skip(1, why);
 	}
 	gpx_close(c);
-	int st = harness_stop(&h);
-	if (!ok(st == 0, "gpxd stopped cleanly (exit %d)", st))
-		harness_dump_log(&h);
-	harness_cleanup(&h);
+	harness_finish(&h);
 	return tap_done();
 }

@@ -195,7 +195,7 @@ test_interior(gpx_conn *c, struct buf *src)
 
 	CK(cuCtxSetCurrent(ctx[0]));
 	CK(cuMemAlloc(&big, 4 << 20));
-	fill(before, 4 << 20);
+	rnd_fill(before, 4 << 20);
 	CK(cuMemcpyHtoD(big, before, 4 << 20));
 	int e = gpx_register_cuda(c, (void *)(big + off), len, 0, &r);
 	ok(e == 0, "register an interior pointer of a larger allocation");

@@ -112,7 +112,7 @@ test_pool_forged(struct harness *h, CUmemoryPool pool, CUdeviceptr p, const uint
 		st = raw_send_register(sock, &reg, pfd);
 		ok(st == GPX__STATUS__EINVAL, "32 bytes of export data: EINVAL (status %d)", st);
 		reg.handle.len = 64;
-		fill(junk, sizeof(junk));
+		rnd_fill(junk, sizeof(junk));
 		reg.handle.data = junk;
 		st = raw_send_register(sock, &reg, pfd);
 		ok(st > 0, "the real pool fd with random export data: an error (status %d)", st);
@@ -184,8 +184,8 @@ test_pool(void)
 	    !cu_ok(cuMemAllocFromPoolAsync(&p, n, pool, s), "cuMemAllocFromPoolAsync") ||
 	    !cu_ok(cuMemAllocFromPoolAsync(&p2, len, pool, s), "cuMemAllocFromPoolAsync (second)"))
 		goto stop;
-	fill(want, n);
-	fill(want2, len);
+	rnd_fill(want, n);
+	rnd_fill(want2, len);
 	CK(cuMemcpyHtoDAsync(p, want, n, s));
 	CK(cuMemcpyHtoDAsync(p2, want2, len, s));
 	/* The daemon may touch the memory only once its allocation has completed. */
@@ -209,7 +209,7 @@ test_pool(void)
 	ok(log_count(&h, opened) == 1, "gpxd opened it as cuda-pool (%d such lines in its log)",
 	    log_count(&h, opened));
 	/* host -> pool, a window in the middle: the bytes around it must not move */
-	fill(hp, len);
+	rnd_fill(hp, len);
 	e = gpx_copy_sync(c, hr, 0, r, 4096, len);
 	memcpy(want + 4096, hp, len);
 	ok(e == 0 && dev_equals(p, want, n), "host -> pool memory verified, neighbours untouched (%s)",
@@ -220,7 +220,7 @@ test_pool(void)
 	e = gpx_register_cuda(c, (void *)(p + off), len, 0, &ri);
 	if (!ok(e == 0, "register an interior pointer of pool memory"))
 		diag("%s: %s", gpx_strerror(e), gpx_last_error(c));
-	fill(hp, len);
+	rnd_fill(hp, len);
 	e = e ? e : gpx_copy_sync(c, hr, 0, ri, 0, len);
 	memcpy(want + off, hp, len);
 	ok(e == 0 && dev_equals(p, want, n), "a copy into the interior pointer lands at its offset (%s)",
@@ -253,7 +253,7 @@ test_pool(void)
 		struct gpx_completion done;
 
 		vmm_alloc(1, n, &v, &vh, &valloc);
-		fill(vwant, n);
+		rnd_fill(vwant, n);
 		CK(cuMemcpyHtoD(v, vwant, n));
 		e = gpx_register_cuda(c, (void *)v, n, 0, &rv);
 		e = e ? e : gpx_copy_sync(c, r, 0, rv, 0, n);

@@ -59,7 +59,7 @@ test_forged(struct harness *h)
 	if (w != NULL)
 		gpx__daemon_msg__free_unpacked(w, NULL);
 	for (int i = 0; i < 32; i++) {
-		fill(hb, sizeof(hb));
+		rnd_fill(hb, sizeof(hb));
 		int st = raw_register(sock, GPX__MEM_KIND__MEM_CUDA_IPC, hb, (uint8_t *)uuid.bytes, 1 << 20, -1);
 		errors += st > 0;
 	}

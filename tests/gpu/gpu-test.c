@@ -48,7 +48,7 @@ rnd(void)
 }
 
 void
-fill(unsigned char *p, size_t n)
+rnd_fill(unsigned char *p, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		p[i] = (unsigned char)rnd();
@@ -87,7 +87,7 @@ buf_init(struct buf *b, const char *name, int dev, int vmm, gpx_conn *c)
 	b->vmm = vmm;
 	b->fd = -1;
 	b->mirror = malloc(BUF);
-	fill(b->mirror, BUF);
+	rnd_fill(b->mirror, BUF);
 	if (dev < 0) {
 		if (gpx_host_alloc(BUF, &b->fd, (void **)&b->host) < 0)
 			tap_bail("gpx_host_alloc");
@@ -253,9 +253,6 @@ main(int argc, char **argv)
 	test_sticky();
 
 	gpx_close(c);
-	int st = harness_stop(&h);
-	if (!ok(st == 0, "gpxd stopped cleanly (exit %d)", st))
-		harness_dump_log(&h);
-	harness_cleanup(&h);
+	harness_finish(&h);
 	return tap_done();
 }

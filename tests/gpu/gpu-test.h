@@ -40,7 +40,7 @@ extern int ndev;
 
 uint64_t rnd(void);
 /* p[0..n) from rnd(). */
-void fill(unsigned char *p, size_t n);
+void rnd_fill(unsigned char *p, size_t n);
 /* Makes a buffer of one kind (dev -1: host memory; vmm: cuMemCreate), filled, and registers it on c. */
 void buf_init(struct buf *b, const char *name, int dev, int vmm, gpx_conn *c);
 void buf_read(struct buf *b, size_t off, void *dst, size_t n);

@@ -1,15 +1,21 @@
 /*
  * What the GPU test programs share: a driver call that must succeed (CK), the primary context
  * of every device, and VMM memory made the way PyTorch's expandable segments make it (pieces
- * created with POSIX-fd handles, mapped back to back into one reservation).  Header-only.
+ * created with POSIX-fd handles, mapped back to back into one reservation), and device buffers
+ * registered with gpxd next to the bytes they should hold.  Header-only.
  */
 #ifndef GPX_TESTS_GPU_UTIL_H
 #define GPX_TESTS_GPU_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 #include <cuda.h>
 
+#include "client-lib/gpx.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 #define GPU_MAX 16
 
@@ -80,6 +86,75 @@ vmm_alloc(int dev, size_t size, CUdeviceptr *d, CUmemGenericAllocationHandle *h,
 	*alloc = (size + gran - 1) / gran * gran;
 	CK(cuMemAddressReserve(d, *alloc, 0, 0, 0));
 	*h = vmm_piece(dev, *d, *alloc);
+}
+
+/* A device buffer registered on a connection: VMM or cuMemAlloc memory, filled from a host copy. */
+struct dbuf {
+	CUcontext ctx;
+	int dev;
+	CUdeviceptr d;
+	CUmemGenericAllocationHandle h;
+	size_t len, alloc;
+	bool vmm;
+	unsigned char *host;       /* what it was filled with */
+	gpx_region r;
+};
+
+/* len bytes on dev (whose context is ctx): random from *seed, or zeros when seed is NULL. */
+static inline void
+dbuf_new(struct dbuf *b, gpx_conn *c, CUcontext ctx, int dev, size_t len, bool vmm, uint64_t *seed)
+{
+	memset(b, 0, sizeof(*b));
+	b->ctx = ctx;
+	b->dev = dev;
+	b->len = len;
+	b->vmm = vmm;
+	CK(cuCtxSetCurrent(ctx));
+	if (vmm)
+		vmm_alloc(dev, len, &b->d, &b->h, &b->alloc);
+	else
+		CK(cuMemAlloc(&b->d, len));
+	if ((b->host = calloc(1, len)) == NULL)
+		tap_bail("out of memory");
+	if (seed != NULL)
+		for (size_t i = 0; i + 8 <= len; i += 8) {
+			uint64_t x = xorshift(seed);
+			memcpy(b->host + i, &x, 8);
+		}
+	CK(cuMemcpyHtoD(b->d, b->host, len));
+	int e = gpx_register_cuda(c, (void *)b->d, len, 0, &b->r);
+	if (e < 0)
+		tap_bail("gpx_register_cuda on GPU%d: %s: %s", dev, gpx_strerror(e), gpx_last_error(c));
+}
+
+/* Whether the device holds exactly the b->len bytes at want. */
+static inline bool
+dbuf_holds(const struct dbuf *b, const unsigned char *want)
+{
+	unsigned char *got = malloc(b->len);
+	bool same;
+
+	if (got == NULL)
+		tap_bail("out of memory");
+	CK(cuCtxSetCurrent(b->ctx));
+	CK(cuMemcpyDtoH(got, b->d, b->len));
+	same = memcmp(got, want, b->len) == 0;
+	free(got);
+	return same;
+}
+
+static inline void
+dbuf_free(gpx_conn *c, struct dbuf *b)
+{
+	gpx_deregister(c, b->r);
+	CK(cuCtxSetCurrent(b->ctx));
+	if (b->vmm) {
+		CK(cuMemUnmap(b->d, b->alloc));
+		CK(cuMemRelease(b->h));
+		CK(cuMemAddressFree(b->d, b->alloc));
+	} else
+		CK(cuMemFree(b->d));
+	free(b->host);
 }
 
 #endif
