@@ -34,6 +34,16 @@ int client_error(gpx_conn *c, int code, const char *msg);
  */
 const char *client_last_region(const gpx_conn *c, int *read_only);
 void client_refusal_hook(gpx_conn *c, void (*fn)(void *arg, uint64_t tag, const char *reason), void *arg);
+/*
+ * The CUDA driver's entry points, by name (client-lib/cuda.c; only in builds with CUDA): loads
+ * libcuda.so.1 and sets *fns[i] to names[i]'s, 0 or -1 with err saying why.  A file lists its
+ * functions once, FUNCS(X) as X(cuFoo) X(cuBar), and passes { FUNCS(CLIENT_CUDA_NAME) } and
+ * { FUNCS(CLIENT_CUDA_SLOT) } for its pointers p_cuFoo, p_cuBar.
+ */
+int client_cuda_resolve(const char *const names[], void **const fns[], size_t n, char *err, size_t errlen);
+#define CLIENT_CUDA_NAME(f) #f,
+#define CLIENT_CUDA_SLOT(f) (void **)&p_##f,
+
 /* Whether completion records wait in c's ring (no system call): what a spinning wait looks at. */
 bool client_ring_ready(const gpx_conn *c);
 /* How long a wait looks at the ring before it sleeps, seconds (gpx_wait's own spin). */

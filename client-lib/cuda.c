@@ -36,29 +36,43 @@ FUNCS(DECL)
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static char load_error[160];
 
-static void
-load(void)
+/*
+ * Loads the CUDA driver (libcuda.so.1, at run time, so the library needs no driver to load)
+ * and resolves n entry points by name into *fns[i], through cuGetProcAddress at the CUDA 12
+ * ABI.  0, or -1 with err saying why (the pointers resolved so far stay set).  The Python
+ * module's allocator resolves its own list with it too.
+ */
+int
+client_cuda_resolve(const char *const names[], void **const fns[], size_t n, char *err, size_t errlen)
 {
 	CUresult (*getproc)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 	CUdriverProcAddressQueryResult st;
 	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 
 	if (h == NULL) {
-		snprintf(load_error, sizeof(load_error), "no CUDA driver in this process (libcuda.so.1)");
-		return;
+		snprintf(err, errlen, "no CUDA driver in this process (libcuda.so.1)");
+		return -1;
 	}
 	*(void **)&getproc = dlsym(h, "cuGetProcAddress_v2");
 	if (getproc == NULL) {
-		snprintf(load_error, sizeof(load_error), "the CUDA driver is too old");
-		return;
+		snprintf(err, errlen, "the CUDA driver is too old");
+		return -1;
 	}
-#define RESOLVE(f) \
-	if (getproc(#f, (void **)&p_##f, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS || p_##f == NULL) { \
-		snprintf(load_error, sizeof(load_error), "the CUDA driver lacks %s", #f); \
-		return; \
-	}
-	FUNCS(RESOLVE)
-#undef RESOLVE
+	for (size_t i = 0; i < n; i++)
+		if (getproc(names[i], fns[i], 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS || *fns[i] == NULL) {
+			snprintf(err, errlen, "the CUDA driver lacks %s", names[i]);
+			return -1;
+		}
+	return 0;
+}
+
+static void
+load(void)
+{
+	static const char *const names[] = { FUNCS(CLIENT_CUDA_NAME) };
+	void **const fns[] = { FUNCS(CLIENT_CUDA_SLOT) };
+
+	client_cuda_resolve(names, fns, sizeof(names) / sizeof(names[0]), load_error, sizeof(load_error));
 }
 
 static int

@@ -8,16 +8,16 @@
  * torch.cuda.memory.CUDAPluggableAllocator; the module exports them for that.
  *
  * The only file of the module that includes cuda.h.  The driver is loaded at first use
- * (dlopen, cuGetProcAddress), as libgpxclient does, so the module imports without one.
+ * (client_cuda_resolve, libgpxclient's loader), so the module imports without one.
  */
 #include "config.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <sys/types.h>
 #include <cuda.h>
 
+#include "client-lib/client.h"
 #include "client-lib/python/_gpx.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -41,27 +41,11 @@ static size_t granularity[MAX_DEVICES];   /* per device, found once (atomic) */
 static void
 load(void)
 {
-	CUresult (*getproc)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
-	CUdriverProcAddressQueryResult st;
-	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	static const char *const names[] = { FUNCS(CLIENT_CUDA_NAME) };
+	void **const fns[] = { FUNCS(CLIENT_CUDA_SLOT) };
 
-	if (h == NULL) {
-		snprintf(load_error, sizeof(load_error), "no CUDA driver in this process (libcuda.so.1)");
-		return;
-	}
-	*(void **)&getproc = dlsym(h, "cuGetProcAddress_v2");
-	if (getproc == NULL) {
-		snprintf(load_error, sizeof(load_error), "the CUDA driver is too old");
-		return;
-	}
-#define RESOLVE(f) \
-	if (getproc(#f, (void **)&p_##f, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) != CUDA_SUCCESS || p_##f == NULL) { \
-		snprintf(load_error, sizeof(load_error), "the CUDA driver lacks %s", #f); \
-		return; \
-	}
-	FUNCS(RESOLVE)
-#undef RESOLVE
-	if (p_cuInit(0) != CUDA_SUCCESS)
+	if (client_cuda_resolve(names, fns, sizeof(names) / sizeof(names[0]), load_error, sizeof(load_error)) == 0 &&
+	    p_cuInit(0) != CUDA_SUCCESS)
 		snprintf(load_error, sizeof(load_error), "cuInit failed: no usable GPU");
 }
 
