@@ -171,6 +171,16 @@ def rng():
     return np.random.default_rng(seed)
 
 
+def host(nbytes, rng=None):
+    """A HostBuffer and a uint8 numpy view of it (random bytes when rng is given)."""
+    import numpy as np
+    hb = gpx.host_alloc(nbytes)
+    view = np.frombuffer(hb, dtype=np.uint8)
+    if rng is not None:
+        view[:] = rng.integers(0, 256, nbytes, dtype=np.uint8)
+    return hb, view
+
+
 def child_env():
     """The environment for child Python processes: this package and these helpers importable."""
     env = dict(os.environ)

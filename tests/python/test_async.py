@@ -5,14 +5,7 @@ import numpy as np
 import pytest
 
 import gpx
-
-
-def host(nbytes, rng=None):
-    hb = gpx.host_alloc(nbytes)
-    view = np.frombuffer(hb, dtype=np.uint8)
-    if rng is not None:
-        view[:] = rng.integers(0, 256, nbytes, dtype=np.uint8)
-    return hb, view
+from conftest import host
 
 
 def test_await_one(conn, rng):

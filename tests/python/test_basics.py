@@ -7,15 +7,7 @@ import numpy as np
 import pytest
 
 import gpx
-
-
-def host(nbytes, rng=None):
-    """A HostBuffer and a uint8 numpy view of it (random bytes when rng is given)."""
-    hb = gpx.host_alloc(nbytes)
-    view = np.frombuffer(hb, dtype=np.uint8)
-    if rng is not None:
-        view[:] = rng.integers(0, 256, nbytes, dtype=np.uint8)
-    return hb, view
+from conftest import host
 
 
 def test_connect_is_a_context_manager(gpxd):

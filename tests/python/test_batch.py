@@ -10,15 +10,7 @@ import numpy as np
 import pytest
 
 import gpx
-from conftest import child_env
-
-
-def host(nbytes, rng=None):
-    hb = gpx.host_alloc(nbytes)
-    view = np.frombuffer(hb, dtype=np.uint8)
-    if rng is not None:
-        view[:] = rng.integers(0, 256, nbytes, dtype=np.uint8)
-    return hb, view
+from conftest import child_env, host
 
 
 # Another process owns the destination caches: it exports 8 of them and, once the parent's

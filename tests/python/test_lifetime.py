@@ -10,11 +10,7 @@ import numpy as np
 import pytest
 
 import gpx
-
-
-def host(nbytes):
-    hb = gpx.host_alloc(nbytes)
-    return hb, np.frombuffer(hb, dtype=np.uint8)
+from conftest import host
 
 
 def test_a_region_keeps_its_object_alive(conn):

@@ -7,15 +7,7 @@ import numpy as np
 import pytest
 
 import gpx
-from conftest import run_child
-
-
-def host(nbytes, rng=None):
-    hb = gpx.host_alloc(nbytes)
-    view = np.frombuffer(hb, dtype=np.uint8)
-    if rng is not None:
-        view[:] = rng.integers(0, 256, nbytes, dtype=np.uint8)
-    return hb, view
+from conftest import host, run_child
 
 
 # The importing process: reads the export into its own memory and reports a digest of it,

@@ -6,11 +6,7 @@ import time
 import numpy as np
 
 import gpx
-
-
-def host(nbytes):
-    hb = gpx.host_alloc(nbytes)
-    return hb, np.frombuffer(hb, dtype=np.uint8)
+from conftest import host
 
 
 class Counter(threading.Thread):
