@@ -94,7 +94,9 @@ def test_cuda_tensors_in_this_process(trusting_gpxd):
         b = torch.zeros(3 << 20, dtype=torch.uint8, device="cuda")
         torch.cuda.synchronize()
         ra, rb = c.register(a, read_only=True), c.register(b[1 << 20:])
-        assert ra.kind == "cuda-ipc" and rb.length == 2 << 20
+        # This process's allocator mode decides the kind: expandable segments are VMM memory.
+        expandable = "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        assert ra.kind == ("cuda-vmm" if expandable else "cuda-ipc") and rb.length == 2 << 20
         assert c.copy(ra, rb, 1 << 20, src_offset=12345).wait() == 1 << 20
         assert torch.equal(b[1 << 20:2 << 20], a[12345:12345 + (1 << 20)])
 
