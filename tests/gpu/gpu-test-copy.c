@@ -176,8 +176,10 @@ test_pages_big(gpx_conn *c)
 		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
 	gpx_deregister(c, ra);
 	gpx_deregister(c, rb);
-	cuMemFree(a);
 	cuMemFree(b);
+	/* Each buffer freed in its own context, and GPU0's current again for the parts after. */
+	CK(cuCtxSetCurrent(ctx[0]));
+	cuMemFree(a);
 	free(src);
 	free(got);
 	free(sp);
