@@ -200,7 +200,7 @@ main(int argc, char **argv)
 	if (argc >= 5 && strcmp(argv[1], "freer") == 0)
 		return child_freer(argv[2], argv[3], atoi(argv[4]));
 	if (argc >= 5 && strcmp(argv[1], "hog") == 0)
-		return child_hog(argv[2], atoi(argv[3]), argv[4]);
+		return child_hog(argv[2], atoi(argv[3]), argv[4], argc >= 6 && strcmp(argv[5], "mps") == 0);
 
 	if (harness_start(&h, "[cuda]\ntrust_legacy_ipc = yes\n") < 0)
 		tap_bail("cannot start gpxd");

@@ -69,7 +69,7 @@ void test_cached_registration(gpx_conn *c, struct buf *b);
 int child_owner(const char *sock, const char *name, int dev);
 int child_victim(const char *sock, int dev);
 int child_freer(const char *sock, const char *name, int dev);
-int child_hog(const char *sock, int dev, const char *mode);
+int child_hog(const char *sock, int dev, const char *mode, bool same_uid);
 void test_two_processes(const char *self, const char *sock, gpx_conn *c, int dev);
 void test_client_dies(const char *self, const char *sock, gpx_conn *c, struct buf *a, struct buf *b, int dev);
 void test_owner_frees(const char *self, const char *sock, gpx_conn *c, struct buf *dst, int dev);
