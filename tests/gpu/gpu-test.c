@@ -240,6 +240,7 @@ main(int argc, char **argv)
 	test_pages_big(c);
 	test_interior(c, &bufs[0]);
 	test_cached_registration(c, &bufs[1]);
+	test_cache_shared(h.sock, &bufs[1], &bufs[2]);
 	/* The other processes are this program again, however it was started (PATH or not). */
 	const char *self = "/proc/self/exe";
 	test_two_processes(self, h.sock, c, ndev > 1 ? 1 : 0);

@@ -63,6 +63,7 @@ void test_pages(gpx_conn *c, struct buf *a, struct buf *b, size_t page, uint32_t
 void test_pages_big(gpx_conn *c);
 void test_interior(gpx_conn *c, struct buf *src);
 void test_cached_registration(gpx_conn *c, struct buf *b);
+void test_cache_shared(const char *sock, struct buf *ipc, struct buf *vmm);
 
 /* ---- gpu-test-procs.c: the child roles (argv[1] names one) and the tests that run them ---- */
 
