@@ -8,7 +8,13 @@
  * copy workers, the kernels, page lists and exports see one device address.
  *
  * Pieces are named by the driver's memory block id, unique within the client's process, and
- * held per connection (a VMM fd names nothing node-wide: whoever holds it may map it).  A
+ * held per connection (a VMM fd names nothing node-wide: whoever holds it may map it).  They
+ * are not shared with other connections: a connection may reach a mapping only by presenting
+ * a handle of that allocation itself, and an exported fd tells nothing of its allocation
+ * before it is imported (fstat shows /dev/nvidiactl for every export; the driver does not
+ * promise one handle for two imports of one allocation; tests/gpu/vmm-probe looks), while the
+ * block id and the addresses are the client's word, which another client could repeat.  A
+
  * Register lists the pieces under its range: when all are held it is answered on the loop
  * thread without a driver call; otherwise the client is told which are missing, sends them
  * (Pieces: an import and a map each, on a task thread) and asks again.  A piece lives while a
