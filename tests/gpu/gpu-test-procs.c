@@ -222,7 +222,7 @@ test_small_under_load(const char *self, const char *sock, gpx_conn *c, struct bu
 		    strncmp(line, "READY", 5) == 0;
 		line[strcspn(line, "\n")] = '\0';
 		if (!ok(ready, "another client keeps 16 copies of up to 1 GiB %s on GPU%d in flight (%s)", modes[m],
-		    dev, ready ? line + 6 : line[0] ? line : "no READY within 180 s")) {
+		    dev, ready ? line + 6 : line[0] ? line : "it said nothing: exited, or silent for 180 s")) {
 			if (pid > 0) {
 				kill(pid, SIGKILL);
 				waitpid(pid, NULL, 0);
