@@ -128,6 +128,13 @@ do_status(int argc, char **argv)
 		J_ADD(o, "cuda", J_STR(s->cuda));
 		J_ADD(o, "trust_legacy_ipc", J_BOOL(s->trust_legacy));
 		J_ADD(o, "fabric", J_STR(s->fabric));
+		json_object *hc = json_object_new_object();
+		J_ADD(hc, "ipc", J_U64(s->cache_ipc));
+		J_ADD(hc, "pool", J_U64(s->cache_pool));
+		J_ADD(hc, "vmm_pieces", J_U64(s->cache_vmm));
+		J_ADD(hc, "opens", J_U64(s->cache_opens));
+		J_ADD(hc, "hits", J_U64(s->cache_hits));
+		J_ADD(o, "handle_cache", hc);
 		print_json(o);
 	} else {
 		printf("gpxd %s (protocol %u), pid %d, up %.0f s\n", s->version, s->proto, s->pid, s->uptime_s);
@@ -144,6 +151,10 @@ do_status(int argc, char **argv)
 		printf("cuda:       %s\n", s->cuda);
 		printf("legacy IPC: %s\n", s->trust_legacy ? "accepted (one trust domain)" : "refused (multi-tenant)");
 		printf("fabric:     %s\n", s->fabric[0] ? s->fabric : "off");
+		printf("handles:    %u entries (%u cuda-ipc, %u cuda-pool, %u cuda-vmm pieces), "
+		    "%llu driver opens, %llu hits\n", s->cache_ipc + s->cache_pool + s->cache_vmm, s->cache_ipc,
+		    s->cache_pool, s->cache_vmm, (unsigned long long)s->cache_opens,
+		    (unsigned long long)s->cache_hits);
 	}
 	gpx__query_reply__free_unpacked(q, NULL);
 	return 0;

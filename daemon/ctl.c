@@ -48,6 +48,13 @@ q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
 	s->trust_legacy = cfg->trust_legacy_ipc;
 	s->config = cfg->path ? cfg->path : (char *)"(defaults)";
 	s->fabric = fabric != NULL ? (char *)fabric->status() : (char *)"off";
+	struct gpu_cache gc;
+	gpu_cache_stats(&gc);
+	s->cache_ipc = gc.ipc;
+	s->cache_pool = gc.pool;
+	s->cache_vmm = gc.vmm;
+	s->cache_opens = gc.opens;
+	s->cache_hits = gc.hits;
 	for (int p = 0; p < NPATHS; p++) {
 		uint64_t x, b, e;
 		engine_path_stats(p, &x, &b, &e);

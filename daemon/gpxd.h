@@ -543,7 +543,14 @@ void gpu_topo(Gpx__QueryReply *);
 void gpu_topo_free(Gpx__QueryReply *);
 const char *gpu_pci(int dev);                /* its PCI bus id, NULL for none */
 void gpu_host_register(struct region *);     /* pins a host mapping for DMA, best effort */
-uint64_t gpu_cache_stats(uint64_t *hits);  /* driver opens, and registrations served cached */
+/* The node's cache of opened GPU handles (gpu-map.c, vmm.c), for gpxctl status. */
+struct gpu_cache {
+	uint32_t ipc, pool;      /* allocations held open: legacy IPC (node-wide), pool */
+	uint32_t vmm;            /* VMM pieces held (per connection) */
+	uint64_t opens;          /* driver opens and imports */
+	uint64_t hits;           /* registrations served from what was held, no driver call */
+};
+void gpu_cache_stats(struct gpu_cache *s);
 bool gpu_released(struct region *r);        /* the driver has let go of r's memory */
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen);  /* cheap type check before any driver call */
 int gpu_dev_by_uuid(const uint8_t uuid[16]);            /* -1: no such GPU here */
@@ -563,7 +570,7 @@ int vmm_bind(struct region *r, uint32_t *missing, uint32_t *nmissing, char *err,
 int vmm_import(uint64_t owner, int dev, uint64_t res, uint64_t res_size, const struct gpx_wire_piece *pc,
     const int *fds, uint32_t n, char *err, size_t errlen);
 void vmm_sweep(uint64_t owner);
-uint64_t vmm_stats(uint64_t *hits);
+uint64_t vmm_stats(uint64_t *hits, uint32_t *pieces);    /* imports; hits and pieces held */
 void gpu_host_unpin(void *map);         /* undoes gpu_host_register; may block */
 void gpu_shutdown(void);
 
