@@ -43,6 +43,121 @@ QWEN2_1_5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, n
                   max_position_embeddings=32768)
 
 
+# ---------------------------------------------------------------------------------------------
+# The driver API through ctypes: the program's own fused kernel and raw copies, the strongest
+# baselines, without a compiler or another package where the bench runs.
+
+class _Driver:
+    """libcuda.so.1, the few calls the baselines need; every failure ends the run with its name."""
+
+    def __init__(self):
+        import ctypes as ct
+        self.ct = ct
+        self.lib = ct.CDLL("libcuda.so.1")
+        vp, u32, u64 = ct.c_void_p, ct.c_uint, ct.c_uint64
+        sig = {
+            "cuCtxGetCurrent": [ct.POINTER(vp)],
+            "cuModuleLoadData": [ct.POINTER(vp), vp],
+            "cuModuleGetFunction": [ct.POINTER(vp), vp, ct.c_char_p],
+            "cuLaunchKernel": [vp, u32, u32, u32, u32, u32, u32, u32, vp, ct.POINTER(vp), ct.POINTER(vp)],
+            "cuMemcpyAsync": [u64, u64, ct.c_size_t, vp],
+            "cuStreamSynchronize": [vp],
+            "cuGetErrorName": [ct.c_int, ct.POINTER(ct.c_char_p)],
+        }
+        for name, args in sig.items():
+            f = getattr(self.lib, name)
+            f.argtypes, f.restype = args, ct.c_int
+
+    def check(self, r, what):
+        if r != 0:
+            name = self.ct.c_char_p()
+            self.lib.cuGetErrorName(r, self.ct.byref(name))
+            raise SystemExit(f"gpx.bench: {what}: {(name.value or b'?').decode()} ({r})")
+
+    def current_ctx(self, torch, dev):
+        """The context PyTorch made current for dev (its primary context)."""
+        torch.cuda.set_device(dev)
+        torch.cuda.current_stream(dev).synchronize()
+        ctx = self.ct.c_void_p()
+        self.check(self.lib.cuCtxGetCurrent(self.ct.byref(ctx)), "cuCtxGetCurrent")
+        if not ctx.value:
+            raise SystemExit(f"gpx.bench: no CUDA context current for GPU {dev}")
+        return ctx.value
+
+
+FATBIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bench_kernels.fatbin")
+
+
+class _FusedCopy:
+    """The program's own copy: ONE launch of bench-kernels.cu's gather-scatter kernel over every
+    tensor pair, on device dev, with the tensors' addresses in device tables (as vLLM's
+    copy_blocks).  Verified by its caller byte for byte against PyTorch before it is timed."""
+
+    def __init__(self, torch, drv, dev, src, dst, block_bytes):
+        ct = drv.ct
+        self.torch, self.drv, self.dev = torch, drv, dev
+        for t in list(src) + list(dst):
+            if t.data_ptr() % 16 or not t.is_contiguous():
+                raise SystemExit("gpx.bench: the fused kernel needs contiguous tensors on 16-byte boundaries")
+        if block_bytes % 16:
+            raise SystemExit("gpx.bench: the fused kernel moves blocks of a multiple of 16 bytes")
+        with open(FATBIN, "rb") as f:
+            self.image = f.read()
+        drv.current_ctx(torch, dev)
+        self.mod, self.fn = ct.c_void_p(), ct.c_void_p()
+        drv.check(drv.lib.cuModuleLoadData(ct.byref(self.mod), self.image), "cuModuleLoadData (the bench's fatbin)")
+        drv.check(drv.lib.cuModuleGetFunction(ct.byref(self.fn), self.mod, b"gpx_bench_copy_blocks"),
+                  "cuModuleGetFunction gpx_bench_copy_blocks")
+        d = f"cuda:{dev}"
+        self.tables = (torch.tensor([t.data_ptr() for t in src], dtype=torch.int64, device=d),
+                       torch.tensor([t.data_ptr() for t in dst], dtype=torch.int64, device=d))
+        self.ntensors = len(src)
+        self.block_bytes = block_bytes
+        self.nblocks = 0
+
+    def blocks(self, src_idx, dst_idx):
+        """The block numbers of the next launches (int32 on the kernel's device)."""
+        d = f"cuda:{self.dev}"
+        self.idx = (src_idx.to(device=d, dtype=self.torch.int32).contiguous(),
+                    dst_idx.to(device=d, dtype=self.torch.int32).contiguous())
+        self.nblocks = len(src_idx)
+        ct = self.drv.ct
+        self.vals = [ct.c_uint64(self.tables[0].data_ptr()), ct.c_uint64(self.tables[1].data_ptr()),
+                     ct.c_uint64(self.idx[0].data_ptr()), ct.c_uint64(self.idx[1].data_ptr()),
+                     ct.c_uint64(self.block_bytes)]
+        self.args = (ct.c_void_p * 5)(*[ct.cast(ct.byref(v), ct.c_void_p) for v in self.vals])
+
+    def launch(self, stream=None):
+        """Queues the copy of every tensor's blocks on stream (PyTorch's current by default)."""
+        s = stream if stream is not None else self.torch.cuda.current_stream(self.dev)
+        if self.torch.cuda.current_device() != self.dev:
+            with self.torch.cuda.device(self.dev):     # the launch names the current context's function
+                return self.launch(s)
+        self.drv.check(self.drv.lib.cuLaunchKernel(self.fn, self.nblocks, self.ntensors, 1, 256, 1, 1, 0,
+                                                   s.cuda_stream, self.args, None), "cuLaunchKernel")
+
+
+def _under_mps():
+    """Whether this process runs as a CUDA MPS client: CUDA_MPS_PIPE_DIRECTORY set and the
+    control daemon alive."""
+    if not os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        return False
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().startswith("nvidia-cuda-mps"):
+                        return True
+            except OSError:
+                pass
+    return False
+
+
+def _verdict(tid, value):
+    from gpx import bench
+    return bench.verdict(tid, value)
+
+
 def _torch_gpus():
     """torch and the number of GPUs it sees, or (None, 0)."""
     try:
@@ -131,11 +246,61 @@ def _kv_sizes(torch, devs, free_bytes, layers):
     shared = devs[0] == devs[1]
     # Both caches, plus the flat reference and PyTorch's gather buffer (as large as a request).
     budget = free_bytes * 0.6
-    for top in (16384, 8192, 4096, 2048, 1024):
+    for top in (4096, 2048, 1024, 256):
         need = per_block * (top + 256) * (2 if shared else 1) + 2 * per_block * top
         if need < budget:
-            return top + 256, [n for n in (1024, 4096, 16384) if n <= top]
-    return 1024 + 256, [1024]
+            return top + 256, [n for n in (256, 1024, 4096) if n <= top]
+    return 256 + 256, [256]
+
+
+def _own_work(torch, dev, seconds=1e-3):
+    """The program's own GPU work: bf16 matrix products, as many as take `seconds` here.
+    Returns (queue them on the current stream, how many)."""
+    a = torch.randn((4096, 4096), dtype=torch.bfloat16, device=dev)
+    o = torch.empty_like(a)
+    reps = 1
+    while True:
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, a, out=o)
+        torch.cuda.synchronize(dev)
+        if time.perf_counter() - t0 > seconds or reps > 4096:
+            break
+        reps *= 2
+
+    def queue(n=reps):
+        for _ in range(n):
+            torch.mm(a, a, out=o)
+    return queue, reps
+
+
+def _under_load(torch, dev, queue, reps, way, rounds):
+    """Copies by way() while the program's matmuls run on a stream of their own: rounds of
+    `reps` products, and copies one after another as long as the products run (a copy that
+    ended after them ran partly alone and is not counted).  Returns (median copy time or
+    None, median time of one product)."""
+    ms = torch.cuda.Stream(dev)
+    copies, steps = [], []
+    for _ in range(rounds):
+        torch.cuda.synchronize(dev)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(ms):
+            e0.record()
+            queue(reps)
+            e1.record()
+        while not e0.query():
+            pass
+        while way is not None:
+            t0 = time.perf_counter()
+            way()
+            t = time.perf_counter() - t0
+            if e1.query():
+                break
+            copies.append(t)
+        e1.synchronize()
+        steps.append(e0.elapsed_time(e1) / 1e3 / reps)
+    return (statistics.median(copies) if copies else None), statistics.median(steps)
 
 
 def _kv_prefill(sock, devs, nblocks, layers, prefix, alloc, conn_q, done_q):
@@ -154,18 +319,37 @@ def _kv_prefill(sock, devs, nblocks, layers, prefix, alloc, conn_q, done_q):
         done_q.get()
 
 
-def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q, done_q, out_q):
+def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, metrics, conn_q, done_q, out_q):
     torch, where = _gpu_child(alloc, devs[1])
+    from gpx import bench
     dev = f"cuda:{devs[1]}"
     src = conn_q.get()
     with where:
         dst = [torch.zeros((nblocks,) + BLOCK_SHAPE, dtype=torch.bfloat16, device=dev) for _ in range(2 * layers)]
+    if devs[0] != devs[1]:
+        # Peer access both ways, through PyTorch (which also maps its expandable segments to
+        # the peer): the fused kernel on the prefill GPU writes this GPU's tensors.
+        for a, b in ((devs[0], devs[1]), (devs[1], devs[0])):
+            torch.ones(1, device=f"cuda:{b}").copy_(torch.ones(1, device=f"cuda:{a}"))
+        torch.cuda.synchronize(devs[0])
+        torch.cuda.synchronize(devs[1])
+    # The program's kernel runs where its source is, as vLLM's copy_blocks does.
+    kdev = devs[0]
+    fused = None
+    if os.path.exists(FATBIN):
+        fused = _FusedCopy(torch, _Driver(), kdev, src, dst, BLOCK_BYTES)
+        torch.cuda.set_device(devs[1])
+    kstream = torch.cuda.current_stream(kdev)
+    queue, reps = _own_work(torch, dev)
+    cpu = bench.CpuMeter(gpxd) if gpxd else None
+    mps = _under_mps()
     results = []
     with gpx.connect(sock, name="bench-kv-decode") as c:
         theirs = [c.import_(f"{prefix}.{i}") for i in range(2 * layers)]
         mine = [c.register(t) for t in dst]
         pairs = list(zip(theirs, mine))
         g = torch.Generator().manual_seed(1)
+        load_n = 1024 if 1024 in sizes else sizes[len(sizes) // 2]
         for n in sizes:
             sp = torch.randperm(nblocks, generator=g)[:n].to(torch.int32)
             dp = torch.randperm(nblocks, generator=g)[:n].to(torch.int32)
@@ -192,7 +376,15 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q, 
             def gpx_way():
                 c.copy_pages_batch(pairs, BLOCK_BYTES, sp, dp).wait()
 
-            for way in (torch_way, gpx_way):
+            def fused_way():
+                fused.launch(kstream)
+                kstream.synchronize()
+
+            ways = [torch_way, gpx_way]
+            if fused is not None:
+                fused.blocks(sp, dp)
+                ways.append(fused_way)
+            for way in ways:
                 for t in dst:
                     t.zero_()
                 # gpxd's copies are not ordered with this process's streams: what it does on
@@ -200,10 +392,44 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q, 
                 torch.cuda.synchronize(dev)
                 way()
                 check(way.__name__)
-            t_torch = _median_time(torch_way, runs)
-            t_gpx = _median_time(gpx_way, runs)
+            r = {"n": n, "bytes": 2 * layers * n * BLOCK_BYTES, "mps": mps}
+            r["index"] = _median_time(torch_way, runs)
+            if fused is not None:
+                r["fused"] = _median_time(fused_way, runs)
+            before = bench.scrape(metrics)
+            if cpu:
+                cpu.start()
+            r["gpx"] = _median_time(gpx_way, runs)
+            r["gpx_cpu"] = cpu.stop() if cpu else None
+            r["stages"] = bench.stage_lines(before, bench.scrape(metrics))
+            # Each request after ~1 ms of the program's own GPU work (finished first: gpxd's
+            # copies are not ordered with the program's streams), fused and gpx in turn.
+            after = {"fused": [], "gpx": []}
+            for _ in range(runs):
+                for name, way in (("fused", fused_way), ("gpx", gpx_way)):
+                    if name == "fused" and fused is None:
+                        continue
+                    queue()
+                    torch.cuda.synchronize(dev)
+                    t0 = time.perf_counter()
+                    way()
+                    after[name].append(time.perf_counter() - t0)
+            r["after"] = {k: statistics.median(v) for k, v in after.items() if v}
+            # While the program's matmuls run: the fused kernel on a second stream, or gpx.
+            if n == load_n and devs[0] == devs[1]:
+                cs = torch.cuda.Stream(dev)
+
+                def fused_side():
+                    fused.launch(cs)
+                    cs.synchronize()
+                alone = r.get("fused", r["gpx"])
+                burst = max(reps * 10, int(reps * 8 * alone / 1e-3) + 1)
+                _, r["step_alone"] = _under_load(torch, dev, queue, burst, None, runs)
+                if fused is not None:
+                    r["load_fused"], r["step_fused"] = _under_load(torch, dev, queue, burst, fused_side, runs)
+                r["load_gpx"], r["step_gpx"] = _under_load(torch, dev, queue, burst, gpx_way, runs)
             # A flat copy of the same bytes (beyond 2 GiB the bandwidth is that of 2 GiB).
-            nbytes = 2 * layers * n * BLOCK_BYTES
+            nbytes = r["bytes"]
             flat = min(nbytes, 2 << 30)
             fa = torch.empty(flat, dtype=torch.uint8, device=src[0].device)
             fb = torch.empty(flat, dtype=torch.uint8, device=dev)
@@ -212,14 +438,18 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q, 
                 fb.copy_(fa)
                 torch.cuda.synchronize(dev)
             flat_way()
-            t_flat = _median_time(flat_way, runs) * nbytes / flat
+            r["flat"] = _median_time(flat_way, runs) * nbytes / flat
             del fa, fb
-            results.append((n, nbytes, t_torch, t_gpx, t_flat))
+            results.append(r)
     done_q.put(True)
-    out_q.put(results)
+    out_q.put((results, fused is not None, reps))
 
 
-def _kv_gpu(sock, torch, devs, layers, runs, alloc):
+def _gbps(nbytes, t):
+    return nbytes / 1e9 / t if t else float("nan")
+
+
+def _kv_gpu(sock, torch, devs, layers, runs, alloc, gpxd=None, metrics=None):
     free = min(torch.cuda.mem_get_info(d)[0] for d in set(devs))
     nblocks, sizes = _kv_sizes(torch, devs, free, layers)
     ctx = multiprocessing.get_context("spawn")
@@ -228,20 +458,52 @@ def _kv_gpu(sock, torch, devs, layers, runs, alloc):
     conn_q, done_q, out_q = tctx.Queue(), ctx.Queue(), ctx.Queue()
     prefix = f"bench.kv.{os.getpid()}"
     procs = [tctx.Process(target=_kv_prefill, args=(sock, devs, nblocks, layers, prefix, alloc, conn_q, done_q)),
-             tctx.Process(target=_kv_decode, args=(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q,
-                                                   done_q, out_q))]
+             tctx.Process(target=_kv_decode, args=(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd,
+                                                   metrics, conn_q, done_q, out_q))]
     for p in procs:
         p.start()
-    results = _result(out_q, procs)
+    results, have_fused, reps = _result(out_q, procs)
     _join(procs)
+    mps = any(r["mps"] for r in results)
     print(f"kv: {layers} layers x K and V [{nblocks}, 16, 8, 128] bf16, 32 KiB blocks, "
-          f"GPU{devs[0]} (prefill) -> GPU{devs[1]} (decode), {ALLOC_NAMES[alloc]}, median of {runs}")
-    for n, nbytes, t_torch, t_gpx, t_flat in results:
-        gb = nbytes / 1e9
-        _row(f"{n} blocks x {2 * layers} tensors ({nbytes >> 20} MiB)", "PyTorch", gb / t_torch, gb / t_gpx,
-             "GB/s", f"   flat copy {gb / t_flat:7.1f} GB/s, gpx/flat {t_flat / t_gpx:.2f}x")
-    print("  PyTorch: CUDA IPC share, index_select on the source GPU, copy, index_copy_ per tensor;"
-          " gpx: one copy_pages_batch; verified block by block")
+          f"GPU{devs[0]} (prefill) -> GPU{devs[1]} (decode), {ALLOC_NAMES[alloc]}, median of {runs}, "
+          f"{'UNDER CUDA MPS' if mps else 'not under MPS'}")
+    base = "fused" if have_fused else "index"
+    if not have_fused:
+        print("  (no fused kernel: the package was built without the CUDA toolkit; PyTorch's "
+              "index_select / index_copy_ is the baseline)")
+    for r in results:
+        n, nb = r["n"], r["bytes"]
+        ratio = r[base] / r["gpx"]
+        print(f"  {n:5d} blocks x {2 * layers} tensors ({nb >> 20} MiB), back to back: {base} "
+              f"{_gbps(nb, r[base]):7.1f} GB/s, gpx {_gbps(nb, r['gpx']):7.1f} GB/s, {ratio:.2f}x   "
+              f"{_verdict('kv.back_to_back', ratio) if have_fused else ''}")
+        print(f"        index_select/index_copy_ {_gbps(nb, r['index']):7.1f} GB/s, flat copy_ of the same bytes "
+              f"{_gbps(nb, r['flat']):7.1f} GB/s (gpx/flat {r['flat'] / r['gpx']:.2f}x)"
+              + (f", gpxd {r['gpx_cpu']:.2f} cores busy" if r.get("gpx_cpu") is not None else ""))
+        if r["stages"]:
+            print("        gpxd per transfer: " + "; ".join(r["stages"]))
+        a = r["after"]
+        if "fused" in a:
+            ra = a["fused"] / a["gpx"]
+            print(f"        each after {reps} matmuls (~1 ms): fused {_gbps(nb, a['fused']):7.1f} GB/s, gpx "
+                  f"{_gbps(nb, a['gpx']):7.1f} GB/s, {ra:.2f}x   {_verdict('kv.after_work', ra)}")
+        else:
+            print(f"        each after {reps} matmuls (~1 ms): gpx {_gbps(nb, a['gpx']):7.1f} GB/s")
+        if "step_gpx" in r:
+            tid = "kv.concurrent_mps" if mps else "kv.concurrent"
+            line = f"        while matmuls run{' (MPS)' if mps else ''}: matmul step alone {r['step_alone'] * 1e6:.1f} us; "
+            if "step_fused" in r:
+                rl = r["load_fused"] / r["load_gpx"] if r["load_fused"] and r["load_gpx"] else float("nan")
+                rs = r["step_gpx"] / r["step_fused"]
+                line += (f"fused (2nd stream) {_gbps(nb, r['load_fused']):7.1f} GB/s, step {r['step_fused'] * 1e6:.1f} us; "
+                         f"gpx {_gbps(nb, r['load_gpx']):7.1f} GB/s, step {r['step_gpx'] * 1e6:.1f} us; "
+                         f"{rl:.2f}x   {_verdict(tid, rl)}; step {rs:.2f}x   {_verdict('kv.concurrent_step', rs)}")
+            else:
+                line += f"gpx {_gbps(nb, r['load_gpx']):7.1f} GB/s, step {r['step_gpx'] * 1e6:.1f} us"
+            print(line)
+    print(f"  {base}: {'ONE launch of the program' + chr(39) + 's gather-scatter kernel over all tensors' if have_fused else 'PyTorch'}"
+          "; gpx: one copy_pages_batch; every way verified block by block before it is timed")
     return results
 
 
@@ -312,9 +574,14 @@ def kv(sock, args):
     if ngpu == 0 or args.host:
         return _kv_host(sock, 4, runs)
     layers = 32
+    args.gpu_ran = True
+    gpxd, metrics = getattr(args, "gpxd_pid", None), getattr(args, "metrics", None)
+    _kv_gpu(sock, torch, (0, 0), layers, runs, args.alloc, gpxd, metrics)
     if ngpu >= 2:
-        _kv_gpu(sock, torch, (0, 1), layers, runs, args.alloc)
-    _kv_gpu(sock, torch, (0, 0), layers, runs, args.alloc)
+        try:
+            _kv_gpu(sock, torch, (0, 1), layers, runs, args.alloc, gpxd, metrics)
+        except SystemExit as e:
+            print(f"kv GPU0 -> GPU1: not measured: {e}")
 
 
 # ---------------------------------------------------------------------------------------------
