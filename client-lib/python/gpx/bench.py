@@ -167,8 +167,8 @@ def scrape(url):
 
 
 STAGES = (("check", "received -> checked"), ("queue", "checked -> taken by a worker"),
-          ("launch", "taken -> first chunk launched"), ("gpu_wait", "launched -> GPU started"),
-          ("gpu", "GPU started -> last byte done"), ("post", "done -> completion written, doorbell rung"))
+          ("launch", "taken -> first chunk queued on the GPU"), ("gpu_wait", "queued -> GPU started"),
+          ("copy", "started -> last byte done"), ("post", "done -> completion written, doorbell rung"))
 
 
 def stage_lines(before, after):
@@ -191,7 +191,7 @@ def die_with_parent():
 class Daemon:
     """A private gpxd for --spawn, on a temporary socket with a configuration of its own."""
 
-    def __init__(self, settings):
+    def __init__(self, settings, stage_clocks=False):
         self.dir = tempfile.mkdtemp(prefix="gpx-pybench.")
         self.sock = os.path.join(self.dir, "gpxd.sock")
         conf = os.path.join(self.dir, "gpxd.conf")
@@ -205,6 +205,8 @@ class Daemon:
                 f.write("[%s]\n%s = %s\n" % (sec, key, val))
         env = {k: v for k, v in os.environ.items()
                if k not in ("NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "JOURNAL_STREAM", "WATCHDOG_USEC")}
+        if stage_clocks:
+            env["GPXD_STAGE_CLOCKS"] = "1"
         self.log = open(os.path.join(self.dir, "gpxd.log"), "w")
         self.proc = subprocess.Popen([find_gpxd(), "-f", "-c", conf, "-s", self.sock],
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=self.log, env=env,
@@ -438,6 +440,8 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--metrics", metavar="URL", help="the workloads with --socket: gpxd's metrics endpoint "
                     "(http://127.0.0.1:9464/metrics), to print where gpxd's time goes (--spawn opens one)")
+    ap.add_argument("--stage-clocks", action="store_true", help="with --spawn: gpxd marks when the GPU starts "
+                    "each transfer (GPXD_STAGE_CLOCKS=1; one more stream operation per transfer)")
     a = ap.parse_args(argv)
     if a.spawn and a.socket:
         ap.error("--spawn and --socket exclude each other")
@@ -451,7 +455,7 @@ def main(argv=None):
         a.set.append("cuda.trust_legacy_ipc=yes")   # the private daemon serves this run alone
     if a.spawn and a.mode in WORKLOADS and not any(s.startswith("daemon.metrics=") for s in a.set):
         a.set.append("daemon.metrics=127.0.0.1:0")   # the stage clocks, scraped by the workloads
-    d = Daemon(a.set) if a.spawn else None
+    d = Daemon(a.set, a.stage_clocks) if a.spawn else None
     if a.mode in WORKLOADS:
         from gpx import _workloads
         try:
