@@ -1,4 +1,4 @@
-"""The workloads of ``python3 -m gpx.bench``: kv, weights and pages.
+"""The workloads of ``python3 -m gpx.bench``: kv, weights, pages and small.
 
 Each runs what a PyTorch program does, two processes as in production, once through
 PyTorch's own means and once through gpxd, from one run, and checks every result against the
@@ -9,17 +9,28 @@ kv       a prefill process and a decode process, a vLLM-shaped paged cache: per 
          blocks moves from prefill block numbers to other decode block numbers.  PyTorch's way:
          the prefill tensors shared with torch.multiprocessing, then per tensor a gather on the
          source GPU, a copy to the destination and a scatter there.  gpx's way: one
-         copy_pages_batch of every tensor pair.  Also a flat copy of the same bytes, the
-         bandwidth a perfect handoff would reach.
+         copy_pages_batch of every tensor pair.  The strongest baseline: the program's own
+         fused kernel, ONE launch over all 64 tensors (bench-kernels.cu, loaded through
+         ctypes).  Also a flat copy of the same bytes, the bandwidth a perfect handoff would
+         reach; each request after ~1 ms of the program's matmuls; and, for 1,024 blocks,
+         both while the program's matmuls run, with the matmul step time of each.
 weights  a trainer process pushes a whole model's weights into an inference process.  The
          model is built with transformers from a Qwen2-1.5B-shaped config (random weights,
          nothing downloaded), or, without transformers, the same list of shapes.  PyTorch's
-         ways: NCCL broadcast tensor by tensor (two GPUs), and CUDA IPC plus copy_ per tensor.
+         ways: NCCL broadcast tensor by tensor (two GPUs), CUDA IPC plus copy_ per tensor,
+         torch._foreach_copy_; and one flat copy of the same bytes, the target's baseline.
          gpx: one copy_batch of every tensor.  Also the fixed cost of an update: the same
          tensors, 256 bytes of each.
 pages    the scattered pages of one 256 MiB cache: 65,536 x 4 KiB and 8,192 x 32 KiB, back to
          back and each after 1 ms of the decode process's own GPU work, against PyTorch's
          gather / copy / scatter; and a flat 256 MiB copy against torch's copy_.
+small    20,000 copies of 4 KiB with 64 in flight from Python against a torch copy_ loop, and
+         one 4 KiB copy + wait against torch copy_ + synchronize and cuMemcpyAsync +
+         cuStreamSynchronize (ctypes), within GPU 0.
+
+Where the spawned (or --metrics) gpxd has a metrics endpoint, each gpx figure is followed by
+the mean time per transfer of each of gpxd's stages (gpx_stage_seconds), and by gpxd's cores
+busy while it ran (/proc/PID/stat); figures with a target end in met or NOT MET.
 
 Without a GPU (or without torch) kv and weights run the same shapes, smaller, in host memory
 (HostBuffers viewed through numpy, the baseline a numpy gather / scatter through the shared
@@ -632,8 +643,9 @@ def _weights_trainer(sock, devs, prefix, nccl, alloc, q, done):
             done.get()
 
 
-def _weights_inference(sock, devs, prefix, nccl, runs, alloc, q, done, out_q):
+def _weights_inference(sock, devs, prefix, nccl, runs, alloc, gpxd, metrics, q, done, out_q):
     torch, where = _gpu_child(alloc, devs[1])
+    from gpx import bench
     dev = f"cuda:{devs[1]}"
     src = q.get()
     with where:
@@ -663,22 +675,50 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, q, done, out_q):
                 b.view(-1)[:128].copy_(a.view(-1)[:128], non_blocking=True)
             torch.cuda.synchronize(dev)
 
+        def foreach_way():
+            torch._foreach_copy_(dst, src, non_blocking=True)
+            torch.cuda.synchronize(dev)
+
+        src_heads = [a.view(-1)[:128] for a in src]
+        dst_heads = [b.view(-1)[:128] for b in dst]
+
+        def foreach_small():
+            torch._foreach_copy_(dst_heads, src_heads, non_blocking=True)
+            torch.cuda.synchronize(dev)
+
         def gpx_way():
             c.copy_batch(pairs).wait()
 
         def gpx_small():
             c.copy_batch(small).wait()
 
-        for name, way in (("CUDA IPC + copy_", ipc_way), ("gpx", gpx_way)):
+        for name, way in (("CUDA IPC + copy_", ipc_way), ("torch._foreach_copy_", foreach_way), ("gpx", gpx_way)):
             for p in dst:
                 p.zero_()
             torch.cuda.synchronize(dev)      # (gpxd's copies are not ordered with our streams)
             way()
             check(name)
         res["ipc"] = _median_time(ipc_way, runs)
+        res["foreach"] = _median_time(foreach_way, runs)
+        before = bench.scrape(metrics)
+        cpu = bench.CpuMeter(gpxd) if gpxd else None
+        if cpu:
+            cpu.start()
         res["gpx"] = _median_time(gpx_way, runs)
+        res["gpx_cpu"] = cpu.stop() if cpu else None
+        res["stages"] = bench.stage_lines(before, bench.scrape(metrics))
         res["ipc_small"] = _median_time(ipc_small, runs)
+        res["foreach_small"] = _median_time(foreach_small, runs)
         res["gpx_small"] = _median_time(gpx_small, runs)
+        # One flat copy of the same bytes: what a perfect update would take.
+        fa = torch.empty(nbytes, dtype=torch.uint8, device=src[0].device)
+        fb = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+
+        def flat_way():
+            fb.copy_(fa, non_blocking=True)
+            torch.cuda.synchronize(dev)
+        res["flat"] = _median_time(flat_way, runs)
+        del fa, fb
         if nccl:
             import torch.distributed as dist
             dist.init_process_group("nccl", init_method=nccl, rank=1, world_size=2)
@@ -701,14 +741,15 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, q, done, out_q):
     out_q.put(res)
 
 
-def _weights_gpu(sock, devs, runs, alloc):
+def _weights_gpu(sock, devs, runs, alloc, gpxd=None, metrics=None):
     import torch.multiprocessing as tmp
     tctx = tmp.get_context("spawn")
     q, done, out_q = tctx.Queue(), tctx.Queue(), tctx.Queue()
     nccl = f"tcp://127.0.0.1:{29500 + os.getpid() % 1000}" if devs[0] != devs[1] else None
     prefix = f"bench.w.{os.getpid()}"
     procs = [tctx.Process(target=_weights_trainer, args=(sock, devs, prefix, nccl, alloc, q, done)),
-             tctx.Process(target=_weights_inference, args=(sock, devs, prefix, nccl, runs, alloc, q, done, out_q))]
+             tctx.Process(target=_weights_inference, args=(sock, devs, prefix, nccl, runs, alloc, gpxd, metrics, q,
+                                                           done, out_q))]
     for p in procs:
         p.start()
     r = _result(out_q, procs)
@@ -716,14 +757,22 @@ def _weights_gpu(sock, devs, runs, alloc):
     gb = r["bytes"] / 1e9
     print(f"weights: {r['model']}: {r['tensors']} tensors, {r['bytes'] / 2**30:.2f} GiB, trainer GPU{devs[0]} -> "
           f"inference GPU{devs[1]}, {ALLOC_NAMES[alloc]}, median of {runs}")
-    best = min(t for k, t in r.items() if k in ("ipc", "nccl"))
+    best = min(t for k, t in r.items() if k in ("ipc", "nccl", "foreach"))
     if "nccl" in r:
         _row("full update, NCCL broadcast per tensor", "NCCL", gb / r["nccl"], gb / r["gpx"], "GB/s")
     _row("full update, CUDA IPC + copy_ per tensor", "IPC", gb / r["ipc"], gb / r["gpx"], "GB/s")
+    _row("full update, torch._foreach_copy_", "foreach", gb / r["foreach"], gb / r["gpx"], "GB/s")
+    ratio = r["flat"] / r["gpx"]
+    _row("full update, one flat copy_ of the same bytes", "flat", gb / r["flat"], gb / r["gpx"], "GB/s",
+         "   " + _verdict("weights.flat", ratio))
     print(f"  time per update: gpx {r['gpx'] * 1e3:.2f} ms, fastest PyTorch way {best * 1e3:.2f} ms "
-          f"({best / r['gpx']:.2f}x)")
+          f"({best / r['gpx']:.2f}x), one flat copy {r['flat'] * 1e3:.2f} ms"
+          + (f"; gpxd {r['gpx_cpu']:.2f} cores busy" if r.get("gpx_cpu") is not None else ""))
     print(f"  fixed cost per update ({r['tensors']} tensors, 256 bytes each): gpx {r['gpx_small'] * 1e6:.0f} us, "
-          f"IPC + copy_ {r['ipc_small'] * 1e6:.0f} us")
+          f"IPC + copy_ {r['ipc_small'] * 1e6:.0f} us, _foreach_copy_ {r['foreach_small'] * 1e6:.0f} us   "
+          f"{_verdict('weights.fixed_us', r['gpx_small'] * 1e6)}")
+    if r["stages"]:
+        print("  gpxd per transfer (full update): " + "; ".join(r["stages"]))
     return r
 
 
@@ -765,9 +814,14 @@ def weights(sock, args):
     torch, ngpu = _torch_gpus()
     if ngpu == 0 or args.host:
         return _weights_host(sock, args.runs)
+    args.gpu_ran = True
+    gpxd, metrics = getattr(args, "gpxd_pid", None), getattr(args, "metrics", None)
+    _weights_gpu(sock, (0, 0), args.runs, args.alloc, gpxd, metrics)
     if ngpu >= 2:
-        _weights_gpu(sock, (0, 1), args.runs, args.alloc)
-    _weights_gpu(sock, (0, 0), args.runs, args.alloc)
+        try:
+            _weights_gpu(sock, (0, 1), args.runs, args.alloc, gpxd, metrics)
+        except SystemExit as e:
+            print(f"weights GPU0 -> GPU1: not measured: {e}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -894,3 +948,138 @@ def pages(sock, args):
     if ngpu >= 2:
         _pages_gpu(sock, (0, 1), args.runs, args.alloc)
     _pages_gpu(sock, (0, 0), args.runs, args.alloc)
+
+
+# ---------------------------------------------------------------------------------------------
+# small
+
+SMALL = 4096
+
+
+def _gpx_rate(c, rs, rd, n, depth, slots):
+    """n copies of 4 KiB through gpx with up to depth in flight, each to its own offset: copies
+    a second (every completion checked for its status)."""
+    copy, wait = c.copy, c.wait
+    t0 = time.perf_counter()
+    for i in range(n):
+        if c.outstanding >= depth:
+            for d in wait(max=depth):
+                if d.status != 0:
+                    raise SystemExit(f"gpx.bench small: a copy failed: {d}")
+        off = (i % slots) * SMALL
+        copy(rs, rd, SMALL, src_offset=off, dst_offset=off)
+    while c.outstanding:
+        for d in wait(max=depth):
+            if d.status != 0:
+                raise SystemExit(f"gpx.bench small: a copy failed: {d}")
+    return n / (time.perf_counter() - t0)
+
+
+def _p50(fn, n):
+    lat = []
+    clock = time.perf_counter
+    for _ in range(n):
+        t0 = clock()
+        fn()
+        lat.append(clock() - t0)
+    return statistics.median(lat)
+
+
+def small(sock, args):
+    """20,000 copies of 4 KiB with 64 in flight from Python, and one 4 KiB copy + wait, on GPU 0
+    (two tensors of the program): gpx against a torch copy_ loop, torch copy_ + synchronize and
+    cuMemcpyAsync + cuStreamSynchronize through ctypes."""
+    if args.alloc == "expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"    # before torch starts
+    torch, ngpu = _torch_gpus()
+    n, depth = 20000, 64
+    slots = 4096                            # 16 MiB of distinct 4 KiB places
+    runs = max(args.runs, 3)
+    from gpx import bench
+    if ngpu == 0 or args.host:
+        src, dst = gpx.host_alloc(slots * SMALL), gpx.host_alloc(slots * SMALL)
+        memoryview(src)[:] = os.urandom(len(src))
+        with gpx.connect(sock, name="bench-small") as c:
+            rs, rd = c.register(src, read_only=True), c.register(dst)
+            rate = statistics.median(_gpx_rate(c, rs, rd, slots, depth, slots) for _ in range(runs))
+            if bytes(dst) != bytes(src):
+                raise SystemExit("gpx.bench small: the copies are not what their source holds")
+            p50 = _p50(lambda: c.copy(rs, rd, SMALL).wait(), 1000)
+        print("small (host memory, no GPU: a test of function): "
+              f"{rate:,.0f} copies of 4 KiB a second with {depth} in flight, copy + wait p50 {p50 * 1e6:.1f} us")
+        return
+    args.gpu_ran = True
+    torch.cuda.set_device(0)
+    dev = "cuda:0"
+    s = torch.randint(0, 256, (slots * SMALL,), dtype=torch.uint8, device=dev)
+    d = torch.zeros_like(s)
+    sv, dv = s.view(slots, SMALL), d.view(slots, SMALL)
+    sl, dl = [sv[i] for i in range(slots)], [dv[i] for i in range(slots)]
+    torch.cuda.synchronize()
+    drv = _Driver()
+    stream = torch.cuda.Stream(dev)
+    raw = stream.cuda_stream
+
+    def torch_loop():
+        for i in range(n):
+            dl[i % slots].copy_(sl[i % slots], non_blocking=True)
+        torch.cuda.synchronize(dev)
+
+    def torch_one():
+        dl[0].copy_(sl[0], non_blocking=True)
+        torch.cuda.synchronize(dev)
+
+    sp, dp = s.data_ptr(), d.data_ptr()
+
+    def driver_one():
+        drv.check(drv.lib.cuMemcpyAsync(dp, sp, SMALL, raw), "cuMemcpyAsync")
+        drv.check(drv.lib.cuStreamSynchronize(raw), "cuStreamSynchronize")
+
+    cpu = bench.CpuMeter(args.gpxd_pid) if getattr(args, "gpxd_pid", None) else None
+    metrics = getattr(args, "metrics", None)
+    with gpx.connect(sock, name="bench-small") as c:
+        rs, rd = c.register(s, read_only=True), c.register(d)
+        _gpx_rate(c, rs, rd, n, depth, slots)
+        if not torch.equal(d, s):
+            raise SystemExit("gpx.bench small: the copies are not what their source holds")
+        t_loop = [0.0] * runs
+        rates = []
+        before = bench.scrape(metrics)
+        if cpu:
+            cpu.start()
+        for r in range(runs):
+            rates.append(_gpx_rate(c, rs, rd, n, depth, slots))
+        busy = cpu.stop() if cpu else None
+        stages = bench.stage_lines(before, bench.scrape(metrics))
+        torch_loop()
+        for r in range(runs):
+            t0 = time.perf_counter()
+            torch_loop()
+            t_loop[r] = time.perf_counter() - t0
+        # one at a time, alternating the three ways in rounds (the machine's state drifts)
+        one = {"gpx": [], "torch": [], "driver": []}
+        gpx_one = lambda: c.copy(rs, rd, SMALL).wait()     # noqa: E731
+        for w in (gpx_one, torch_one, driver_one):
+            _p50(w, 200)
+        before1 = bench.scrape(metrics)
+        for _ in range(runs):
+            one["gpx"].append(_p50(gpx_one, 1000))
+            one["torch"].append(_p50(torch_one, 1000))
+            one["driver"].append(_p50(driver_one, 1000))
+        stages1 = bench.stage_lines(before1, bench.scrape(metrics))
+    rate = statistics.median(rates)
+    torch_rate = n / statistics.median(t_loop)
+    p = {k: statistics.median(v) for k, v in one.items()}
+    print(f"small: 4 KiB copies within GPU 0, one process, PyTorch tensors ({ALLOC_NAMES[args.alloc]}), "
+          f"median of {runs}")
+    print(f"  {n:,} copies, {depth} in flight, from Python: gpx {rate:,.0f}/s, torch copy_ loop {torch_rate:,.0f}/s "
+          f"({rate / torch_rate:.2f}x)   {_verdict('small.rate_python', rate)}"
+          + (f"; gpxd {busy:.2f} cores busy" if busy is not None else ""))
+    if stages:
+        print("        gpxd per transfer: " + "; ".join(stages))
+    ratio = p["gpx"] / p["driver"]
+    print(f"  4 KiB copy + wait p50: gpx {p['gpx'] * 1e6:.1f} us, torch copy_ + synchronize {p['torch'] * 1e6:.1f} us, "
+          f"cuMemcpyAsync + cuStreamSynchronize (ctypes) {p['driver'] * 1e6:.1f} us; gpx/driver {ratio:.2f}   "
+          f"{_verdict('small.p50', ratio)}")
+    if stages1:
+        print("        gpxd per transfer: " + "; ".join(stages1))

@@ -1,7 +1,8 @@
 """python3 -m gpx.bench MODE: gpx from Python, measured against the way without it, in one run.
 
     python3 -m gpx.bench overhead [--spawn | --socket PATH] [--gpu] [--json]
-    python3 -m gpx.bench kv|weights|pages [--spawn | --socket PATH] [--runs N]
+    python3 -m gpx.bench kv|weights|pages|small [--spawn [--stage-clocks] | --socket PATH [--metrics URL]]
+                         [--runs N] [--alloc default|expandable|pool]
 
 kv, weights and pages are the workloads of PyTorch programs, in two processes each, against
 PyTorch's own way of doing the same (gpx/_workloads.py says which): a paged KV-cache handoff, a
@@ -367,7 +368,7 @@ MODES = {
 }
 
 # The workloads: each starts processes of its own on the daemon's socket and prints its table.
-WORKLOADS = {"kv": "kv", "weights": "weights", "pages": "pages"}
+WORKLOADS = {"kv": "kv", "weights": "weights", "pages": "pages", "small": "small"}
 
 
 def per_call(c, p, unit):
