@@ -475,6 +475,11 @@ def _kv_gpu(sock, torch, devs, layers, runs, alloc, gpxd=None, metrics=None):
         p.start()
     results, have_fused, reps = _result(out_q, procs)
     _join(procs)
+    _kv_print(results, have_fused, reps, devs, layers, nblocks, alloc, runs)
+    return results
+
+
+def _kv_print(results, have_fused, reps, devs, layers, nblocks, alloc, runs):
     mps = any(r["mps"] for r in results)
     print(f"kv: {layers} layers x K and V [{nblocks}, 16, 8, 128] bf16, 32 KiB blocks, "
           f"GPU{devs[0]} (prefill) -> GPU{devs[1]} (decode), {ALLOC_NAMES[alloc]}, median of {runs}, "
@@ -491,7 +496,8 @@ def _kv_gpu(sock, torch, devs, layers, runs, alloc, gpxd=None, metrics=None):
               f"{_verdict('kv.back_to_back', ratio) if have_fused else ''}")
         print(f"        index_select/index_copy_ {_gbps(nb, r['index']):7.1f} GB/s, flat copy_ of the same bytes "
               f"{_gbps(nb, r['flat']):7.1f} GB/s (gpx/flat {r['flat'] / r['gpx']:.2f}x)"
-              + (f", gpxd {r['gpx_cpu']:.2f} cores busy" if r.get("gpx_cpu") is not None else ""))
+              + (f", gpxd {r['gpx_cpu']:.2f} cores busy {_verdict('cpu.busy_cores', r['gpx_cpu'])}"
+                 if r.get("gpx_cpu") is not None else ""))
         if r["stages"]:
             print("        gpxd per transfer: " + "; ".join(r["stages"]))
         a = r["after"]
@@ -515,7 +521,6 @@ def _kv_gpu(sock, torch, devs, layers, runs, alloc, gpxd=None, metrics=None):
             print(line)
     print(f"  {base}: {'ONE launch of the program' + chr(39) + 's gather-scatter kernel over all tensors' if have_fused else 'PyTorch'}"
           "; gpx: one copy_pages_batch; every way verified block by block before it is timed")
-    return results
 
 
 # host memory: the same shapes, smaller, numpy views of HostBuffers
@@ -754,6 +759,11 @@ def _weights_gpu(sock, devs, runs, alloc, gpxd=None, metrics=None):
         p.start()
     r = _result(out_q, procs)
     _join(procs)
+    _weights_print(r, devs, runs, alloc)
+    return r
+
+
+def _weights_print(r, devs, runs, alloc):
     gb = r["bytes"] / 1e9
     print(f"weights: {r['model']}: {r['tensors']} tensors, {r['bytes'] / 2**30:.2f} GiB, trainer GPU{devs[0]} -> "
           f"inference GPU{devs[1]}, {ALLOC_NAMES[alloc]}, median of {runs}")
@@ -767,13 +777,13 @@ def _weights_gpu(sock, devs, runs, alloc, gpxd=None, metrics=None):
          "   " + _verdict("weights.flat", ratio))
     print(f"  time per update: gpx {r['gpx'] * 1e3:.2f} ms, fastest PyTorch way {best * 1e3:.2f} ms "
           f"({best / r['gpx']:.2f}x), one flat copy {r['flat'] * 1e3:.2f} ms"
-          + (f"; gpxd {r['gpx_cpu']:.2f} cores busy" if r.get("gpx_cpu") is not None else ""))
+          + (f"; gpxd {r['gpx_cpu']:.2f} cores busy {_verdict('cpu.busy_cores', r['gpx_cpu'])}"
+             if r.get("gpx_cpu") is not None else ""))
     print(f"  fixed cost per update ({r['tensors']} tensors, 256 bytes each): gpx {r['gpx_small'] * 1e6:.0f} us, "
           f"IPC + copy_ {r['ipc_small'] * 1e6:.0f} us, _foreach_copy_ {r['foreach_small'] * 1e6:.0f} us   "
           f"{_verdict('weights.fixed_us', r['gpx_small'] * 1e6)}")
     if r["stages"]:
         print("  gpxd per transfer (full update): " + "; ".join(r["stages"]))
-    return r
 
 
 def _weights_host(sock, runs):
@@ -1074,7 +1084,7 @@ def small(sock, args):
           f"median of {runs}")
     print(f"  {n:,} copies, {depth} in flight, from Python: gpx {rate:,.0f}/s, torch copy_ loop {torch_rate:,.0f}/s "
           f"({rate / torch_rate:.2f}x)   {_verdict('small.rate_python', rate)}"
-          + (f"; gpxd {busy:.2f} cores busy" if busy is not None else ""))
+          + (f"; gpxd {busy:.2f} cores busy {_verdict('cpu.busy_cores', busy)}" if busy is not None else ""))
     if stages:
         print("        gpxd per transfer: " + "; ".join(stages))
     ratio = p["gpx"] / p["driver"]
