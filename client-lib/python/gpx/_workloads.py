@@ -412,7 +412,7 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, me
                 cpu.start()
             r["gpx"] = _median_time(gpx_way, runs)
             r["gpx_cpu"] = cpu.stop() if cpu else None
-            r["stages"] = bench.stage_lines(before, bench.scrape(metrics))
+            r["stages"] = bench.stage_lines(before, bench.scrape(metrics), r["gpx"])
             # Each request after ~1 ms of the program's own GPU work (finished first: gpxd's
             # copies are not ordered with the program's streams), fused and gpx in turn.
             after = {"fused": [], "gpx": []}
@@ -711,7 +711,7 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, gpxd, metrics, q, 
             cpu.start()
         res["gpx"] = _median_time(gpx_way, runs)
         res["gpx_cpu"] = cpu.stop() if cpu else None
-        res["stages"] = bench.stage_lines(before, bench.scrape(metrics))
+        res["stages"] = bench.stage_lines(before, bench.scrape(metrics), res["gpx"])
         res["ipc_small"] = _median_time(ipc_small, runs)
         res["foreach_small"] = _median_time(foreach_small, runs)
         res["gpx_small"] = _median_time(gpx_small, runs)
@@ -1014,9 +1014,13 @@ def small(sock, args):
             rate = statistics.median(_gpx_rate(c, rs, rd, slots, depth, slots) for _ in range(runs))
             if bytes(dst) != bytes(src):
                 raise SystemExit("gpx.bench small: the copies are not what their source holds")
+            before = bench.scrape(getattr(args, "metrics", None))
             p50 = _p50(lambda: c.copy(rs, rd, SMALL).wait(), 1000)
+            stages = bench.stage_lines(before, bench.scrape(getattr(args, "metrics", None)), p50)
         print("small (host memory, no GPU: a test of function): "
               f"{rate:,.0f} copies of 4 KiB a second with {depth} in flight, copy + wait p50 {p50 * 1e6:.1f} us")
+        if stages:
+            print("        gpxd per transfer: " + "; ".join(stages))
         return
     args.gpu_ran = True
     torch.cuda.set_device(0)
@@ -1076,7 +1080,8 @@ def small(sock, args):
             one["gpx"].append(_p50(gpx_one, 1000))
             one["torch"].append(_p50(torch_one, 1000))
             one["driver"].append(_p50(driver_one, 1000))
-        stages1 = bench.stage_lines(before1, bench.scrape(metrics))
+        p50 = statistics.median(one["gpx"])
+        stages1 = bench.stage_lines(before1, bench.scrape(metrics), p50)
     rate = statistics.median(rates)
     torch_rate = n / statistics.median(t_loop)
     p = {k: statistics.median(v) for k, v in one.items()}

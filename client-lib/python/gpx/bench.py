@@ -172,14 +172,21 @@ STAGES = (("check", "received -> checked"), ("queue", "checked -> taken by a wor
           ("copy", "started -> last byte done"), ("post", "done -> completion written, doorbell rung"))
 
 
-def stage_lines(before, after):
-    """Lines of the mean time per transfer in each of gpxd's stages between two scrapes."""
-    rows = []
+def stage_lines(before, after, wall=None):
+    """Lines of the mean time per transfer in each of gpxd's stages between two scrapes; with
+    the client's time per transfer (one at a time), what is left of it: the client's sending,
+    its wake-up and Python, which gpxd cannot see."""
+    rows, inside = [], 0.0
     for st, what in STAGES:
         c0, s0 = before.get(st, (0, 0.0))
         c1, s1 = after.get(st, (0, 0.0))
         if c1 > c0:
-            rows.append("%s %.1f us (%s, %d)" % (st, (s1 - s0) / (c1 - c0) * 1e6, what, c1 - c0))
+            mean = (s1 - s0) / (c1 - c0)
+            inside += mean
+            rows.append("%s %.1f us (%s, %d)" % (st, mean * 1e6, what, c1 - c0))
+    if rows and wall:
+        rows.append("client side %.1f us (its round trip %.1f us less gpxd's stages: sending, waking, Python)"
+                    % ((wall - inside) * 1e6, wall * 1e6))
     return rows
 
 
