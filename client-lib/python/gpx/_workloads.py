@@ -1017,8 +1017,9 @@ def small(sock, args):
             before = bench.scrape(getattr(args, "metrics", None))
             p50 = _p50(lambda: c.copy(rs, rd, SMALL).wait(), 1000)
             stages = bench.stage_lines(before, bench.scrape(getattr(args, "metrics", None)), p50)
-        print("small (host memory, no GPU: a test of function): "
-              f"{rate:,.0f} copies of 4 KiB a second with {depth} in flight, copy + wait p50 {p50 * 1e6:.1f} us")
+        print("small (host memory, no GPU: a test of function): gpx "
+              f"{rate:,.0f} copies of 4 KiB a second ({rate * SMALL / 1e9:.2f} GB/s) with {depth} in flight, "
+              f"copy + wait p50 {p50 * 1e6:.1f} us; every byte verified")
         if stages:
             print("        gpxd per transfer: " + "; ".join(stages))
         return
