@@ -444,7 +444,7 @@ def main(argv=None):
                     help="GPU memory from PyTorch's caching allocator (cuda-ipc: needs trust_legacy_ipc, which "
                          "--spawn sets), with expandable_segments:True (cuda-vmm; the workloads only), or from "
                          "gpx.torch_mem_pool() (cuda-vmm)")
-    ap.add_argument("--host", action="store_true", help="kv, weights: host memory even where there is a GPU")
+    ap.add_argument("--host", action="store_true", help="kv, weights, small: host memory even where there is a GPU")
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--metrics", metavar="URL", help="the workloads with --socket: gpxd's metrics endpoint "
                     "(http://127.0.0.1:9464/metrics), to print where gpxd's time goes (--spawn opens one)")
