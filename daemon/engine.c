@@ -41,6 +41,16 @@ static pthread_t *workers;
 static int nworkers;
 static void (*done_hook)(const struct job *, int status);   /* the metrics' (levent.c sets it) */
 
+/* The stage clocks: per stage a count, a sum in ns and a histogram, lock-free. */
+const double engine_stage_bounds[STAGE_BUCKETS] = {
+	1e-6, 2.5e-6, 5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 100e-3, 1,
+};
+static const char *stage_names[NSTAGES] = { "check", "queue", "launch", "gpu_wait", "copy", "post" };
+static struct {
+	atomic_uint_fast64_t count, ns;
+	atomic_uint_fast64_t buckets[STAGE_BUCKETS + 1];
+} stages[NSTAGES];
+
 static const char *path_names[NPATHS] = {
 	"host", "gpu0", "gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6", "gpu7",
 	"gpu8", "gpu9", "gpu10", "gpu11", "gpu12", "gpu13", "gpu14", "gpu15",
@@ -200,6 +210,8 @@ engine_submit(struct job *j)
 	struct equeue *q = &j->cq->eq[j->path];
 	struct uqueue *u = &j->user->uq[j->path];
 
+	/* The loop read this request's message last (or one after it: never before submission). */
+	j->t_recv = conn_last_input > 0 && conn_last_input <= j->t_submit ? conn_last_input : j->t_submit;
 	pthread_mutex_lock(&elock);
 	TAILQ_INSERT_TAIL(&live, j, ae);
 	nlive++;
@@ -415,6 +427,47 @@ job_notify(const struct job *j)
 	}
 }
 
+const char *
+engine_stage_name(enum engine_stage s)
+{
+	return stage_names[s];
+}
+
+void
+engine_stage_stats(enum engine_stage s, uint64_t *count, double *seconds, uint64_t buckets[STAGE_BUCKETS + 1])
+{
+	*count = atomic_load(&stages[s].count);
+	*seconds = atomic_load(&stages[s].ns) / 1e9;
+	for (int b = 0; b <= STAGE_BUCKETS; b++)
+		buckets[b] = atomic_load(&stages[s].buckets[b]);
+}
+
+static void
+stage_add(enum engine_stage s, double from, double to)
+{
+	double dt = to - from;
+	int b = 0;
+
+	if (from <= 0 || dt < 0)
+		return;          /* a stage this job did not pass through */
+	while (b < STAGE_BUCKETS && dt > engine_stage_bounds[b])
+		b++;
+	atomic_fetch_add_explicit(&stages[s].count, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&stages[s].ns, (uint64_t)(dt * 1e9), memory_order_relaxed);
+	atomic_fetch_add_explicit(&stages[s].buckets[b], 1, memory_order_relaxed);
+}
+
+/* A finished job's stages up to the end of its last byte (t_done); the post is added after. */
+static void
+stages_add(const struct job *j, double t_done)
+{
+	stage_add(STAGE_CHECK, j->t_recv, j->t_submit);
+	stage_add(STAGE_QUEUE, j->t_submit, j->t_start);
+	stage_add(STAGE_LAUNCH, j->t_start, j->t_launched);
+	stage_add(STAGE_GPU_WAIT, j->t_launched, j->t_gpu_start);
+	stage_add(STAGE_COPY, j->t_gpu_start ? j->t_gpu_start : j->t_launched ? j->t_launched : j->t_start, t_done);
+}
+
 /*
  * Runs without the engine lock: posts the record, notifies the targets' owners, lets go.  A
  * job of a group posts nothing but its share; the group's last job posts the whole.
@@ -427,9 +480,12 @@ job_finish(struct job *j)
 	struct jgroup *g = j->group;
 	bool post = true;
 	uint64_t bytes = j->done;
+	double t_done = now_s();
 
+	if (status == 0)
+		stages_add(j, t_done);
 	if (log_level_debug()) {
-		double t = now_s();
+		double t = t_done;
 		log_debug("engine", "client %llu tag %llu: %u segments, %llu bytes on %s, status %d; "
 		    "checked %.1f us, queued %.1f us, ran %.1f us", (unsigned long long)j->client,
 		    (unsigned long long)j->tag, j->nseg, (unsigned long long)j->done, path_names[j->path],
@@ -463,6 +519,8 @@ job_finish(struct job *j)
 	if (post) {
 		cq_post(j->cq, j->tag, status, bytes);
 		atomic_fetch_sub(&j->user->inflight, 1);
+		if (status == 0)
+			stage_add(STAGE_POST, t_done, now_s());
 	}
 	cq_unref(j->cq);
 	engine_free_job(j);

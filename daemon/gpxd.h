@@ -369,6 +369,9 @@ struct job {
 	double t_build;              /* when xfer_build began (with debug logging only) */
 	double t_submit;
 	double t_start;              /* when a worker took its first chunk */
+	double t_recv;               /* stage clocks: when the loop last read a client's message */
+	double t_launched;           /* GPU paths: when its first chunk was queued on a stream */
+	double t_gpu_start;          /* when the GPU reached it (GPXD_STAGE_CLOCKS=1 only) */
 	void *priv;                  /* back end state */
 };
 
@@ -409,6 +412,18 @@ void engine_chunk_done(struct chunk *, bool ok);
 void engine_free_job(struct job *);
 void engine_path_stats(enum path_kind, uint64_t *xfers, uint64_t *bytes, uint64_t *errors);
 const char *engine_path_name(enum path_kind);
+/*
+ * Where a transfer's time goes, summed over every finished job (a few clock reads and atomic
+ * adds each): received -> checked -> taken by a worker -> first chunk launched -> GPU started
+ * -> last byte done -> completion written and doorbell rung.  Without GPXD_STAGE_CLOCKS=1 the
+ * GPU's start is not marked, and STAGE_COPY runs from the launch (on the host path, from the
+ * worker's taking the job).
+ */
+enum engine_stage { STAGE_CHECK, STAGE_QUEUE, STAGE_LAUNCH, STAGE_GPU_WAIT, STAGE_COPY, STAGE_POST, NSTAGES };
+#define STAGE_BUCKETS 14
+extern const double engine_stage_bounds[STAGE_BUCKETS];
+const char *engine_stage_name(enum engine_stage);
+void engine_stage_stats(enum engine_stage, uint64_t *count, double *seconds, uint64_t buckets[STAGE_BUCKETS + 1]);
 
 /* ---- conn.c: connections, the Hello state machine and the message dispatcher ---- */
 enum conn_state { CONN_HELLO, CONN_READY, CONN_DRAINING, CONN_DEAD };

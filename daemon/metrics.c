@@ -405,6 +405,35 @@ render(struct evbuffer *b, struct snapshot *sn)
 	}
 }
 
+/*
+ * Where transfers' time goes inside gpxd (engine_stage_stats): one histogram per stage, of
+ * successful transfers since start.  Read at the scrape, not copied into the snapshot: the
+ * engine keeps them lock-free, so a count and its sum may be one transfer apart.
+ */
+static void
+render_stages(struct evbuffer *b)
+{
+	head(b, "gpx_stage_seconds", "histogram", "Time of each transfer in each of gpxd's stages: check (received "
+	    "to checked), queue (to a worker's taking it), launch (to its first chunk queued on the GPU), gpu_wait "
+	    "(to the GPU's start, with GPXD_STAGE_CLOCKS=1), copy (to its last byte), post (to its completion "
+	    "written and the doorbell rung).");
+	for (int st = 0; st < NSTAGES; st++) {
+		uint64_t count, buckets[STAGE_BUCKETS + 1], cum = 0;
+		double seconds;
+		const char *name = engine_stage_name(st);
+		engine_stage_stats(st, &count, &seconds, buckets);
+		for (int i = 0; i < STAGE_BUCKETS; i++) {
+			cum += buckets[i];
+			evbuffer_add_printf(b, "gpx_stage_seconds_bucket{stage=\"%s\",le=\"%g\"} %llu\n", name,
+			    engine_stage_bounds[i], (unsigned long long)cum);
+		}
+		evbuffer_add_printf(b, "gpx_stage_seconds_bucket{stage=\"%s\",le=\"+Inf\"} %llu\n", name,
+		    (unsigned long long)count);
+		evbuffer_add_printf(b, "gpx_stage_seconds_sum{stage=\"%s\"} %.9f\n", name, seconds);
+		evbuffer_add_printf(b, "gpx_stage_seconds_count{stage=\"%s\"} %llu\n", name, (unsigned long long)count);
+	}
+}
+
 static void
 metrics_cb(struct evhttp_request *req, void *arg)
 {
@@ -418,6 +447,7 @@ metrics_cb(struct evhttp_request *req, void *arg)
 	}
 	prune();
 	render(b, sn);
+	render_stages(b);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
 	    "text/plain; version=0.0.4; charset=utf-8");
 	evhttp_send_reply(req, HTTP_OK, "OK", b);
