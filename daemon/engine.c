@@ -98,8 +98,8 @@ engine_queues(enum path_kind p)
 
 /*
  * The pieces (segments or pages) a host worker copies in one chunk: with one-byte pieces a
- * chunk of chunk_size bytes would be millions of memcpy calls, tens of milliseconds that
- * another client's small copy would wait; 16,384 take well under a millisecond.
+ * chunk of chunk_size bytes is millions of memcpy calls (2 MiB of them: about 3 ms on one
+ * core here) that another client's small copy may wait for; 16,384 take some 30 us.
  */
 #define HOST_CHUNK_PIECES 16384
 

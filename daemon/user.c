@@ -123,17 +123,18 @@ budget_refused(enum budget_scope s, bool busy)
 	return atomic_load(&refusals[s][busy]);
 }
 
+/* want: what the request needs so far, held: what other requests hold against the budget. */
 static int
-refuse(enum budget_scope s, uint64_t want, uint64_t held, uint64_t bytes, char *err, size_t errlen)
+refuse(enum budget_scope s, uint64_t want, uint64_t held, char *err, size_t errlen)
 {
 	const uint64_t lim = budget_limit(s);
 	const bool busy = want <= lim;
 
 	atomic_fetch_add(&refusals[s][busy], 1);
 	if (busy)
-		snprintf(err, errlen, "busy: the %s budget (limits.%s_budget, %llu bytes) has %llu bytes in use; "
-		    "this transfer needs %llu more: retry when transfers in flight have ended", names[s], names[s],
-		    (unsigned long long)lim, (unsigned long long)held, (unsigned long long)bytes);
+		snprintf(err, errlen, "busy: the %s budget (limits.%s_budget, %llu bytes) has %llu bytes held by "
+		    "transfers in flight; this one needs %llu or more: retry when some have ended", names[s], names[s],
+		    (unsigned long long)lim, (unsigned long long)held, (unsigned long long)want);
 	else
 		snprintf(err, errlen, "too large: this transfer needs %llu bytes of gpxd's memory, more than the "
 		    "%s budget (limits.%s_budget, %llu bytes) allows", (unsigned long long)want, names[s],
@@ -155,10 +156,10 @@ budget_charge(struct charge *ch, uint64_t bytes, char *err, size_t errlen)
 	    atomic_load(&ch->user->charged) - ch->bytes, atomic_load(&total_charged) - ch->bytes };
 
 	if (req > cfg->budget_request)
-		return refuse(BUDGET_REQUEST, req, 0, bytes, err, errlen);
+		return refuse(BUDGET_REQUEST, req, 0, err, errlen);
 	for (int s = BUDGET_CONNECTION; s < NBUDGETS; s++)
 		if (req > budget_limit(s) || held[s] + req > budget_limit(s))
-			return refuse(s, req, held[s] + ch->bytes, bytes, err, errlen);
+			return refuse(s, req, held[s], err, errlen);
 	atomic_fetch_add(&ch->cq->charged, bytes);
 	atomic_fetch_add(&ch->user->charged, bytes);
 	uint64_t t = atomic_fetch_add(&total_charged, bytes) + bytes;
@@ -183,7 +184,7 @@ trim(void *unused)
  * the total has fallen below half of what it was, a thread of its own gives the heap's free
  * pages back to the system, so that what a client held is not kept once it is gone.
  */
-#define TRIM_MIN (32u << 20)
+#define TRIM_MIN (16u << 20)
 
 void
 budget_release(struct cq *q, struct user *u, uint64_t bytes)
