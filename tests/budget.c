@@ -16,7 +16,7 @@
  *    connection of that uid past the uid budget naming the uid budget, another uid past the
  *    total naming the total; what is held never passes a budget, and a busy request is
  *    accepted once a transfer of its connection has ended.
- *  - many: 256 connections (fewer with GPX_TEST_SCALE) of one uid each at its connection
+ *  - many: 256 connections (times GPX_TEST_SCALE, below 1) of one uid each at its connection
  *    budget: the total stays under its budget and gpxd's memory under it, and a further request
  *    on each is busy naming the connection budget.
  */
@@ -42,6 +42,16 @@
 #include "tests/util.h"
 
 struct harness H;
+
+/*
+ * ASan keeps freed memory in quarantine (256 MiB by default) and its shadow memory is
+ * resident: there gpxd's resident memory says nothing of its budgets, and those checks skip.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define ok_rss(cond, ...) (diag(__VA_ARGS__), tap_skip(1, "resident memory: not under AddressSanitizer"))
+#else
+#define ok_rss(cond, ...) ok(cond, __VA_ARGS__)
+#endif
 
 #define UID_NOBODY 65534
 #define UID_OTHER 65533
@@ -410,9 +420,9 @@ test_largest(void)
 		vec_ok &= res.vec[v] == 0 && res.vec_done[v] == 0 && res.vec_bytes[v] == L_SEGS;
 	ok(vec_ok, "%d vectored copies of 1,048,576 one-byte segments in flight are served, every byte right "
 	    "(%d, %d)", L_VECS, res.vec[0], res.vec_done[0]);
-	ok(peak <= b0.total, "gpxd's resident memory stays under its total budget (%.1f MiB at most, idle %.1f)",
+	ok_rss(peak <= b0.total, "gpxd's resident memory stays under its total budget (%.1f MiB at most, idle %.1f)",
 	    peak / (double)MIB, idle / (double)MIB);
-	ok(peak <= idle + 2 * b0.request + 64 * MIB, "and under idle + two request budgets + 64 MiB "
+	ok_rss(peak <= idle + 2 * b0.request + 64 * MIB, "and under idle + two request budgets + 64 MiB "
 	    "(%.1f MiB more than idle)", (peak - idle) / (double)MIB);
 	double p99 = pct(lat, n, 0.99);
 	ok(bad == 0 && n >= 100 && p99 < 0.010, "a bystander's 4 KiB copies meanwhile: %zu, p99 %.2f ms (bound 10), "
@@ -421,7 +431,7 @@ test_largest(void)
 	/* Its connection ends with the process: what it held goes back to the system. */
 	usleep(1000000);
 	uint64_t after = rss();
-	ok(after <= idle + 64 * MIB, "1 s after it left gpxd's resident memory is within 64 MiB of idle "
+	ok_rss(after <= idle + 64 * MIB, "1 s after it left gpxd's resident memory is within 64 MiB of idle "
 	    "(%.1f MiB, idle %.1f, peak %.1f)", after / (double)MIB, idle / (double)MIB, peak / (double)MIB);
 	int q1 = budgets(c, &b1);
 	ok(q1 == 0 && b1.used == 0 && b1.busy == 0 && b1.large == 0,
@@ -491,7 +501,7 @@ test_leave(void)
 	child_end(&ch);
 	usleep(1000000);
 	uint64_t after = rss();
-	ok(after <= idle + 64 * MIB, "1 s after it left gpxd's resident memory is within 64 MiB of idle "
+	ok_rss(after <= idle + 64 * MIB, "1 s after it left gpxd's resident memory is within 64 MiB of idle "
 	    "(%.1f MiB, idle %.1f)", after / (double)MIB, idle / (double)MIB);
 	q1 = budgets(q, &b);
 	ok(q1 == 0 && b.used == 0, "and nothing is held (%llu bytes)", (unsigned long long)b.used);
@@ -655,7 +665,7 @@ test_each(void)
 	    strstr(r2.large_why, "request budget") != NULL,
 	    "a request larger than the request budget is refused as too large, naming it (%s)", r2.large_why);
 	uint64_t now_rss = rss();
-	ok(now_rss <= idle + 8 * MIB + 64 * MIB, "gpxd's resident memory: %.1f MiB more than idle",
+	ok_rss(now_rss <= idle + 8 * MIB + 64 * MIB, "gpxd's resident memory: %.1f MiB more than idle",
 	    ((double)now_rss - idle) / MIB);
 	child_end(&c1);
 	child_end(&c2);
@@ -722,8 +732,8 @@ static void
 test_many(void)
 {
 	const char *s = getenv("GPX_TEST_SCALE");
-	int scale = s != NULL && atoi(s) > 0 ? atoi(s) : 1;
-	int n = 256 / scale;
+	double scale = s != NULL && atof(s) > 0 && atof(s) < 1 ? atof(s) : 1;
+	int n = (int)(256 * scale) < 8 ? 8 : (int)(256 * scale);
 	struct many_res res;
 	struct child ch;
 	struct budgets b = { 0 };
@@ -744,7 +754,7 @@ test_many(void)
 	ok(q1 == 0 && b.used > 0 && b.used <= b.total && b.used <= (uint64_t)n * 320 * 1024,
 	    "what they hold (%.1f MiB) is under the total (%.0f MiB) and their connection budgets",
 	    b.used / (double)MIB, b.total / (double)MIB);
-	ok(anon <= idle_anon + b.total, "gpxd's own resident memory stays under idle + the total (%.1f MiB more "
+	ok_rss(anon <= idle_anon + b.total, "gpxd's own resident memory stays under idle + the total (%.1f MiB more "
 	    "than idle at most; with the clients' pages it maps, %.1f MiB more)", ((double)anon - idle_anon) / MIB,
 	    ((double)peak - idle) / MIB);
 	child_end(&ch);
