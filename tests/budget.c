@@ -6,7 +6,7 @@
  *  - largest: as uid nobody against the default budgets, two page batches of 16,384 pairs x
  *    4,096 one-byte pages in flight (the largest batch the protocol allows) and a vectored copy
  *    of 1,048,576 one-byte segments (the default max_segments): each served, every byte
- *    checked; gpxd's resident memory, sampled all along, never passes its total budget nor
+ *    checked (such a list is copied and checked on the event loop, about 10 ms); gpxd's resident memory, sampled all along, never passes its total budget nor
  *    idle + 2 request budgets + 64 MiB, and is back within 64 MiB of idle 1 s after the client
  *    left; a bystander (root) copies 4 KiB all along with a p99 under 10 ms; nothing is held
  *    against the budgets once everything has ended.
@@ -286,7 +286,7 @@ stop(void)
 #define L_BLOCKS 16
 #define L_SEGS (1u << 20)       /* the default max_segments */
 #define L_REGION (L_BLOCKS * L_PAGES)
-#define L_VECS 4                /* of them in flight at once */
+#define L_VECS 1                /* of them in flight at once */
 
 struct large_res {
 	int conn, reg;
@@ -418,8 +418,8 @@ test_largest(void)
 	bool vec_ok = got && res.vec_right;
 	for (int v = 0; v < L_VECS; v++)
 		vec_ok &= res.vec[v] == 0 && res.vec_done[v] == 0 && res.vec_bytes[v] == L_SEGS;
-	ok(vec_ok, "%d vectored copies of 1,048,576 one-byte segments in flight are served, every byte right "
-	    "(%d, %d)", L_VECS, res.vec[0], res.vec_done[0]);
+	ok(vec_ok, "%d vectored cop%s of 1,048,576 one-byte segments in flight %s served, every byte right "
+	    "(%d, %d)", L_VECS, L_VECS > 1 ? "ies" : "y", L_VECS > 1 ? "are" : "is", res.vec[0], res.vec_done[0]);
 	ok_rss(peak <= b0.total, "gpxd's resident memory stays under its total budget (%.1f MiB at most, idle %.1f)",
 	    peak / (double)MIB, idle / (double)MIB);
 	ok_rss(peak <= idle + 2 * b0.request + 64 * MIB, "and under idle + two request budgets + 64 MiB "
