@@ -106,6 +106,36 @@ engine_queues(enum path_kind p)
 	return atomic_load_explicit(&paths[p].nqueues, memory_order_relaxed);
 }
 
+/*
+ * The pieces (segments or pages) a host worker copies in one chunk: with one-byte pieces a
+ * chunk of chunk_size bytes is millions of memcpy calls (2 MiB of them: about 3 ms on one
+ * core here) that another client's small copy may wait for; 16,384 take some 30 us.
+ */
+#define HOST_CHUNK_PIECES 16384
+
+/* A chunk of a page job whose list is read in place: item i is page plist[i % npages] of pair i / npages. */
+static void
+host_pages(const struct chunk *c)
+{
+	const struct job *j = c->job;
+	const uint64_t ps = j->page_size;
+	uint64_t left = c->bytes, off = c->off;
+	uint32_t p = c->seg / j->npages, q = c->seg % j->npages;
+
+	for (; left > 0; off = 0) {
+		const struct jpair *pr = &j->pairs[p];
+		const struct gpx_wire_page w = j->plist[q];
+		uint64_t n = ps - off < left ? ps - off : left;
+		mem_host_copy((char *)pr->dst->host + pr->dst_base + w.dst * ps + off,
+		    (const char *)pr->src->host + pr->src_base + w.src * ps + off, n, j->total);
+		left -= n;
+		if (++q == j->npages) {
+			q = 0;
+			p++;
+		}
+	}
+}
+
 /* Host path: the copy itself.  Regions are mapped for as long as the job holds them. */
 static void *
 host_worker(void *unused)
@@ -113,9 +143,14 @@ host_worker(void *unused)
 	struct chunk c;
 
 	(void)unused;
-	while (engine_next_chunk(PATH_HOST, &c, true, chunk_size, UINT32_MAX)) {
+	while (engine_next_chunk(PATH_HOST, &c, true, chunk_size, HOST_CHUNK_PIECES)) {
 		struct job *j = c.job;
 		uint64_t left = c.bytes, off = c.off;
+		if (j->plist != NULL) {
+			host_pages(&c);
+			engine_chunk_done(&c, true);
+			continue;
+		}
 		uint32_t p = engine_pair_of(j, c.seg);
 		for (uint32_t s = c.seg; left > 0; s++, off = 0) {
 			const struct gpx_wire_seg *g = &j->segs[s];
@@ -252,11 +287,17 @@ seg_start(const struct job *j, uint32_t i, uint32_t from, uint64_t at)
 	return at;
 }
 
-/* Pages are all alike: a chunk is a byte range of at most max_bytes (no list is staged). */
+/*
+ * Pages are all alike: a chunk is a byte range of at most max_bytes (no list is staged).  A
+ * kernel's takes any number of pages; a host worker's (plist) at most max_segs pieces.
+ */
 static void
-cut_pages(struct job *j, struct chunk *c, uint64_t max_bytes)
+cut_pages(struct job *j, struct chunk *c, uint64_t max_bytes, uint32_t max_segs)
 {
 	uint64_t start = j->handed, end = j->total - start > max_bytes ? start + max_bytes : j->total;
+
+	if (j->plist != NULL && (end - 1) / j->page_size - start / j->page_size >= max_segs)
+		end = (start / j->page_size + max_segs) * j->page_size;
 
 	c->seg = (uint32_t)(start / j->page_size);
 	c->off = start % j->page_size;
@@ -346,8 +387,8 @@ next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, ui
 	if (j->t_start == 0)
 		j->t_start = now_s();
 	c->job = j;
-	if (j->pages != NULL)
-		cut_pages(j, c, max_bytes);
+	if (j->pages != NULL || j->plist != NULL)
+		cut_pages(j, c, max_bytes, max_segs);
 	else
 		cut_segs(j, c, max_bytes, max_segs);
 	j->chunks_out++;
@@ -406,7 +447,10 @@ engine_free_job(struct job *j)
 	if (j->pairs != &j->one)
 		free(j->pairs);
 	gpu_pages_free(j->pages);
+	free(j->plist);
 	free(j->segs);
+	if (j->charged > 0)
+		budget_release(j->cq, j->user, j->charged);
 	free(j);
 }
 
@@ -522,8 +566,9 @@ job_finish(struct job *j)
 		if (status == 0)
 			stage_add(STAGE_POST, t_done, now_s());
 	}
-	cq_unref(j->cq);
-	engine_free_job(j);
+	struct cq *q = j->cq;
+	engine_free_job(j);         /* gives back its budgets, which name q: then q may go */
+	cq_unref(q);
 }
 
 void

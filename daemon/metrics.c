@@ -306,6 +306,37 @@ by_client(const void *a, const void *b)
 }
 
 static void
+uid_budget(struct user *u, void *arg)
+{
+	uint64_t held = atomic_load(&u->charged);
+
+	if (held > 0)
+		evbuffer_add_printf(arg, "gpx_budget_uid_bytes{uid=\"%u\"} %llu\n", (unsigned)u->uid,
+		    (unsigned long long)held);
+}
+
+/* The budgets (user.c): what is held against them, their limits, the requests refused by each. */
+static void
+render_budgets(struct evbuffer *b)
+{
+	head(b, "gpx_budget_bytes", "gauge", "Bytes of gpxd's memory that transfers in flight hold, in all.");
+	evbuffer_add_printf(b, "gpx_budget_bytes %llu\n", (unsigned long long)budget_used());
+	head(b, "gpx_budget_uid_bytes", "gauge", "Bytes of gpxd's memory that a uid's transfers hold.");
+	user_visit(uid_budget, b);
+	head(b, "gpx_budget_limit_bytes", "gauge", "The budgets ([limits] request_budget, connection_budget, "
+	    "uid_budget, total_budget).");
+	for (int i = 0; i < NBUDGETS; i++)
+		evbuffer_add_printf(b, "gpx_budget_limit_bytes{budget=\"%s\"} %llu\n", budget_name(i),
+		    (unsigned long long)budget_limit(i));
+	head(b, "gpx_budget_refused_total", "counter", "Transfers refused by a budget: busy (would fit once "
+	    "transfers end) or too_large (never fits).");
+	for (int i = 0; i < NBUDGETS; i++)
+		for (int busy = 1; busy >= 0; busy--)
+			evbuffer_add_printf(b, "gpx_budget_refused_total{budget=\"%s\",reason=\"%s\"} %llu\n",
+			    budget_name(i), busy ? "busy" : "too_large", (unsigned long long)budget_refused(i, busy));
+}
+
+static void
 render(struct evbuffer *b, struct snapshot *sn)
 {
 	char labels[512];
@@ -321,6 +352,7 @@ render(struct evbuffer *b, struct snapshot *sn)
 	evbuffer_add_printf(b, "gpx_exports %u\n", export_count());
 	head(b, "gpx_transfers_in_flight", "gauge", "Transfers accepted and not yet completed.");
 	evbuffer_add_printf(b, "gpx_transfers_in_flight %u\n", engine_inflight());
+	render_budgets(b);
 
 	struct fabric_gpu_stats st = { 0 };
 	if (fabric != NULL)
