@@ -143,7 +143,8 @@ test_conf(void)
 	    "an unknown key is an error naming it and its line (%s)", err);
 	conf_free(&c);
 	r = load(&c, "[nonsense]\nworkers = 2\n", err, sizeof(err));
-	ok(r < 0 && strstr(err, "unknown key") != NULL, "a known key in an unknown section is an error (%s)", err);
+	ok(r < 0 && strstr(err, "unknown section [nonsense]") != NULL && strstr(err, ":1:") != NULL,
+	    "a known key in an unknown section is an error naming the section and its line (%s)", err);
 	conf_free(&c);
 	r = load(&c, "[daemon\nworkers = 2\n", err, sizeof(err));
 	ok(r < 0 && strstr(err, ":1:") != NULL, "a syntax error is an error naming its line (%s)", err);
