@@ -90,9 +90,16 @@ admin_gid(gid_t *gid)
 	renamed = strcmp(name, cfg->admin_group) != 0;
 	if (renamed || now - when > 60) {
 		struct group *gr = getgrnam(cfg->admin_group);
-		/* said once per name, at start or reload: the group may be made later */
-		if (gr == NULL && renamed)
+		/*
+		 * Said once per name, at start or reload (the group may be made later); a warning
+		 * when the file names it, a typo most likely, as the default is often absent on
+		 * machines where the package's sysusers entry did not run.
+		 */
+		if (gr == NULL && renamed && strcmp(cfg->admin_group, "gpx-admin") != 0)
 			log_warnx("admin_group %s: no such group; only root may make administrative requests",
+			    cfg->admin_group);
+		else if (gr == NULL && renamed)
+			log_info("admin_group %s: no such group; only root may make administrative requests",
 			    cfg->admin_group);
 		known = gr != NULL;
 		if (known)
