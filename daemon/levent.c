@@ -406,7 +406,6 @@ levent_reload(char *msg, size_t msglen)
 		log_set_level(n->log_level);
 	conf_publish(n);
 	conn_admin_check();
-	spares_fill();
 	log_info("configuration reloaded from %s; applied: %s; waiting for a restart: %s%s%s",
 	    path ? path : "(defaults)", live[0] ? live : "-", restart[0] ? restart : "-",
 	    over[0] ? "; kept from the command line: " : "", over);
