@@ -42,6 +42,7 @@ load(struct conf *c, const char *text, char *err, size_t errlen)
 }
 
 static void test_conf_manual(void);
+static void test_conf_section(void);
 
 void
 test_conf(void)
@@ -174,6 +175,7 @@ test_conf(void)
 	    "conf_defaults: sm_copy_blocks 128, fabric chunk_size 1M, log_level info");
 	conf_free(&c);
 	test_conf_manual();
+	test_conf_section();
 }
 
 /* ---- export.c ---- */
@@ -333,4 +335,62 @@ test_conf_manual(void)
 		ok(known, "gpxd.conf(5) documents [%s] %s, a key gpxd reads", sec, name);
 	}
 	free(text);
+}
+
+/* ---- a section parsed by another file's code (conf_add_section) ---- */
+
+/* The test section keeps its one key in max_segs; a real section adds fields of its own. */
+static int
+test_key(struct conf *c, const char *key, const char *v, char *why, size_t whylen)
+{
+	uint64_t n;
+
+	if (strcmp(key, "size") != 0)
+		return -1;                   /* why empty: an unknown key */
+	if (conf_parse_u64(v, &n) < 0 || n == 0 || n > 100) {
+		snprintf(why, whylen, "a number from 1 to 100");
+		return -1;
+	}
+	c->max_segs = (uint32_t)n;
+	return 0;
+}
+
+static bool
+test_same(const struct conf *a, const struct conf *b)
+{
+	return a->max_segs == b->max_segs;
+}
+
+static void
+test_conf_section(void)
+{
+	static const struct conf_section sec = { .name = "testsec", .key = test_key, .same = test_same };
+	struct conf a, b;
+	char err[512], live[512], restart[512], over[128];
+	int r;
+
+	ok(conf_add_section(&sec) == 0, "conf_add_section: a section of another file's code");
+	r = load(&a, "[daemon]\nworkers = 2\n[testsec]\nsize = 7\n", err, sizeof(err));
+	ok(r == 0 && a.max_segs == 7, "a registered section's key is parsed by its code (%s)", r ? err : "ok");
+	conf_free(&a);
+	r = load(&a, "[testsec]\n\nsize = 700\n", err, sizeof(err));
+	ok(r < 0 && strstr(err, ":3:") != NULL && strstr(err, "bad value '700' in [testsec]: a number from 1 to 100"),
+	    "its bad value names the line, the section and why (%s)", err);
+	conf_free(&a);
+	r = load(&a, "[testsec]\ncolour = red\n", err, sizeof(err));
+	ok(r < 0 && strstr(err, ":2:") != NULL && strstr(err, "unknown key 'colour' in [testsec]"),
+	    "its unknown key is an error (%s)", err);
+	conf_free(&a);
+	r = load(&a, "[testsec]\n", err, sizeof(err));
+	ok(r == 0, "an empty registered section is no error");
+	conf_free(&a);
+	load(&a, "[testsec]\nsize = 7\n", err, sizeof(err));
+	load(&b, "[testsec]\nsize = 9\n[daemon]\nworkers = 3\nidle_timeout = 5\n", err, sizeof(err));
+	conf_diff(&a, &b, "", live, restart, over, sizeof(live));
+	ok(strstr(live, "daemon.idle_timeout") != NULL && strstr(live, "workers") == NULL &&
+	    strstr(restart, "daemon.workers") != NULL && strstr(restart, "testsec") != NULL && b.workers == 2,
+	    "conf_diff: live and restart keys, the section named, restart values kept (live '%s', restart '%s')",
+	    live, restart);
+	conf_free(&a);
+	conf_free(&b);
 }
