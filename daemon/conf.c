@@ -82,6 +82,7 @@ const struct conf_key conf_keys[] = {
 #undef F
 
 #define CONF_SECTIONS_MAX 8
+#define CONF_KEYS_MAX 256            /* lines remembered for errors found after the file */
 static struct conf_section sections[CONF_SECTIONS_MAX];
 static int nsections;
 
@@ -415,7 +416,7 @@ struct parse {
 	const char *path;
 	char *err;
 	size_t errlen;
-	int lines[64];               /* where each key of the table was set last (0: not set) */
+	int lines[CONF_KEYS_MAX];    /* where each key of the table was set last (0: not set) */
 };
 
 static const struct conf_section *
@@ -495,7 +496,7 @@ scan_lines(FILE *f, struct parse *p)
 			while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
 				e--;
 			*e = '\0';
-			if ((k = key_find(sec, s, &nic)) != NULL)
+			if ((k = key_find(sec, s, &nic)) != NULL && k - conf_keys < CONF_KEYS_MAX)
 				p->lines[k - conf_keys] = n;
 		}
 	}
@@ -509,7 +510,7 @@ line_of(const struct parse *p, const char *sec, const char *name)
 	int nic = 0;
 	const struct conf_key *k = key_find(sec, name, &nic);
 
-	return k != NULL ? p->lines[k - conf_keys] : 0;
+	return k != NULL && k - conf_keys < CONF_KEYS_MAX ? p->lines[k - conf_keys] : 0;
 }
 
 /* What only the whole file tells: keys that depend on each other, files a key names. */

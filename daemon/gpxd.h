@@ -6,7 +6,8 @@
  *
  * Threads: one libevent loop thread owns connections, region tables, exports and users.
  * Copy workers and blocking-task threads touch only jobs, regions (through atomic reference
- * counts) and completion queues (struct cq, with its own lock).  Nothing else is shared.
+ * counts) and completion queues (struct cq, with its own lock); GPU workers also read the
+ * configuration, through a snapshot they hold (conf_refresh).  Nothing else is shared.
  */
 #ifndef GPXD_H
 #define GPXD_H
