@@ -527,17 +527,65 @@ do_log_level(int argc, char **argv)
 	return 0;
 }
 
+/*
+ * The daemon's report of a reload, four lines: "from FILE", then "applied", "restart" and
+ * "command-line", each followed by the keys (section.key) it changed that way.
+ */
+static const char *
+report_line(const char *rep, const char *word, char *out, size_t len)
+{
+	size_t wl = strlen(word);
+
+	out[0] = '\0';
+	for (const char *s = rep; s != NULL && *s; s = strchr(s, '\n') ? strchr(s, '\n') + 1 : NULL)
+		if (strncmp(s, word, wl) == 0 && (s[wl] == ' ' || s[wl] == '\n' || s[wl] == '\0')) {
+			s += wl + (s[wl] == ' ');
+			snprintf(out, len, "%.*s", (int)strcspn(s, "\n"), s);
+			break;
+		}
+	return out;
+}
+
+static json_object *
+key_array(const char *keys)
+{
+	json_object *a = json_object_new_array();
+
+	for (const char *s = keys; *s;) {
+		size_t l = strcspn(s, " ");
+		if (l > 0)
+			json_object_array_add(a, json_object_new_string_len(s, (int)l));
+		s += l + (s[l] == ' ');
+	}
+	return a;
+}
+
 static int
 do_reload(int argc, char **argv)
 {
-	int r = gpx_admin(conn, GPX_ADMIN_RELOAD, 0, NULL, NULL, 0);
+	char rep[1024], from[256], live[1024], restart[1024], fixed[256];
+	int r = gpx_admin(conn, GPX_ADMIN_RELOAD, 0, NULL, rep, sizeof(rep));
 
 	if (r < 0)
 		fail(r, "reload");
-	if (json)
-		print_json(json_object_new_object());
-	else
-		printf("configuration reloaded\n");
+	report_line(rep, "from", from, sizeof(from));
+	report_line(rep, "applied", live, sizeof(live));
+	report_line(rep, "restart", restart, sizeof(restart));
+	report_line(rep, "command-line", fixed, sizeof(fixed));
+	if (json) {
+		json_object *o = json_object_new_object();
+		J_ADD(o, "config", J_STR(from));
+		J_ADD(o, "applied", key_array(live));
+		J_ADD(o, "restart", key_array(restart));
+		J_ADD(o, "command_line", key_array(fixed));
+		print_json(o);
+		return 0;
+	}
+	printf("configuration reloaded from %s\n", from[0] ? from : "(unknown)");
+	printf("applied now: %s\n", live[0] ? live : "none");
+	printf("waiting for a restart: %s\n", restart[0] ? restart : "none");
+	if (fixed[0])
+		printf("kept from the command line: %s\n", fixed);
 	return 0;
 }
 

@@ -74,28 +74,49 @@ conn_creds(const struct conn *c)
 	return (struct creds){ c->uid, c->gid, c->groups, c->ngroups };
 }
 
-/* The admin group's gid, looked up again after a reload or a minute, not at every accept. */
+/* The admin group's gid, looked up again when the name changes or after a minute, not at every accept. */
 static bool
 admin_gid(gid_t *gid)
 {
-	static const struct conf *for_cfg;
+	static char name[256];
 	static double when;
 	static bool known;
 	static gid_t g;
 	double now = now_s();
+	bool renamed;
 
 	if (cfg->admin_group == NULL)
 		return false;
-	if (for_cfg != cfg || now - when > 60) {
+	renamed = strcmp(name, cfg->admin_group) != 0;
+	if (renamed || now - when > 60) {
 		struct group *gr = getgrnam(cfg->admin_group);
+		/*
+		 * Said once per name, at start or reload (the group may be made later); a warning
+		 * when the file names it, a typo most likely, as the default is often absent on
+		 * machines where the package's sysusers entry did not run.
+		 */
+		if (gr == NULL && renamed && strcmp(cfg->admin_group, "gpx-admin") != 0)
+			log_warnx("admin_group %s: no such group; only root may make administrative requests",
+			    cfg->admin_group);
+		else if (gr == NULL && renamed)
+			log_info("admin_group %s: no such group; only root may make administrative requests",
+			    cfg->admin_group);
 		known = gr != NULL;
 		if (known)
 			g = gr->gr_gid;
-		for_cfg = cfg;
+		snprintf(name, sizeof(name), "%s", cfg->admin_group);
 		when = now;
 	}
 	*gid = g;
 	return known;
+}
+
+void
+conn_admin_check(void)
+{
+	gid_t g;
+
+	(void)admin_gid(&g);
 }
 
 static bool

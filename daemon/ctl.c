@@ -343,7 +343,7 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 void
 ctl_admin(struct conn *c, uint32_t seq, const Gpx__Admin *m)
 {
-	char err[512];
+	char err[1024];
 
 	if (!c->admin) {
 		log_audit(c, "administrative request from a non-administrator");
@@ -353,10 +353,11 @@ ctl_admin(struct conn *c, uint32_t seq, const Gpx__Admin *m)
 	}
 	switch (m->op) {
 	case GPX__ADMIN__OP__RELOAD:
+		/* the reply's text: what the reload applied and what waits for a restart */
 		if (levent_reload(err, sizeof(err)) < 0)
 			conn_reply(c, seq, GPX__STATUS__EINVAL, err, NULL, NULL, 0);
 		else
-			conn_reply(c, seq, 0, NULL, NULL, NULL, 0);
+			conn_reply(c, seq, 0, err, NULL, NULL, 0);
 		return;
 	case GPX__ADMIN__OP__DRAIN: {
 		struct conn *t = conn_by_id(m->arg);

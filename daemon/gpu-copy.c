@@ -109,6 +109,19 @@ static uint16_t arena_len[ARENA_GRAINS];        /* at a list's first grain: its 
 static bool arena_used[ARENA_GRAINS];
 
 static bool kernel_takes(int dev, const struct region *src, const struct region *dst, uint64_t avg);
+
+/*
+ * The configuration a GPU worker reads: its own snapshot, refreshed once per round of its
+ * loop, so that a reload never frees what a chunk in progress reads.  On the loop thread
+ * (gpu_pages_alloc), cfg itself.
+ */
+static _Thread_local const struct conf *wcfg;
+
+static const struct conf *
+gcfg(void)
+{
+	return wcfg != NULL ? wcfg : cfg;
+}
 static uint64_t addr_on(const struct region *r, int dev);
 
 /* Where a page list of n records ends and the pairs' addresses begin, 16-byte aligned. */
@@ -203,7 +216,7 @@ kernel_reach(const struct region *r, int dev)
 static bool
 kernel_takes(int dev, const struct region *src, const struct region *dst, uint64_t avg)
 {
-	return gpus[dev].kernel_ok && cfg->sm_copy && avg <= KERNEL_MAX_AVG && kernel_reach(src, dev) &&
+	return gpus[dev].kernel_ok && gcfg()->sm_copy && avg <= KERNEL_MAX_AVG && kernel_reach(src, dev) &&
 	    kernel_reach(dst, dev);
 }
 
@@ -258,7 +271,7 @@ issue_kernel(struct gdev *g, struct chunk *c, int slot, int s)
 	k[pieces - 1].len -= whole - c->off - c->bytes;
 	r = cuda_htod(g->stream[s], g->kdev[slot], k, pieces * sizeof(*k));
 	if (r == 0)
-		r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], pieces, cfg->sm_copy_blocks);
+		r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], pieces, gcfg()->sm_copy_blocks);
 	return r;
 }
 
@@ -289,7 +302,7 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s)
 			const struct jpair *jp = &j->pairs[p];
 			cur = p;
 			pair_addrs(jp, g->index, &src, &dst, &peer);
-			reach = g->kernel_ok && cfg->sm_copy && kernel_reach(jp->src, g->index) &&
+			reach = g->kernel_ok && gcfg()->sm_copy && kernel_reach(jp->src, g->index) &&
 			    kernel_reach(jp->dst, g->index);
 		}
 		left -= len;
@@ -309,7 +322,7 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s)
 	else if (r == 0 && nk > 0) {
 		r = cuda_htod(g->stream[s], g->kdev[slot], k, nk * sizeof(*k));
 		if (r == 0)
-			r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], nk, cfg->sm_copy_blocks);
+			r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], nk, gcfg()->sm_copy_blocks);
 	}
 	return r;
 }
@@ -333,7 +346,7 @@ issue(struct gdev *g, struct chunk *c)
 		/* Only taken where the kernel runs (gpu_pages_alloc): the list is read in place. */
 		r = cuda_kernel_pages(g->index, g->stream[s], j->pages, j->npages,
 		    (const unsigned char *)j->pages + kpairs_at(j->npages), c->seg, pieces, j->page_size, c->off,
-		    c->bytes, cfg->sm_copy_blocks);
+		    c->bytes, gcfg()->sm_copy_blocks);
 	else if (j->npairs == 1 && pieces >= KERNEL_MIN_SEGS && kernel_takes(g->index, j->src, j->dst, c->bytes / pieces))
 		r = issue_kernel(g, c, slot, s);
 	else
@@ -412,6 +425,7 @@ gpu_worker(void *arg)
 	cuda_use(g->index);
 	prctl(PR_SET_TIMERSLACK, 1000UL);   /* sleeps of 20 us must not become 70 */
 	while (!gpu_quit) {
+		wcfg = conf_refresh(wcfg);
 		int progress = reap(g);
 		int pending = g->npend[S_BULK] + g->npend[S_BULK2] + g->npend[S_QUICK];
 		struct chunk c;
@@ -422,7 +436,7 @@ gpu_worker(void *arg)
 		 * for this thread to be woken (on virtual machines 100 us and more).  Once nothing
 		 * has come for that long both sleep, and an idle daemon costs no CPU.
 		 */
-		const uint64_t spin_ns = cfg->busy_poll_us * 1000ull > IDLE_SPIN_NS ? cfg->busy_poll_us * 1000ull :
+		const uint64_t spin_ns = gcfg()->busy_poll_us * 1000ull > IDLE_SPIN_NS ? gcfg()->busy_poll_us * 1000ull :
 		    IDLE_SPIN_NS;
 
 		/*
@@ -478,6 +492,8 @@ gpu_worker(void *arg)
 			stuck_since = now;
 		}
 	}
+	conf_drop(wcfg);
+	wcfg = NULL;
 	return NULL;
 }
 

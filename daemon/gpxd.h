@@ -6,7 +6,8 @@
  *
  * Threads: one libevent loop thread owns connections, region tables, exports and users.
  * Copy workers and blocking-task threads touch only jobs, regions (through atomic reference
- * counts) and completion queues (struct cq, with its own lock).  Nothing else is shared.
+ * counts) and completion queues (struct cq, with its own lock); GPU workers also read the
+ * configuration, through a snapshot they hold (conf_refresh).  Nothing else is shared.
  */
 #ifndef GPXD_H
 #define GPXD_H
@@ -134,16 +135,71 @@ struct conf {
 	bool fabric_dial_on_demand;  /* an import "@HOST:PORT/name" may dial an address not in peers */
 	char *fabric_transport;      /* auto | rdma | tcp */
 	char *fabric_rdma_device;    /* NULL = chosen from the topology */
-	char *fabric_nic_for_gpu[16];   /* nic_for_gpuN: GPU N's NIC; NULL = nearest (fabric/nic.c) */
+#define CONF_NICS 16
+	char *fabric_nic_for_gpu[CONF_NICS];   /* nic_for_gpuN: GPU N's NIC; NULL = nearest (fabric/nic.c) */
 	double fabric_timeout_s;     /* a request, a handshake or a silent peer fails after this */
 	double fabric_retry_s;       /* between attempts to reach a configured peer */
 	uint64_t fabric_chunk;       /* bytes per Write/Read on the wire */
 	char *path;                  /* the file it came from, or NULL */
+	atomic_uint refs;            /* holders of this snapshot (conf_hold) */
 };
+/* One key of gpxd.conf (conf.c's table conf_keys, ended by a NULL sec). */
+enum conf_type {
+	K_BOOL, K_INT, K_U32, K_POW2, K_U64, K_SECONDS, K_DOUBLE, K_MODE, K_NICS,
+	K_STR,                       /* this and those below are char * */
+	K_ABSPATH, K_LOGLEVEL, K_TRANSPORT, K_NODE, K_HOSTPORT, K_HOSTPORTS,
+};
+enum conf_when { CONF_LIVE, CONF_RESTART };
+struct conf_key {
+	const char *sec, *name;
+	enum conf_type type;
+	size_t off;                  /* of the field in struct conf */
+	const char *def, *lo, *hi;   /* as the file writes them; NULL: none */
+	enum conf_when when;         /* a reload applies it, or it waits for a restart */
+};
+extern const struct conf_key conf_keys[];
+/*
+ * A section parsed by another file's code, registered before the first conf_load: key stores
+ * one key in the conf's fields of that code (-1 with why set for a bad value, with why empty
+ * for an unknown key); check (may be NULL) checks the section after the whole file; same (may
+ * be NULL) tells whether two confs agree on it, for the report of a reload (which names the
+ * section as waiting for a restart when they differ, unless live); free releases its fields.
+ */
+struct conf_section {
+	const char *name;
+	int (*key)(struct conf *, const char *key, const char *value, char *why, size_t whylen);
+	int (*check)(const struct conf *, char *why, size_t whylen);
+	bool (*same)(const struct conf *, const struct conf *);
+	void (*free)(struct conf *);
+	bool live;
+};
+int conf_add_section(const struct conf_section *);
 void conf_defaults(struct conf *);
 int conf_load(struct conf *, const char *path, char *err, size_t errlen);
 void conf_free(struct conf *);
+int conf_parse_u64(const char *v, uint64_t *out);
+/* "path" made absolute against the working directory; malloc'ed, NULL when out of memory. */
+char *conf_abspath(const char *path);
+/*
+ * The running configuration.  The loop thread reads cfg directly: only it replaces it, between
+ * events.  Any other thread reads a snapshot it holds: conf_hold, and conf_drop when done (a
+ * worker keeps one and refreshes it with conf_refresh when conf_generation has moved on).
+ */
 extern struct conf *cfg;
+struct conf *conf_new(void);         /* defaults, one reference */
+const struct conf *conf_hold(void);
+void conf_drop(const struct conf *);
+const struct conf *conf_refresh(const struct conf *held);
+/* Loop thread: n becomes cfg; the old snapshot is freed when its last holder drops it. */
+void conf_publish(struct conf *n);
+/*
+ * Loop thread: the keys on which two configurations differ, as "sec.key sec.key" (live ones
+ * in live, the others in restart); restart keys of n are set back to old's values, so that n
+ * says what runs.  Keys in `fixed` (space-separated sec.key, given on the command line) are
+ * kept from old too and listed in overridden.
+ */
+void conf_diff(const struct conf *old, struct conf *n, const char *fixed, char *live, char *restart,
+    char *overridden, size_t len);
 
 /* ---- sdn.c: everything that talks to systemd (stubbed when built without libsystemd) ---- */
 int sdn_listen_fd(void);            /* the activated socket, or -1 */
@@ -507,6 +563,8 @@ struct creds conn_creds(const struct conn *);
 void conn_input(struct conn *);
 void conn_kill(struct conn *, const char *why);
 void conn_reap(void);
+/* Looks the admin group up now (at start and reload), with a warning when there is none. */
+void conn_admin_check(void);
 /* The log's lines about a client, within its share and its uid's (log.c): a refusal, or any line. */
 void log_audit(struct conn *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void log_client(struct conn *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -564,8 +622,12 @@ void ctl_query(struct conn *, uint32_t seq, const Gpx__Query *);
 void ctl_admin(struct conn *, uint32_t seq, const Gpx__Admin *);
 
 /* ---- metrics.c: the Prometheus endpoint ([daemon] metrics), off by default ---- */
-/* Loop thread: starts, moves or stops the endpoint to match cfg (at start, a bad address is fatal). */
+/* Loop thread: starts the endpoint cfg asks for (a bad address is fatal). */
 int metrics_start(struct event_base *);
+/* Loop thread: starts, moves or stops it to match n, a reload's; -1 (err set) keeps the old one. */
+int metrics_reload(const struct conf *n, char *err, size_t errlen);
+/* Whether spec is an address the endpoint may serve on ("off" and empty are); -1 with err. */
+int metrics_check(const char *spec, bool allow_remote, char *err, size_t errlen);
 void metrics_stop(void);
 /* Any thread: one finished transfer, reported before its completion is posted. */
 void metrics_job_done(const struct job *, int status);
@@ -574,12 +636,18 @@ void metrics_refused(const struct conn *, int status);
 
 /* ---- levent.c: the event loop, listening socket, signals, timers ---- */
 struct event_base *levent_base(void);
-int levent_run(const char *socket_override);
+/* What the command line fixed, which a reload keeps (main.c). */
+struct gpxd_args {
+	const char *socket;          /* -s, or NULL */
+	bool log_fixed;              /* -d or -D: the log level is the command line's */
+};
+int levent_run(const struct gpxd_args *);
 void levent_conn_watch(struct conn *);
 void levent_conn_unwatch(struct conn *);
 void levent_request_reap(void);
 void levent_stop(int status);
-int levent_reload(char *err, size_t errlen);
+/* Rereads the file: 0 with the report (what changed, live or at restart) in msg, or -1 with why. */
+int levent_reload(char *msg, size_t msglen);
 double now_s(void);
 
 /* ---- gpu.c: the GPU back end (CUDA driver API, loaded at run time) ---- */

@@ -17,6 +17,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
@@ -42,6 +43,8 @@ const struct fabric_ops *fabric;     /* daemon/fabric/fabric.h: set once at star
 static struct event_base *base;
 static int listen_fd = -1;
 static bool own_socket;
+static bool activated;               /* systemd's socket: its unit decides path and mode */
+static struct gpxd_args args;
 static char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static struct event *listen_ev, *reap_ev, *wd_ev, *status_ev, *stop_ev, *resume_ev;
 static struct event *sig_ev[4];
@@ -372,37 +375,53 @@ wd_cb(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
+/*
+ * A reload reads and checks the whole file into a new snapshot before anything changes; a bad
+ * value, or a metrics endpoint that cannot be served, refuses it and the running one stays.
+ * Keys that wait for a restart keep their running values in the new snapshot, so that it says
+ * what runs; the report names them, and those the command line fixed.
+ */
 int
-levent_reload(char *err, size_t errlen)
+levent_reload(char *msg, size_t msglen)
 {
-	struct conf *n = calloc(1, sizeof(*n));
+	char err[512], live[512], restart[512], over[128], fixed[128], file[PATH_MAX];
+	const char *path = NULL;
+	struct conf *n;
 
 	sdn_reloading();
-	conf_defaults(n);
-	if (cfg->path != NULL && conf_load(n, cfg->path, err, errlen) < 0) {
-		log_warnx("reload failed, keeping the running configuration: %s", err);
-		conf_free(n);
-		free(n);
-		sdn_ready("reload failed");
-		return -1;
+	/* A daemon started without a file reads the default one once there is one. */
+	if (cfg->path != NULL || access(GPXD_CONF, F_OK) == 0) {
+		snprintf(file, sizeof(file), "%s", cfg->path ? cfg->path : GPXD_CONF);
+		path = file;
 	}
-	if (strcmp(n->socket_path, cfg->socket_path) != 0)
-		log_warnx("socket path changes take effect at restart");
-	if (n->workers != cfg->workers || n->ring_entries != cfg->ring_entries)
-		log_warnx("workers and ring_entries changes take effect at restart");
-	n->workers = cfg->workers;
-	n->ring_entries = cfg->ring_entries;
-	n->chunk_size = cfg->chunk_size;
-	log_set_level(n->log_level);
-	conf_free(cfg);
-	free(cfg);
-	cfg = n;
-	metrics_start(base);
-	log_info("configuration reloaded from %s", cfg->path ? cfg->path : "(defaults)");
+	n = conf_new();
+	if (path != NULL && conf_load(n, path, err, sizeof(err)) < 0)
+		goto refuse;
+	snprintf(fixed, sizeof(fixed), "%s%s%s", args.socket != NULL || activated ? "daemon.socket " : "",
+	    activated ? "daemon.socket_mode daemon.socket_group " : "", args.log_fixed ? "daemon.log_level" : "");
+	conf_diff(cfg, n, fixed, live, restart, over, sizeof(live));
+	if (metrics_reload(n, err, sizeof(err)) < 0)
+		goto refuse;
+	if (!args.log_fixed)
+		log_set_level(n->log_level);
+	conf_publish(n);
+	conn_admin_check();
+	log_info("configuration reloaded from %s; applied: %s; waiting for a restart: %s%s%s",
+	    path ? path : "(defaults)", live[0] ? live : "-", restart[0] ? restart : "-",
+	    over[0] ? "; kept from the command line: " : "", over);
+	snprintf(msg, msglen, "from %s\napplied %s\nrestart %s\ncommand-line %s", path ? path : "(defaults)",
+	    live, restart, over);
 	char s[256];
 	status_line(s, sizeof(s));
 	sdn_ready(s);
 	return 0;
+
+refuse:
+	log_warnx("reload refused, keeping the running configuration: %s", err);
+	snprintf(msg, msglen, "%s", err);
+	conf_drop(n);
+	sdn_ready("reload failed");
+	return -1;
 }
 
 /* Graceful stop, step 2: once nothing is in flight (or after 5 s), close everything. */
@@ -443,12 +462,12 @@ levent_stop(int status)
 static void
 signal_cb(evutil_socket_t sig, short what, void *arg)
 {
-	char err[512];
+	char msg[1024];
 
 	(void)what;
 	(void)arg;
 	if (sig == SIGHUP)
-		levent_reload(err, sizeof(err));
+		levent_reload(msg, sizeof(msg));
 	else
 		levent_stop(0);
 }
@@ -482,12 +501,15 @@ levent_dispatch(void)
 }
 
 int
-levent_run(const char *socket_override)
+levent_run(const struct gpxd_args *a)
 {
+	const char *socket_override = a->socket;
+
 	static const int sigs[] = { SIGTERM, SIGINT, SIGHUP };
 	char why[256], s[256];
 	struct timeval tv;
 
+	args = *a;
 	gpxd_start_time = now_s();
 	signal(SIGPIPE, SIG_IGN);
 	nofile_raise();
@@ -502,6 +524,7 @@ levent_run(const char *socket_override)
 		if (getsockname(listen_fd, (struct sockaddr *)&sa, &l) == 0 && l > sizeof(sa_family_t))
 			snprintf(socket_path, sizeof(socket_path), "%s", sa.sun_path);
 		evutil_make_socket_nonblocking(listen_fd);
+		activated = true;
 		log_info("listening on %s (socket activation)", socket_path);
 	} else {
 		const char *p = socket_override ? socket_override : cfg->socket_path;
@@ -531,6 +554,7 @@ levent_run(const char *socket_override)
 	if (fabric_configured(cfg) && (fabric = fabric_init(base)) == NULL)
 		fatalx("fabric: cannot start (see above)");
 
+	conn_admin_check();
 	spares_fill();
 	listen_ev = event_new(base, listen_fd, EV_READ | EV_PERSIST, accept_cb, NULL);
 	event_add(listen_ev, NULL);

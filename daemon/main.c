@@ -40,7 +40,9 @@ main(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *conf_path = NULL, *sock = NULL, *subsys = NULL;
+	const char *conf_path = NULL, *subsys = NULL;
+	struct gpxd_args args = { 0 };
+	char *path = NULL;
 	bool foreground = false, debug = false;
 	char err[512];
 	int ch;
@@ -48,7 +50,7 @@ main(int argc, char **argv)
 	while ((ch = getopt_long(argc, argv, "c:s:fdD:Vh", longopts, NULL)) != -1) {
 		switch (ch) {
 		case 'c': conf_path = optarg; break;
-		case 's': sock = optarg; break;
+		case 's': args.socket = optarg; break;
 		case 'f': foreground = true; break;
 		case 'd': debug = true; break;
 		case 'D': subsys = optarg; break;
@@ -68,19 +70,22 @@ main(int argc, char **argv)
 	mallopt(M_MMAP_THRESHOLD, 64 << 20);
 	mallopt(M_TRIM_THRESHOLD, 128 << 20);
 	log_init(debug ? LOG_L_DEBUG : LOG_L_INFO, subsys, sdn_journal_wanted());
-	if ((cfg = calloc(1, sizeof(*cfg))) == NULL)
-		fatalx("out of memory");
-	conf_defaults(cfg);
-	if (conf_path != NULL || access(GPXD_CONF, F_OK) == 0) {
-		if (conf_load(cfg, conf_path ? conf_path : GPXD_CONF, err, sizeof(err)) < 0)
+	/* -d and -D decide the log at start and at every reload: the file's log_level is not used. */
+	args.log_fixed = debug || subsys != NULL;
+	/* The daemon changes directory to /: a reload must read the file this start read. */
+	if (conf_path != NULL && (path = conf_abspath(conf_path)) == NULL)
+		fatal("%s", conf_path);
+	cfg = conf_new();
+	if (path != NULL || access(GPXD_CONF, F_OK) == 0) {
+		if (conf_load(cfg, path ? path : GPXD_CONF, err, sizeof(err)) < 0)
 			fatalx("%s", err);
 	}
-	if (!debug && log_set_level(cfg->log_level) < 0)
+	free(path);
+	if (!args.log_fixed && log_set_level(cfg->log_level) < 0)
 		fatalx("log_level '%s': use error, warning, info or debug", cfg->log_level);
 	if (!foreground && !sdn_supervised() && !sdn_journal_wanted() && daemon(0, 1) < 0)
 		fatal("daemon");
-	int r = levent_run(sock);
-	conf_free(cfg);
-	free(cfg);
+	int r = levent_run(&args);
+	conf_drop(cfg);
 	return r;
 }

@@ -71,6 +71,7 @@ static struct event *prune_ev;
 static char listen_text[160];        /* what the configuration said, to notice a change */
 static char served[160];             /* where it really listens (the port chosen, if 0) */
 static bool started;
+static bool served_remote;          /* it listens on an address that is not loopback */
 
 static void
 series_add(struct series *s, int status, uint64_t bytes, double dt, int bucket)
@@ -568,22 +569,44 @@ parse_addr(const char *spec, struct sockaddr_storage *ss, int *len)
 	return 0;
 }
 
+static bool
+metrics_off(const char *spec)
+{
+	return spec == NULL || spec[0] == '\0' || strcmp(spec, "off") == 0 || strcmp(spec, "no") == 0;
+}
+
+/* Checks an address as serve would take it; for conf.c, which checks a file before it is used. */
+int
+metrics_check(const char *spec, bool allow_remote, char *err, size_t errlen)
+{
+	struct sockaddr_storage ss;
+	int sslen = sizeof(ss);
+
+	if (metrics_off(spec))
+		return 0;
+	if (parse_addr(spec, &ss, &sslen) < 0) {
+		snprintf(err, errlen, "not ADDRESS:PORT (e.g. 127.0.0.1:9464)");
+		return -1;
+	}
+	if (!is_loopback((struct sockaddr *)&ss) && !allow_remote) {
+		snprintf(err, errlen, "not a loopback address; the endpoint shows who moves what, so "
+		    "serving it elsewhere needs metrics_allow_remote = yes");
+		return -1;
+	}
+	return 0;
+}
+
 /* A new server for `spec` ("127.0.0.1:9464", "[::1]:9464"), or NULL with err set. */
 static struct evhttp *
-serve(const char *spec, char *where, size_t wherelen, char *err, size_t errlen)
+serve(const char *spec, bool allow_remote, char *where, size_t wherelen, char *err, size_t errlen)
 {
 	struct sockaddr_storage ss;
 	int sslen = sizeof(ss), fd, one = 1;
-	char host[INET6_ADDRSTRLEN];
+	char host[INET6_ADDRSTRLEN], why[200];
 	struct evhttp *h;
 
-	if (parse_addr(spec, &ss, &sslen) < 0) {
-		snprintf(err, errlen, "metrics = %s: not ADDRESS:PORT (e.g. 127.0.0.1:9464)", spec);
-		return NULL;
-	}
-	if (!is_loopback((struct sockaddr *)&ss) && !cfg->metrics_allow_remote) {
-		snprintf(err, errlen, "metrics = %s: not a loopback address; the endpoint shows who moves "
-		    "what, so serving it elsewhere needs metrics_allow_remote = yes", spec);
+	if (metrics_check(spec, allow_remote, why, sizeof(why)) < 0 || parse_addr(spec, &ss, &sslen) < 0) {
+		snprintf(err, errlen, "metrics = %s: %s", spec, why);
 		return NULL;
 	}
 	if ((fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) < 0) {
@@ -648,46 +671,61 @@ metrics_stop(void)
 }
 
 /*
- * Starts, moves or stops the endpoint to match the configuration.  At start a bad address is
- * fatal (the operator asked for metrics and would not get them); at a reload it is logged and
- * the running endpoint is kept.
+ * Starts, moves or stops the endpoint to match configuration c; -1 with err set when the new
+ * endpoint cannot be served, and then the running one (if any) is kept.
  */
-int
-metrics_start(struct event_base *base)
+static int
+apply(const struct conf *c, char *err, size_t errlen)
 {
-	const char *want = cfg->metrics_listen;
-	bool first = !started;
-	char err[256];
+	const char *want = c->metrics_listen;
 
-	started = true;
-	mbase = base;
-	if (want == NULL || want[0] == '\0' || strcmp(want, "off") == 0 || strcmp(want, "no") == 0) {
+	if (metrics_off(want)) {
 		if (http != NULL)
 			log_info("metrics endpoint closed");
 		metrics_stop();
 		return 0;
 	}
-	if (http != NULL && strcmp(want, listen_text) == 0)
+	/* the same address, and still allowed where it listens */
+	if (http != NULL && strcmp(want, listen_text) == 0 && (!served_remote || c->metrics_allow_remote))
 		return 0;
 	char where[sizeof(served)];
-	struct evhttp *h = serve(want, where, sizeof(where), err, sizeof(err));
-	if (h == NULL) {
-		if (first)
-			fatalx("%s", err);
-		log_warnx("%s; %s", err, http != NULL ? "keeping the running endpoint" : "no metrics");
+	struct evhttp *h = serve(want, c->metrics_allow_remote, where, sizeof(where), err, errlen);
+	if (h == NULL)
 		return -1;
-	}
 	if (http != NULL)
 		evhttp_free(http);
 	http = h;
 	snprintf(listen_text, sizeof(listen_text), "%s", want);
 	snprintf(served, sizeof(served), "%s", where);
+	served_remote = metrics_check(want, false, where, sizeof(where)) < 0;
 	if (prune_ev == NULL) {
 		struct timeval tv = { 60, 0 };
-		prune_ev = event_new(base, -1, EV_PERSIST, prune_cb, NULL);
+		prune_ev = event_new(mbase, -1, EV_PERSIST, prune_cb, NULL);
 		event_add(prune_ev, &tv);
 	}
 	atomic_store(&recording, true);
 	log_info("metrics endpoint on http://%s/metrics", served);
 	return 0;
+}
+
+/* At start: a bad address is fatal (the operator asked for metrics and would not get them). */
+int
+metrics_start(struct event_base *base)
+{
+	char err[256];
+
+	started = true;
+	mbase = base;
+	if (apply(cfg, err, sizeof(err)) < 0)
+		fatalx("%s", err);
+	return 0;
+}
+
+/* At a reload, before n is published: a failure refuses the reload and keeps the endpoint. */
+int
+metrics_reload(const struct conf *n, char *err, size_t errlen)
+{
+	if (!started)
+		return 0;
+	return apply(n, err, errlen);
 }

@@ -5,7 +5,10 @@
  */
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -37,6 +40,9 @@ load(struct conf *c, const char *text, char *err, size_t errlen)
 	conf_defaults(c);
 	return conf_load(c, conf_file(text), err, errlen);
 }
+
+static void test_conf_manual(void);
+static void test_conf_section(void);
 
 void
 test_conf(void)
@@ -143,7 +149,8 @@ test_conf(void)
 	    "an unknown key is an error naming it and its line (%s)", err);
 	conf_free(&c);
 	r = load(&c, "[nonsense]\nworkers = 2\n", err, sizeof(err));
-	ok(r < 0 && strstr(err, "unknown key") != NULL, "a known key in an unknown section is an error (%s)", err);
+	ok(r < 0 && strstr(err, "unknown section [nonsense]") != NULL && strstr(err, ":1:") != NULL,
+	    "a known key in an unknown section is an error naming the section and its line (%s)", err);
 	conf_free(&c);
 	r = load(&c, "[daemon\nworkers = 2\n", err, sizeof(err));
 	ok(r < 0 && strstr(err, ":1:") != NULL, "a syntax error is an error naming its line (%s)", err);
@@ -156,6 +163,19 @@ test_conf(void)
 	r = load(&c, "", err, sizeof(err));
 	ok(r == 0 && c.ring_entries == 4096, "an empty file keeps the defaults");
 	conf_free(&c);
+	r = load(&c, "[daemon]\nmax_segments = 010\nchunk_size = 0x10000\n", err, sizeof(err));
+	ok(r == 0 && c.max_segs == 10 && c.chunk_size == 0x10000, "numbers are decimal or 0x: 010 is ten");
+	conf_free(&c);
+	r = load(&c, "[daemon]\nworkers = 2\n[empty]\n", err, sizeof(err));
+	ok(r < 0 && strstr(err, ":3:") != NULL && strstr(err, "unknown section [empty]") != NULL,
+	    "an empty unknown section is an error naming its line (%s)", err);
+	conf_free(&c);
+	conf_defaults(&c);
+	ok(c.sm_copy_blocks == 128 && c.fabric_chunk == 1 << 20 && strcmp(c.log_level, "info") == 0,
+	    "conf_defaults: sm_copy_blocks 128, fabric chunk_size 1M, log_level info");
+	conf_free(&c);
+	test_conf_manual();
+	test_conf_section();
 }
 
 /* ---- export.c ---- */
@@ -204,4 +224,173 @@ test_exports(void)
 	ok(export_allows(&e, &c), "any rule admits anyone");
 	e.rule = (Gpx__ExportRule)7;
 	ok(!export_allows(&e, &c), "an unknown rule admits no one but the owner and root");
+}
+
+/* ---- gpxd.conf(5) against conf.c's table ---- */
+
+/*
+ * The text of one item of the manual (from its .It line to the next item, the end of its
+ * list or its section), with the macros' names taken out: "Default:\n.Cm info ." becomes
+ * "Default: info.".  Empty when the section has no such item.
+ */
+static void
+man_item(char **lines, int n, const char *sec, const char *name, char *out, size_t len)
+{
+	static const char *macros[] = { ".Cm", ".Pa", ".Li", ".Pq", ".Po", ".Pc", ".Ar", ".Ql", ".Xr", ".Sx",
+	    ".Er", ".Dv", ".Op", ".Ic", ".Nm", ".Fl", ".Vt", ".Fn", "No", "Ns", "Cm", "Pa", "Li", "Ar", "Op", "Er" };
+	char shead[64], item[96];
+	int i = 0, depth = 0;
+	size_t o = 0;
+
+	out[0] = '\0';
+	snprintf(shead, sizeof(shead), ".Sh %s SECTION", sec);
+	for (char *p = shead + 4; *p; p++)
+		*p = (char)toupper((unsigned char)*p);
+	snprintf(item, sizeof(item), ".It Cm %s ", name);
+	while (i < n && strcmp(lines[i], shead) != 0)
+		i++;
+	while (i < n && strncmp(lines[i], item, strlen(item)) != 0)
+		if (++i < n && strncmp(lines[i], ".Sh", 3) == 0)
+			return;
+	for (i++; i < n; i++) {
+		if (strncmp(lines[i], ".Bl", 3) == 0)
+			depth++;
+		if (strncmp(lines[i], ".El", 3) == 0 && depth-- == 0)
+			break;
+		if ((depth == 0 && strncmp(lines[i], ".It", 3) == 0) || strncmp(lines[i], ".Sh", 3) == 0)
+			break;
+		char word[256];
+		for (const char *s = lines[i]; *s; ) {
+			size_t wl = strcspn(s, " ");
+			bool macro = false;
+			snprintf(word, sizeof(word), "%.*s", (int)wl, s);
+			for (size_t m = 0; m < sizeof(macros) / sizeof(macros[0]) && lines[i][0] == '.'; m++)
+				macro |= strcmp(word, macros[m]) == 0;
+			if (!macro && wl > 0) {
+				/* a lone "." or "," closes the word before it */
+				bool punct = (wl == 1 && (word[0] == '.' || word[0] == ',')) && o > 0;
+				o += snprintf(out + o, o < len ? len - o : 0, "%s%s", punct || o == 0 ? "" : " ", word);
+			}
+			s += wl + (s[wl] == ' ');
+		}
+		if (o >= len)
+			break;
+	}
+}
+
+static void
+test_conf_manual(void)
+{
+	const char *src = getenv("GPX_SRCDIR");
+	char path[512], *text = NULL, *lines[4096], item[8192], want[256];
+	int n = 0;
+	size_t len = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/man/gpxd.conf.5.in", src ? src : ".");
+	if ((f = fopen(path, "re")) == NULL) {
+		ok(0, "gpxd.conf(5): cannot read %s", path);
+		return;
+	}
+	if (getdelim(&text, &len, '\0', f) < 0)
+		tap_bail("reading %s", path);
+	fclose(f);
+	for (char *s = strtok(text, "\n"); s != NULL && n < 4096; s = strtok(NULL, "\n"))
+		lines[n++] = s;
+
+	for (const struct conf_key *k = conf_keys; k->sec != NULL; k++) {
+		const char *name = k->type == K_NICS ? "nic_for_gpu0" : k->name;
+		man_item(lines, n, k->sec, name, item, sizeof(item));
+		if (!ok(item[0] != '\0', "gpxd.conf(5) documents %s.%s", k->sec, name))
+			continue;
+		if (k->def != NULL) {
+			snprintf(want, sizeof(want), "Default: %s.", k->def);
+			ok(strstr(item, want) != NULL, "gpxd.conf(5): %s.%s: \"%s\"", k->sec, name, want);
+		} else
+			ok(strstr(item, "Default:") != NULL, "gpxd.conf(5): %s.%s: says its default", k->sec, name);
+		if (k->lo != NULL && k->hi != NULL) {
+			snprintf(want, sizeof(want), "%s to %s", k->lo, k->hi);
+			ok(strstr(item, want) != NULL, "gpxd.conf(5): %s.%s: the range \"%s\"", k->sec, name, want);
+		}
+		const char *when = k->when == CONF_LIVE ? "A reload applies it" : "Changes take effect at restart.";
+		ok(strstr(item, when) != NULL, "gpxd.conf(5): %s.%s: \"%s\"", k->sec, name, when);
+	}
+	/* and the other way: every key the manual documents is one gpxd reads */
+	char sec[32] = "";
+	for (int i = 0; i < n; i++) {
+		char name[64];
+		if (sscanf(lines[i], ".Sh %31s SECTION", sec) == 1 && strstr(lines[i], " SECTION") != NULL) {
+			for (char *p = sec; *p; p++)
+				*p = (char)tolower((unsigned char)*p);
+			continue;
+		}
+		if (strncmp(lines[i], ".Sh", 3) == 0)
+			sec[0] = '\0';
+		if (sec[0] == '\0' || sscanf(lines[i], ".It Cm %63s", name) != 1 || strstr(lines[i], " = ") == NULL)
+			continue;
+		bool known = false;
+		for (const struct conf_key *k = conf_keys; k->sec != NULL && !known; k++)
+			known = strcmp(k->sec, sec) == 0 &&
+			    strcmp(k->type == K_NICS ? "nic_for_gpu0" : k->name, name) == 0;
+		ok(known, "gpxd.conf(5) documents [%s] %s, a key gpxd reads", sec, name);
+	}
+	free(text);
+}
+
+/* ---- a section parsed by another file's code (conf_add_section) ---- */
+
+/* The test section keeps its one key in max_segs; a real section adds fields of its own. */
+static int
+test_key(struct conf *c, const char *key, const char *v, char *why, size_t whylen)
+{
+	uint64_t n;
+
+	if (strcmp(key, "size") != 0)
+		return -1;                   /* why empty: an unknown key */
+	if (conf_parse_u64(v, &n) < 0 || n == 0 || n > 100) {
+		snprintf(why, whylen, "a number from 1 to 100");
+		return -1;
+	}
+	c->max_segs = (uint32_t)n;
+	return 0;
+}
+
+static bool
+test_same(const struct conf *a, const struct conf *b)
+{
+	return a->max_segs == b->max_segs;
+}
+
+static void
+test_conf_section(void)
+{
+	static const struct conf_section sec = { .name = "testsec", .key = test_key, .same = test_same };
+	struct conf a, b;
+	char err[512], live[512], restart[512], over[128];
+	int r;
+
+	ok(conf_add_section(&sec) == 0, "conf_add_section: a section of another file's code");
+	r = load(&a, "[daemon]\nworkers = 2\n[testsec]\nsize = 7\n", err, sizeof(err));
+	ok(r == 0 && a.max_segs == 7, "a registered section's key is parsed by its code (%s)", r ? err : "ok");
+	conf_free(&a);
+	r = load(&a, "[testsec]\n\nsize = 700\n", err, sizeof(err));
+	ok(r < 0 && strstr(err, ":3:") != NULL && strstr(err, "bad value '700' in [testsec]: a number from 1 to 100"),
+	    "its bad value names the line, the section and why (%s)", err);
+	conf_free(&a);
+	r = load(&a, "[testsec]\ncolour = red\n", err, sizeof(err));
+	ok(r < 0 && strstr(err, ":2:") != NULL && strstr(err, "unknown key 'colour' in [testsec]"),
+	    "its unknown key is an error (%s)", err);
+	conf_free(&a);
+	r = load(&a, "[testsec]\n", err, sizeof(err));
+	ok(r == 0, "an empty registered section is no error");
+	conf_free(&a);
+	load(&a, "[testsec]\nsize = 7\n", err, sizeof(err));
+	load(&b, "[testsec]\nsize = 9\n[daemon]\nworkers = 3\nidle_timeout = 5\n", err, sizeof(err));
+	conf_diff(&a, &b, "", live, restart, over, sizeof(live));
+	ok(strstr(live, "daemon.idle_timeout") != NULL && strstr(live, "workers") == NULL &&
+	    strstr(restart, "daemon.workers") != NULL && strstr(restart, "testsec") != NULL && b.workers == 2,
+	    "conf_diff: live and restart keys, the section named, restart values kept (live '%s', restart '%s')",
+	    live, restart);
+	conf_free(&a);
+	conf_free(&b);
 }

@@ -62,6 +62,14 @@ gpxctl=$(rel -path '*/bin/gpxctl' -type f)
 conf=$("$gpxd" -h | sed -n 's/.*(default \(.*gpxd\.conf\)).*/\1/p')
 check "installed: units in $(dirname "$svc"), gpxd at $gpxd, gpxctl at $gpxctl" \
 	test -f "$svc" -a -f "$sock" -a -x "$gpxd" -a -x "$gpxctl" -a -n "$conf"
+# A --prefix whose unit directory systemd does not search (/opt/x/lib/systemd/system, say):
+# the units are linked into /etc/systemd/system, as the administrator of such an install does.
+unitdir=$(dirname "$svc")
+if ! systemd-analyze --system unit-paths 2>/dev/null | grep -qxF "$unitdir"; then
+	systemctl link "$svc" "$sock" >/dev/null 2>&1
+	check "units linked from $unitdir, which systemd does not search, into /etc/systemd/system" \
+		test -L /etc/systemd/system/gpxd.service -a -L /etc/systemd/system/gpxd.socket
+fi
 systemd-sysusers "$sysusers"
 check "sysusers.d: user gpx and group gpx-admin" bash -c 'id gpx && getent group gpx-admin' >/dev/null
 systemd-tmpfiles --create "$tmpfiles"

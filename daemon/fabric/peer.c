@@ -425,11 +425,11 @@ peer_start(struct event_base *b)
 	tick_ev = event_new(b, -1, EV_PERSIST, on_tick, NULL);
 	event_add(tick_ev, &tv);
 	enabled = true;
-	snprintf(status_buf, sizeof(status_buf), "node %s, %s%s, transport %s%s%s%s", peer_self,
+	/* dial_on_demand is added when asked: a reload may change it */
+	snprintf(status_buf, sizeof(status_buf), "node %s, %s%s, transport %s%s%s", peer_self,
 	    listening[0] ? "listening on " : "not listening", listening,
 	    fabric_rdma_device() ? "rdma" : "tcp", fabric_rdma_device() ? " on " : "",
-	    fabric_rdma_device() ? fabric_rdma_device() : "",
-	    cfg->fabric_dial_on_demand ? ", dials on demand" : "");
+	    fabric_rdma_device() ? fabric_rdma_device() : "");
 	log_info("fabric: node %s%s%s, transport %s, %s%s", peer_self,
 	    listening[0] ? ", listening on " : "", listening, fabric_rdma_device() ? "rdma" : "tcp",
 	    cfg->fabric_peers ? cfg->fabric_peers : "no configured peers",
@@ -467,7 +467,12 @@ peer_stop(void)
 const char *
 peer_status(void)
 {
-	return status_buf[0] ? status_buf : "off";
+	static char s[sizeof(status_buf) + 32];
+
+	if (status_buf[0] == '\0')
+		return "off";
+	snprintf(s, sizeof(s), "%s%s", status_buf, cfg->fabric_dial_on_demand ? ", dials on demand" : "");
+	return s;
 }
 
 void
