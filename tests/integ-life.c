@@ -19,6 +19,7 @@
 #include "tests/integ.h"
 #include "tests/tclient.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 /* ---- disconnect cleanup ---- */
 
@@ -213,16 +214,59 @@ test_limits(void)
 	    "that gpxd returns to its baseline and stops cleanly");
 	harness_cleanup(&L);
 
-	/* Idle connections: closed after idle_timeout, with or without Hello. */
+	/*
+	 * Idle connections: closed after idle_timeout, with or without Hello, while a client that
+	 * keeps copying stays.  gpxd looks once a second, so a close comes between the timeout and
+	 * a second after it (and a margin for a slow machine); a connection without Hello is
+	 * closed so before the Hello timeout (5 s) could do it.
+	 */
+	const double idle = 2, late = 2;
 	if (harness_start(&L, "[daemon]\nidle_timeout = 2\n") < 0)
 		tap_bail("cannot start a third gpxd");
-	int s1 = harness_connect(&L), s2 = harness_connect(&L);
+	gpx_conn *busy = NULL;
+	struct buf bb;
+	if (gpx_connect(L.sock, "integ-busy", &busy) < 0 || buf_new(&bb, 65536) < 0 || buf_reg(busy, &bb, 0) < 0)
+		tap_bail("cannot set up the busy client");
+	double t2 = now();
+	int s2 = harness_connect(&L), s1 = harness_connect(&L);
 	Gpx__DaemonMsg *m = harness_hello(s1, GPX_PROTO_VERSION, -1, NULL);
-	ok(m != NULL && m->reply->status == 0 && harness_wait_eof(s1, WAIT_MS),
-	    "a client that says nothing after Hello is closed after the idle timeout");
+	double t1 = now(), gone1 = 0, gone2 = 0, next = t1;
+	ok(m != NULL && m->reply->status == 0, "a client says Hello, then nothing");
 	if (m != NULL)
 		gpx__daemon_msg__free_unpacked(m, NULL);
-	ok(harness_wait_eof(s2, WAIT_MS), "so is one that never says Hello");
+	int copies = 0, failed = 0;
+	while ((gone1 == 0 || gone2 == 0 || now() - t1 < 2 * idle + late) && now() - t1 < 4 * idle) {
+		bool eof = false;
+		if (gone1 == 0) {
+			if ((m = harness_recv(s1, 20, NULL, NULL, &eof)) != NULL)
+				gpx__daemon_msg__free_unpacked(m, NULL);
+			if (eof)
+				gone1 = now() - t1;
+		}
+		if (gone2 == 0) {
+			eof = false;
+			if ((m = harness_recv(s2, 20, NULL, NULL, &eof)) != NULL)
+				gpx__daemon_msg__free_unpacked(m, NULL);
+			if (eof)
+				gone2 = now() - t2;
+		}
+		if (now() >= next) {
+			bb.p[0]++;
+			failed += gpx_copy_sync(busy, bb.r, 0, bb.r, 4096, 1) != 0 || bb.p[4096] != bb.p[0];
+			copies++;
+			next += 0.25;
+		}
+	}
+	ok(gone1 >= idle - 0.05 && gone1 < idle + late,
+	    "it is closed after the idle timeout: %.2f s after its Hello (idle_timeout %.0f s, bound %.1f s)", gone1,
+	    idle, idle + late);
+	ok(gone2 >= idle - 0.05 && gone2 < idle + late,
+	    "so is one that never says Hello: %.2f s after it connected (before the 5 s Hello timeout)", gone2);
+	ok(copies > 0 && failed == 0 && gpx_copy_sync(busy, bb.r, 0, bb.r, 8192, 1) == 0,
+	    "a client that copies every 250 ms stays connected over %.0f s (%d copies, %d failed)", now() - t1, copies,
+	    failed);
+	gpx_close(busy);
+	buf_free(&bb);
 	close(s1);
 	close(s2);
 	ok(harness_wait_fds(&L, L.baseline, WAIT_MS) == L.baseline && harness_stop(&L) == 0,
