@@ -221,7 +221,7 @@ test_limits(void)
 	 * closed so before the Hello timeout (5 s) could do it.
 	 */
 	const double idle = 2, late = 2;
-	if (harness_start(&L, "[daemon]\nidle_timeout = 2\n") < 0)
+	if (harness_start(&L, "[daemon]\nidle_timeout = 2\n[limits]\ninflight_per_uid = 2\n") < 0)
 		tap_bail("cannot start a third gpxd");
 	gpx_conn *busy = NULL;
 	struct buf bb;
@@ -265,6 +265,36 @@ test_limits(void)
 	ok(copies > 0 && failed == 0 && gpx_copy_sync(busy, bb.r, 0, bb.r, 8192, 1) == 0,
 	    "a client that copies every 250 ms stays connected over %.0f s (%d copies, %d failed)", now() - t1, copies,
 	    failed);
+
+	/*
+	 * inflight_per_uid = 2: three copies of 8 GiB (8,192 segments of 1 MiB) in a row, and one
+	 * of them is refused with EBUSY; whichever gpxd reads first (the single-segment one comes
+	 * through the submission queue, read before each message), the other two run for
+	 * seconds, far longer than the submissions take.
+	 */
+	struct buf lb;
+	static struct gpx_seg many[8192];
+	struct gpx_completion lc;
+	int refused = 0, other = 0;
+	if (buf_new(&lb, 2 << 20) < 0 || buf_reg(busy, &lb, 0) < 0)
+		tap_bail("cannot set up the inflight test");
+	for (int i = 0; i < 8192; i++)
+		many[i] = (struct gpx_seg){ 0, 1 << 20, 1 << 20 };
+	int sub = (gpx_copyv(busy, lb.r, lb.r, many, 8192, 501) == 0) + (gpx_copyv(busy, lb.r, lb.r, many, 8192, 502) == 0) +
+	    (gpx_copy(busy, lb.r, 0, lb.r, 1 << 20, 4096, 503) == 0);
+	for (uint64_t t = 501; t <= 503; t++)
+		(void)gpx_cancel(busy, t);
+	for (uint64_t t = 501; t <= 503; t++) {
+		if (gpx_wait_tag(busy, t, &lc, WAIT_MS) != 0)
+			other++;
+		else if (lc.status == -GPX_EBUSY)
+			refused++;
+		else if (lc.status != 0 && lc.status != -GPX_ECANCELED)
+			other++;
+	}
+	ok(sub == 3 && refused == 1 && other == 0,
+	    "inflight_per_uid = 2: of three long copies submitted together one is refused with EBUSY (%d)", refused);
+	buf_free(&lb);
 	gpx_close(busy);
 	buf_free(&bb);
 	close(s1);
