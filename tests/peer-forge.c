@@ -10,10 +10,19 @@
  * with Ready: this program speaks the protocol right.  With another key (OTHER_KEY_FILE) the
  * Challenge's proof does not match, and the Auth sent anyway must be answered with a Bye that
  * says the authentication failed, never with Ready.  TAP.
+ *
+ * The other way round, the dialling side's check of the Challenge:
+ *   peer-forge listen SOCK PORT OTHER_KEY_FILE
+ * listens on 127.0.0.1:PORT and, as a client of the gpxd at SOCK (with [fabric]
+ * dial_on_demand), imports "@127.0.0.1:PORT/kv", so that gpxd dials it.  It answers the Hello
+ * with a Challenge whose proof is made with another key: gpxd must end the connection with a
+ * Bye that says the authentication failed, never answer it with an Auth, and the import must
+ * fail with EACCES.
  */
 #include "config.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +32,7 @@
 #include <sys/random.h>
 #include <sys/socket.h>
 
+#include "client-lib/gpx.h"
 #include "daemon/fabric/internal.h"
 #include "proto/peer.pb-c.h"
 #include "tests/tap.h"
@@ -198,6 +208,90 @@ handshake(const char *host, int port, const char *keyfile, const char *self, boo
 	return answer;
 }
 
+struct listener {
+	int ls;
+	int answer;          /* the body case of gpxd's answer to our Challenge, 0 for none */
+	char why[256];       /* a Bye's reason */
+};
+
+/* Accepts gpxd's dial, answers its Hello with a Challenge made with the key read last. */
+static void *
+listen_main(void *arg)
+{
+	struct listener *l = arg;
+	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT, *in;
+	Gpxpeer__Challenge ch = GPXPEER__CHALLENGE__INIT;
+	uint8_t nonce[PEER_NONCE_LEN], mac[SHA256_LEN];
+	struct timeval tv = { 10, 0 };
+	int s;
+
+	setsockopt(l->ls, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if ((s = accept(l->ls, NULL, NULL)) < 0)
+		return NULL;
+	setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if ((in = recv_msg(s)) == NULL || in->body_case != GPXPEER__PEER_MSG__BODY_HELLO ||
+	    in->hello->nonce.len != PEER_NONCE_LEN || getrandom(nonce, sizeof(nonce), 0) != sizeof(nonce)) {
+		if (in != NULL)
+			gpxpeer__peer_msg__free_unpacked(in, NULL);
+		close(s);
+		return NULL;
+	}
+	proof("gpx-peer-responder", PEER_PROTO_MIN, in->hello->nonce.data, nonce, in->hello->node, "forgelisten", mac);
+	gpxpeer__peer_msg__free_unpacked(in, NULL);
+	ch.version = PEER_PROTO_MIN;
+	ch.node = "forgelisten";
+	ch.nonce.data = nonce;
+	ch.nonce.len = sizeof(nonce);
+	ch.mac.data = mac;
+	ch.mac.len = sizeof(mac);
+	m.body_case = GPXPEER__PEER_MSG__BODY_CHALLENGE;
+	m.challenge = &ch;
+	if (send_msg(s, &m) == 0 && (in = recv_msg(s)) != NULL) {
+		l->answer = in->body_case;
+		if (l->answer == GPXPEER__PEER_MSG__BODY_BYE)
+			snprintf(l->why, sizeof(l->why), "%s", in->bye->reason ? in->bye->reason : "");
+		gpxpeer__peer_msg__free_unpacked(in, NULL);
+	}
+	close(s);
+	return NULL;
+}
+
+static int
+listen_mode(const char *sock, int port, const char *keyfile)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons(port),
+	    .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct listener l = { .ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) };
+	int one = 1, e;
+	char name[64];
+	pthread_t t;
+	gpx_conn *c;
+	gpx_region r;
+
+	setsockopt(l.ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (read_key(keyfile) < 0 || l.ls < 0 || bind(l.ls, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    listen(l.ls, 4) < 0 || pthread_create(&t, NULL, listen_main, &l) != 0) {
+		fprintf(stderr, "peer-forge: cannot listen on port %d\n", port);
+		return 2;
+	}
+	if ((e = gpx_connect(sock, "peer-forge", &c)) < 0) {
+		fprintf(stderr, "peer-forge: %s: %s\n", sock, gpx_strerror(e));
+		return 2;
+	}
+	snprintf(name, sizeof(name), "@127.0.0.1:%d/kv", port);
+	e = gpx_import(c, name, &r, NULL);
+	ok(e == -GPX_EACCES && strstr(gpx_last_error(c), "authentication failed") != NULL,
+	    "an import from a peer whose Challenge is made with another key fails: %s (%s)", gpx_strerror(e),
+	    gpx_last_error(c));
+	pthread_join(t, NULL);
+	ok(l.answer == GPXPEER__PEER_MSG__BODY_BYE && strstr(l.why, "authentication failed") != NULL,
+	    "gpxd answers that Challenge with Bye, not Auth (%d: %s)", l.answer, l.why);
+	gpx_close(c);
+	close(l.ls);
+	printf("1..%d\n", tap_count);
+	return tap_failed ? 1 : 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -205,6 +299,8 @@ main(int argc, char **argv)
 	bool chal;
 	int r;
 
+	if (argc == 5 && strcmp(argv[1], "listen") == 0)
+		return listen_mode(argv[2], atoi(argv[3]), argv[4]);
 	if (argc != 5) {
 		fprintf(stderr, "usage: peer-forge HOST PORT KEY_FILE OTHER_KEY_FILE\n");
 		return 2;
