@@ -2,6 +2,12 @@
  * cli-holder: a client that holds state in gpxd while tests/cli.test looks at it with gpxctl.
  * It registers two 16 MiB memfds, exports one under NAME (rule any, notify on), queues a few
  * copies, prints "READY <client id>" on stdout, and keeps its connection until stdin closes.
+ * Meanwhile it takes commands on stdin, a line each, and answers each with a line:
+ *
+ *   busy     queues a copy of 256 GiB (16,384 segments of 16 MiB), tag 4242, that runs for
+ *            minutes: "BUSY <status>"
+ *   cancel   cancels it and waits for its end: "CANCELLED <its status>"
+ *   copy     one copy of 4 KiB, waited for: "COPY <status>"
  *
  * usage: cli-holder SOCKET NAME
  */
@@ -9,9 +15,13 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "client-lib/gpx.h"
+
+#define BUSY_TAG 4242
+#define BUSY_SEGS 16384
 
 int
 main(int argc, char **argv)
@@ -22,7 +32,9 @@ main(int argc, char **argv)
 	gpx_conn *c;
 	void *pa, *pb;
 	int fa, fb, r;
-	char x;
+	char line[64];
+	static struct gpx_seg segs[BUSY_SEGS];
+	struct gpx_completion done;
 
 	if (argc != 3) {
 		fprintf(stderr, "usage: cli-holder SOCKET NAME\n");
@@ -42,8 +54,21 @@ main(int argc, char **argv)
 		}
 	printf("READY %llu\n", (unsigned long long)gpx_client_id(c));
 	fflush(stdout);
-	while (read(0, &x, 1) > 0)
-		;
+	for (int i = 0; i < BUSY_SEGS; i++)
+		segs[i] = (struct gpx_seg){ 0, 0, len };
+	while (fgets(line, sizeof(line), stdin) != NULL) {
+		if (strcmp(line, "busy\n") == 0)
+			printf("BUSY %d\n", gpx_copyv(c, b, a, segs, BUSY_SEGS, BUSY_TAG));
+		else if (strcmp(line, "cancel\n") == 0) {
+			r = gpx_cancel(c, BUSY_TAG);
+			r = r == 0 || r == -GPX_ENOENT ? gpx_wait_tag(c, BUSY_TAG, &done, 60000) : r;
+			printf("CANCELLED %d\n", r < 0 ? r : done.status);
+		} else if (strcmp(line, "copy\n") == 0)
+			printf("COPY %d\n", gpx_copy_sync(c, b, 0, a, 0, 4096));
+		else
+			printf("UNKNOWN\n");
+		fflush(stdout);
+	}
 	gpx_close(c);
 	return 0;
 }

@@ -10,7 +10,8 @@
  * right after, must all succeed.
  *
  * Usage: fabric-test SOCK_A SOCK_B PID_A [SOCK_F]   (FABRIC_RESTART_A: a command that restarts
- * A and prints nothing; FABRIC_BOUND: seconds a failure may take, default 8)
+ * A and prints nothing; FABRIC_BOUND: seconds a failure may take, the daemons' [fabric] timeout
+ * and a margin; default 4)
  *
  * Imports by address ("@HOST:PORT/name", [fabric] dial_on_demand), against a third daemon E
  * (node "nodee") that no one lists in peers, and C, which holds another key:
@@ -308,7 +309,7 @@ main(int argc, char **argv)
 	int fa, fb, e;
 	void *pa, *pb;
 	uint64_t len = 0, nb = 0;
-	double bound = getenv("FABRIC_BOUND") ? atof(getenv("FABRIC_BOUND")) : 8;
+	double bound = getenv("FABRIC_BOUND") ? atof(getenv("FABRIC_BOUND")) : 4;
 	struct gpx_export_opts notify = { .rule = GPX_EXPORT_UID, .notify = 1, .notify_tag = 77 };
 	struct gpx_export_opts ro = { .rule = GPX_EXPORT_UID, .read_only = 1 };
 

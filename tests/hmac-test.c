@@ -89,8 +89,32 @@ main(void)
 	hmac_sha256("key", 3, "x", 1, a);
 	memcpy(b, a, sizeof(b));
 	ok(hmac_equal(a, b, sizeof(a)), "hmac_equal: equal tags");
-	b[31] ^= 1;
-	ok(!hmac_equal(a, b, sizeof(a)), "hmac_equal: last bit differs");
+	/* A difference in any one bit of any byte is a mismatch, wherever it lies: a comparison
+	 * that looks at only some bytes (the first, the last) lets a forged proof through. */
+	int missed = 0, extra = 0;
+	for (size_t i = 0; i < sizeof(b); i++)
+		for (int bit = 0; bit < 8; bit++) {
+			b[i] ^= (uint8_t)(1u << bit);
+			if (hmac_equal(a, b, sizeof(a)))
+				missed++;
+			b[i] ^= (uint8_t)(1u << bit);
+		}
+	ok(missed == 0, "hmac_equal: every one of the 256 single-bit differences is a mismatch (%d taken as equal)",
+	    missed);
+	/* And the length is the one given: bytes past it do not count, every byte before it does. */
+	missed = 0;
+	for (size_t len = 1; len <= sizeof(b); len++) {
+		b[len - 1] ^= 0x80;
+		if (hmac_equal(a, b, len))
+			missed++;
+		if (!hmac_equal(a, b, len - 1))
+			extra++;
+		b[len - 1] ^= 0x80;
+	}
+	ok(missed == 0 && extra == 0,
+	    "hmac_equal over lengths 1 to 32: the last byte counts (%d missed), a byte past the length does not (%d)",
+	    missed, extra);
+	ok(hmac_equal(a, b, 0), "hmac_equal: two empty tags are equal");
 	printf("1..%d\n", tap_count);
 	return tap_failed ? 1 : 0;
 }

@@ -19,6 +19,7 @@
 #include "tests/integ.h"
 #include "tests/tclient.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 /* ---- disconnect cleanup ---- */
 
@@ -213,16 +214,90 @@ test_limits(void)
 	    "that gpxd returns to its baseline and stops cleanly");
 	harness_cleanup(&L);
 
-	/* Idle connections: closed after idle_timeout, with or without Hello. */
-	if (harness_start(&L, "[daemon]\nidle_timeout = 2\n") < 0)
+	/*
+	 * Idle connections: closed after idle_timeout, with or without Hello, while a client that
+	 * keeps copying stays.  gpxd looks once a second, so a close comes between the timeout and
+	 * a second after it (and a margin for a slow machine); a connection without Hello is
+	 * closed so before the Hello timeout (5 s) could do it.
+	 */
+	const double idle = 2, late = 2;
+	if (harness_start(&L, "[daemon]\nidle_timeout = 2\n[limits]\ninflight_per_uid = 2\n") < 0)
 		tap_bail("cannot start a third gpxd");
-	int s1 = harness_connect(&L), s2 = harness_connect(&L);
+	gpx_conn *busy = NULL;
+	struct buf bb;
+	if (gpx_connect(L.sock, "integ-busy", &busy) < 0 || buf_new(&bb, 65536) < 0 || buf_reg(busy, &bb, 0) < 0)
+		tap_bail("cannot set up the busy client");
+	double t2 = now();
+	int s2 = harness_connect(&L), s1 = harness_connect(&L);
 	Gpx__DaemonMsg *m = harness_hello(s1, GPX_PROTO_VERSION, -1, NULL);
-	ok(m != NULL && m->reply->status == 0 && harness_wait_eof(s1, WAIT_MS),
-	    "a client that says nothing after Hello is closed after the idle timeout");
+	double t1 = now(), gone1 = 0, gone2 = 0, next = t1;
+	ok(m != NULL && m->reply->status == 0, "a client says Hello, then nothing");
 	if (m != NULL)
 		gpx__daemon_msg__free_unpacked(m, NULL);
-	ok(harness_wait_eof(s2, WAIT_MS), "so is one that never says Hello");
+	int copies = 0, failed = 0;
+	while ((gone1 == 0 || gone2 == 0 || now() - t1 < 2 * idle + late) && now() - t1 < 4 * idle) {
+		bool eof = false;
+		if (gone1 == 0) {
+			if ((m = harness_recv(s1, 20, NULL, NULL, &eof)) != NULL)
+				gpx__daemon_msg__free_unpacked(m, NULL);
+			if (eof)
+				gone1 = now() - t1;
+		}
+		if (gone2 == 0) {
+			eof = false;
+			if ((m = harness_recv(s2, 20, NULL, NULL, &eof)) != NULL)
+				gpx__daemon_msg__free_unpacked(m, NULL);
+			if (eof)
+				gone2 = now() - t2;
+		}
+		if (now() >= next) {
+			bb.p[0]++;
+			failed += gpx_copy_sync(busy, bb.r, 0, bb.r, 4096, 1) != 0 || bb.p[4096] != bb.p[0];
+			copies++;
+			next += 0.25;
+		}
+	}
+	ok(gone1 >= idle - 0.05 && gone1 < idle + late,
+	    "it is closed after the idle timeout: %.2f s after its Hello (idle_timeout %.0f s, bound %.1f s)", gone1,
+	    idle, idle + late);
+	ok(gone2 >= idle - 0.05 && gone2 < idle + late,
+	    "so is one that never says Hello: %.2f s after it connected (before the 5 s Hello timeout)", gone2);
+	ok(copies > 0 && failed == 0 && gpx_copy_sync(busy, bb.r, 0, bb.r, 8192, 1) == 0,
+	    "a client that copies every 250 ms stays connected over %.0f s (%d copies, %d failed)", now() - t1, copies,
+	    failed);
+
+	/*
+	 * inflight_per_uid = 2: three copies of 8 GiB (8,192 segments of 1 MiB) in a row, and the
+	 * third is refused with EBUSY: they come in that order over the socket, and the first two
+	 * run for seconds, far longer than the submissions take.  (A single-segment copy would
+	 * come through the submission queue, which gpxd may read first; done at once, it would
+	 * leave its place free.)
+	 */
+	struct buf lb;
+	static struct gpx_seg many[8192];
+	struct gpx_completion lc;
+	int refused = 0, other = 0;
+	if (buf_new(&lb, 2 << 20) < 0 || buf_reg(busy, &lb, 0) < 0)
+		tap_bail("cannot set up the inflight test");
+	for (int i = 0; i < 8192; i++)
+		many[i] = (struct gpx_seg){ 0, 1 << 20, 1 << 20 };
+	int sub = (gpx_copyv(busy, lb.r, lb.r, many, 8192, 501) == 0) + (gpx_copyv(busy, lb.r, lb.r, many, 8192, 502) == 0) +
+	    (gpx_copyv(busy, lb.r, lb.r, many, 8192, 503) == 0);
+	for (uint64_t t = 501; t <= 503; t++)
+		(void)gpx_cancel(busy, t);
+	for (uint64_t t = 501; t <= 503; t++) {
+		if (gpx_wait_tag(busy, t, &lc, WAIT_MS) != 0)
+			other++;
+		else if (lc.status == -GPX_EBUSY && t == 503)
+			refused++;
+		else if (lc.status != 0 && lc.status != -GPX_ECANCELED)
+			other++;
+	}
+	ok(sub == 3 && refused == 1 && other == 0,
+	    "inflight_per_uid = 2: of three long copies submitted together the third is refused with EBUSY (%d)", refused);
+	buf_free(&lb);
+	gpx_close(busy);
+	buf_free(&bb);
 	close(s1);
 	close(s2);
 	ok(harness_wait_fds(&L, L.baseline, WAIT_MS) == L.baseline && harness_stop(&L) == 0,

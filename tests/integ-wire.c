@@ -139,6 +139,12 @@ query_status(int s, uint32_t seq, const int *fds, int nfds)
 	return st;
 }
 
+/*
+ * A connection refused before its Hello must be closed at once, well before the Hello timeout
+ * (5 s, looked at once a second) would close it anyway.
+ */
+#define AT_ONCE_MS 2000
+
 void
 test_protocol(void)
 {
@@ -156,7 +162,7 @@ test_protocol(void)
 		gpx__daemon_msg__free_unpacked(m, NULL);
 	} else
 		ok(0, "the refusal explains itself");
-	ok(harness_wait_eof(s, WAIT_MS), "and the connection is closed");
+	ok(harness_wait_eof(s, AT_ONCE_MS), "and the connection is closed");
 	close(s);
 
 	/* Hello that promises a ring but brings no eventfd. */
@@ -169,7 +175,7 @@ test_protocol(void)
 	hm.hello = &h;
 	harness_send(s, &hm, NULL, 0);
 	m = harness_recv(s, WAIT_MS, NULL, NULL, NULL);
-	ok(m != NULL && m->reply->status == GPX__STATUS__EBADFD && harness_wait_eof(s, WAIT_MS),
+	ok(m != NULL && m->reply->status == GPX__STATUS__EBADFD && harness_wait_eof(s, AT_ONCE_MS),
 	    "Hello asking for a ring without an eventfd: EBADFD, closed");
 	if (m != NULL)
 		gpx__daemon_msg__free_unpacked(m, NULL);
@@ -178,7 +184,7 @@ test_protocol(void)
 	s = harness_connect(&H);
 	int notefd = memfd_create("integ-not-eventfd", MFD_CLOEXEC);
 	m = harness_hello(s, GPX_PROTO_VERSION, notefd, NULL);
-	ok(m != NULL && m->reply->status == GPX__STATUS__EBADFD && harness_wait_eof(s, WAIT_MS),
+	ok(m != NULL && m->reply->status == GPX__STATUS__EBADFD && harness_wait_eof(s, AT_ONCE_MS),
 	    "Hello with a memfd for its eventfd: EBADFD, closed");
 	if (m != NULL)
 		gpx__daemon_msg__free_unpacked(m, NULL);
@@ -187,16 +193,16 @@ test_protocol(void)
 
 	/* Anything before Hello closes the connection. */
 	s = harness_connect(&H);
-	ok(query_status(s, 1, NULL, 0) == GPX__STATUS__EPROTO && harness_wait_eof(s, WAIT_MS),
+	ok(query_status(s, 1, NULL, 0) == GPX__STATUS__EPROTO && harness_wait_eof(s, AT_ONCE_MS),
 	    "a Query before Hello: EPROTO, closed");
 	close(s);
 	s = harness_connect(&H);
-	ok(query_status(s, 1, &efd, 1) == GPX__STATUS__EPROTO && harness_wait_eof(s, WAIT_MS),
+	ok(query_status(s, 1, &efd, 1) == GPX__STATUS__EPROTO && harness_wait_eof(s, AT_ONCE_MS),
 	    "a Query with an fd before Hello: EPROTO, closed");
 	close(s);
 	s = harness_connect(&H);
-	ok(send_fds(s, "\x0a\xff\xff", 3, NULL, 0) == 3 && harness_wait_eof(s, WAIT_MS),
-	    "undecodable bytes before Hello: closed");
+	ok(send_fds(s, "\x0a\xff\xff", 3, NULL, 0) == 3 && harness_wait_eof(s, AT_ONCE_MS),
+	    "undecodable bytes before Hello: closed at once");
 	close(s);
 	s = harness_connect(&H);
 	{
@@ -209,7 +215,7 @@ test_protocol(void)
 		m3.body_case = GPX__CLIENT_MSG__BODY_HELLO;
 		m3.hello = &h3;
 		size_t hl = gpx__client_msg__pack(&m3, hb);
-		ok(send_fds(s, hb, hl, three, 3) == (ssize_t)hl && harness_wait_eof(s, WAIT_MS),
+		ok(send_fds(s, hb, hl, three, 3) == (ssize_t)hl && harness_wait_eof(s, AT_ONCE_MS),
 		    "a Hello carrying three fds (it takes one): closed");
 	}
 	close(s);

@@ -7,10 +7,12 @@
 #include "config.h"
 
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 
 #include "client-lib/gpx.h"
@@ -30,6 +32,15 @@
 struct load_arg {
 	const char *sock;
 	int conns, depth;
+	bool probe;       /* then try one copy past conns x depth, the uid's inflight limit */
+	_Atomic uint64_t *moved;   /* shared with the parent: bytes of its completed copies */
+};
+
+/* What a load says once its copies are in flight. */
+struct load_ready {
+	int ready;
+	int refused;      /* with probe: copies refused with EBUSY */
+	int extra;        /* with probe: copies it sent past the limit until one was refused */
 };
 
 /*
@@ -53,6 +64,7 @@ load(void *p, int out, int stop)
 	unsigned char *ps, *pd;
 	int fs, fd, ready = 1, ep = epoll_create1(EPOLL_CLOEXEC);
 	struct gpx_completion d[16];
+	struct load_ready lr = { 0 };
 	uint64_t tag = 0;
 
 	if (gpx_host_alloc(LOAD_LEN, &fs, (void **)&ps) < 0 || gpx_host_alloc(LOAD_LEN, &fd, (void **)&pd) < 0)
@@ -69,14 +81,52 @@ load(void *p, int out, int stop)
 		for (int k = 0; k < a->depth; k++, tag++)
 			if (gpx_copy(c[i], rs[i], 0, rd[i], 0, load_len(tag), tag) < 0)
 				ready = 0;
-	(void)!write(out, &ready, sizeof(ready));
+	/*
+	 * Copies past the uid's limit: whenever A has no more than conns x depth copies in flight
+	 * (as far as it knows: a completion it has not read yet leaves gpxd one place free), it
+	 * sends one more; gpxd must refuse one with EBUSY as soon as the others are all in its
+	 * hands, long before 5 s.  Those that pass (a place was free) are kept: the load stays at
+	 * the limit.
+	 */
+	if (ready && a->probe) {
+		int held = a->conns * a->depth, limit = held, next = 0;
+		double end = now() + 5;
+		while (ready && lr.refused == 0 && now() < end) {
+			if (held <= limit) {
+				int i = next++ % a->conns;
+				if (gpx_copy(c[i], rs[i], 0, rd[i], 0, load_len(tag), tag) < 0)
+					ready = 0;
+				tag++;
+				held++;
+				lr.extra++;
+			}
+			struct epoll_event ev[LOAD_CONNS];
+			int n = epoll_wait(ep, ev, LOAD_CONNS, 20);
+			for (int e = 0; e < n; e++) {
+				int i = ev[e].data.u32, k = gpx_poll(c[i], d, 16);
+				for (int j = 0; j < k; j++) {
+					held--;
+					if (d[j].status == -GPX_EBUSY)
+						lr.refused++;
+				}
+			}
+		}
+		/* Back to conns x depth, as the loop below keeps it. */
+		for (int i = 0; ready && held < limit; i = (i + 1) % a->conns, held++, tag++)
+			gpx_copy(c[i], rs[i], 0, rd[i], 0, load_len(tag), tag);
+	}
+	lr.ready = ready;
+	(void)!write(out, &lr, sizeof(lr));
 	while (ready && !stopped(stop)) {
 		struct epoll_event ev[LOAD_CONNS];
 		int n = epoll_wait(ep, ev, LOAD_CONNS, 20);
 		for (int e = 0; e < n; e++) {
 			int i = ev[e].data.u32, k = gpx_poll(c[i], d, 16);
-			for (int j = 0; j < k; j++, tag++)
+			for (int j = 0; j < k; j++, tag++) {
+				if (a->moved != NULL && d[j].status == 0)
+					atomic_fetch_add(a->moved, d[j].bytes);
 				gpx_copy(c[i], rs[i], 0, rd[i], 0, load_len(tag), tag);
+			}
 		}
 	}
 	for (int i = 0; ready && i < a->conns; i++)
@@ -177,21 +227,23 @@ bytes_of(int s, uid_t uid)
 
 /*
  * One measurement of uid B's 4 KiB copies under A's load, with the time a worker takes for
- * one chunk of A's (from the bytes A moved meanwhile: the bounds are in chunks, so that they
- * hold on slow machines too).
+ * one chunk of A's (the bounds are in chunks, so that they hold on slow machines too).  The
+ * chunk time comes from what A's own client saw complete since the load started, not from
+ * gpxd's counters: a daemon that counted wrong would move the bounds with its error.  A's
+ * copies end in waves (they advance together), so the longer window, from the load's start
+ * to the end of this measurement, is the steadier one.
  */
 static void
-latency_trial(const struct harness *F, int root, struct lat_res *r, double *chunk_ms, double *rate)
+latency_trial(const struct harness *F, _Atomic uint64_t *moved, double t_load, struct lat_res *r,
+    double *chunk_ms, double *rate)
 {
 	struct lat_arg lat = { .sock = F->sock, .n = 300 };
 	struct child lt;
-	double t0 = now();
-	uint64_t a0 = bytes_of(root, UID_A);
 
 	child_start(&lt, UID_B, UID_B, NULL, 0, 0, latency, &lat);
 	if (!child_wait(&lt, r, sizeof(*r), 60000) || r->done != lat.n)
 		r->p50 = r->p99 = r->max = 1e9;
-	*rate = (bytes_of(root, UID_A) - a0) / (now() - t0);
+	*rate = atomic_load(moved) / (now() - t_load);
 	*chunk_ms = *rate > 0 ? (FAIR_CHUNK / (*rate / FAIR_WORKERS)) * 1e3 : 1e9;
 }
 
@@ -200,10 +252,11 @@ test_fairness(void)
 {
 	struct harness F;
 	struct child la, lb, lt;
-	struct load_arg aa = { .conns = LOAD_CONNS, .depth = LOAD_DEPTH }, ab = { .conns = 1, .depth = 8 };
+	struct load_arg aa = { .conns = LOAD_CONNS, .depth = LOAD_DEPTH, .probe = true }, ab = { .conns = 1, .depth = 48 };
+	struct load_ready lra, lrb;
 	struct lat_arg lat = { .n = 300 };
 	struct lat_res solo, busy;
-	int ready = 0, trial;
+	int trial;
 	struct as_conn root;
 	double chunk_ms, rate, b50 = 0, b99 = 0;
 
@@ -215,10 +268,16 @@ test_fairness(void)
 	child_start(&lt, UID_B, UID_B, NULL, 0, 0, latency, &lat);
 	bool sgot = child_wait(&lt, &solo, sizeof(solo), 60000);
 	diag("uid %d's 4 KiB copies alone: p50 %.3f ms, p99 %.3f ms, max %.3f ms", UID_B, solo.p50, solo.p99, solo.max);
+	aa.moved = mmap(NULL, sizeof(*aa.moved), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (aa.moved == MAP_FAILED)
+		tap_bail("mmap");
 	child_start(&la, UID_A, UID_A, NULL, 0, 0, load, &aa);
 	struct pollfd p = { .fd = la.rd, .events = POLLIN };
-	if (poll(&p, 1, 30000) != 1 || read(la.rd, &ready, sizeof(ready)) != sizeof(ready) || !ready)
+	if (poll(&p, 1, 30000) != 1 || read(la.rd, &lra, sizeof(lra)) != sizeof(lra) || !lra.ready)
 		tap_bail("the load did not start");
+	ok(lra.refused == 1, "uid %d's copies past its inflight_per_uid (%d) are refused with EBUSY (%d sent past it "
+	    "until one was)", UID_A, LOAD_CONNS * LOAD_DEPTH, lra.extra);
+	double t_load = now();
 	if (connect_as(&root, F.sock, 0, 0, NULL, 0) < 0)
 		tap_bail("root query");
 	msleep(300);
@@ -234,7 +293,7 @@ test_fairness(void)
 	 * counts: starvation would fail all three.
 	 */
 	for (trial = 0; trial < 3; trial++) {
-		latency_trial(&F, root.s, &busy, &chunk_ms, &rate);
+		latency_trial(&F, aa.moved, t_load, &busy, &chunk_ms, &rate);
 		b50 = 1 + 4 * chunk_ms;
 		b99 = (50 * chunk_ms > 50 ? 50 * chunk_ms : 50) + 4 * busy.late99;
 		diag("while uid %d keeps %d x %d copies of up to %u MiB in flight on %d connections (%.1f GB/s, a chunk of "
@@ -253,17 +312,27 @@ test_fairness(void)
 	/* Both saturate: A over LOAD_CONNS connections, B over one. */
 	child_start(&lb, UID_B, UID_B, NULL, 0, 0, load, &ab);
 	p.fd = lb.rd;
-	if (poll(&p, 1, 30000) != 1 || read(lb.rd, &ready, sizeof(ready)) != sizeof(ready) || !ready)
+	if (poll(&p, 1, 30000) != 1 || read(lb.rd, &lrb, sizeof(lrb)) != sizeof(lrb) || !lrb.ready)
 		tap_bail("the second load did not start");
 	msleep(300);
-	uint64_t a0 = bytes_of(root.s, UID_A), b0 = bytes_of(root.s, UID_B);
-	msleep(2000);
-	uint64_t a1 = bytes_of(root.s, UID_A), b1 = bytes_of(root.s, UID_B);
-	double share = (double)(b1 - b0) / (double)((a1 - a0) + (b1 - b0) + 1);
-	diag("in 2 s: uid %d (%d connections) moved %.0f MiB, uid %d (1 connection) %.0f MiB", UID_A, LOAD_CONNS,
-	    (a1 - a0) / 1048576.0, UID_B, (b1 - b0) / 1048576.0);
-	ok(share > 0.35 && share < 0.65, "two saturating uids share the copy workers evenly whatever their number "
-	    "of connections: uid %d's share %.0f%%", UID_B, share * 100);
+	/*
+	 * B's one process must answer its completions in time to keep work queued; on a busy
+	 * machine it may not get the CPU for that, and A's copies fill the gap.  That is the
+	 * machine, not the engine: of up to three measurements the first within the rule counts
+	 * (an engine that favoured A would fail all three).
+	 */
+	double share = 0;
+	for (trial = 0; trial < 3 && !(share > 0.4 && share < 0.6); trial++) {
+		uint64_t a0 = bytes_of(root.s, UID_A), b0 = bytes_of(root.s, UID_B);
+		msleep(2000);
+		uint64_t a1 = bytes_of(root.s, UID_A), b1 = bytes_of(root.s, UID_B);
+		share = (double)(b1 - b0) / (double)((a1 - a0) + (b1 - b0) + 1);
+		diag("in 2 s: uid %d (%d connections) moved %.0f MiB, uid %d (1 connection) %.0f MiB", UID_A,
+		    LOAD_CONNS, (a1 - a0) / 1048576.0, UID_B, (b1 - b0) / 1048576.0);
+	}
+	ok(share > 0.4 && share < 0.6, "two saturating uids share the copy workers evenly whatever their number "
+	    "of connections, within 10 points: uid %d's share %.0f%% (measurement %d of 3)", UID_B, share * 100,
+	    trial);
 	as_close(&root);
 	child_stop(&la);
 	child_stop(&lb);
@@ -271,6 +340,7 @@ test_fairness(void)
 	waitpid(lb.pid, NULL, 0);
 	close(la.rd);
 	close(lb.rd);
+	munmap(aa.moved, sizeof(*aa.moved));
 	ok(harness_wait_fds(&F, F.baseline, 20000) == F.baseline && harness_stop(&F) == 0,
 	    "gpxd returns to its baseline and stops cleanly");
 	if (tap_failed)

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/eventfd.h>
 
@@ -47,9 +48,18 @@ test_region(void)
 	ok(!region_use(r), "region_use fails with no user left");
 	region_ref(r);
 	ok(atomic_load(&r->refs) == 2, "region_ref");
+	/* What the region holds goes with its last reference, not before: a queue reference it
+	 * carries shows which unref tore it down (and the sanitizer build sees any leak of it). */
+	char qerr[128];
+	int qefd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	struct cq *held = cq_new(8, qefd, 2, qerr, sizeof(qerr));
+	cq_ref(held);
+	r->notify_cq = held;
 	region_unref(r);
+	ok(atomic_load(&r->refs) == 1 && atomic_load(&held->refs) == 2, "region_unref of one of two references keeps it");
 	region_unref(r);     /* freed here; the sanitizer build would see any use after */
-	ok(1, "region_unref frees on the last reference");
+	ok(atomic_load(&held->refs) == 1, "region_unref frees on the last reference, and drops what the region held");
+	cq_unref(held);
 
 	r = region_new();
 	r->ops = &fake_ops;
@@ -74,6 +84,19 @@ test_region(void)
 }
 
 /* ---- cq.c ---- */
+
+/* cq.c gives a doorbell write DOORBELL_TIMEOUT_NS (10 ms) before it calls the client broken;
+ * a full counter on a non-blocking eventfd fails at once.  The margin is for a slow machine. */
+#define DOORBELL_BOUND_MS (10 + 90)
+
+static double
+mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
 
 static struct cq *broken_seen;
 static int broken_calls;
@@ -181,8 +204,12 @@ test_cq(void)
 	uint64_t max = 0xfffffffffffffffeULL;
 	(void)!write(efd, &max, sizeof(max));
 	cq_reserve(q);
+	double t0 = mono_ms();
 	cq_post(q, 1, 0, 0);
-	ok(q->broken && broken_calls == 3, "an eventfd whose counter is full breaks the queue, without blocking");
+	double took = mono_ms() - t0;
+	ok(q->broken && broken_calls == 3 && took < DOORBELL_BOUND_MS,
+	    "an eventfd whose counter is full breaks the queue, without blocking (%.1f ms, bound %d)", took,
+	    DOORBELL_BOUND_MS);
 	cq_unref(q);
 
 	/* A client that cleared O_NONBLOCK on its eventfd cannot make the daemon block. */
@@ -191,8 +218,12 @@ test_cq(void)
 	q = cq_new(8, efd, 45, err, sizeof(err));
 	(void)!write(dup_efd, &max, sizeof(max));
 	cq_reserve(q);
+	t0 = mono_ms();
 	cq_post(q, 1, 0, 0);
-	ok(q->broken && (fcntl(dup_efd, F_GETFL) & O_NONBLOCK), "a blocking eventfd is made non-blocking first");
+	took = mono_ms() - t0;
+	ok(q->broken && (fcntl(dup_efd, F_GETFL) & O_NONBLOCK) && took < DOORBELL_BOUND_MS,
+	    "a blocking eventfd is made non-blocking first, and the doorbell gives up at once (%.1f ms, bound %d)",
+	    took, DOORBELL_BOUND_MS);
 	cq_unref(q);
 	close(dup_efd);
 	cq_set_broken_hook(NULL);

@@ -15,6 +15,13 @@
 #include <time.h>
 #include <sys/socket.h>
 
+/*
+ * The longest a well-behaved client's small copy may take while another client misbehaves:
+ * gpxd gives a stuck doorbell 10 ms (daemon/cq.c); the rest is for a slow, shared machine and
+ * the sanitizer build.
+ */
+#define BYSTANDER_MAX_S 0.2
+
 static inline double
 now(void)
 {

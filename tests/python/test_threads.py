@@ -1,5 +1,6 @@
 """Threads: blocking calls release the GIL, and several threads may wait on one connection."""
 import subprocess
+import sys
 import threading
 import time
 
@@ -16,10 +17,13 @@ class Counter(threading.Thread):
         super().__init__(daemon=True)
         self.n = 0
         self.stop = False
+        self.marks = []         # when it reached each multiple of 1,024
 
     def run(self):
         while not self.stop:
             self.n += 1
+            if self.n % 1024 == 0:
+                self.marks.append(time.monotonic())
 
 
 def test_waiting_releases_the_gil(conn):
@@ -29,21 +33,34 @@ def test_waiting_releases_the_gil(conn):
     before = c.n
     assert conn.wait(timeout=0.5) == []          # nothing pending: the full half second
     during = c.n - before
-    hb, v = host(256 << 20)
+    # While a copy runs, the counter's pace when this thread sleeps in time.sleep (which
+    # releases the GIL) and when it waits for the copy must be alike; a wait that holds the GIL
+    # leaves the counter only the moments the wait lets go of it in between (about a tenth).
+    # Counted from the marks inside each interval, past a switch interval, so that what it did
+    # before does not count.  The copy is long enough on any machine: 2 GiB, as 2,048 segments
+    # of 1 MiB over a 128 MiB buffer (one copy of it would take a fast machine 10 ms).
+    hb, v = host(128 << 20)
     r = conn.register(hb)
-    before = c.n
+    segs = np.array([((i % 64) << 20, (64 + i % 64) << 20, 1 << 20) for i in range(2048)], dtype=np.uint64)
+    margin = sys.getswitchinterval() + 0.001
+    t = conn.copyv(r, r, segs)
+    s0 = time.monotonic()
+    time.sleep(0.03)
     t0 = time.monotonic()
-    t = conn.copy(r, r, 128 << 20, dst_offset=128 << 20)
-    t.wait()
-    waited = time.monotonic() - t0
-    during_copy = c.n - before
+    assert t.wait() == 2 << 30
+    t1 = time.monotonic()
     c.stop = True
     c.join()
+
+    def pace(a, b):
+        return sum(1 for m in c.marks if a + margin < m < b) / (b - a - margin)
+
     # Python runs a few million increments a second: a held GIL would leave at most one
     # switch interval's worth (5 ms).
     assert during > 100000, during
-    if waited > 0.05:
-        assert during_copy > 10000, (during_copy, waited)
+    assert t1 - t0 > 2 * margin, t1 - t0
+    slept, waited = pace(s0, t0), pace(t0, t1)
+    assert slept > 0 and waited > 0.4 * slept, (slept, waited, t1 - t0)
 
 
 def test_threads_wait_on_one_connection(conn):
