@@ -33,7 +33,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include "tests/harness.h"
@@ -120,6 +123,51 @@ budgets(gpx_conn *c, struct budgets *b)
 		q->status->budget_refused_large };
 	gpx__query_reply__free_unpacked(q, NULL);
 	return 0;
+}
+
+/* The metrics endpoint's page (malloc'ed), from the port gpxd's log announced; NULL if none. */
+static char *
+scrape(void)
+{
+	char line[512], *buf = NULL;
+	unsigned port = 0;
+	FILE *f = fopen(H.log, "re");
+	size_t len = 0, cap = 1 << 20;
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	int s;
+
+	while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+		char *p = strstr(line, "metrics endpoint on http://127.0.0.1:");
+		if (p != NULL)
+			port = (unsigned)atoi(p + strlen("metrics endpoint on http://127.0.0.1:"));
+	}
+	if (f != NULL)
+		fclose(f);
+	sa.sin_port = htons(port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (port == 0 || (s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+		return NULL;
+	if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    write(s, "GET /metrics HTTP/1.0\r\n\r\n", 25) == 25 && (buf = malloc(cap)) != NULL) {
+		ssize_t n;
+		while (len < cap - 1 && (n = read(s, buf + len, cap - 1 - len)) > 0)
+			len += n;
+		buf[len] = '\0';
+	}
+	close(s);
+	return buf;
+}
+
+/* The value of the sample whose name and labels are exactly `key` ("name{labels}"), or -1. */
+static double
+sample_of(const char *page, const char *key)
+{
+	size_t kl = strlen(key);
+
+	for (const char *p = page; p != NULL && *p != '\0'; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (strncmp(p, key, kl) == 0 && p[kl] == ' ')
+			return atof(p + kl + 1);
+	return -1;
 }
 
 /* The most of gpxd's VmRSS seen while sampling runs (every 2 ms). */
@@ -519,7 +567,7 @@ test_leave(void)
  */
 #define E_PAIRS 4096
 #define E_PAGES 65536
-#define E_CONF "[daemon]\nworkers = 1\n[limits]\nrequest_budget = 2M\nconnection_budget = 4M\n" \
+#define E_CONF "[daemon]\nworkers = 1\nmetrics = 127.0.0.1:0\n[limits]\nrequest_budget = 2M\nconnection_budget = 4M\n" \
 	"uid_budget = 6M\ntotal_budget = 8M\n"
 
 struct fill {
@@ -664,6 +712,24 @@ test_each(void)
 	ok(got2 && r2.large == -GPX_ENOMEM && strstr(r2.large_why, "too large") != NULL &&
 	    strstr(r2.large_why, "request budget") != NULL,
 	    "a request larger than the request budget is refused as too large, naming it (%s)", r2.large_why);
+	/* What the metrics say: the same bytes as the status, by uid, and every refusal by budget. */
+	char *page = scrape();
+	struct budgets bm = { 0 };
+	int qm = budgets(q, &bm);
+	double held = page ? sample_of(page, "gpx_budget_bytes") : -1;
+	double ua = page ? sample_of(page, "gpx_budget_uid_bytes{uid=\"65534\"}") : -1;
+	double ub = page ? sample_of(page, "gpx_budget_uid_bytes{uid=\"65533\"}") : -1;
+	ok(page != NULL && qm == 0 && held == (double)bm.used && ua > 0 && ub > 0 && ua + ub == held &&
+	    sample_of(page, "gpx_budget_limit_bytes{budget=\"total\"}") == 8 * MIB,
+	    "the metrics: %.0f bytes held (the status: %llu), %.0f by nobody and %.0f by uid %d, a total budget of "
+	    "8 MiB", held, (unsigned long long)bm.used, ua, ub, UID_OTHER);
+	ok(page != NULL && sample_of(page, "gpx_budget_refused_total{budget=\"connection\",reason=\"busy\"}") == 1 &&
+	    sample_of(page, "gpx_budget_refused_total{budget=\"uid\",reason=\"busy\"}") == 1 &&
+	    sample_of(page, "gpx_budget_refused_total{budget=\"total\",reason=\"busy\"}") == 1 &&
+	    sample_of(page, "gpx_budget_refused_total{budget=\"request\",reason=\"too_large\"}") == 1 &&
+	    sample_of(page, "gpx_budget_refused_total{budget=\"request\",reason=\"busy\"}") == 0,
+	    "and one refusal of each budget, busy or too large, as they came");
+	free(page);
 	uint64_t now_rss = rss();
 	ok_rss(now_rss <= idle + 8 * MIB + 64 * MIB, "gpxd's resident memory: %.1f MiB more than idle",
 	    ((double)now_rss - idle) / MIB);
