@@ -560,6 +560,12 @@ job_finish(struct job *j)
 			free(g);
 		}
 	}
+	/*
+	 * Its budgets are given back before the completion is posted, so that a client refused
+	 * as busy may retry as soon as it hears of a transfer's end (the lists go just after).
+	 */
+	budget_release(j->cq, j->user, j->charged);
+	j->charged = 0;
 	if (post) {
 		cq_post(j->cq, j->tag, status, bytes);
 		atomic_fetch_sub(&j->user->inflight, 1);

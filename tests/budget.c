@@ -5,8 +5,9 @@
  *
  *  - largest: as uid nobody against the default budgets, two page batches of 16,384 pairs x
  *    4,096 one-byte pages in flight (the largest batch the protocol allows) and a vectored copy
- *    of 1,048,576 one-byte segments (the default max_segments): each served, every byte
- *    checked (such a list is copied and checked on the event loop, about 10 ms); gpxd's resident memory, sampled all along, never passes its total budget nor
+ *    of 1,048,576 one-byte segments (the default max_segments, times GPX_TEST_SCALE below 1):
+ *    each served, every byte checked (such a list is copied and checked on the event loop,
+ *    about 10 ms); gpxd's resident memory, sampled all along, never passes its total budget nor
  *    idle + 2 request budgets + 64 MiB, and is back within 64 MiB of idle 1 s after the client
  *    left; a bystander (root) copies 4 KiB all along with a p99 under 10 ms; nothing is held
  *    against the budgets once everything has ended.
@@ -33,7 +34,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include "tests/harness.h"
@@ -56,6 +60,15 @@ struct harness H;
 #define UID_NOBODY 65534
 #define UID_OTHER 65533
 #define MIB (1ull << 20)
+
+/* GPX_TEST_SCALE, a factor below 1 for slow runs (sanitizers), else 1. */
+static double
+test_scale(void)
+{
+	const char *s = getenv("GPX_TEST_SCALE");
+
+	return s != NULL && atof(s) > 0 && atof(s) < 1 ? atof(s) : 1;
+}
 
 /* ---- gpxd seen from outside ---- */
 
@@ -120,6 +133,51 @@ budgets(gpx_conn *c, struct budgets *b)
 		q->status->budget_refused_large };
 	gpx__query_reply__free_unpacked(q, NULL);
 	return 0;
+}
+
+/* The metrics endpoint's page (malloc'ed), from the port gpxd's log announced; NULL if none. */
+static char *
+scrape(void)
+{
+	char line[512], *buf = NULL;
+	unsigned port = 0;
+	FILE *f = fopen(H.log, "re");
+	size_t len = 0, cap = 1 << 20;
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	int s;
+
+	while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+		char *p = strstr(line, "metrics endpoint on http://127.0.0.1:");
+		if (p != NULL)
+			port = (unsigned)atoi(p + strlen("metrics endpoint on http://127.0.0.1:"));
+	}
+	if (f != NULL)
+		fclose(f);
+	sa.sin_port = htons(port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (port == 0 || (s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+		return NULL;
+	if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    write(s, "GET /metrics HTTP/1.0\r\n\r\n", 25) == 25 && (buf = malloc(cap)) != NULL) {
+		ssize_t n;
+		while (len < cap - 1 && (n = read(s, buf + len, cap - 1 - len)) > 0)
+			len += n;
+		buf[len] = '\0';
+	}
+	close(s);
+	return buf;
+}
+
+/* The value of the sample whose name and labels are exactly `key` ("name{labels}"), or -1. */
+static double
+sample_of(const char *page, const char *key)
+{
+	size_t kl = strlen(key);
+
+	for (const char *p = page; p != NULL && *p != '\0'; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (strncmp(p, key, kl) == 0 && p[kl] == ' ')
+			return atof(p + kl + 1);
+	return -1;
 }
 
 /* The most of gpxd's VmRSS seen while sampling runs (every 2 ms). */
@@ -284,7 +342,11 @@ stop(void)
 #define L_PAIRS 16384           /* GPX_PAIRS_MAX */
 #define L_PAGES 4096
 #define L_BLOCKS 16
-#define L_SEGS (1u << 20)       /* the default max_segments */
+/*
+ * The default max_segments, times GPX_TEST_SCALE below 1 (the sanitizer pass: such a list is
+ * copied and checked on the event loop, some 300 ms under ASan).
+ */
+static uint32_t L_SEGS = 1u << 20;
 #define L_REGION (L_BLOCKS * L_PAGES)
 #define L_VECS 1                /* of them in flight at once */
 
@@ -418,8 +480,9 @@ test_largest(void)
 	bool vec_ok = got && res.vec_right;
 	for (int v = 0; v < L_VECS; v++)
 		vec_ok &= res.vec[v] == 0 && res.vec_done[v] == 0 && res.vec_bytes[v] == L_SEGS;
-	ok(vec_ok, "%d vectored cop%s of 1,048,576 one-byte segments in flight %s served, every byte right "
-	    "(%d, %d)", L_VECS, L_VECS > 1 ? "ies" : "y", L_VECS > 1 ? "are" : "is", res.vec[0], res.vec_done[0]);
+	ok(vec_ok, "%d vectored cop%s of %u one-byte segments in flight %s served, every byte right "
+	    "(%d, %d)", L_VECS, L_VECS > 1 ? "ies" : "y", L_SEGS, L_VECS > 1 ? "are" : "is", res.vec[0],
+	    res.vec_done[0]);
 	ok_rss(peak <= b0.total, "gpxd's resident memory stays under its total budget (%.1f MiB at most, idle %.1f)",
 	    peak / (double)MIB, idle / (double)MIB);
 	ok_rss(peak <= idle + 2 * b0.request + 64 * MIB, "and under idle + two request budgets + 64 MiB "
@@ -519,7 +582,7 @@ test_leave(void)
  */
 #define E_PAIRS 4096
 #define E_PAGES 65536
-#define E_CONF "[daemon]\nworkers = 1\n[limits]\nrequest_budget = 2M\nconnection_budget = 4M\n" \
+#define E_CONF "[daemon]\nworkers = 1\nmetrics = 127.0.0.1:0\n[limits]\nrequest_budget = 2M\nconnection_budget = 4M\n" \
 	"uid_budget = 6M\ntotal_budget = 8M\n"
 
 struct fill {
@@ -664,6 +727,24 @@ test_each(void)
 	ok(got2 && r2.large == -GPX_ENOMEM && strstr(r2.large_why, "too large") != NULL &&
 	    strstr(r2.large_why, "request budget") != NULL,
 	    "a request larger than the request budget is refused as too large, naming it (%s)", r2.large_why);
+	/* What the metrics say: the same bytes as the status, by uid, and every refusal by budget. */
+	char *page = scrape();
+	struct budgets bm = { 0 };
+	int qm = budgets(q, &bm);
+	double held = page ? sample_of(page, "gpx_budget_bytes") : -1;
+	double ua = page ? sample_of(page, "gpx_budget_uid_bytes{uid=\"65534\"}") : -1;
+	double ub = page ? sample_of(page, "gpx_budget_uid_bytes{uid=\"65533\"}") : -1;
+	ok(page != NULL && qm == 0 && held == (double)bm.used && ua > 0 && ub > 0 && ua + ub == held &&
+	    sample_of(page, "gpx_budget_limit_bytes{budget=\"total\"}") == 8 * MIB,
+	    "the metrics: %.0f bytes held (the status: %llu), %.0f by nobody and %.0f by uid %d, a total budget of "
+	    "8 MiB", held, (unsigned long long)bm.used, ua, ub, UID_OTHER);
+	ok(page != NULL && sample_of(page, "gpx_budget_refused_total{budget=\"connection\",reason=\"busy\"}") == 1 &&
+	    sample_of(page, "gpx_budget_refused_total{budget=\"uid\",reason=\"busy\"}") == 1 &&
+	    sample_of(page, "gpx_budget_refused_total{budget=\"total\",reason=\"busy\"}") == 1 &&
+	    sample_of(page, "gpx_budget_refused_total{budget=\"request\",reason=\"too_large\"}") == 1 &&
+	    sample_of(page, "gpx_budget_refused_total{budget=\"request\",reason=\"busy\"}") == 0,
+	    "and one refusal of each budget, busy or too large, as they came");
+	free(page);
 	uint64_t now_rss = rss();
 	ok_rss(now_rss <= idle + 8 * MIB + 64 * MIB, "gpxd's resident memory: %.1f MiB more than idle",
 	    ((double)now_rss - idle) / MIB);
@@ -731,8 +812,7 @@ out:
 static void
 test_many(void)
 {
-	const char *s = getenv("GPX_TEST_SCALE");
-	double scale = s != NULL && atof(s) > 0 && atof(s) < 1 ? atof(s) : 1;
+	double scale = test_scale();
 	int n = (int)(256 * scale) < 8 ? 8 : (int)(256 * scale);
 	struct many_res res;
 	struct child ch;
@@ -770,6 +850,8 @@ test_many(void)
 int
 main(int argc, char **argv)
 {
+	L_SEGS = (uint32_t)(L_SEGS * test_scale());
+	L_SEGS = L_SEGS < L_REGION ? L_REGION : L_SEGS;     /* every byte of the region, at least */
 	if (geteuid() != 0) {
 		printf("1..0 # SKIP running clients as other uids needs root\n");
 		return 0;
