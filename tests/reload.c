@@ -75,7 +75,9 @@ copier_main(void *arg)
 			/* one copy of a random span, 1 byte to 4 MiB: up to 64 chunks of 64K */
 			uint64_t len = 1 + rnd(&seed) % BUF_LEN;
 			uint64_t so = rnd(&seed) % (BUF_LEN - len + 1), dof = rnd(&seed) % (BUF_LEN - len + 1);
-			fill_random(s.p + so, len, &seed);
+			/* fill_random writes words: from the word the span starts in */
+			uint64_t a = so & ~(uint64_t)7, b = (so + len + 7) & ~(uint64_t)7;
+			fill_random(s.p + a, (b < BUF_LEN ? b : BUF_LEN) - a, &seed);
 			r = gpx_copy_sync(c, s.r, so, d.r, dof, len);
 			if (r == 0 && memcmp(s.p + so, d.p + dof, len) != 0)
 				w->wrong++;
