@@ -301,11 +301,13 @@ gpx_copy_sync(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uin
 	struct gpx_completion done;
 	int r;
 
+	/* A refusal's reason lands in last_error; a failure without one reads as its code. */
+	c->last_error[0] = '\0';
 	if ((r = gpx_copy(c, src, src_off, dst, dst_off, len, tag)) < 0)
 		return r;
 	if ((r = gpx_wait_tag(c, tag, &done, -1)) < 0)
 		return r;
-	if (done.status < 0)
-		client_error(c, -done.status, c->last_error[0] ? c->last_error : NULL);
+	if (done.status < 0 && c->last_error[0] == '\0')
+		client_error(c, -done.status, NULL);
 	return done.status;
 }

@@ -133,6 +133,8 @@ int gpx_import(gpx_conn *c, const char *name, gpx_region *out, uint64_t *length)
  * "NODE:name" on another node yields an ordinary region of kind remote: gpx_copy to or from it
  * moves the bytes over the fabric, completes as any copy does, and notifies the owner if it
  * asked.  Either side may be host or GPU memory (gpxd.conf(5) says how GPU memory moves).
+ * One side only: a copy between two remote regions (of one node or two) fails with
+ * GPX_ENOTSUP and gpx_last_error says so; copy through a region of this node instead.
  * The importer may name the node by the address its daemon listens on instead,
  * "@HOST:PORT/name" or "@[IPV6]:PORT/name" (gpxd.conf(5): dial_on_demand).
  */

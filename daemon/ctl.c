@@ -48,6 +48,22 @@ q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
 	s->trust_legacy = cfg->trust_legacy_ipc;
 	s->config = cfg->path ? cfg->path : (char *)"(defaults)";
 	s->fabric = fabric != NULL ? (char *)fabric->status() : (char *)"off";
+	struct gpu_cache gc;
+	gpu_cache_stats(&gc);
+	s->cache_ipc = gc.ipc;
+	s->cache_pool = gc.pool;
+	s->cache_vmm = gc.vmm;
+	s->cache_opens = gc.opens;
+	s->cache_hits = gc.hits;
+	s->budget_used = budget_used();
+	s->budget_total = cfg->budget_total;
+	s->budget_uid = cfg->budget_uid;
+	s->budget_connection = cfg->budget_connection;
+	s->budget_request = cfg->budget_request;
+	for (int b = 0; b < NBUDGETS; b++) {
+		s->budget_refused_busy += budget_refused(b, true);
+		s->budget_refused_large += budget_refused(b, false);
+	}
 	for (int p = 0; p < NPATHS; p++) {
 		uint64_t x, b, e;
 		engine_path_stats(p, &x, &b, &e);

@@ -358,14 +358,27 @@ const struct mem_ops mem_cuda_pool_ops = {
 	.name = "cuda-pool", .open = cuda_open, .close = cuda_close, .try_open = cuda_try_open,
 };
 
-/* Driver opens (of this cache and of vmm.c), and registrations served from what is held. */
-uint64_t
-gpu_cache_stats(uint64_t *hits)
+/*
+ * What this cache and vmm.c's hold, their driver opens, and the registrations served from what
+ * was held.  Loop thread (gpxctl status).
+ */
+void
+gpu_cache_stats(struct gpu_cache *s)
 {
-	uint64_t vhits, vopens = vmm_stats(&vhits);
+	const struct gmap *m;
+	uint64_t vhits;
 
-	*hits = atomic_load(&gmap_hits) + vhits;
-	return atomic_load(&gmap_opens) + vopens;
+	memset(s, 0, sizeof(*s));
+	pthread_mutex_lock(&gmap_lock);
+	TAILQ_FOREACH(m, &gmaps, entry) {
+		if (m->kind == GPX__MEM_KIND__MEM_CUDA_IPC)
+			s->ipc++;
+		else
+			s->pool++;
+	}
+	pthread_mutex_unlock(&gmap_lock);
+	s->opens = atomic_load(&gmap_opens) + vmm_stats(&vhits, &s->vmm);
+	s->hits = atomic_load(&gmap_hits) + vhits;
 }
 
 /* Where an IPC region lies in GPU dev's context, or 0 where it could not be opened there. */

@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "gpxd.h"
 
@@ -27,7 +28,7 @@ void gpu_topo_free(Gpx__QueryReply *q) { (void)q; }
 const char *gpu_pci(int dev) { (void)dev; return NULL; }
 void gpu_host_register(struct region *r) { (void)r; }
 void gpu_host_unpin(void *map) { (void)map; }
-uint64_t gpu_cache_stats(uint64_t *hits) { *hits = 0; return 0; }
+void gpu_cache_stats(struct gpu_cache *s) { memset(s, 0, sizeof(*s)); }
 bool gpu_released(struct region *r) { (void)r; return true; }
 struct gpx_wire_page *gpu_pages_alloc(const struct jpair *s, uint32_t np, uint64_t ps, uint32_t n,
     int *dev)
@@ -41,6 +42,6 @@ int vmm_import(uint64_t o, int d, uint64_t res, uint64_t rs, const struct gpx_wi
     char *err, size_t errlen)
 { (void)o; (void)d; (void)res; (void)rs; (void)p; (void)fds; (void)n; snprintf(err, errlen, "no GPU support"); return -GPX__STATUS__ENOTSUP; }
 void vmm_sweep(uint64_t owner) { (void)owner; }
-uint64_t vmm_stats(uint64_t *hits) { *hits = 0; return 0; }
+uint64_t vmm_stats(uint64_t *hits, uint32_t *pieces) { *hits = 0; *pieces = 0; return 0; }
 int gpu_dev_by_uuid(const uint8_t uuid[16]) { (void)uuid; return -1; }
 void gpu_on_idle(void (*fn)(void)) { (void)fn; }

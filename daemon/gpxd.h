@@ -113,6 +113,11 @@ struct conf {
 	uint64_t max_region_bytes_per_uid;
 	uint32_t max_exports_per_uid;
 	uint32_t max_inflight_per_uid;
+	/* budgets: bytes of gpxd's memory that clients' transfers may hold (user.c) */
+	uint64_t budget_request;
+	uint64_t budget_connection;
+	uint64_t budget_uid;
+	uint64_t budget_total;
 	/* daemon-wide limits on connections (conn.c, levent.c) */
 	uint32_t hello_max;          /* connections not yet past Hello */
 	uint32_t reserved_fds;       /* descriptors held back for root and the admin group */
@@ -225,6 +230,7 @@ struct user {
 	uint64_t region_bytes;
 	uint32_t exports;
 	atomic_uint inflight;
+	atomic_uint_fast64_t charged;   /* bytes of its budget its transfers hold */
 	struct logrl log;            /* its share of the log (log.c) */
 	struct uqueue *uq;           /* its queues, one per path (engine.c, engine lock) */
 	TAILQ_ENTRY(user) entry;
@@ -245,6 +251,30 @@ void user_log_tick(bool final);
 void user_visit(void (*fn)(struct user *, void *), void *arg);
 /* The uid with the most connections not yet past Hello, or NULL if none has any. */
 struct user *user_most_hello(void);
+/*
+ * Budgets.  Every allocation a transfer makes in gpxd (its job, pairs, segment or page list,
+ * the scratch of a batch) is charged before it is made against the request's budget, its
+ * connection's (cq->charged), its uid's (user->charged) and the daemon's total; it is given
+ * back when the job is freed.  Charging is the loop thread's; giving back, any thread's.
+ */
+enum budget_scope { BUDGET_REQUEST, BUDGET_CONNECTION, BUDGET_UID, BUDGET_TOTAL, NBUDGETS };
+struct cq;
+struct charge {
+	struct cq *cq;
+	struct user *user;
+	uint64_t bytes;              /* charged so far for the request */
+};
+/*
+ * Charges bytes more to the request; 0, or (the bytes not charged) a refusal naming the budget:
+ * -GPX__STATUS__EBUSY when it would fit once transfers in flight end, -GPX__STATUS__ENOMEM
+ * when it never fits.  What a refused request had charged is the caller's to give back.
+ */
+int budget_charge(struct charge *, uint64_t bytes, char *err, size_t errlen);
+void budget_release(struct cq *, struct user *, uint64_t bytes);
+const char *budget_name(enum budget_scope);
+uint64_t budget_limit(enum budget_scope);
+uint64_t budget_used(void);              /* the daemon's total */
+uint64_t budget_refused(enum budget_scope, bool busy);
 
 /* ---- mem-*.c: memory kinds behind one interface ---- */
 #define DEV_HOST (-1)
@@ -354,6 +384,7 @@ struct cq {
 	const char *broken_why;      /* how (a string constant) */
 	uint64_t client;
 	struct user *user;
+	atomic_uint_fast64_t charged;   /* bytes of the connection's budget its transfers hold */
 	/* per-client counters, read by gpxctl */
 	atomic_uint_fast64_t bytes, transfers, errors;
 	struct equeue eq[NPATHS];  /* engine lock */
@@ -406,8 +437,11 @@ struct job {
 	struct gpx_wire_seg *segs;   /* NULL for a page job: */
 	struct gpx_wire_page *pages; /* item i is page pages[i % npages] of pair i / npages
 	                              * (gpu_pages_alloc: the pairs' addresses follow the list) */
+	struct gpx_wire_page *plist; /* or a private page list read in place (host path), item i
+	                              * as in pages; then segs is NULL too */
 	uint32_t npages;
 	uint64_t page_size;
+	uint64_t charged;            /* bytes of the budgets it holds (user.c) */
 	uint64_t *blocks;            /* blocks[k]: bytes of the segments before (k + 1) * SEG_BLOCK
 	                              * (of all, for the last block): chunking in O(log n) */
 	uint32_t nseg;               /* segments, or items (pairs x pages) of a page job */
@@ -425,6 +459,9 @@ struct job {
 	double t_build;              /* when xfer_build began (with debug logging only) */
 	double t_submit;
 	double t_start;              /* when a worker took its first chunk */
+	double t_recv;               /* stage clocks: when the loop last read a client's message */
+	double t_launched;           /* GPU paths: when its first chunk was queued on a stream */
+	double t_gpu_start;          /* when the GPU reached it (GPXD_STAGE_CLOCKS=1 only) */
 	void *priv;                  /* back end state */
 };
 
@@ -465,6 +502,18 @@ void engine_chunk_done(struct chunk *, bool ok);
 void engine_free_job(struct job *);
 void engine_path_stats(enum path_kind, uint64_t *xfers, uint64_t *bytes, uint64_t *errors);
 const char *engine_path_name(enum path_kind);
+/*
+ * Where a transfer's time goes, summed over every finished job (a few clock reads and atomic
+ * adds each): received -> checked -> taken by a worker -> first chunk launched -> GPU started
+ * -> last byte done -> completion written and doorbell rung.  Without GPXD_STAGE_CLOCKS=1 the
+ * GPU's start is not marked, and STAGE_COPY runs from the launch (on the host path, from the
+ * worker's taking the job).
+ */
+enum engine_stage { STAGE_CHECK, STAGE_QUEUE, STAGE_LAUNCH, STAGE_GPU_WAIT, STAGE_COPY, STAGE_POST, NSTAGES };
+#define STAGE_BUCKETS 14
+extern const double engine_stage_bounds[STAGE_BUCKETS];
+const char *engine_stage_name(enum engine_stage);
+void engine_stage_stats(enum engine_stage, uint64_t *count, double *seconds, uint64_t buckets[STAGE_BUCKETS + 1]);
 
 /* ---- conn.c: connections, the Hello state machine and the message dispatcher ---- */
 enum conn_state { CONN_HELLO, CONN_READY, CONN_DRAINING, CONN_DEAD };
@@ -611,7 +660,14 @@ void gpu_topo(Gpx__QueryReply *);
 void gpu_topo_free(Gpx__QueryReply *);
 const char *gpu_pci(int dev);                /* its PCI bus id, NULL for none */
 void gpu_host_register(struct region *);     /* pins a host mapping for DMA, best effort */
-uint64_t gpu_cache_stats(uint64_t *hits);  /* driver opens, and registrations served cached */
+/* The node's cache of opened GPU handles (gpu-map.c, vmm.c), for gpxctl status. */
+struct gpu_cache {
+	uint32_t ipc, pool;      /* allocations held open: legacy IPC (node-wide), pool */
+	uint32_t vmm;            /* VMM pieces held (per connection) */
+	uint64_t opens;          /* driver opens and imports */
+	uint64_t hits;           /* registrations served from what was held, no driver call */
+};
+void gpu_cache_stats(struct gpu_cache *s);
 bool gpu_released(struct region *r);        /* the driver has let go of r's memory */
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen);  /* cheap type check before any driver call */
 int gpu_dev_by_uuid(const uint8_t uuid[16]);            /* -1: no such GPU here */
@@ -631,7 +687,7 @@ int vmm_bind(struct region *r, uint32_t *missing, uint32_t *nmissing, char *err,
 int vmm_import(uint64_t owner, int dev, uint64_t res, uint64_t res_size, const struct gpx_wire_piece *pc,
     const int *fds, uint32_t n, char *err, size_t errlen);
 void vmm_sweep(uint64_t owner);
-uint64_t vmm_stats(uint64_t *hits);
+uint64_t vmm_stats(uint64_t *hits, uint32_t *pieces);    /* imports; hits and pieces held */
 void gpu_host_unpin(void *map);         /* undoes gpu_host_register; may block */
 void gpu_shutdown(void);
 

@@ -8,7 +8,13 @@
  * copy workers, the kernels, page lists and exports see one device address.
  *
  * Pieces are named by the driver's memory block id, unique within the client's process, and
- * held per connection (a VMM fd names nothing node-wide: whoever holds it may map it).  A
+ * held per connection (a VMM fd names nothing node-wide: whoever holds it may map it).  They
+ * are not shared with other connections: a connection may reach a mapping only by presenting
+ * a handle of that allocation itself, and an exported fd tells nothing of its allocation
+ * before it is imported (fstat shows /dev/nvidiactl for every export; the driver does not
+ * promise one handle for two imports of one allocation; tests/gpu/vmm-probe looks), while the
+ * block id and the addresses are the client's word, which another client could repeat.  A
+
  * Register lists the pieces under its range: when all are held it is answered on the loop
  * thread without a driver call; otherwise the client is told which are missing, sends them
  * (Pieces: an import and a map each, on a task thread) and asks again.  A piece lives while a
@@ -39,6 +45,7 @@ struct vpiece {
 	uint64_t handle;             /* the imported allocation */
 	int refs;                    /* regions bound to it */
 	bool dying;                  /* let go; mapped until a task thread unmaps it */
+	bool fresh;                  /* imported, not yet bound: its first registration is no hit */
 	struct vmirror *m;
 };
 
@@ -278,15 +285,19 @@ vmm_bind(struct region *r, uint32_t *missing, uint32_t *nmissing, char *err, siz
 		return -GPX__STATUS__ENOMEM;
 	}
 	b->n = r->npieces;
+	bool fresh = false;
 	for (uint32_t i = 0; i < r->npieces; i++) {
 		b->p[i] = piece_find(m, &r->pieces[i]);
 		m->loose -= b->p[i]->refs++ == 0;
+		fresh |= b->p[i]->fresh;
+		b->p[i]->fresh = false;
 	}
 	r->priv = b;
 	r->dev = dev;
 	r->dptr = m->va + r->offset;
 	pthread_mutex_unlock(&vmm_lock);
-	atomic_fetch_add(&n_hits, 1);
+	if (!fresh)
+		atomic_fetch_add(&n_hits, 1);
 	return 0;
 }
 
@@ -358,6 +369,7 @@ vmm_import(uint64_t owner, int dev, uint64_t res, uint64_t res_size, const struc
 		p->id = pc[i].id;
 		p->off = pc[i].offset;
 		p->size = pc[i].size;
+		p->fresh = true;
 		if ((e = cuda_vmm_import(dev, fds[i], &p->handle)) < 0) {
 			snprintf(err, errlen, "piece %u: the driver refused the VMM fd (stale, or of another device)", i);
 		} else if ((e = cuda_vmm_map(m->va + p->off, p->size, p->handle, gpu_access_mask(dev))) < 0) {
@@ -469,10 +481,18 @@ const struct mem_ops mem_cuda_vmm_ops = {
 	.name = "cuda-vmm", .open = vmm_open, .close = vmm_close, .try_open = vmm_try_open,
 };
 
-/* Pieces imported, and registrations answered from pieces held. */
+/* Pieces imported; registrations answered from pieces held, and the pieces held now. */
 uint64_t
-vmm_stats(uint64_t *hits)
+vmm_stats(uint64_t *hits, uint32_t *pieces)
 {
+	const struct vmirror *m;
+	uint32_t n = 0;
+
+	pthread_mutex_lock(&vmm_lock);
+	TAILQ_FOREACH(m, &mirrors, entry)
+		n += m->n;
+	pthread_mutex_unlock(&vmm_lock);
+	*pieces = n;
 	*hits = atomic_load(&n_hits);
 	return atomic_load(&n_imports);
 }

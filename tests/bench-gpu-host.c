@@ -3,13 +3,19 @@
  * a GPU, and what registering a GPU buffer with gpxd costs.
  *
  *   gpu-host     pinned host <-> GPU0, >= 64 MiB
- *   gpu-register registering a buffer: the first time (driver import) and again (cached)
+ *   gpu-register registering a buffer: the driver's own open of the same kind of handle, gpx's
+ *                first registration, again on the same connection, and on a second one
  */
 #include "config.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <cuda.h>
 
 #include "tests/bench.h"
@@ -55,44 +61,325 @@ mode_host(struct bench_ctx *b)
 	return 0;
 }
 
+/* ---- gpu-register ---- */
+
+/*
+ * What registration costs, against what opening the same kind of handle costs a process that
+ * does it itself, all measured in this run.  The handles come from another process (the driver
+ * opens no IPC handle of the process's own): this program run again with GPX_BENCH_REG_EXPORTER
+ * naming a socket, which allocates REG_N buffers of each kind on GPU0 and sends a legacy IPC
+ * handle or a VMM fd for each, and keeps them until the socket closes.
+ */
+#define REG_N 100
+#define REG_LEN (2u << 20)
+
+struct reg_msg {
+	char kind;               /* 'I' legacy IPC handle, 'V' VMM fd (with SCM_RIGHTS) */
+	uint64_t size;
+	CUipcMemHandle ipc;
+};
+
+static int
+reg_send(int s, const struct reg_msg *m, int fd)
+{
+	char cbuf[CMSG_SPACE(sizeof(int))] = { 0 };
+	struct iovec iov = { (void *)m, sizeof(*m) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	if (fd >= 0) {
+		mh.msg_control = cbuf;
+		mh.msg_controllen = sizeof(cbuf);
+		struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	}
+	return sendmsg(s, &mh, MSG_NOSIGNAL) == (ssize_t)sizeof(*m) ? 0 : -1;
+}
+
+static int
+reg_recv(int s, struct reg_msg *m, int *fd)
+{
+	char cbuf[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { m, sizeof(*m) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf) };
+	struct cmsghdr *c;
+
+	*fd = -1;
+	if (recvmsg(s, &mh, MSG_CMSG_CLOEXEC) != (ssize_t)sizeof(*m))
+		return -1;
+	if ((c = CMSG_FIRSTHDR(&mh)) != NULL && c->cmsg_type == SCM_RIGHTS)
+		memcpy(fd, CMSG_DATA(c), sizeof(int));
+	return 0;
+}
+
+/* The exporter: runs before main when this program is started as one, and never returns. */
+__attribute__((constructor)) static void
+reg_exporter(void)
+{
+	const char *env = getenv("GPX_BENCH_REG_EXPORTER");
+	CUmemAllocationProp prop = {
+		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+		.location = { CU_MEM_LOCATION_TYPE_DEVICE, 0 },
+		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+	};
+	CUcontext c;
+	CUdevice d;
+	char x;
+
+	if (env == NULL)
+		return;
+	int s = atoi(env);
+	if (!CK(cuInit(0)) || !CK(cuDeviceGet(&d, 0)) || !CK(cuDevicePrimaryCtxRetain(&c, d)) ||
+	    !CK(cuCtxSetCurrent(c)))
+		_exit(2);
+	for (int i = 0; i < REG_N; i++) {
+		struct reg_msg m = { .kind = 'I', .size = REG_LEN };
+		CUdeviceptr p;
+		CUmemGenericAllocationHandle h;
+		int fd;
+		if (!CK(cuMemAlloc(&p, REG_LEN)) || !CK(cuIpcGetMemHandle(&m.ipc, p)) || reg_send(s, &m, -1) < 0)
+			_exit(3);
+		m.kind = 'V';
+		if (!CK(cuMemCreate(&h, REG_LEN, &prop, 0)) ||
+		    !CK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) ||
+		    reg_send(s, &m, fd) < 0)
+			_exit(4);
+		close(fd);
+	}
+	while (read(s, &x, 1) > 0)
+		;
+	_exit(0);
+}
+
+static double
+pct(double *v, int n, int p)
+{
+	qsort(v, n, sizeof(double), bench_cmp_double);
+	return v[(n - 1) * p / 100];
+}
+
+/*
+ * The driver's own cost, in this process: cuIpcOpenMemHandle of another process's handle, and
+ * a VMM import as gpxd does it (import, reserve, map, access for every GPU).  0 or -1.
+ */
+static int
+reg_direct(double *ipc_us, double *vmm_us)
+{
+	int sv[2], ndev = bench_gpu_count();
+	char env[32], self[PATH_MAX];
+	ssize_t sl;
+	pid_t pid;
+	int bad = 0;
+
+	if ((sl = readlink("/proc/self/exe", self, sizeof(self) - 1)) < 0 ||
+	    socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+		return -1;
+	self[sl] = '\0';
+	/* Set up before the fork: between fork and exec the child only execs (no malloc). */
+	int cfd = dup(sv[1]);                 /* the child's end, without close-on-exec */
+	snprintf(env, sizeof(env), "%d", cfd);
+	setenv("GPX_BENCH_REG_EXPORTER", env, 1);
+	fflush(NULL);
+	if ((pid = fork()) == 0) {
+		execl(self, self, (char *)NULL);
+		_exit(127);
+	}
+	unsetenv("GPX_BENCH_REG_EXPORTER");
+	close(cfd);
+	close(sv[1]);
+	if (pid < 0 || cfd < 0) {
+		close(sv[0]);
+		if (pid > 0)
+			waitpid(pid, NULL, 0);
+		return -1;
+	}
+	CUmemAccessDesc acc[BENCH_GPUS];
+	for (int i = 0; i < ndev; i++)
+		acc[i] = (CUmemAccessDesc){ { CU_MEM_LOCATION_TYPE_DEVICE, i }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+	cuCtxSetCurrent(bench_gpu_ctx(0));
+	int ni = 0, nv = 0;
+	for (int k = 0; k < 2 * REG_N && !bad; k++) {
+		struct reg_msg m;
+		int fd;
+		if (reg_recv(sv[0], &m, &fd) < 0) {
+			fprintf(stderr, "gpx-bench-gpu: the exporting process stopped after %d handles\n", k);
+			bad = 1;
+			break;
+		}
+		if (m.kind == 'I') {
+			CUdeviceptr p;
+			double t0 = bench_now();
+			bad = !CK(cuIpcOpenMemHandle(&p, m.ipc, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+			ipc_us[ni++] = (bench_now() - t0) * 1e6;
+			if (!bad)
+				cuIpcCloseMemHandle(p);
+		} else {
+			CUmemGenericAllocationHandle h;
+			CUdeviceptr va = 0;
+			double t0 = bench_now();
+			bad = !CK(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
+			    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) ||
+			    !CK(cuMemAddressReserve(&va, m.size, 0, 0, 0)) || !CK(cuMemMap(va, m.size, 0, h, 0)) ||
+			    !CK(cuMemSetAccess(va, m.size, acc, ndev));
+			vmm_us[nv++] = (bench_now() - t0) * 1e6;
+			if (!bad) {
+				cuMemUnmap(va, m.size);
+				cuMemAddressFree(va, m.size);
+				cuMemRelease(h);
+			}
+			close(fd);
+		}
+	}
+	close(sv[0]);
+	waitpid(pid, NULL, 0);
+	return bad || ni != REG_N || nv != REG_N ? -1 : 0;
+}
+
+/* A 2 MiB buffer on GPU0: cuMemCreate memory exportable as a POSIX fd, or cuMemAlloc memory. */
+static int
+reg_alloc(bool vmm, struct gbuf *g)
+{
+	CUmemAllocationProp prop = {
+		.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+		.location = { CU_MEM_LOCATION_TYPE_DEVICE, 0 },
+		.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+	};
+	CUmemAccessDesc a = { { CU_MEM_LOCATION_TYPE_DEVICE, 0 }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+
+	memset(g, 0, sizeof(*g));
+	g->len = REG_LEN;
+	cuCtxSetCurrent(bench_gpu_ctx(0));
+	if (!vmm)
+		return CK(cuMemAlloc(&g->d, g->len)) ? 0 : -1;
+	return CK(cuMemCreate(&g->h, g->len, &prop, 0)) && CK(cuMemAddressReserve(&g->d, g->len, 0, 0, 0)) &&
+	    CK(cuMemMap(g->d, g->len, 0, g->h, 0)) && CK(cuMemSetAccess(g->d, g->len, &a, 1)) ? 0 : -1;
+}
+
+/*
+ * gpx's cost for REG_N buffers of one kind: the first registration, the same buffer again on
+ * the same connection, and on a second connection.  1 when gpxd refuses the kind's first
+ * registration (legacy handles on a node that does not trust them), after saying why in why.
+ */
+static int
+reg_gpx(struct bench_ctx *b, gpx_conn *c2, bool vmm, double *first, double *again, double *other,
+    char *why, size_t whylen)
+{
+	for (int i = 0; i < REG_N; i++) {
+		struct gbuf g;
+		gpx_region r1, r2, r3;
+		int r;
+		if (reg_alloc(vmm, &g) < 0)
+			return -1;
+		double t0 = bench_now();
+		if ((r = gpx_register_cuda(b->conn, (void *)g.d, g.len, 0, &r1)) < 0) {
+			gbuf_release(&g);
+			if (!vmm && i == 0) {            /* e.g. EACCES: the node does not trust them */
+				snprintf(why, whylen, "%s", gpx_last_error(b->conn));
+				return 1;
+			}
+			return bench_fail(b, r, "gpx_register_cuda");
+		}
+		double t1 = bench_now();
+		if ((r = gpx_register_cuda(b->conn, (void *)g.d, g.len, 0, &r2)) < 0)
+			return bench_fail(b, r, "gpx_register_cuda (again)");
+		double t2 = bench_now();
+		if ((r = gpx_register_cuda(c2, (void *)g.d, g.len, 0, &r3)) < 0)
+			return bench_fail(b, r, "gpx_register_cuda (second connection)");
+		double t3 = bench_now();
+		gpx_deregister(c2, r3);
+		gpx_deregister(b->conn, r2);
+		gpx_deregister(b->conn, r1);
+		gbuf_release(&g);
+		first[i] = (t1 - t0) * 1e6;
+		again[i] = (t2 - t1) * 1e6;
+		other[i] = (t3 - t2) * 1e6;
+	}
+	return 0;
+}
+
+/* The registration line of tests/results/TARGETS.md, if the source tree holds one. */
+static bool
+reg_target(char *line, size_t len)
+{
+	const char *src = getenv("GPX_SRCDIR");
+	char path[PATH_MAX];
+	FILE *f = NULL;
+
+	if (src != NULL) {
+		snprintf(path, sizeof(path), "%s/tests/results/TARGETS.md", src);
+		f = fopen(path, "re");
+	}
+	if (f == NULL)
+		f = fopen("tests/results/TARGETS.md", "re");
+	if (f == NULL)
+		return false;
+	bool found = false;
+	while (!found && fgets(line, (int)len, f) != NULL)
+		found = strcasestr(line, "regist") != NULL;
+	fclose(f);
+	if (found)
+		line[strcspn(line, "\n")] = '\0';
+	return found;
+}
+
 static int
 mode_register(struct bench_ctx *b)
 {
 	int r = bench_gpu_setup(b, "gpu-register", 1);
-	enum { N = 200 };
-	double first[N], again[N];
+	static double dipc[REG_N], dvmm[REG_N], first[REG_N], again[REG_N], other[REG_N];
+	char why[256] = "", target[256], note[768];
+	gpx_conn *c2;
 
 	if (r)
 		return r;
-	for (int i = 0; i < N; i++) {
-		struct gbuf g;
-		gpx_region r2;
-		if (gbuf_alloc(0, 2 << 20, &g) < 0)
-			return -1;
-		double t0 = bench_now();
-		if ((r = gpx_register_cuda(b->conn, (void *)g.d, g.len, 0, &g.region)) < 0)
-			return bench_fail(b, r, "gpx_register_cuda");
-		double t1 = bench_now();
-		if ((r = gpx_register_cuda(b->conn, (void *)g.d, g.len, 0, &r2)) < 0)
-			return bench_fail(b, r, "gpx_register_cuda");
-		double t2 = bench_now();
-		gpx_deregister(b->conn, r2);
-		gbuf_free(b, &g);
-		first[i] = (t1 - t0) * 1e6;
-		again[i] = (t2 - t1) * 1e6;
+	if (reg_direct(dipc, dvmm) < 0) {
+		fprintf(stderr, "gpx-bench-gpu: gpu-register: the direct opens failed\n");
+		return -1;
 	}
-	qsort(first, N, sizeof(double), bench_cmp_double);
-	qsort(again, N, sizeof(double), bench_cmp_double);
-	bench_table_begin(b, "gpu-register", "registering a 2 MiB VMM buffer: first time vs already held by gpxd");
-	bench_gpu_row(b, "first (export + daemon import and map), p50", "us", NAN, first[N / 2], true, 0);
-	bench_gpu_row(b, "again (served from the mapping cache), p50", "us", NAN, again[N / 2], true, 0);
-	bench_gpu_row(b, "again, p99", "us", NAN, again[N * 99 / 100], true, 0);
-	bench_table_end(b, "anchor: cuIpcOpenMemHandle 120 us, VMM import+map 131 us; DESIGN target cached <= 10 us");
+	if ((r = gpx_connect(b->socket, "gpx-bench-register-2", &c2)) < 0)
+		return bench_fail(b, r, "gpx_connect (second connection)");
+	bench_table_begin(b, "gpu-register", "registering a 2 MiB buffer of another connection's memory kind: "
+	    "the driver's own open (direct) vs gpx");
+	if ((r = reg_gpx(b, c2, false, first, again, other, why, sizeof(why))) < 0) {
+		gpx_close(c2);
+		return -1;
+	}
+	double ipc50 = pct(dipc, REG_N, 50), ipc99 = pct(dipc, REG_N, 99);
+	if (r == 0) {
+		bench_gpu_row(b, "legacy IPC, first registration", "us p50", ipc50, pct(first, REG_N, 50), true, 0);
+		bench_gpu_row(b, "legacy IPC, first registration", "us p99", ipc99, pct(first, REG_N, 99), true, 0);
+		bench_gpu_row(b, "legacy IPC, 2nd connection (held)", "us p50", ipc50, pct(other, REG_N, 50), true, 0);
+		bench_gpu_row(b, "legacy IPC, 2nd connection (held)", "us p99", ipc99, pct(other, REG_N, 99), true, 0);
+	} else {
+		bench_gpu_row(b, "cuIpcOpenMemHandle (gpx: refused)", "us p50", ipc50, NAN, true, 0);
+		fprintf(b->json ? stderr : stdout, "  (legacy handles not measured: %s)\n", why);
+	}
+	if (reg_gpx(b, c2, true, first, again, other, why, sizeof(why)) < 0) {
+		gpx_close(c2);
+		return -1;
+	}
+	double v50 = pct(dvmm, REG_N, 50), v99 = pct(dvmm, REG_N, 99);
+	bench_gpu_row(b, "VMM, first registration", "us p50", v50, pct(first, REG_N, 50), true, 0);
+	bench_gpu_row(b, "VMM, first registration", "us p99", v99, pct(first, REG_N, 99), true, 0);
+	bench_gpu_row(b, "VMM, same connection again (held)", "us p50", v50, pct(again, REG_N, 50), true, 0);
+	bench_gpu_row(b, "VMM, same connection again (held)", "us p99", v99, pct(again, REG_N, 99), true, 0);
+	bench_gpu_row(b, "VMM, 2nd connection (imported anew)", "us p50", v50, pct(other, REG_N, 50), true, 0);
+	bench_gpu_row(b, "VMM, 2nd connection (imported anew)", "us p99", v99, pct(other, REG_N, 99), true, 0);
+	gpx_close(c2);
+	bool has_target = reg_target(target, sizeof(target));
+	snprintf(note, sizeof(note), "direct: cuIpcOpenMemHandle, and cuMemImportFromShareableHandle + "
+	    "cuMemAddressReserve + cuMemMap + cuMemSetAccess, of another process's handles, in this "
+	    "process; gpx: gpx_register_cuda of this process's buffers, %d of each; %s%s", REG_N,
+	    has_target ? "target (tests/results/TARGETS.md): " : "no registration target in "
+	    "tests/results/TARGETS.md", has_target ? target : "");
+	bench_table_end(b, note);
 	return 0;
 }
 
 static const struct bench_mode host_modes[] = {
 	{ "gpu-host", "pinned host <-> GPU copies >= 64 MiB", mode_host },
-	{ "gpu-register", "registration cost, first and cached", mode_register },
+	{ "gpu-register", "registration cost against the driver's own open, first and held", mode_register },
 };
 BENCH_MODES(host_modes)

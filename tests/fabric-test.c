@@ -397,6 +397,19 @@ main(int argc, char **argv)
 	ok(e == 0, "a read-only export open to nodeb: imported");
 	ok(e == 0 && gpx_copy_sync(cb, rb, 0, rro, 0, 64) == -GPX_EACCES, "writing into it: EACCES");
 	ok(e == 0 && gpx_copy_sync(cb, rro, 0, rb, 0, 4096) == 0 && memcmp(pa, pb, 4096) == 0, "reading from it works");
+	/* Two regions of another node: refused before a byte moves, with the reason. */
+	if (e == 0) {
+		char want[4096];
+		memcpy(want, pa, sizeof(want));
+		e = gpx_copy_sync(cb, rro, 4096, rkv, 0, 4096);
+		ok(e == -GPX_ENOTSUP && strstr(gpx_last_error(cb), "both regions are on other nodes (nodea and "
+		    "nodea)") != NULL && strstr(gpx_last_error(cb), "copy into a region of this node") != NULL,
+		    "a copy between two remote regions: ENOTSUP, saying why (%s: %s)", gpx_strerror(e),
+		    gpx_last_error(cb));
+		ok(memcmp(pa, want, sizeof(want)) == 0 && memcmp(pa, (char *)pa + 4096, 4096) != 0,
+		    "... and nothing was written");
+		e = 0;
+	}
 
 	/* Many large copies at once: B's chunks in flight stay below what A may leave unread. */
 	{

@@ -268,6 +268,11 @@ status_read(int sock, struct harness_status *st)
 		st->regions = (int)s->regions;
 		st->exports = (int)s->exports;
 		st->inflight = (int)s->inflight;
+		st->cache_ipc = s->cache_ipc;
+		st->cache_pool = s->cache_pool;
+		st->cache_vmm = s->cache_vmm;
+		st->cache_opens = s->cache_opens;
+		st->cache_hits = s->cache_hits;
 		r = 0;
 	}
 	if (d != NULL)

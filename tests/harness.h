@@ -94,6 +94,9 @@ struct harness_status {
 	int regions;
 	int exports;
 	int inflight;
+	/* the handle cache: allocations held open (legacy IPC, pool), VMM pieces, opens, hits */
+	unsigned cache_ipc, cache_pool, cache_vmm;
+	unsigned long long cache_opens, cache_hits;
 };
 /* Asks for the daemon's status on a fresh query-only connection; 0 or -1. */
 int harness_status(const struct harness *h, struct harness_status *st);

@@ -189,7 +189,7 @@ main(int argc, char **argv)
 		usleep(10000);
 	ok(n == clients0, "no client left connected (%d besides the asking one)", n - clients0);
 	/* Regions, exports and transfers in flight, from the daemon's own status. */
-	struct harness_status st = { -1, -1, -1, -1 };
+	struct harness_status st = { .clients = -1, .regions = -1, .exports = -1, .inflight = -1 };
 	for (int i = 0; i < 300; i++) {
 		if (harness_status(&H, &st) < 0 || (st.regions == 0 && st.exports == 0 && st.inflight == 0))
 			break;

@@ -300,7 +300,9 @@ static PyMethodDef conn_methods[] = {
 	  "copy(src, dst, length=None, *, src_offset=0, dst_offset=0, tag=None) -> Transfer\n--\n\n"
 	  "Asks gpxd to copy length bytes (None: the rest of src from src_offset) from src to dst; "
 	  "returns at once.  tag: an int below 2**62 of one's own (unique among transfers not yet "
-	  "complete), else one is made." },
+	  "complete), else one is made.  One side may be another node's region (imported as "
+	  "'NODE:name'), not both: the Transfer of a copy between two remote regions fails "
+	  "(its wait raises NotSupportedError, ENOTSUP) with a reason that says so; copy into a region of this node, then out of it." },
 	{ "copyv", FAST(transfer_copyv),
 	  "copyv(src, dst, segments, *, tag=None) -> Transfer\n--\n\n"
 	  "Many pieces in one request, checked whole before any byte moves: segments is an (n, 3) "
@@ -317,7 +319,9 @@ static PyMethodDef conn_methods[] = {
 	  "copy_batch(pairs, *, tag=None) -> Transfer\n--\n\n"
 	  "Many region pairs in one request, checked whole before any byte moves and complete once "
 	  "(a weight push: every tensor of a model).  Each pair is a tuple (src, dst): the whole of src "
-	  "to the start of dst; (src, dst, length); or (src, dst, length, src_offset, dst_offset)." },
+	  "to the start of dst; (src, dst, length); or (src, dst, length, src_offset, dst_offset).  "
+	  "Every region is of this node: the Transfer of a batch with a pair of another node's region "
+	  "fails with NotSupportedError." },
 	{ "copy_pages_batch", FAST(transfer_copy_pages_batch),
 	  "copy_pages_batch(pairs, page_size, src_pages, dst_pages, *, tag=None) -> Transfer\n--\n\n"
 	  "The same pages of every pair in one request (a KV-cache handoff: the same blocks out of "

@@ -104,7 +104,16 @@ remote_xfer_check(const struct region *src, const struct region *dst, char *err,
 	if (!rs && !rd)
 		return 0;
 	if (rs && rd) {
-		snprintf(err, errlen, "both regions are remote: copy through a local region");
+		/*
+		 * Staging through this node would move every byte twice over the network and hold
+		 * a local buffer as large as the copy; handing the copy to one of the nodes would
+		 * need that node to hold an import of the other's export.  Neither is done: the
+		 * client copies through a region of its own, which it sizes and can reuse.
+		 */
+		const struct remote *sm = src->priv, *dm = dst->priv;
+		snprintf(err, errlen, "both regions are on other nodes (%s and %s): gpxd copies only between "
+		    "this node and another; copy into a region of this node, then out of it",
+		    sm ? sm->node : "?", dm ? dm->node : "?");
 		return -GPX__STATUS__ENOTSUP;
 	}
 	if (rm == NULL || (p = peer_by_node(rm->node)) == NULL || p->epoch != rm->epoch) {

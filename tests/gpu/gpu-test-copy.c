@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <cuda.h>
 
 #include "client-lib/gpx.h"
@@ -176,8 +177,10 @@ test_pages_big(gpx_conn *c)
 		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
 	gpx_deregister(c, ra);
 	gpx_deregister(c, rb);
-	cuMemFree(a);
 	cuMemFree(b);
+	/* Each buffer freed in its own context, and GPU0's current again for the parts after. */
+	CK(cuCtxSetCurrent(ctx[0]));
+	cuMemFree(a);
 	free(src);
 	free(got);
 	free(sp);
@@ -227,4 +230,43 @@ test_cached_registration(gpx_conn *c, struct buf *b)
 	    (t2.tv_sec - t1.tv_sec) * 1e6 + (t2.tv_nsec - t1.tv_nsec) / 1e3);
 	gpx_deregister(c, r1);
 	gpx_deregister(c, r2);
+}
+
+/*
+ * The node-wide cache, seen from a second connection: a legacy IPC allocation that one
+ * connection holds is served to another that presents the same handle, from what is held (one
+ * more hit, no driver open), and stays open when that connection goes.  A VMM allocation is
+ * held per connection (a VMM fd names nothing gpxd can recognise without importing it): the
+ * second connection's registration imports its pieces anew, and they go with it.
+ */
+void
+test_cache_shared(const char *sock, struct buf *ipc, struct buf *vmm)
+{
+	struct harness_status s0, s1, s2, s3;
+	gpx_conn *c2;
+	gpx_region r1, r2;
+
+	if (gpx_connect(sock, "gpu-test-second", &c2) < 0) {
+		ok(0, "a second connection");
+		return;
+	}
+	int e = harness_status(the_harness, &s0);
+	e = e ? e : gpx_register_cuda(c2, (void *)ipc->d, BUF, 0, &r1);
+	e = e ? e : harness_status(the_harness, &s1);
+	ok(e == 0 && s1.cache_hits == s0.cache_hits + 1 && s1.cache_opens == s0.cache_opens &&
+	    s1.cache_ipc == s0.cache_ipc, "%s registered on a second connection: served from the node's "
+	    "cache (hits %llu -> %llu, opens %llu -> %llu, %u IPC allocations held)", ipc->name, s0.cache_hits,
+	    s1.cache_hits, s0.cache_opens, s1.cache_opens, s1.cache_ipc);
+	e = e ? e : gpx_register_cuda(c2, (void *)vmm->d, BUF, 0, &r2);
+	e = e ? e : harness_status(the_harness, &s2);
+	ok(e == 0 && s2.cache_opens > s1.cache_opens && s2.cache_vmm > s1.cache_vmm, "%s registered on a "
+	    "second connection: its pieces imported for that connection (opens %llu -> %llu, pieces %u -> %u)",
+	    vmm->name, s1.cache_opens, s2.cache_opens, s1.cache_vmm, s2.cache_vmm);
+	gpx_close(c2);
+	/* the closing connection's regions go on the loop; its pieces on a task thread */
+	for (int i = 0; i < 200 && harness_status(the_harness, &s3) == 0 && s3.cache_vmm != s1.cache_vmm; i++)
+		usleep(10000);
+	ok(harness_status(the_harness, &s3) == 0 && s3.cache_ipc == s0.cache_ipc && s3.cache_vmm == s1.cache_vmm,
+	    "the second connection gone: the IPC allocation stays open for the first (%u held), its VMM pieces "
+	    "are let go (%u -> %u)", s3.cache_ipc, s2.cache_vmm, s3.cache_vmm);
 }

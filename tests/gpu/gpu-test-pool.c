@@ -252,13 +252,17 @@ test_pool(void)
 		struct gpx_seg segs[256];
 		struct gpx_completion done;
 
+		/*
+		 * GPU1's VMM memory is accessible to GPU1 alone (vmm_piece): a copy into it runs in
+		 * GPU1's context, and fails with CUDA_ERROR_INVALID_VALUE in GPU0's.
+		 */
+		CK(cuCtxSetCurrent(ctx[1]));
 		vmm_alloc(1, n, &v, &vh, &valloc);
 		rnd_fill(vwant, n);
 		CK(cuMemcpyHtoD(v, vwant, n));
 		e = gpx_register_cuda(c, (void *)v, n, 0, &rv);
 		e = e ? e : gpx_copy_sync(c, r, 0, rv, 0, n);
 		memcpy(vwant, want, n);
-		CK(cuCtxSetCurrent(ctx[1]));
 		ok(e == 0 && dev_equals(v, vwant, n), "pool memory on GPU0 -> GPU1 verified (%s)", gpx_strerror(e));
 		for (int i = 0; i < 256; i++) {
 			segs[i].src_offset = (uint64_t)i * 4096;

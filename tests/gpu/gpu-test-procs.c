@@ -7,6 +7,7 @@
  */
 #include "config.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,13 +75,17 @@ child_victim(const char *sock, int dev)
 }
 
 /*
- * Keeps 16 copies of 1 GiB in flight on GPU dev, from host memory ("h2d") or within the GPU
- * ("d2d"), until killed.  As root it runs as another uid first.
+ * Keeps 16 copies of up to 1 GiB in flight on GPU dev, from host memory ("h2d") or within the
+ * GPU ("d2d"), until killed.  As root it runs as another uid first, except under MPS
+ * (same_uid): the MPS control daemon runs one user's server at a time and holds a client of
+ * another uid in cuInit until every client of the first has gone, so such a hog would wait
+ * for the test itself to end.  Its buffers take at most a quarter of what the GPU says is free
+ * (an MPS client may be limited to part of the GPU's memory).
  */
 int
-child_hog(const char *sock, int dev, const char *mode)
+child_hog(const char *sock, int dev, const char *mode, bool same_uid)
 {
-	const size_t len = 1ull << 30;
+	size_t len = 1ull << 30, free_b, total_b;
 	struct gpx_completion d[16];
 	gpx_conn *c;
 	CUdeviceptr a = 0, b;
@@ -88,12 +93,19 @@ child_hog(const char *sock, int dev, const char *mode)
 	unsigned char *hp;
 	int hfd;
 
-	if (geteuid() == 0 && (setgid(1010) < 0 || setuid(1010) < 0))
+	if (geteuid() == 0 && !same_uid && (setgid(1010) < 0 || setuid(1010) < 0))
 		return 9;
 	init_cuda();
 	if (gpx_connect(sock, "hog", &c) < 0)
 		return 10;
 	CK(cuCtxSetCurrent(ctx[dev]));
+	CK(cuMemGetInfo(&free_b, &total_b));
+	if (free_b / 4 < len)
+		len = free_b / 4 / (2u << 20) * (2u << 20);
+	if (len < (64u << 20)) {
+		printf("NOMEM %zu MiB free on GPU%d\n", free_b >> 20, dev);
+		return 14;
+	}
 	CK(cuMemAlloc(&b, len));
 	if (strcmp(mode, "h2d") == 0) {
 		if (gpx_host_alloc(len, &hfd, (void **)&hp) < 0 || gpx_register_host(c, hfd, 0, len, 0, &ra) < 0)
@@ -109,7 +121,8 @@ child_hog(const char *sock, int dev, const char *mode)
 	for (int i = 0; i < 16; i++)
 		if (gpx_copy(c, ra, 0, rb, 0, len, tag++) < 0)
 			return 13;
-	printf("READY %s\n", geteuid() != 0 ? "other-uid" : "same-uid");
+	printf("READY %s, %zu MiB each\n", geteuid() != 0 ? "other-uid" : same_uid ? "same-uid (MPS)" : "same-uid",
+	    len >> 20);
 	fflush(stdout);
 	for (;;) {
 		int n = gpx_wait(c, d, 16, 1000);
@@ -120,6 +133,23 @@ child_hog(const char *sock, int dev, const char *mode)
 }
 
 static pid_t spawn(const char *self, char *const argv[], FILE **out, FILE **in);
+
+#define CHILD_WAIT_MS 180000     /* for a child's line: it hangs rather than never answers */
+
+/*
+ * The next line a child prints, waited for at most ms; false at its end or on the timeout.
+ * Its pipe is unbuffered (spawn), so poll sees every byte not yet read.
+ */
+static bool
+line_within(FILE *f, char *line, size_t n, int ms)
+{
+	struct pollfd p = { .fd = fileno(f), .events = POLLIN };
+
+	line[0] = '\0';
+	if (poll(&p, 1, ms) != 1)
+		return false;
+	return fgets(line, (int)n, f) != NULL;
+}
 
 static int
 cmp_double(const void *x, const void *y)
@@ -177,17 +207,28 @@ test_small_under_load(const char *self, const char *sock, gpx_conn *c, struct bu
 	snprintf(devs, sizeof(devs), "%d", dev);
 	bool good = small_latency(c, a, b, 300, &p50, &p99, &max);
 	diag("4 KiB %s -> %s alone: p50 %.1f us, p99 %.1f us, max %.1f us", a->name, b->name, p50, p99, max);
+	int mps = 0;
+	CUdevice cd;
+	CK(cuDeviceGet(&cd, dev));
+	CK(cuDeviceGetAttribute(&mps, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, cd));
+	if (mps)
+		diag("GPU%d is shared through MPS: the other client runs as this uid", dev);
 	for (int m = 0; m < 2; m++) {
-		char *argv[] = { (char *)self, "hog", (char *)sock, devs, (char *)modes[m], NULL };
+		char *argv[] = { (char *)self, "hog", (char *)sock, devs, (char *)modes[m], mps ? "mps" : NULL, NULL };
 		char line[64] = "";
 		FILE *out, *in;
 		pid_t pid = spawn(self, argv, &out, &in);
-		bool ready = pid > 0 && fgets(line, sizeof(line), out) != NULL && strncmp(line, "READY", 5) == 0;
+		bool ready = pid > 0 && line_within(out, line, sizeof(line), CHILD_WAIT_MS) &&
+		    strncmp(line, "READY", 5) == 0;
 		line[strcspn(line, "\n")] = '\0';
-		if (!ok(ready, "another client keeps 16 copies of 1 GiB %s on GPU%d in flight (%s)", modes[m], dev,
-		    ready ? line + 6 : "did not start")) {
-			if (pid > 0)
+		if (!ok(ready, "another client keeps 16 copies of up to 1 GiB %s on GPU%d in flight (%s)", modes[m],
+		    dev, ready ? line + 6 : line[0] ? line : "it said nothing: exited, or silent for 180 s")) {
+			if (pid > 0) {
 				kill(pid, SIGKILL);
+				waitpid(pid, NULL, 0);
+				fclose(out);
+				fclose(in);
+			}
 			continue;
 		}
 		usleep(300000);
@@ -245,6 +286,7 @@ spawn(const char *self, char *const argv[], FILE **out, FILE **in)
 	close(i[0]);
 	*out = fdopen(o[0], "r");
 	*in = fdopen(i[1], "w");
+	setvbuf(*out, NULL, _IONBF, 0);
 	return pid;
 }
 
@@ -253,7 +295,7 @@ wait_line(FILE *f, const char *want)
 {
 	char line[64];
 
-	while (fgets(line, sizeof(line), f) != NULL)
+	while (line_within(f, line, sizeof(line), CHILD_WAIT_MS))
 		if (strncmp(line, want, strlen(want)) == 0)
 			return true;
 	return false;

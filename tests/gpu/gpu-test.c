@@ -200,7 +200,7 @@ main(int argc, char **argv)
 	if (argc >= 5 && strcmp(argv[1], "freer") == 0)
 		return child_freer(argv[2], argv[3], atoi(argv[4]));
 	if (argc >= 5 && strcmp(argv[1], "hog") == 0)
-		return child_hog(argv[2], atoi(argv[3]), argv[4]);
+		return child_hog(argv[2], atoi(argv[3]), argv[4], argc >= 6 && strcmp(argv[5], "mps") == 0);
 
 	if (harness_start(&h, "[cuda]\ntrust_legacy_ipc = yes\n") < 0)
 		tap_bail("cannot start gpxd");
@@ -240,6 +240,7 @@ main(int argc, char **argv)
 	test_pages_big(c);
 	test_interior(c, &bufs[0]);
 	test_cached_registration(c, &bufs[1]);
+	test_cache_shared(h.sock, &bufs[1], &bufs[2]);
 	/* The other processes are this program again, however it was started (PATH or not). */
 	const char *self = "/proc/self/exe";
 	test_two_processes(self, h.sock, c, ndev > 1 ? 1 : 0);

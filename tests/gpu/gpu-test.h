@@ -63,13 +63,14 @@ void test_pages(gpx_conn *c, struct buf *a, struct buf *b, size_t page, uint32_t
 void test_pages_big(gpx_conn *c);
 void test_interior(gpx_conn *c, struct buf *src);
 void test_cached_registration(gpx_conn *c, struct buf *b);
+void test_cache_shared(const char *sock, struct buf *ipc, struct buf *vmm);
 
 /* ---- gpu-test-procs.c: the child roles (argv[1] names one) and the tests that run them ---- */
 
 int child_owner(const char *sock, const char *name, int dev);
 int child_victim(const char *sock, int dev);
 int child_freer(const char *sock, const char *name, int dev);
-int child_hog(const char *sock, int dev, const char *mode);
+int child_hog(const char *sock, int dev, const char *mode, bool same_uid);
 void test_two_processes(const char *self, const char *sock, gpx_conn *c, int dev);
 void test_client_dies(const char *self, const char *sock, gpx_conn *c, struct buf *a, struct buf *b, int dev);
 void test_owner_frees(const char *self, const char *sock, gpx_conn *c, struct buf *dst, int dev);
