@@ -598,6 +598,23 @@ test_live(void)
 	ok(apply("[limits]\nhello_max = 1\n", "limits.hello_max") && as_nobody(nobody_hellos) == 0,
 	    "live: hello_max = 1: nobody's second connection without Hello is refused as busy");
 
+	/* budgets: a list of 4096 segments (96K of the daemon's memory) over a 64K request budget */
+	gpx_conn *c2 = client("reload-budget");
+	struct buf x, y;
+	if (c2 == NULL || buf_new(&x, 8192) < 0 || buf_new(&y, 8192) < 0 || buf_reg(c2, &x, 0) < 0 ||
+	    buf_reg(c2, &y, 0) < 0)
+		tap_bail("live: budget client");
+	on = apply("[limits]\nrequest_budget = 64K\n", "limits.request_budget");
+	r = copyv_n(c2, x.r, y.r, 4096);
+	ok(on && r == -GPX_ENOMEM, "live: request_budget = 64K: a list of 4096 segments is refused as too large "
+	    "(%s)", gpx_strerror(r));
+	on = apply("", "limits.request_budget");
+	r = copyv_n(c2, x.r, y.r, 4096);
+	ok(on && r == 0, "live: request_budget = 64M again: the same list is taken (%s)", gpx_strerror(r));
+	gpx_close(c2);
+	buf_free(&x);
+	buf_free(&y);
+
 	/* [daemon] idle_timeout last: it closes the admin connection too */
 	int s = harness_connect(&H);
 	Gpx__DaemonMsg *m = s >= 0 ? harness_hello(s, GPX_PROTO_VERSION, -1, NULL) : NULL;
