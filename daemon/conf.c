@@ -65,10 +65,10 @@ const struct conf_key conf_keys[] = {
 	 * (a vectored copy of max_segments: 24 MiB; a page batch of 16,384 pairs: 9 MiB), and the
 	 * total keeps 256 busy connections, with gpxd's own few MiB, under 2 GiB.
 	 */
-	{ "limits", "request_budget", K_U64, F(budget_request), "64M", "64K", "1024G", CONF_LIVE },
-	{ "limits", "connection_budget", K_U64, F(budget_connection), "256M", "64K", "1024G", CONF_LIVE },
-	{ "limits", "uid_budget", K_U64, F(budget_uid), "512M", "64K", "1024G", CONF_LIVE },
-	{ "limits", "total_budget", K_U64, F(budget_total), "1536M", "64K", "1024G", CONF_LIVE },
+	{ "limits", "request_budget", K_U64, F(budget_request), "64M", "64K", "1T", CONF_LIVE },
+	{ "limits", "connection_budget", K_U64, F(budget_connection), "256M", "64K", "1T", CONF_LIVE },
+	{ "limits", "uid_budget", K_U64, F(budget_uid), "512M", "64K", "1T", CONF_LIVE },
+	{ "limits", "total_budget", K_U64, F(budget_total), "1536M", "64K", "1T", CONF_LIVE },
 	/* A client says Hello at once: more than a few waiting is a burst, hundreds are a flood. */
 	{ "limits", "hello_max", K_U32, F(hello_max), "128", "1", "1M", CONF_LIVE },
 	{ "limits", "reserved_fds", K_U32, F(reserved_fds), "32", "0", "1024", CONF_LIVE },
@@ -128,7 +128,7 @@ parse_bool(const char *v, bool *out)
 }
 
 /*
- * A count or size: decimal, or hexadecimal after 0x, with an optional K, M or G suffix
+ * A count or size: decimal, or hexadecimal after 0x, with an optional K, M, G or T suffix
  * (powers of 1024).  Never octal: "010" is ten, as the manual says.
  */
 int
@@ -155,6 +155,7 @@ conf_parse_u64(const char *v, uint64_t *out)
 	case 'k': case 'K': shift = 10; end++; break;
 	case 'm': case 'M': shift = 20; end++; break;
 	case 'g': case 'G': shift = 30; end++; break;
+	case 't': case 'T': shift = 40; end++; break;
 	}
 	if (*end != '\0' || (shift && n > (~0ULL >> shift)))
 		return -1;

@@ -56,9 +56,7 @@ fuzz_init(void)
 {
 	signal(SIGPIPE, SIG_IGN);
 	log_init(LOG_L_ERR, NULL, false);
-	if ((cfg = calloc(1, sizeof(*cfg))) == NULL)
-		abort();
-	conf_defaults(cfg);
+	cfg = conf_new();            /* one reference: a replayed reload drops it when it publishes */
 	cfg->cuda = false;
 	if (evthread_use_pthreads() < 0 || (fuzz_base = event_base_new()) == NULL)
 		abort();

@@ -75,7 +75,9 @@ copier_main(void *arg)
 			/* one copy of a random span, 1 byte to 4 MiB: up to 64 chunks of 64K */
 			uint64_t len = 1 + rnd(&seed) % BUF_LEN;
 			uint64_t so = rnd(&seed) % (BUF_LEN - len + 1), dof = rnd(&seed) % (BUF_LEN - len + 1);
-			fill_random(s.p + so, len, &seed);
+			/* fill_random writes words: from the word the span starts in */
+			uint64_t a = so & ~(uint64_t)7, b = (so + len + 7) & ~(uint64_t)7;
+			fill_random(s.p + a, (b < BUF_LEN ? b : BUF_LEN) - a, &seed);
 			r = gpx_copy_sync(c, s.r, so, d.r, dof, len);
 			if (r == 0 && memcmp(s.p + so, d.p + dof, len) != 0)
 				w->wrong++;
@@ -595,6 +597,23 @@ test_live(void)
 	buf_free(&big);
 	ok(apply("[limits]\nhello_max = 1\n", "limits.hello_max") && as_nobody(nobody_hellos) == 0,
 	    "live: hello_max = 1: nobody's second connection without Hello is refused as busy");
+
+	/* budgets: a list of 4096 segments (96K of the daemon's memory) over a 64K request budget */
+	gpx_conn *c2 = client("reload-budget");
+	struct buf x, y;
+	if (c2 == NULL || buf_new(&x, 8192) < 0 || buf_new(&y, 8192) < 0 || buf_reg(c2, &x, 0) < 0 ||
+	    buf_reg(c2, &y, 0) < 0)
+		tap_bail("live: budget client");
+	on = apply("[limits]\nrequest_budget = 64K\n", "limits.request_budget");
+	r = copyv_n(c2, x.r, y.r, 4096);
+	ok(on && r == -GPX_ENOMEM, "live: request_budget = 64K: a list of 4096 segments is refused as too large "
+	    "(%s)", gpx_strerror(r));
+	on = apply("", "limits.request_budget");
+	r = copyv_n(c2, x.r, y.r, 4096);
+	ok(on && r == 0, "live: request_budget = 64M again: the same list is taken (%s)", gpx_strerror(r));
+	gpx_close(c2);
+	buf_free(&x);
+	buf_free(&y);
 
 	/* [daemon] idle_timeout last: it closes the admin connection too */
 	int s = harness_connect(&H);

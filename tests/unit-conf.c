@@ -234,7 +234,7 @@ test_exports(void)
  * "Default: info.".  Empty when the section has no such item.
  */
 static void
-man_item(char **lines, int n, const char *sec, const char *name, char *out, size_t len)
+man_item(char **lines, int n, const char *sec, const char *name, char *out, size_t len, int *pos)
 {
 	static const char *macros[] = { ".Cm", ".Pa", ".Li", ".Pq", ".Po", ".Pc", ".Ar", ".Ql", ".Xr", ".Sx",
 	    ".Er", ".Dv", ".Op", ".Ic", ".Nm", ".Fl", ".Vt", ".Fn", "No", "Ns", "Cm", "Pa", "Li", "Ar", "Op", "Er" };
@@ -252,7 +252,13 @@ man_item(char **lines, int n, const char *sec, const char *name, char *out, size
 	while (i < n && strncmp(lines[i], item, strlen(item)) != 0)
 		if (++i < n && strncmp(lines[i], ".Sh", 3) == 0)
 			return;
-	for (i++; i < n; i++) {
+	/* items documented together (.It, .It, ..., then their text) share that text; *pos is
+	 * this one's place among them */
+	for (*pos = 0; i - *pos > 0 && strncmp(lines[i - *pos - 1], ".It Cm ", 7) == 0; (*pos)++)
+		;
+	for (i++; i < n && strncmp(lines[i], ".It Cm ", 7) == 0; i++)
+		;
+	for (; i < n; i++) {
 		if (strncmp(lines[i], ".Bl", 3) == 0)
 			depth++;
 		if (strncmp(lines[i], ".El", 3) == 0 && depth-- == 0)
@@ -300,19 +306,34 @@ test_conf_manual(void)
 
 	for (const struct conf_key *k = conf_keys; k->sec != NULL; k++) {
 		const char *name = k->type == K_NICS ? "nic_for_gpu0" : k->name;
-		man_item(lines, n, k->sec, name, item, sizeof(item));
+		int pos = 0;
+		man_item(lines, n, k->sec, name, item, sizeof(item), &pos);
 		if (!ok(item[0] != '\0', "gpxd.conf(5) documents %s.%s", k->sec, name))
 			continue;
 		if (k->def != NULL) {
+			/* "Default: 2M." or, for items documented together, "Defaults: 64M, 256M and ..." */
+			const char *d = strstr(item, "Defaults: ");
+			char nth[64] = "";
 			snprintf(want, sizeof(want), "Default: %s.", k->def);
-			ok(strstr(item, want) != NULL, "gpxd.conf(5): %s.%s: \"%s\"", k->sec, name, want);
+			/* the pos-th of "A, B, C and D." */
+			for (int j = 0; d != NULL && j <= pos; j++) {
+				d += j == 0 ? 10 : strncmp(d, " and ", 5) == 0 ? 5 : 2;
+				size_t l = strcspn(d, ",.");
+				const char *a = strstr(d, " and ");
+				if (a != NULL && (size_t)(a - d) < l)
+					l = (size_t)(a - d);
+				snprintf(nth, sizeof(nth), "%.*s", (int)l, d);
+				d += l;
+			}
+			ok(strstr(item, want) != NULL || strcmp(nth, k->def) == 0, "gpxd.conf(5): %s.%s: \"%s\"%s%s%s",
+			    k->sec, name, want, nth[0] ? " (listed: " : "", nth, nth[0] ? ")" : "");
 		} else
 			ok(strstr(item, "Default:") != NULL, "gpxd.conf(5): %s.%s: says its default", k->sec, name);
 		if (k->lo != NULL && k->hi != NULL) {
 			snprintf(want, sizeof(want), "%s to %s", k->lo, k->hi);
 			ok(strstr(item, want) != NULL, "gpxd.conf(5): %s.%s: the range \"%s\"", k->sec, name, want);
 		}
-		const char *when = k->when == CONF_LIVE ? "A reload applies it" : "Changes take effect at restart.";
+		const char *when = k->when == CONF_LIVE ? "A reload applies" : "Changes take effect at restart.";
 		ok(strstr(item, when) != NULL, "gpxd.conf(5): %s.%s: \"%s\"", k->sec, name, when);
 	}
 	/* and the other way: every key the manual documents is one gpxd reads */
