@@ -137,6 +137,15 @@ cuda_load(char *why, size_t whylen)
 	}
 	CUDA_FUNCS(RESOLVE)
 #undef RESOLVE
+	/*
+	 * The driver puts the streams of a context onto a few hardware work queues, in order of
+	 * creation, and a queue runs what it holds in order, whatever the streams' priorities.
+	 * Under MPS a client is given fewer queues unless it asks, and gpxd's quick stream
+	 * shared one with a bulk stream: a 4 KiB copy waited for the 1 GiB copies queued before
+	 * it (p50 5 ms on an H100).  Ask for the number a context has without MPS (8: a queue for
+	 * each of the copy workers' streams), unless the operator chose one.
+	 */
+	setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8", 0);
 	CUresult r = p_cuInit(0);
 	if (r != CUDA_SUCCESS) {
 		snprintf(why, whylen, "cuInit failed: %s", cuda_errstr(r));
