@@ -135,6 +135,15 @@ do_status(int argc, char **argv)
 		J_ADD(hc, "opens", J_U64(s->cache_opens));
 		J_ADD(hc, "hits", J_U64(s->cache_hits));
 		J_ADD(o, "handle_cache", hc);
+		json_object *b = json_object_new_object();
+		J_ADD(b, "used", J_U64(s->budget_used));
+		J_ADD(b, "total", J_U64(s->budget_total));
+		J_ADD(b, "uid", J_U64(s->budget_uid));
+		J_ADD(b, "connection", J_U64(s->budget_connection));
+		J_ADD(b, "request", J_U64(s->budget_request));
+		J_ADD(b, "refused_busy", J_U64(s->budget_refused_busy));
+		J_ADD(b, "refused_too_large", J_U64(s->budget_refused_large));
+		J_ADD(o, "budgets", b);
 		print_json(o);
 	} else {
 		printf("gpxd %s (protocol %u), pid %d, up %.0f s\n", s->version, s->proto, s->pid, s->uptime_s);
@@ -155,6 +164,13 @@ do_status(int argc, char **argv)
 		    "%llu driver opens, %llu hits\n", s->cache_ipc + s->cache_pool + s->cache_vmm, s->cache_ipc,
 		    s->cache_pool, s->cache_vmm, (unsigned long long)s->cache_opens,
 		    (unsigned long long)s->cache_hits);
+		char b2[32], b3[32], b4[32], b5[32];
+		printf("budgets:    %s of %s held; %s per uid, %s per connection, %s per request\n",
+		    human(s->budget_used, b1, sizeof(b1)), human(s->budget_total, b2, sizeof(b2)),
+		    human(s->budget_uid, b3, sizeof(b3)), human(s->budget_connection, b4, sizeof(b4)),
+		    human(s->budget_request, b5, sizeof(b5)));
+		printf("refused:    %llu busy, %llu too large (budgets)\n", (unsigned long long)s->budget_refused_busy,
+		    (unsigned long long)s->budget_refused_large);
 	}
 	gpx__query_reply__free_unpacked(q, NULL);
 	return 0;

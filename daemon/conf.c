@@ -40,6 +40,15 @@ conf_defaults(struct conf *c)
 	c->max_region_bytes_per_uid = 0;
 	c->max_exports_per_uid = 4096;
 	c->max_inflight_per_uid = 65536;
+	/*
+	 * Budgets (user.c): the largest request the protocol allows fits one request's budget
+	 * (a vectored copy of max_segments: 24 MiB; a page batch of 16,384 pairs: 9 MiB), and the
+	 * total keeps 256 busy connections, with gpxd's own few MiB, under 2 GiB.
+	 */
+	c->budget_request = 64 << 20;
+	c->budget_connection = 256 << 20;
+	c->budget_uid = 512 << 20;
+	c->budget_total = 1536 << 20;
 	/* A client says Hello at once: more than a few waiting is a burst, hundreds are a flood. */
 	c->hello_max = 128;
 	c->reserved_fds = 32;
@@ -203,6 +212,14 @@ on_key(void *user, const char *sec, const char *key, const char *v)
 		bad = NUM(c->max_exports_per_uid, 0, 1 << 20);
 	else if (KEY("limits", "inflight_per_uid"))
 		bad = NUM(c->max_inflight_per_uid, 1, 1 << 24);
+	else if (KEY("limits", "request_budget"))
+		bad = NUM(c->budget_request, 1 << 16, 1ULL << 40);
+	else if (KEY("limits", "connection_budget"))
+		bad = NUM(c->budget_connection, 1 << 16, 1ULL << 40);
+	else if (KEY("limits", "uid_budget"))
+		bad = NUM(c->budget_uid, 1 << 16, 1ULL << 40);
+	else if (KEY("limits", "total_budget"))
+		bad = NUM(c->budget_total, 1 << 16, 1ULL << 40);
 	else if (KEY("limits", "hello_max"))
 		bad = NUM(c->hello_max, 1, 1 << 20);
 	else if (KEY("limits", "reserved_fds"))

@@ -55,6 +55,15 @@ q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
 	s->cache_vmm = gc.vmm;
 	s->cache_opens = gc.opens;
 	s->cache_hits = gc.hits;
+	s->budget_used = budget_used();
+	s->budget_total = cfg->budget_total;
+	s->budget_uid = cfg->budget_uid;
+	s->budget_connection = cfg->budget_connection;
+	s->budget_request = cfg->budget_request;
+	for (int b = 0; b < NBUDGETS; b++) {
+		s->budget_refused_busy += budget_refused(b, true);
+		s->budget_refused_large += budget_refused(b, false);
+	}
 	for (int p = 0; p < NPATHS; p++) {
 		uint64_t x, b, e;
 		engine_path_stats(p, &x, &b, &e);

@@ -23,7 +23,7 @@
 	X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString) \
 	X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetUuid) \
 	X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDeviceGetPCIBusId) \
-	X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) \
+	X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxSetCurrent) X(cuCtxGetExecAffinity) \
 	X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute) X(cuCtxEnablePeerAccess) \
 	X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
 	X(cuStreamDestroy) X(cuStreamQuery) X(cuStreamSynchronize) \
@@ -50,6 +50,7 @@ static int ndev;
 static CUdevice *devs;          /* these four: ndev each, allocated when the driver is loaded */
 static CUcontext *ctxs;
 static CUfunction *kfn, *kfn_pages, *kfn_few;
+static uint32_t *ksms;          /* SMs each context may use: the copy kernel's largest grid */
 static int driver_version;
 
 static bool
@@ -163,7 +164,7 @@ cuda_load(char *why, size_t whylen)
 	}
 	if ((devs = calloc(ndev, sizeof(*devs))) == NULL || (ctxs = calloc(ndev, sizeof(*ctxs))) == NULL ||
 	    (kfn = calloc(ndev, sizeof(*kfn))) == NULL || (kfn_pages = calloc(ndev, sizeof(*kfn_pages))) == NULL ||
-	    (kfn_few = calloc(ndev, sizeof(*kfn_few))) == NULL) {
+	    (kfn_few = calloc(ndev, sizeof(*kfn_few))) == NULL || (ksms = calloc(ndev, sizeof(*ksms))) == NULL) {
 		snprintf(why, whylen, "out of memory");
 		return -1;
 	}
@@ -239,16 +240,39 @@ cuda_peer(int a, int b, struct gpu_link *l)
 	return 0;
 }
 
+/*
+ * The SMs the current context may use.  Under CUDA MPS with an active thread percentage (the
+ * control daemon's, or CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in gpxd's environment) that is the
+ * context's share, which its execution affinity reports; the device's count says all of them.
+ */
+static uint32_t
+ctx_sms(int dev, int *all)
+{
+	CUexecAffinityParam a;
+
+	*all = 0;
+	p_cuDeviceGetAttribute(all, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, devs[dev]);
+	if (p_cuCtxGetExecAffinity(&a, CU_EXEC_AFFINITY_TYPE_SM_COUNT) == CUDA_SUCCESS && a.param.smCount.val > 0)
+		return a.param.smCount.val;
+	return *all > 0 ? (uint32_t)*all : UINT32_MAX;
+}
+
 int
 cuda_load_kernel(int dev)
 {
 	CUmodule m;
+	int all;
 
 	if (cuda_use(dev) < 0 || CU(cuModuleLoadData(&m, gpx_copy_fatbin)) < 0 ||
 	    CU(cuModuleGetFunction(&kfn[dev], m, "gpx_copy_segments")) < 0 ||
 	    CU(cuModuleGetFunction(&kfn_pages[dev], m, "gpx_copy_pages")) < 0 ||
 	    CU(cuModuleGetFunction(&kfn_few[dev], m, "gpx_copy_few")) < 0)
 		return -1;
+	/* One block per SM at most: more would only queue on the share the clients' kernels need. */
+	ksms[dev] = ctx_sms(dev, &all);
+	if (all > 0 && ksms[dev] < (uint32_t)all)
+		log_info("GPU%d: gpxd's context may use %u of its %d SMs (CUDA MPS active thread percentage); "
+		    "the copy kernel's grid is at most %u blocks", dev, ksms[dev], all, ksms[dev]);
 	return 0;
 }
 
@@ -345,13 +369,14 @@ cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t block
 {
 	void *args[] = { &segs_dev, &n };
 
-	return launch(kfn[dev], s, n, blocks, args);
+	return launch(kfn[dev], s, n, blocks < ksms[dev] ? blocks : ksms[dev], args);
 }
 
 /*
  * The segments travel in the launch itself (struct gpx_kfew of copy-kernel.cu: a count, then
  * the segments), so nothing is uploaded first.  A block of 256 threads for every 8 KiB, at most
- * `blocks`: a 4 KiB copy is one block, a 1 MiB one the whole bounded grid.
+ * `blocks` and the SMs the context may use: a 4 KiB copy is one block, a 1 MiB one the whole
+ * bounded grid.
  */
 int
 cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, uint64_t bytes, uint32_t blocks)
@@ -367,6 +392,8 @@ cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, 
 		return -GPX__STATUS__EINVAL;
 	f.n = n;
 	memcpy(f.seg, segs, n * sizeof(*segs));
+	if (blocks > ksms[dev])
+		blocks = ksms[dev];
 	if (blocks > need)
 		blocks = (uint32_t)need;
 	if (blocks == 0)
@@ -380,7 +407,7 @@ cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t npages, const vo
 {
 	void *args[] = { &pages, &npages, &pairs, &item0, &nitems, &size, &head, &bytes };
 
-	return launch(kfn_pages[dev], s, nitems, blocks, args);
+	return launch(kfn_pages[dev], s, nitems, blocks < ksms[dev] ? blocks : ksms[dev], args);
 }
 
 int

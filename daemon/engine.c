@@ -41,6 +41,16 @@ static pthread_t *workers;
 static int nworkers;
 static void (*done_hook)(const struct job *, int status);   /* the metrics' (levent.c sets it) */
 
+/* The stage clocks: per stage a count, a sum in ns and a histogram, lock-free. */
+const double engine_stage_bounds[STAGE_BUCKETS] = {
+	1e-6, 2.5e-6, 5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 100e-3, 1,
+};
+static const char *stage_names[NSTAGES] = { "check", "queue", "launch", "gpu_wait", "copy", "post" };
+static struct {
+	atomic_uint_fast64_t count, ns;
+	atomic_uint_fast64_t buckets[STAGE_BUCKETS + 1];
+} stages[NSTAGES];
+
 static const char *path_names[NPATHS] = {
 	"host", "gpu0", "gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6", "gpu7",
 	"gpu8", "gpu9", "gpu10", "gpu11", "gpu12", "gpu13", "gpu14", "gpu15",
@@ -96,6 +106,36 @@ engine_queues(enum path_kind p)
 	return atomic_load_explicit(&paths[p].nqueues, memory_order_relaxed);
 }
 
+/*
+ * The pieces (segments or pages) a host worker copies in one chunk: with one-byte pieces a
+ * chunk of chunk_size bytes is millions of memcpy calls (2 MiB of them: about 3 ms on one
+ * core here) that another client's small copy may wait for; 16,384 take some 30 us.
+ */
+#define HOST_CHUNK_PIECES 16384
+
+/* A chunk of a page job whose list is read in place: item i is page plist[i % npages] of pair i / npages. */
+static void
+host_pages(const struct chunk *c)
+{
+	const struct job *j = c->job;
+	const uint64_t ps = j->page_size;
+	uint64_t left = c->bytes, off = c->off;
+	uint32_t p = c->seg / j->npages, q = c->seg % j->npages;
+
+	for (; left > 0; off = 0) {
+		const struct jpair *pr = &j->pairs[p];
+		const struct gpx_wire_page w = j->plist[q];
+		uint64_t n = ps - off < left ? ps - off : left;
+		mem_host_copy((char *)pr->dst->host + pr->dst_base + w.dst * ps + off,
+		    (const char *)pr->src->host + pr->src_base + w.src * ps + off, n, j->total);
+		left -= n;
+		if (++q == j->npages) {
+			q = 0;
+			p++;
+		}
+	}
+}
+
 /* Host path: the copy itself.  Regions are mapped for as long as the job holds them. */
 static void *
 host_worker(void *unused)
@@ -103,9 +143,14 @@ host_worker(void *unused)
 	struct chunk c;
 
 	(void)unused;
-	while (engine_next_chunk(PATH_HOST, &c, true, chunk_size, UINT32_MAX)) {
+	while (engine_next_chunk(PATH_HOST, &c, true, chunk_size, HOST_CHUNK_PIECES)) {
 		struct job *j = c.job;
 		uint64_t left = c.bytes, off = c.off;
+		if (j->plist != NULL) {
+			host_pages(&c);
+			engine_chunk_done(&c, true);
+			continue;
+		}
 		uint32_t p = engine_pair_of(j, c.seg);
 		for (uint32_t s = c.seg; left > 0; s++, off = 0) {
 			const struct gpx_wire_seg *g = &j->segs[s];
@@ -200,6 +245,8 @@ engine_submit(struct job *j)
 	struct equeue *q = &j->cq->eq[j->path];
 	struct uqueue *u = &j->user->uq[j->path];
 
+	/* The loop read this request's message last (or one after it: never before submission). */
+	j->t_recv = conn_last_input > 0 && conn_last_input <= j->t_submit ? conn_last_input : j->t_submit;
 	pthread_mutex_lock(&elock);
 	TAILQ_INSERT_TAIL(&live, j, ae);
 	nlive++;
@@ -240,11 +287,17 @@ seg_start(const struct job *j, uint32_t i, uint32_t from, uint64_t at)
 	return at;
 }
 
-/* Pages are all alike: a chunk is a byte range of at most max_bytes (no list is staged). */
+/*
+ * Pages are all alike: a chunk is a byte range of at most max_bytes (no list is staged).  A
+ * kernel's takes any number of pages; a host worker's (plist) at most max_segs pieces.
+ */
 static void
-cut_pages(struct job *j, struct chunk *c, uint64_t max_bytes)
+cut_pages(struct job *j, struct chunk *c, uint64_t max_bytes, uint32_t max_segs)
 {
 	uint64_t start = j->handed, end = j->total - start > max_bytes ? start + max_bytes : j->total;
+
+	if (j->plist != NULL && (end - 1) / j->page_size - start / j->page_size >= max_segs)
+		end = (start / j->page_size + max_segs) * j->page_size;
 
 	c->seg = (uint32_t)(start / j->page_size);
 	c->off = start % j->page_size;
@@ -334,8 +387,8 @@ next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, ui
 	if (j->t_start == 0)
 		j->t_start = now_s();
 	c->job = j;
-	if (j->pages != NULL)
-		cut_pages(j, c, max_bytes);
+	if (j->pages != NULL || j->plist != NULL)
+		cut_pages(j, c, max_bytes, max_segs);
 	else
 		cut_segs(j, c, max_bytes, max_segs);
 	j->chunks_out++;
@@ -394,7 +447,10 @@ engine_free_job(struct job *j)
 	if (j->pairs != &j->one)
 		free(j->pairs);
 	gpu_pages_free(j->pages);
+	free(j->plist);
 	free(j->segs);
+	if (j->charged > 0)
+		budget_release(j->cq, j->user, j->charged);
 	free(j);
 }
 
@@ -415,6 +471,47 @@ job_notify(const struct job *j)
 	}
 }
 
+const char *
+engine_stage_name(enum engine_stage s)
+{
+	return stage_names[s];
+}
+
+void
+engine_stage_stats(enum engine_stage s, uint64_t *count, double *seconds, uint64_t buckets[STAGE_BUCKETS + 1])
+{
+	*count = atomic_load(&stages[s].count);
+	*seconds = atomic_load(&stages[s].ns) / 1e9;
+	for (int b = 0; b <= STAGE_BUCKETS; b++)
+		buckets[b] = atomic_load(&stages[s].buckets[b]);
+}
+
+static void
+stage_add(enum engine_stage s, double from, double to)
+{
+	double dt = to - from;
+	int b = 0;
+
+	if (from <= 0 || dt < 0)
+		return;          /* a stage this job did not pass through */
+	while (b < STAGE_BUCKETS && dt > engine_stage_bounds[b])
+		b++;
+	atomic_fetch_add_explicit(&stages[s].count, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&stages[s].ns, (uint64_t)(dt * 1e9), memory_order_relaxed);
+	atomic_fetch_add_explicit(&stages[s].buckets[b], 1, memory_order_relaxed);
+}
+
+/* A finished job's stages up to the end of its last byte (t_done); the post is added after. */
+static void
+stages_add(const struct job *j, double t_done)
+{
+	stage_add(STAGE_CHECK, j->t_recv, j->t_submit);
+	stage_add(STAGE_QUEUE, j->t_submit, j->t_start);
+	stage_add(STAGE_LAUNCH, j->t_start, j->t_launched);
+	stage_add(STAGE_GPU_WAIT, j->t_launched, j->t_gpu_start);
+	stage_add(STAGE_COPY, j->t_gpu_start ? j->t_gpu_start : j->t_launched ? j->t_launched : j->t_start, t_done);
+}
+
 /*
  * Runs without the engine lock: posts the record, notifies the targets' owners, lets go.  A
  * job of a group posts nothing but its share; the group's last job posts the whole.
@@ -427,9 +524,12 @@ job_finish(struct job *j)
 	struct jgroup *g = j->group;
 	bool post = true;
 	uint64_t bytes = j->done;
+	double t_done = now_s();
 
+	if (status == 0)
+		stages_add(j, t_done);
 	if (log_level_debug()) {
-		double t = now_s();
+		double t = t_done;
 		log_debug("engine", "client %llu tag %llu: %u segments, %llu bytes on %s, status %d; "
 		    "checked %.1f us, queued %.1f us, ran %.1f us", (unsigned long long)j->client,
 		    (unsigned long long)j->tag, j->nseg, (unsigned long long)j->done, path_names[j->path],
@@ -463,9 +563,12 @@ job_finish(struct job *j)
 	if (post) {
 		cq_post(j->cq, j->tag, status, bytes);
 		atomic_fetch_sub(&j->user->inflight, 1);
+		if (status == 0)
+			stage_add(STAGE_POST, t_done, now_s());
 	}
-	cq_unref(j->cq);
-	engine_free_job(j);
+	struct cq *q = j->cq;
+	engine_free_job(j);         /* gives back its budgets, which name q: then q may go */
+	cq_unref(q);
 }
 
 void

@@ -55,6 +55,7 @@ struct pend {
 	uint64_t seq;
 	int stream;
 	int slot;
+	bool marked;                  /* the stream writes started[stream] = seq before it */
 };
 
 /* One GPU's worker: its streams, the chunks it has in flight, its kernel staging. */
@@ -62,6 +63,7 @@ struct gdev {
 	int index;
 	void *stream[NSTREAMS];
 	volatile uint64_t *done;            /* pinned: one word per stream */
+	volatile uint64_t *started;         /* pinned: the GPU start marks of the stage clocks */
 	uint64_t issued[NSTREAMS];
 	struct pend pend[NSTREAMS][PEND_MAX];
 	int npend[NSTREAMS], phead[NSTREAMS];
@@ -80,6 +82,12 @@ static int ngpus;                       /* workers started */
  * daemon's handling of one (a clear log line and a non-zero exit) can be tested for real.
  */
 static atomic_bool fault_sticky;
+/*
+ * GPXD_STAGE_CLOCKS=1: before a job's first chunk the stream writes a start mark, which the
+ * worker notices as it polls, so the stage clocks split the wait for the GPU from the copy.
+ * Off by default: it costs a stream write per transfer.
+ */
+static bool start_marks;
 static volatile bool gpu_quit;
 static void (*idle_hook)(void);
 
@@ -324,11 +332,14 @@ issue(struct gdev *g, struct chunk *c)
 	const uint32_t pieces = c->pieces ? c->pieces : 1;
 	int s = c->bytes <= QUICK_MAX ? S_QUICK : g->npend[S_BULK] <= g->npend[S_BULK2] ? S_BULK : S_BULK2;
 	int slot = free_slot(g), r;
+	bool mark = start_marks && j->t_launched == 0;
 
 	if (atomic_exchange(&fault_sticky, false)) {
 		log_warnx("GPU%d: injecting a sticky fault (GPXD_FAULT_INJECT=sticky)", g->index);
 		cuda_kernel_copy(g->index, g->stream[s], 16, 1, 1);
 	}
+	if (mark && cuda_signal(g->stream[s], (uint64_t)(uintptr_t)&g->started[s], g->issued[s] + 1) < 0)
+		mark = false;
 	if (j->pages != NULL)
 		/* Only taken where the kernel runs (gpu_pages_alloc): the list is read in place. */
 		r = cuda_kernel_pages(g->index, g->stream[s], j->pages, j->npages,
@@ -348,10 +359,29 @@ issue(struct gdev *g, struct chunk *c)
 		return r;
 	}
 	int at = (g->phead[s] + g->npend[s]) % PEND_MAX;
-	g->pend[s][at] = (struct pend){ .c = *c, .seq = ++g->issued[s], .stream = s, .slot = slot };
+	g->pend[s][at] = (struct pend){ .c = *c, .seq = ++g->issued[s], .stream = s, .slot = slot, .marked = mark };
 	g->npend[s]++;
 	g->slot_busy[slot] = true;
+	if (j->t_launched == 0)
+		j->t_launched = now_s();     /* the stage clocks: queued on the GPU */
 	return 0;
+}
+
+/* The stage clocks: jobs whose start mark the GPU wrote since the last look. */
+static void
+reap_starts(struct gdev *g, int s)
+{
+	uint64_t started = __atomic_load_n(&g->started[s], __ATOMIC_ACQUIRE);
+
+	for (int i = 0; i < g->npend[s]; i++) {
+		struct pend *p = &g->pend[s][(g->phead[s] + i) % PEND_MAX];
+		if (p->seq > started)
+			break;
+		if (p->marked) {
+			p->c.job->t_gpu_start = now_s();
+			p->marked = false;
+		}
+	}
 }
 
 static int
@@ -360,6 +390,8 @@ reap(struct gdev *g)
 	int n = 0;
 
 	for (int s = 0; s < NSTREAMS; s++) {
+		if (start_marks)
+			reap_starts(g, s);
 		uint64_t done = __atomic_load_n(&g->done[s], __ATOMIC_ACQUIRE);
 		while (g->npend[s] > 0 && g->pend[s][g->phead[s]].seq <= done) {
 			struct pend *p = &g->pend[s][g->phead[s]];
@@ -472,6 +504,7 @@ gdev_start(struct gdev *g)
 		return -1;
 	memset(words, 0, 64 * NSTREAMS);
 	g->done = words;
+	g->started = g->done + NSTREAMS;       /* the same pinned block, after the done words */
 	for (int s = 0; s < NSTREAMS; s++)
 		if ((s == S_QUICK ? cuda_stream_new_urgent(&g->stream[s]) : cuda_stream_new(&g->stream[s])) < 0)
 			return -1;
@@ -497,10 +530,11 @@ gdev_start(struct gdev *g)
 int
 gpu_workers_start(int n, char *why, size_t whylen)
 {
-	const char *fault = getenv("GPXD_FAULT_INJECT");
+	const char *fault = getenv("GPXD_FAULT_INJECT"), *clocks = getenv("GPXD_STAGE_CLOCKS");
 
 	if (fault != NULL && strcmp(fault, "sticky") == 0)
 		atomic_store(&fault_sticky, true);
+	start_marks = clocks != NULL && strcmp(clocks, "1") == 0;
 	if ((gpus = calloc(n, sizeof(*gpus))) == NULL) {
 		snprintf(why, whylen, "out of memory for %d copy workers", n);
 		return -1;

@@ -112,6 +112,11 @@ struct conf {
 	uint64_t max_region_bytes_per_uid;
 	uint32_t max_exports_per_uid;
 	uint32_t max_inflight_per_uid;
+	/* budgets: bytes of gpxd's memory that clients' transfers may hold (user.c) */
+	uint64_t budget_request;
+	uint64_t budget_connection;
+	uint64_t budget_uid;
+	uint64_t budget_total;
 	/* daemon-wide limits on connections (conn.c, levent.c) */
 	uint32_t hello_max;          /* connections not yet past Hello */
 	uint32_t reserved_fds;       /* descriptors held back for root and the admin group */
@@ -169,6 +174,7 @@ struct user {
 	uint64_t region_bytes;
 	uint32_t exports;
 	atomic_uint inflight;
+	atomic_uint_fast64_t charged;   /* bytes of its budget its transfers hold */
 	struct logrl log;            /* its share of the log (log.c) */
 	struct uqueue *uq;           /* its queues, one per path (engine.c, engine lock) */
 	TAILQ_ENTRY(user) entry;
@@ -189,6 +195,30 @@ void user_log_tick(bool final);
 void user_visit(void (*fn)(struct user *, void *), void *arg);
 /* The uid with the most connections not yet past Hello, or NULL if none has any. */
 struct user *user_most_hello(void);
+/*
+ * Budgets.  Every allocation a transfer makes in gpxd (its job, pairs, segment or page list,
+ * the scratch of a batch) is charged before it is made against the request's budget, its
+ * connection's (cq->charged), its uid's (user->charged) and the daemon's total; it is given
+ * back when the job is freed.  Charging is the loop thread's; giving back, any thread's.
+ */
+enum budget_scope { BUDGET_REQUEST, BUDGET_CONNECTION, BUDGET_UID, BUDGET_TOTAL, NBUDGETS };
+struct cq;
+struct charge {
+	struct cq *cq;
+	struct user *user;
+	uint64_t bytes;              /* charged so far for the request */
+};
+/*
+ * Charges bytes more to the request; 0, or (the bytes not charged) a refusal naming the budget:
+ * -GPX__STATUS__EBUSY when it would fit once transfers in flight end, -GPX__STATUS__ENOMEM
+ * when it never fits.  What a refused request had charged is the caller's to give back.
+ */
+int budget_charge(struct charge *, uint64_t bytes, char *err, size_t errlen);
+void budget_release(struct cq *, struct user *, uint64_t bytes);
+const char *budget_name(enum budget_scope);
+uint64_t budget_limit(enum budget_scope);
+uint64_t budget_used(void);              /* the daemon's total */
+uint64_t budget_refused(enum budget_scope, bool busy);
 
 /* ---- mem-*.c: memory kinds behind one interface ---- */
 #define DEV_HOST (-1)
@@ -298,6 +328,7 @@ struct cq {
 	const char *broken_why;      /* how (a string constant) */
 	uint64_t client;
 	struct user *user;
+	atomic_uint_fast64_t charged;   /* bytes of the connection's budget its transfers hold */
 	/* per-client counters, read by gpxctl */
 	atomic_uint_fast64_t bytes, transfers, errors;
 	struct equeue eq[NPATHS];  /* engine lock */
@@ -350,8 +381,11 @@ struct job {
 	struct gpx_wire_seg *segs;   /* NULL for a page job: */
 	struct gpx_wire_page *pages; /* item i is page pages[i % npages] of pair i / npages
 	                              * (gpu_pages_alloc: the pairs' addresses follow the list) */
+	struct gpx_wire_page *plist; /* or a private page list read in place (host path), item i
+	                              * as in pages; then segs is NULL too */
 	uint32_t npages;
 	uint64_t page_size;
+	uint64_t charged;            /* bytes of the budgets it holds (user.c) */
 	uint64_t *blocks;            /* blocks[k]: bytes of the segments before (k + 1) * SEG_BLOCK
 	                              * (of all, for the last block): chunking in O(log n) */
 	uint32_t nseg;               /* segments, or items (pairs x pages) of a page job */
@@ -369,6 +403,9 @@ struct job {
 	double t_build;              /* when xfer_build began (with debug logging only) */
 	double t_submit;
 	double t_start;              /* when a worker took its first chunk */
+	double t_recv;               /* stage clocks: when the loop last read a client's message */
+	double t_launched;           /* GPU paths: when its first chunk was queued on a stream */
+	double t_gpu_start;          /* when the GPU reached it (GPXD_STAGE_CLOCKS=1 only) */
 	void *priv;                  /* back end state */
 };
 
@@ -409,6 +446,18 @@ void engine_chunk_done(struct chunk *, bool ok);
 void engine_free_job(struct job *);
 void engine_path_stats(enum path_kind, uint64_t *xfers, uint64_t *bytes, uint64_t *errors);
 const char *engine_path_name(enum path_kind);
+/*
+ * Where a transfer's time goes, summed over every finished job (a few clock reads and atomic
+ * adds each): received -> checked -> taken by a worker -> first chunk launched -> GPU started
+ * -> last byte done -> completion written and doorbell rung.  Without GPXD_STAGE_CLOCKS=1 the
+ * GPU's start is not marked, and STAGE_COPY runs from the launch (on the host path, from the
+ * worker's taking the job).
+ */
+enum engine_stage { STAGE_CHECK, STAGE_QUEUE, STAGE_LAUNCH, STAGE_GPU_WAIT, STAGE_COPY, STAGE_POST, NSTAGES };
+#define STAGE_BUCKETS 14
+extern const double engine_stage_bounds[STAGE_BUCKETS];
+const char *engine_stage_name(enum engine_stage);
+void engine_stage_stats(enum engine_stage, uint64_t *count, double *seconds, uint64_t buckets[STAGE_BUCKETS + 1]);
 
 /* ---- conn.c: connections, the Hello state machine and the message dispatcher ---- */
 enum conn_state { CONN_HELLO, CONN_READY, CONN_DRAINING, CONN_DEAD };

@@ -306,6 +306,37 @@ by_client(const void *a, const void *b)
 }
 
 static void
+uid_budget(struct user *u, void *arg)
+{
+	uint64_t held = atomic_load(&u->charged);
+
+	if (held > 0)
+		evbuffer_add_printf(arg, "gpx_budget_uid_bytes{uid=\"%u\"} %llu\n", (unsigned)u->uid,
+		    (unsigned long long)held);
+}
+
+/* The budgets (user.c): what is held against them, their limits, the requests refused by each. */
+static void
+render_budgets(struct evbuffer *b)
+{
+	head(b, "gpx_budget_bytes", "gauge", "Bytes of gpxd's memory that transfers in flight hold, in all.");
+	evbuffer_add_printf(b, "gpx_budget_bytes %llu\n", (unsigned long long)budget_used());
+	head(b, "gpx_budget_uid_bytes", "gauge", "Bytes of gpxd's memory that a uid's transfers hold.");
+	user_visit(uid_budget, b);
+	head(b, "gpx_budget_limit_bytes", "gauge", "The budgets ([limits] request_budget, connection_budget, "
+	    "uid_budget, total_budget).");
+	for (int i = 0; i < NBUDGETS; i++)
+		evbuffer_add_printf(b, "gpx_budget_limit_bytes{budget=\"%s\"} %llu\n", budget_name(i),
+		    (unsigned long long)budget_limit(i));
+	head(b, "gpx_budget_refused_total", "counter", "Transfers refused by a budget: busy (would fit once "
+	    "transfers end) or too_large (never fits).");
+	for (int i = 0; i < NBUDGETS; i++)
+		for (int busy = 1; busy >= 0; busy--)
+			evbuffer_add_printf(b, "gpx_budget_refused_total{budget=\"%s\",reason=\"%s\"} %llu\n",
+			    budget_name(i), busy ? "busy" : "too_large", (unsigned long long)budget_refused(i, busy));
+}
+
+static void
 render(struct evbuffer *b, struct snapshot *sn)
 {
 	char labels[512];
@@ -321,6 +352,7 @@ render(struct evbuffer *b, struct snapshot *sn)
 	evbuffer_add_printf(b, "gpx_exports %u\n", export_count());
 	head(b, "gpx_transfers_in_flight", "gauge", "Transfers accepted and not yet completed.");
 	evbuffer_add_printf(b, "gpx_transfers_in_flight %u\n", engine_inflight());
+	render_budgets(b);
 
 	struct fabric_gpu_stats st = { 0 };
 	if (fabric != NULL)
@@ -405,6 +437,35 @@ render(struct evbuffer *b, struct snapshot *sn)
 	}
 }
 
+/*
+ * Where transfers' time goes inside gpxd (engine_stage_stats): one histogram per stage, of
+ * successful transfers since start.  Read at the scrape, not copied into the snapshot: the
+ * engine keeps them lock-free, so a count and its sum may be one transfer apart.
+ */
+static void
+render_stages(struct evbuffer *b)
+{
+	head(b, "gpx_stage_seconds", "histogram", "Time of each transfer in each of gpxd's stages: check (received "
+	    "to checked), queue (to a worker's taking it), launch (to its first chunk queued on the GPU), gpu_wait "
+	    "(to the GPU's start, with GPXD_STAGE_CLOCKS=1), copy (to its last byte), post (to its completion "
+	    "written and the doorbell rung).");
+	for (int st = 0; st < NSTAGES; st++) {
+		uint64_t count, buckets[STAGE_BUCKETS + 1], cum = 0;
+		double seconds;
+		const char *name = engine_stage_name(st);
+		engine_stage_stats(st, &count, &seconds, buckets);
+		for (int i = 0; i < STAGE_BUCKETS; i++) {
+			cum += buckets[i];
+			evbuffer_add_printf(b, "gpx_stage_seconds_bucket{stage=\"%s\",le=\"%g\"} %llu\n", name,
+			    engine_stage_bounds[i], (unsigned long long)cum);
+		}
+		evbuffer_add_printf(b, "gpx_stage_seconds_bucket{stage=\"%s\",le=\"+Inf\"} %llu\n", name,
+		    (unsigned long long)count);
+		evbuffer_add_printf(b, "gpx_stage_seconds_sum{stage=\"%s\"} %.9f\n", name, seconds);
+		evbuffer_add_printf(b, "gpx_stage_seconds_count{stage=\"%s\"} %llu\n", name, (unsigned long long)count);
+	}
+}
+
 static void
 metrics_cb(struct evhttp_request *req, void *arg)
 {
@@ -418,6 +479,7 @@ metrics_cb(struct evhttp_request *req, void *arg)
 	}
 	prune();
 	render(b, sn);
+	render_stages(b);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
 	    "text/plain; version=0.0.4; charset=utf-8");
 	evhttp_send_reply(req, HTTP_OK, "OK", b);

@@ -7,7 +7,9 @@
  */
 #include "config.h"
 
+#include <malloc.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "gpxd.h"
@@ -82,4 +84,125 @@ creds_in_group(const struct creds *c, gid_t g)
 		if (c->groups[i] == g)
 			return true;
 	return false;
+}
+
+/* ---- budgets ---- */
+
+static atomic_uint_fast64_t total_charged;
+static atomic_uint_fast64_t high_water;         /* the total's most since the heap was last trimmed */
+static atomic_bool trimming;
+static atomic_uint_fast64_t refusals[NBUDGETS][2];    /* [scope][busy] */
+static const char *const names[NBUDGETS] = { "request", "connection", "uid", "total" };
+
+const char *
+budget_name(enum budget_scope s)
+{
+	return names[s];
+}
+
+uint64_t
+budget_limit(enum budget_scope s)
+{
+	switch (s) {
+	case BUDGET_REQUEST: return cfg->budget_request;
+	case BUDGET_CONNECTION: return cfg->budget_connection;
+	case BUDGET_UID: return cfg->budget_uid;
+	default: return cfg->budget_total;
+	}
+}
+
+uint64_t
+budget_used(void)
+{
+	return atomic_load(&total_charged);
+}
+
+uint64_t
+budget_refused(enum budget_scope s, bool busy)
+{
+	return atomic_load(&refusals[s][busy]);
+}
+
+/* want: what the request needs so far, held: what other requests hold against the budget. */
+static int
+refuse(enum budget_scope s, uint64_t want, uint64_t held, char *err, size_t errlen)
+{
+	const uint64_t lim = budget_limit(s);
+	const bool busy = want <= lim;
+
+	atomic_fetch_add(&refusals[s][busy], 1);
+	if (busy)
+		snprintf(err, errlen, "busy: the %s budget (limits.%s_budget, %llu bytes) has %llu bytes held by "
+		    "transfers in flight; this one needs %llu or more: retry when some have ended", names[s], names[s],
+		    (unsigned long long)lim, (unsigned long long)held, (unsigned long long)want);
+	else
+		snprintf(err, errlen, "too large: this transfer needs %llu bytes of gpxd's memory, more than the "
+		    "%s budget (limits.%s_budget, %llu bytes) allows", (unsigned long long)want, names[s],
+		    names[s], (unsigned long long)lim);
+	return busy ? -GPX__STATUS__EBUSY : -GPX__STATUS__ENOMEM;
+}
+
+/*
+ * Only the loop thread charges, and other threads only give back: a budget seen with room
+ * here still has it when the bytes are added.  The request's own bytes are part of the
+ * connection's, uid's and total's, so a request that never fits its budget is told so at
+ * the narrowest one.
+ */
+int
+budget_charge(struct charge *ch, uint64_t bytes, char *err, size_t errlen)
+{
+	const uint64_t req = ch->bytes + bytes;
+	const uint64_t held[NBUDGETS] = { 0, atomic_load(&ch->cq->charged) - ch->bytes,
+	    atomic_load(&ch->user->charged) - ch->bytes, atomic_load(&total_charged) - ch->bytes };
+
+	if (req > cfg->budget_request)
+		return refuse(BUDGET_REQUEST, req, 0, err, errlen);
+	for (int s = BUDGET_CONNECTION; s < NBUDGETS; s++)
+		if (req > budget_limit(s) || held[s] + req > budget_limit(s))
+			return refuse(s, req, held[s], err, errlen);
+	atomic_fetch_add(&ch->cq->charged, bytes);
+	atomic_fetch_add(&ch->user->charged, bytes);
+	uint64_t t = atomic_fetch_add(&total_charged, bytes) + bytes;
+	uint64_t hw = atomic_load(&high_water);
+	while (t > hw && !atomic_compare_exchange_weak(&high_water, &hw, t))
+		;
+	ch->bytes = req;
+	return 0;
+}
+
+static void *
+trim(void *unused)
+{
+	(void)unused;
+	malloc_trim(0);
+	atomic_store(&trimming, false);
+	return NULL;
+}
+
+/*
+ * Large lists are freed into the heap, which keeps them for the next request (main.c): once
+ * the total has fallen below half of what it was, a thread of its own gives the heap's free
+ * pages back to the system, so that what a client held is not kept once it is gone.
+ */
+#define TRIM_MIN (16u << 20)
+
+void
+budget_release(struct cq *q, struct user *u, uint64_t bytes)
+{
+	if (bytes == 0)
+		return;
+	atomic_fetch_sub(&q->charged, bytes);
+	atomic_fetch_sub(&u->charged, bytes);
+	uint64_t t = atomic_fetch_sub(&total_charged, bytes) - bytes;
+	uint64_t hw = atomic_load(&high_water);
+	if (hw < TRIM_MIN || t > hw / 2 || atomic_exchange(&trimming, true))
+		return;
+	atomic_store(&high_water, t);
+	pthread_t th;
+	pthread_attr_t a;
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&th, &a, trim, NULL) != 0)
+		atomic_store(&trimming, false);
+	pthread_attr_destroy(&a);
 }

@@ -150,13 +150,15 @@ pages_refused(const struct job *j, const struct gpx_wire_page *pg, uint32_t n, u
 
 /*
  * Takes the n page records at `in` (the segment area, or a batch's private copy) into private
- * memory, the kernel's pinned list when a GPU runs the job as pages, else a scratch array
- * that becomes plain segments, and checks them from that copy only against every pair of j
- * (j->pairs with their bases are set).
+ * memory and checks them from that copy only against every pair of j (j->pairs with their
+ * bases are set).  The copy is the kernel's pinned list when a GPU runs the job as pages; on
+ * the host path a list of its own (j->plist) that the workers read in place, so a job of
+ * 16,384 pairs x 4,096 pages holds 32 KiB of pages, not 67 million segments; else a scratch
+ * array that becomes plain segments.
  */
 int
-xfer_take_pages(struct job *j, const unsigned char *in, uint32_t n, uint64_t ps, struct conn *c, char *err,
-    size_t errlen)
+xfer_take_pages(struct job *j, const unsigned char *in, uint32_t n, uint64_t ps, struct conn *c,
+    struct charge *ch, char *err, size_t errlen)
 {
 	const uint64_t items = (uint64_t)j->npairs * n;
 	struct gpx_wire_page *pg;
@@ -180,10 +182,19 @@ xfer_take_pages(struct job *j, const unsigned char *in, uint32_t n, uint64_t ps,
 		j->pairs[k].seg_end = (k + 1) * n;
 		j->pairs[k].bytes = n * ps;
 	}
+	/* (the kernel's list lies in an arena of fixed size, allocated at start: not charged) */
 	if ((j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, n, &dev)) != NULL) {
 		pg = j->pages;
 		j->path = (enum path_kind)(PATH_GPU0 + dev);      /* that GPU's kernel runs it */
-	} else if ((r = xfer_segs_alloc(j, err, errlen)) < 0)
+	} else if (engine_path_for(j->pairs[0].src, j->pairs[0].dst) == PATH_HOST) {
+		if ((r = xfer_charge(ch, (uint64_t)n * sizeof(*pg), c, err, errlen)) < 0)
+			return r;
+		if ((j->plist = malloc((size_t)n * sizeof(*pg))) == NULL) {
+			snprintf(err, errlen, "out of memory for %u pages", n);
+			return -GPX__STATUS__ENOMEM;
+		}
+		pg = j->plist;
+	} else if ((r = xfer_segs_alloc(j, ch, c, err, errlen)) < 0)
 		return r;
 	else
 		pg = (struct gpx_wire_page *)(j->segs + j->nseg) - n;    /* the array's tail */
@@ -193,7 +204,7 @@ xfer_take_pages(struct job *j, const unsigned char *in, uint32_t n, uint64_t ps,
 		if ((r = pages_refused(j, pg, n, ps, c, err, errlen)) < 0)
 			return r;
 	}
-	if (j->pages != NULL)
+	if (j->pages != NULL || j->plist != NULL)
 		return 0;
 	/*
 	 * Plain segments, written over the scratch copy from the front, pair after pair.  The

@@ -19,11 +19,20 @@
 #define SEG_LIMIT (1ull << 62)
 #define SEG_BAD (~(SEG_LIMIT - 1))
 
-/* The job's private segment array (j->nseg of them), with room for blocks[] after it. */
-int xfer_segs_alloc(struct job *, char *err, size_t errlen);
+/*
+ * Charges bytes to the request's budgets before they are allocated; a refusal is logged.  A
+ * connection without a completion ring (the unit tests' fake one) runs no transfer and is not
+ * charged.
+ */
+int xfer_charge(struct charge *, uint64_t bytes, struct conn *, char *err, size_t errlen);
+
+/* Bytes of a private segment array of n segments with its blocks[]. */
+uint64_t xfer_segs_bytes(uint32_t n);
+/* The job's private segment array (j->nseg of them), with room for blocks[] after it, charged. */
+int xfer_segs_alloc(struct job *, struct charge *, struct conn *, char *err, size_t errlen);
 
 /* Takes and checks the n page records at `in` for every pair of j (xfer-pages.c). */
 int xfer_take_pages(struct job *, const unsigned char *in, uint32_t n, uint64_t page_size, struct conn *,
-    char *err, size_t errlen);
+    struct charge *, char *err, size_t errlen);
 
 #endif

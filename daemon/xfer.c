@@ -236,13 +236,32 @@ take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int
 	return check_segs(j, j->segs, src, dst, c, err, errlen);
 }
 
-/* The job's private segment array, with room for blocks[] after it. */
 int
-xfer_segs_alloc(struct job *j, char *err, size_t errlen)
+xfer_charge(struct charge *ch, uint64_t bytes, struct conn *c, char *err, size_t errlen)
 {
-	size_t nblocks = (j->nseg + SEG_BLOCK - 1) / SEG_BLOCK;
+	int r;
 
-	j->segs = malloc((size_t)j->nseg * sizeof(*j->segs) + nblocks * sizeof(*j->blocks));
+	if (ch->cq == NULL)
+		return 0;
+	if ((r = budget_charge(ch, bytes, err, errlen)) < 0)
+		log_audit(c, "%s", err);
+	return r;
+}
+
+uint64_t
+xfer_segs_bytes(uint32_t n)
+{
+	return (uint64_t)n * sizeof(struct gpx_wire_seg) + (n + SEG_BLOCK - 1) / SEG_BLOCK * sizeof(uint64_t);
+}
+
+int
+xfer_segs_alloc(struct job *j, struct charge *ch, struct conn *c, char *err, size_t errlen)
+{
+	int r;
+
+	if ((r = xfer_charge(ch, xfer_segs_bytes(j->nseg), c, err, errlen)) < 0)
+		return r;
+	j->segs = malloc(xfer_segs_bytes(j->nseg));
 	if (j->segs == NULL) {
 		snprintf(err, errlen, "out of memory for %u segments", j->nseg);
 		return -GPX__STATUS__ENOMEM;
@@ -292,13 +311,32 @@ xfer_area(const struct conn *c, uint64_t off, uint64_t bytes)
 	return c->area + off;
 }
 
-/* A job with one pair slot, or npairs of its own. */
-static struct job *
-job_new(uint32_t npairs)
+/* What a job of npairs pairs is, without its lists. */
+static uint64_t
+job_bytes(uint32_t npairs)
 {
-	struct job *j = calloc(1, sizeof(*j));
+	return sizeof(struct job) + (npairs > 1 ? (uint64_t)npairs * sizeof(struct jpair) : 0);
+}
 
-	if (j == NULL)
+/* What a built job holds: itself, its pairs and its list. */
+static uint64_t
+job_footprint(const struct job *j)
+{
+	return job_bytes(j->npairs) + (j->segs != NULL ? xfer_segs_bytes(j->nseg) : 0) +
+	    (j->plist != NULL ? (uint64_t)j->npages * sizeof(*j->plist) : 0);
+}
+
+/* A job with one pair slot, or npairs of its own, charged first; NULL with err set. */
+static struct job *
+job_new(uint32_t npairs, struct charge *ch, struct conn *c, int *r, char *err, size_t errlen)
+{
+	struct job *j;
+
+	if ((*r = xfer_charge(ch, job_bytes(npairs), c, err, errlen)) < 0)
+		return NULL;
+	*r = -GPX__STATUS__ENOMEM;
+	snprintf(err, errlen, "out of memory for a transfer");
+	if ((j = calloc(1, sizeof(*j))) == NULL)
 		return NULL;
 	j->pairs = &j->one;
 	if (npairs > 1 && (j->pairs = calloc(npairs, sizeof(*j->pairs))) == NULL) {
@@ -306,7 +344,27 @@ job_new(uint32_t npairs)
 		return NULL;
 	}
 	j->npairs = npairs;
+	*r = 0;
+	err[0] = '\0';
 	return j;
+}
+
+/*
+ * A request built: each job keeps the charge of what it holds until it is freed (the group,
+ * shared by all, on the first); the scratch of building it is given back.
+ */
+static void
+charge_keep(struct charge *ch, struct job *head)
+{
+	uint64_t kept = 0;
+
+	if (ch->cq == NULL)
+		return;
+	for (struct job *j = head; j != NULL; j = j->gnext) {
+		j->charged = job_footprint(j) + (j == head && j->group != NULL ? sizeof(struct jgroup) : 0);
+		kept += j->charged;
+	}
+	budget_release(ch->cq, ch->user, ch->bytes - kept);
 }
 
 /*
@@ -368,8 +426,8 @@ job_finish_build(struct job *j, const Gpx__Transfer *t, struct conn *c, double t
  * copied and checked.  Any refusal refuses the whole batch, before any job is handed over.
  */
 static int
-build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, char *err, size_t errlen,
-    double t_build)
+build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, struct charge *ch, char *err,
+    size_t errlen, double t_build)
 {
 	const bool pages = t->page_size > 0;
 	const uint32_t np = t->pair_count, n = t->seg_count;
@@ -396,6 +454,9 @@ build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out,
 		    (unsigned long long)t->area_offset, cfg->max_segs, c->area_len);
 		return -GPX__STATUS__EINVAL;
 	}
+	if ((r = xfer_charge(ch, (uint64_t)np * (sizeof(*pr) + sizeof(*jp) + sizeof(*path) + sizeof(*idx)),
+	    c, err, errlen)) < 0)
+		return r;
 	pr = malloc(np * sizeof(*pr));
 	jp = calloc(np, sizeof(*jp));
 	path = malloc(np * sizeof(*path));
@@ -446,12 +507,9 @@ build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out,
 				segs += pages ? 0 : pr[q].seg_count;
 				path[q] = NPATHS;
 			}
-		struct job *j = job_new(cnt);
-		if (j == NULL) {
-			snprintf(err, errlen, "out of memory for a transfer");
-			r = -GPX__STATUS__ENOMEM;
+		struct job *j = job_new(cnt, ch, c, &r, err, errlen);
+		if (j == NULL)
 			break;
-		}
 		*tail = j;
 		tail = &j->gnext;
 		ngroups++;
@@ -460,7 +518,7 @@ build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out,
 		if (pages)
 			continue;       /* the page list is taken once the groups are known */
 		j->nseg = (uint32_t)segs;
-		if ((r = xfer_segs_alloc(j, err, errlen)) < 0)
+		if ((r = xfer_segs_alloc(j, ch, c, err, errlen)) < 0)
 			break;
 		uint64_t total = 0;
 		bool bad = false;
@@ -487,7 +545,8 @@ build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out,
 	if (r == 0 && pages) {
 		/* Several groups read one private copy; one group reads the area itself. */
 		const unsigned char *in = list;
-		if (ngroups > 1) {
+		if (ngroups > 1 && (r = xfer_charge(ch, (uint64_t)n * sizeof(struct gpx_wire_page), c, err,
+		    errlen)) == 0) {
 			if ((plist = malloc((size_t)n * sizeof(struct gpx_wire_page))) == NULL) {
 				snprintf(err, errlen, "out of memory for %u pages", n);
 				r = -GPX__STATUS__ENOMEM;
@@ -497,7 +556,7 @@ build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out,
 			}
 		}
 		for (struct job *j = head; j != NULL && r == 0; j = j->gnext)
-			r = xfer_take_pages(j, in, n, t->page_size, c, err, errlen);
+			r = xfer_take_pages(j, in, n, t->page_size, c, ch, err, errlen);
 	}
 	for (struct job *j = head; j != NULL && r == 0; j = j->gnext)
 		if ((r = job_hold(j, err, errlen)) < 0)
@@ -518,16 +577,19 @@ out:
 			head = nx;
 		}
 	} else {
-		struct jgroup *g = ngroups > 1 ? calloc(1, sizeof(*g)) : NULL;
-		if (ngroups > 1 && g == NULL) {
-			/* (cannot happen in practice; refused whole) */
+		struct jgroup *g = NULL;
+		if (ngroups > 1 && (r = xfer_charge(ch, sizeof(*g), c, err, errlen)) == 0 &&
+		    (g = calloc(1, sizeof(*g))) == NULL) {
+			snprintf(err, errlen, "out of memory for a transfer");
+			r = -GPX__STATUS__ENOMEM;
+		}
+		if (r < 0) {
+			/* (over a budget, or out of memory: refused whole) */
 			while (head != NULL) {
 				struct job *nx = head->gnext;
 				engine_free_job(head);
 				head = nx;
 			}
-			snprintf(err, errlen, "out of memory for a transfer");
-			r = -GPX__STATUS__ENOMEM;
 		} else {
 			if (g != NULL)
 				atomic_init(&g->left, ngroups);
@@ -546,17 +608,15 @@ out:
 	return r;
 }
 
-int
-xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, char *err, size_t errlen)
+static int
+build_one(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, struct charge *ch, char *err,
+    size_t errlen, double t_build)
 {
 	struct rhandle *sh, *dh;
 	const unsigned char *table = NULL;
-	double t_build = log_level_debug() ? now_s() : 0;    /* for the engine's debug line */
 	uint32_t n;
 	int r;
 
-	if (t->pair_count > 0)
-		return build_batch(c, t, segfd, out, err, errlen, t_build);
 	if ((r = resolve_pair(c, t->src_region, t->dst_region, &sh, &dh, err, errlen)) < 0)
 		return r;
 	if (t->page_size > 0 && (c->version < 2 || t->seg_count == 0 || segfd >= 0)) {
@@ -584,18 +644,16 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 	if (segfd >= 0 && (r = segs_fd_ok(segfd, n, err, errlen)) < 0)
 		return r;
 
-	struct job *j = job_new(1);
-	if (j == NULL) {
-		snprintf(err, errlen, "out of memory for a transfer");
-		return -GPX__STATUS__ENOMEM;
-	}
+	struct job *j = job_new(1, ch, c, &r, err, errlen);
+	if (j == NULL)
+		return r;
 	j->one = (struct jpair){ .src = sh->r, .dst = dh->r, .src_base = t->src_offset,
 	    .dst_base = t->dst_offset, .seg_end = n };
 	if (t->page_size > 0)
-		r = xfer_take_pages(j, table, n, t->page_size, c, err, errlen);
+		r = xfer_take_pages(j, table, n, t->page_size, c, ch, err, errlen);
 	else {
 		j->nseg = n;
-		if ((r = xfer_segs_alloc(j, err, errlen)) == 0)
+		if ((r = xfer_segs_alloc(j, ch, c, err, errlen)) == 0)
 			r = take_segs(j, t, table, segfd, sh->r, dh->r, c, err, errlen);
 		j->one.bytes = j->total;
 	}
@@ -607,5 +665,23 @@ xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, 
 	}
 	job_finish_build(j, t, c, t_build);
 	*out = j;
+	return 0;
+}
+
+int
+xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, char *err, size_t errlen)
+{
+	struct charge ch = { .cq = c->cq, .user = c->user };
+	double t_build = log_level_debug() ? now_s() : 0;    /* for the engine's debug line */
+	int r;
+
+	r = t->pair_count > 0 ? build_batch(c, t, segfd, out, &ch, err, errlen, t_build) :
+	    build_one(c, t, segfd, out, &ch, err, errlen, t_build);
+	if (r < 0) {
+		if (ch.cq != NULL)
+			budget_release(ch.cq, ch.user, ch.bytes);
+		return r;
+	}
+	charge_keep(&ch, *out);
 	return 0;
 }

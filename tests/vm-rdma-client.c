@@ -129,6 +129,25 @@ import_retry(gpx_conn *c, const char *name, gpx_region *r, uint64_t *len, double
 }
 
 /* Waits (up to a minute) for n completions: how many came, ok and failed; when the last came. */
+/* Submits n copies of SZ from src to dst with tags tag0..; a busy answer is retried for up to
+ * 2 s, any other error ends the stream with a line saying why.  Returns how many went in. */
+static int
+stream_start(gpx_conn *c, gpx_region src, gpx_region dst, int n, uint64_t tag0)
+{
+	int i, e = 0;
+
+	for (i = 0; i < n; i++) {
+		double t0 = now();
+		while ((e = gpx_copy(c, src, 0, dst, 0, SZ, tag0 + i)) == -GPX_EBUSY && now() - t0 < 2)
+			usleep(10000);
+		if (e < 0) {
+			diag("copy %d of %d not submitted: %s (%s)", i + 1, n, gpx_strerror(e), gpx_last_error(c));
+			break;
+		}
+	}
+	return i;
+}
+
 static double
 stream_end(gpx_conn *c, int n, int *okc, int *errc, int *got)
 {
@@ -267,11 +286,10 @@ user(const char *sock, const char *peer)
 	e = command(c, rt, pt, rctl, "K700");
 	ok(e == 0, "asked A's owner to kill A's gpxd in 0.7 s");
 	double tc = now();
-	for (int i = 0; i < N; i++)
-		if (gpx_copy(c, rb, 0, rkv, 0, SZ, 1000 + i) < 0)
-			break;
-	double tlast = stream_end(c, N, &okc, &errc, &got);
-	ok(got == N, "all %d copies ended (%d ok, %d failed)", N, okc, errc);
+	int sent = stream_start(c, rb, rkv, N, 1000);
+	ok(sent == N, "%d copies of 8 MiB submitted (%d)", N, sent);
+	double tlast = stream_end(c, sent, &okc, &errc, &got);
+	ok(got == sent, "all %d copies ended (%d ok, %d failed)", sent, okc, errc);
 	ok(errc > 0, "copies cut off by the kill failed (%d)", errc);
 	ok(tlast - tc < 0.7 + bound, "the last ended %.1f s after the kill was asked (bound 0.7 + %.0f s)",
 	    tlast - tc, bound);
@@ -291,14 +309,13 @@ user(const char *sock, const char *peer)
 	const char *down = getenv("VM_LINK_DOWN");
 	if (e == 0 && down != NULL) {
 		fill(pb, SZ, 7);
-		for (int i = 0; i < N; i++)
-			if (gpx_copy(c, rb, 0, rkv, 0, SZ, 3000 + i) < 0)
-				break;
+		sent = stream_start(c, rb, rkv, N, 3000);
+		ok(sent == N, "%d copies of 8 MiB submitted (%d)", N, sent);
 		usleep(300000);
 		ok(system(down) == 0, "the link of the second rail taken down during a stream of copies");
 		tc = now();
-		tlast = stream_end(c, N, &okc, &errc, &got);
-		ok(got == N, "all %d copies ended (%d ok, %d failed)", N, okc, errc);
+		tlast = stream_end(c, sent, &okc, &errc, &got);
+		ok(got == sent, "all %d copies ended (%d ok, %d failed)", sent, okc, errc);
 		ok(errc > 0, "copies cut off by the link going down failed (%d)", errc);
 		ok(tlast - tc < bound, "the last ended %.1f s after the link went down (bound %.0f s)", tlast - tc, bound);
 		snprintf(name, sizeof(name), "%s:kv", peer);

@@ -35,7 +35,7 @@ def test_bench_overhead_runs(gpxd):
     assert "per call" in lines[-1], p.stdout
 
 
-@pytest.mark.parametrize("mode", ["kv", "weights"])
+@pytest.mark.parametrize("mode", ["kv", "weights", "small"])
 def test_bench_workload_runs(gpxd, mode):
     """The workloads of the benchmark, as CI runs them: host memory without a GPU, every
     result checked against its source (a mismatch ends the run with an error)."""
@@ -43,6 +43,25 @@ def test_bench_workload_runs(gpxd, mode):
                        env=child_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "gpx" in p.stdout and "GB/s" in p.stdout, p.stdout
+
+
+def test_bench_targets_file_wins(tmp_path, monkeypatch):
+    """The targets the benches print against: bench.py's own, and a targets file's values over
+    them, whatever the line around the id looks like (a table row, a list item, a >= sign)."""
+    from gpx import bench
+    f = tmp_path / "TARGETS.md"
+    f.write_text("| `kv.back_to_back` | >= 0.99 | ratio |\n- small.rate_python \u2265 300,000 copies/s\n"
+                 "weights.fixed_us <= 40 us\n")
+    monkeypatch.setenv("GPX_TARGETS", str(f))
+    t, where = bench.load_targets()
+    assert where == str(f)
+    assert t["kv.back_to_back"][:2] == (">=", 0.99) and t["small.rate_python"][:2] == (">=", 300000.0)
+    assert t["weights.fixed_us"][:2] == ("<=", 40.0) and t["kv.after_work"] == bench.TARGETS["kv.after_work"]
+    assert bench.verdict("kv.back_to_back", 0.98, t).startswith("NOT MET")
+    assert bench.verdict("kv.back_to_back", 0.99, t).startswith("met")
+    assert bench.verdict("weights.fixed_us", 41, t).startswith("NOT MET")
+    assert bench.verdict("small.rate_python", 300001, t).startswith("met")
+    assert bench.verdict("no.such_target", 1.0, t) == "" and bench.verdict("kv.after_work", float("nan"), t) == ""
 
 
 def test_stub_matches_the_module():

@@ -1,4 +1,4 @@
-"""The workloads of ``python3 -m gpx.bench``: kv, weights and pages.
+"""The workloads of ``python3 -m gpx.bench``: kv, weights, pages and small.
 
 Each runs what a PyTorch program does, two processes as in production, once through
 PyTorch's own means and once through gpxd, from one run, and checks every result against the
@@ -9,17 +9,28 @@ kv       a prefill process and a decode process, a vLLM-shaped paged cache: per 
          blocks moves from prefill block numbers to other decode block numbers.  PyTorch's way:
          the prefill tensors shared with torch.multiprocessing, then per tensor a gather on the
          source GPU, a copy to the destination and a scatter there.  gpx's way: one
-         copy_pages_batch of every tensor pair.  Also a flat copy of the same bytes, the
-         bandwidth a perfect handoff would reach.
+         copy_pages_batch of every tensor pair.  The strongest baseline: the program's own
+         fused kernel, ONE launch over all 64 tensors (bench-kernels.cu, loaded through
+         ctypes).  Also a flat copy of the same bytes, the bandwidth a perfect handoff would
+         reach; each request after ~1 ms of the program's matmuls; and, for 1,024 blocks,
+         both while the program's matmuls run, with the matmul step time of each.
 weights  a trainer process pushes a whole model's weights into an inference process.  The
          model is built with transformers from a Qwen2-1.5B-shaped config (random weights,
          nothing downloaded), or, without transformers, the same list of shapes.  PyTorch's
-         ways: NCCL broadcast tensor by tensor (two GPUs), and CUDA IPC plus copy_ per tensor.
+         ways: NCCL broadcast tensor by tensor (two GPUs), CUDA IPC plus copy_ per tensor,
+         torch._foreach_copy_; and one flat copy of the same bytes, the target's baseline.
          gpx: one copy_batch of every tensor.  Also the fixed cost of an update: the same
          tensors, 256 bytes of each.
 pages    the scattered pages of one 256 MiB cache: 65,536 x 4 KiB and 8,192 x 32 KiB, back to
          back and each after 1 ms of the decode process's own GPU work, against PyTorch's
          gather / copy / scatter; and a flat 256 MiB copy against torch's copy_.
+small    20,000 copies of 4 KiB with 64 in flight from Python against a torch copy_ loop, and
+         one 4 KiB copy + wait against torch copy_ + synchronize and cuMemcpyAsync +
+         cuStreamSynchronize (ctypes), within GPU 0.
+
+Where the spawned (or --metrics) gpxd has a metrics endpoint, each gpx figure is followed by
+the mean time per transfer of each of gpxd's stages (gpx_stage_seconds), and by gpxd's cores
+busy while it ran (/proc/PID/stat); figures with a target end in met or NOT MET.
 
 Without a GPU (or without torch) kv and weights run the same shapes, smaller, in host memory
 (HostBuffers viewed through numpy, the baseline a numpy gather / scatter through the shared
@@ -41,6 +52,121 @@ BLOCK_BYTES = 16 * 8 * 128 * 2
 QWEN2_1_5B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                   num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True,
                   max_position_embeddings=32768)
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver API through ctypes: the program's own fused kernel and raw copies, the strongest
+# baselines, without a compiler or another package where the bench runs.
+
+class _Driver:
+    """libcuda.so.1, the few calls the baselines need; every failure ends the run with its name."""
+
+    def __init__(self):
+        import ctypes as ct
+        self.ct = ct
+        self.lib = ct.CDLL("libcuda.so.1")
+        vp, u32, u64 = ct.c_void_p, ct.c_uint, ct.c_uint64
+        sig = {
+            "cuCtxGetCurrent": [ct.POINTER(vp)],
+            "cuModuleLoadData": [ct.POINTER(vp), vp],
+            "cuModuleGetFunction": [ct.POINTER(vp), vp, ct.c_char_p],
+            "cuLaunchKernel": [vp, u32, u32, u32, u32, u32, u32, u32, vp, ct.POINTER(vp), ct.POINTER(vp)],
+            "cuMemcpyAsync": [u64, u64, ct.c_size_t, vp],
+            "cuStreamSynchronize": [vp],
+            "cuGetErrorName": [ct.c_int, ct.POINTER(ct.c_char_p)],
+        }
+        for name, args in sig.items():
+            f = getattr(self.lib, name)
+            f.argtypes, f.restype = args, ct.c_int
+
+    def check(self, r, what):
+        if r != 0:
+            name = self.ct.c_char_p()
+            self.lib.cuGetErrorName(r, self.ct.byref(name))
+            raise SystemExit(f"gpx.bench: {what}: {(name.value or b'?').decode()} ({r})")
+
+    def current_ctx(self, torch, dev):
+        """The context PyTorch made current for dev (its primary context)."""
+        torch.cuda.set_device(dev)
+        torch.cuda.current_stream(dev).synchronize()
+        ctx = self.ct.c_void_p()
+        self.check(self.lib.cuCtxGetCurrent(self.ct.byref(ctx)), "cuCtxGetCurrent")
+        if not ctx.value:
+            raise SystemExit(f"gpx.bench: no CUDA context current for GPU {dev}")
+        return ctx.value
+
+
+FATBIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bench_kernels.fatbin")
+
+
+class _FusedCopy:
+    """The program's own copy: ONE launch of bench-kernels.cu's gather-scatter kernel over every
+    tensor pair, on device dev, with the tensors' addresses in device tables (as vLLM's
+    copy_blocks).  Verified by its caller byte for byte against PyTorch before it is timed."""
+
+    def __init__(self, torch, drv, dev, src, dst, block_bytes):
+        ct = drv.ct
+        self.torch, self.drv, self.dev = torch, drv, dev
+        for t in list(src) + list(dst):
+            if t.data_ptr() % 16 or not t.is_contiguous():
+                raise SystemExit("gpx.bench: the fused kernel needs contiguous tensors on 16-byte boundaries")
+        if block_bytes % 16:
+            raise SystemExit("gpx.bench: the fused kernel moves blocks of a multiple of 16 bytes")
+        with open(FATBIN, "rb") as f:
+            self.image = f.read()
+        drv.current_ctx(torch, dev)
+        self.mod, self.fn = ct.c_void_p(), ct.c_void_p()
+        drv.check(drv.lib.cuModuleLoadData(ct.byref(self.mod), self.image), "cuModuleLoadData (the bench's fatbin)")
+        drv.check(drv.lib.cuModuleGetFunction(ct.byref(self.fn), self.mod, b"gpx_bench_copy_blocks"),
+                  "cuModuleGetFunction gpx_bench_copy_blocks")
+        d = f"cuda:{dev}"
+        self.tables = (torch.tensor([t.data_ptr() for t in src], dtype=torch.int64, device=d),
+                       torch.tensor([t.data_ptr() for t in dst], dtype=torch.int64, device=d))
+        self.ntensors = len(src)
+        self.block_bytes = block_bytes
+        self.nblocks = 0
+
+    def blocks(self, src_idx, dst_idx):
+        """The block numbers of the next launches (int32 on the kernel's device)."""
+        d = f"cuda:{self.dev}"
+        self.idx = (src_idx.to(device=d, dtype=self.torch.int32).contiguous(),
+                    dst_idx.to(device=d, dtype=self.torch.int32).contiguous())
+        self.nblocks = len(src_idx)
+        ct = self.drv.ct
+        self.vals = [ct.c_uint64(self.tables[0].data_ptr()), ct.c_uint64(self.tables[1].data_ptr()),
+                     ct.c_uint64(self.idx[0].data_ptr()), ct.c_uint64(self.idx[1].data_ptr()),
+                     ct.c_uint64(self.block_bytes)]
+        self.args = (ct.c_void_p * 5)(*[ct.cast(ct.byref(v), ct.c_void_p) for v in self.vals])
+
+    def launch(self, stream=None):
+        """Queues the copy of every tensor's blocks on stream (PyTorch's current by default)."""
+        s = stream if stream is not None else self.torch.cuda.current_stream(self.dev)
+        if self.torch.cuda.current_device() != self.dev:
+            with self.torch.cuda.device(self.dev):     # the launch names the current context's function
+                return self.launch(s)
+        self.drv.check(self.drv.lib.cuLaunchKernel(self.fn, self.nblocks, self.ntensors, 1, 256, 1, 1, 0,
+                                                   s.cuda_stream, self.args, None), "cuLaunchKernel")
+
+
+def _under_mps():
+    """Whether this process runs as a CUDA MPS client: CUDA_MPS_PIPE_DIRECTORY set and the
+    control daemon alive."""
+    if not os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        return False
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().startswith("nvidia-cuda-mps"):
+                        return True
+            except OSError:
+                pass
+    return False
+
+
+def _verdict(tid, value):
+    from gpx import bench
+    return bench.verdict(tid, value)
 
 
 def _torch_gpus():
@@ -131,11 +257,61 @@ def _kv_sizes(torch, devs, free_bytes, layers):
     shared = devs[0] == devs[1]
     # Both caches, plus the flat reference and PyTorch's gather buffer (as large as a request).
     budget = free_bytes * 0.6
-    for top in (16384, 8192, 4096, 2048, 1024):
+    for top in (4096, 2048, 1024, 256):
         need = per_block * (top + 256) * (2 if shared else 1) + 2 * per_block * top
         if need < budget:
-            return top + 256, [n for n in (1024, 4096, 16384) if n <= top]
-    return 1024 + 256, [1024]
+            return top + 256, [n for n in (256, 1024, 4096) if n <= top]
+    return 256 + 256, [256]
+
+
+def _own_work(torch, dev, seconds=1e-3):
+    """The program's own GPU work: bf16 matrix products, as many as take `seconds` here.
+    Returns (queue them on the current stream, how many)."""
+    a = torch.randn((4096, 4096), dtype=torch.bfloat16, device=dev)
+    o = torch.empty_like(a)
+    reps = 1
+    while True:
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.mm(a, a, out=o)
+        torch.cuda.synchronize(dev)
+        if time.perf_counter() - t0 > seconds or reps > 4096:
+            break
+        reps *= 2
+
+    def queue(n=reps):
+        for _ in range(n):
+            torch.mm(a, a, out=o)
+    return queue, reps
+
+
+def _under_load(torch, dev, queue, reps, way, rounds):
+    """Copies by way() while the program's matmuls run on a stream of their own: rounds of
+    `reps` products, and copies one after another as long as the products run (a copy that
+    ended after them ran partly alone and is not counted).  Returns (median copy time or
+    None, median time of one product)."""
+    ms = torch.cuda.Stream(dev)
+    copies, steps = [], []
+    for _ in range(rounds):
+        torch.cuda.synchronize(dev)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(ms):
+            e0.record()
+            queue(reps)
+            e1.record()
+        while not e0.query():
+            pass
+        while way is not None:
+            t0 = time.perf_counter()
+            way()
+            t = time.perf_counter() - t0
+            if e1.query():
+                break
+            copies.append(t)
+        e1.synchronize()
+        steps.append(e0.elapsed_time(e1) / 1e3 / reps)
+    return (statistics.median(copies) if copies else None), statistics.median(steps)
 
 
 def _kv_prefill(sock, devs, nblocks, layers, prefix, alloc, conn_q, done_q):
@@ -154,18 +330,37 @@ def _kv_prefill(sock, devs, nblocks, layers, prefix, alloc, conn_q, done_q):
         done_q.get()
 
 
-def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q, done_q, out_q):
+def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, metrics, conn_q, done_q, out_q):
     torch, where = _gpu_child(alloc, devs[1])
+    from gpx import bench
     dev = f"cuda:{devs[1]}"
     src = conn_q.get()
     with where:
         dst = [torch.zeros((nblocks,) + BLOCK_SHAPE, dtype=torch.bfloat16, device=dev) for _ in range(2 * layers)]
+    if devs[0] != devs[1]:
+        # Peer access both ways, through PyTorch (which also maps its expandable segments to
+        # the peer): the fused kernel on the prefill GPU writes this GPU's tensors.
+        for a, b in ((devs[0], devs[1]), (devs[1], devs[0])):
+            torch.ones(1, device=f"cuda:{b}").copy_(torch.ones(1, device=f"cuda:{a}"))
+        torch.cuda.synchronize(devs[0])
+        torch.cuda.synchronize(devs[1])
+    # The program's kernel runs where its source is, as vLLM's copy_blocks does.
+    kdev = devs[0]
+    fused = None
+    if os.path.exists(FATBIN):
+        fused = _FusedCopy(torch, _Driver(), kdev, src, dst, BLOCK_BYTES)
+        torch.cuda.set_device(devs[1])
+    kstream = torch.cuda.current_stream(kdev)
+    queue, reps = _own_work(torch, dev)
+    cpu = bench.CpuMeter(gpxd) if gpxd else None
+    mps = _under_mps()
     results = []
     with gpx.connect(sock, name="bench-kv-decode") as c:
         theirs = [c.import_(f"{prefix}.{i}") for i in range(2 * layers)]
         mine = [c.register(t) for t in dst]
         pairs = list(zip(theirs, mine))
         g = torch.Generator().manual_seed(1)
+        load_n = 1024 if 1024 in sizes else sizes[len(sizes) // 2]
         for n in sizes:
             sp = torch.randperm(nblocks, generator=g)[:n].to(torch.int32)
             dp = torch.randperm(nblocks, generator=g)[:n].to(torch.int32)
@@ -192,7 +387,15 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q, 
             def gpx_way():
                 c.copy_pages_batch(pairs, BLOCK_BYTES, sp, dp).wait()
 
-            for way in (torch_way, gpx_way):
+            def fused_way():
+                fused.launch(kstream)
+                kstream.synchronize()
+
+            ways = [torch_way, gpx_way]
+            if fused is not None:
+                fused.blocks(sp, dp)
+                ways.append(fused_way)
+            for way in ways:
                 for t in dst:
                     t.zero_()
                 # gpxd's copies are not ordered with this process's streams: what it does on
@@ -200,10 +403,44 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q, 
                 torch.cuda.synchronize(dev)
                 way()
                 check(way.__name__)
-            t_torch = _median_time(torch_way, runs)
-            t_gpx = _median_time(gpx_way, runs)
+            r = {"n": n, "bytes": 2 * layers * n * BLOCK_BYTES, "mps": mps}
+            r["index"] = _median_time(torch_way, runs)
+            if fused is not None:
+                r["fused"] = _median_time(fused_way, runs)
+            before = bench.scrape(metrics)
+            if cpu:
+                cpu.start()
+            r["gpx"] = _median_time(gpx_way, runs)
+            r["gpx_cpu"] = cpu.stop() if cpu else None
+            r["stages"] = bench.stage_lines(before, bench.scrape(metrics), r["gpx"])
+            # Each request after ~1 ms of the program's own GPU work (finished first: gpxd's
+            # copies are not ordered with the program's streams), fused and gpx in turn.
+            after = {"fused": [], "gpx": []}
+            for _ in range(runs):
+                for name, way in (("fused", fused_way), ("gpx", gpx_way)):
+                    if name == "fused" and fused is None:
+                        continue
+                    queue()
+                    torch.cuda.synchronize(dev)
+                    t0 = time.perf_counter()
+                    way()
+                    after[name].append(time.perf_counter() - t0)
+            r["after"] = {k: statistics.median(v) for k, v in after.items() if v}
+            # While the program's matmuls run: the fused kernel on a second stream, or gpx.
+            if n == load_n and devs[0] == devs[1]:
+                cs = torch.cuda.Stream(dev)
+
+                def fused_side():
+                    fused.launch(cs)
+                    cs.synchronize()
+                alone = r.get("fused", r["gpx"])
+                burst = max(reps * 10, int(reps * 8 * alone / 1e-3) + 1)
+                _, r["step_alone"] = _under_load(torch, dev, queue, burst, None, runs)
+                if fused is not None:
+                    r["load_fused"], r["step_fused"] = _under_load(torch, dev, queue, burst, fused_side, runs)
+                r["load_gpx"], r["step_gpx"] = _under_load(torch, dev, queue, burst, gpx_way, runs)
             # A flat copy of the same bytes (beyond 2 GiB the bandwidth is that of 2 GiB).
-            nbytes = 2 * layers * n * BLOCK_BYTES
+            nbytes = r["bytes"]
             flat = min(nbytes, 2 << 30)
             fa = torch.empty(flat, dtype=torch.uint8, device=src[0].device)
             fb = torch.empty(flat, dtype=torch.uint8, device=dev)
@@ -212,14 +449,18 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q, 
                 fb.copy_(fa)
                 torch.cuda.synchronize(dev)
             flat_way()
-            t_flat = _median_time(flat_way, runs) * nbytes / flat
+            r["flat"] = _median_time(flat_way, runs) * nbytes / flat
             del fa, fb
-            results.append((n, nbytes, t_torch, t_gpx, t_flat))
+            results.append(r)
     done_q.put(True)
-    out_q.put(results)
+    out_q.put((results, fused is not None, reps))
 
 
-def _kv_gpu(sock, torch, devs, layers, runs, alloc):
+def _gbps(nbytes, t):
+    return nbytes / 1e9 / t if t else float("nan")
+
+
+def _kv_gpu(sock, torch, devs, layers, runs, alloc, gpxd=None, metrics=None):
     free = min(torch.cuda.mem_get_info(d)[0] for d in set(devs))
     nblocks, sizes = _kv_sizes(torch, devs, free, layers)
     ctx = multiprocessing.get_context("spawn")
@@ -228,21 +469,58 @@ def _kv_gpu(sock, torch, devs, layers, runs, alloc):
     conn_q, done_q, out_q = tctx.Queue(), ctx.Queue(), ctx.Queue()
     prefix = f"bench.kv.{os.getpid()}"
     procs = [tctx.Process(target=_kv_prefill, args=(sock, devs, nblocks, layers, prefix, alloc, conn_q, done_q)),
-             tctx.Process(target=_kv_decode, args=(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, conn_q,
-                                                   done_q, out_q))]
+             tctx.Process(target=_kv_decode, args=(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd,
+                                                   metrics, conn_q, done_q, out_q))]
     for p in procs:
         p.start()
-    results = _result(out_q, procs)
+    results, have_fused, reps = _result(out_q, procs)
     _join(procs)
-    print(f"kv: {layers} layers x K and V [{nblocks}, 16, 8, 128] bf16, 32 KiB blocks, "
-          f"GPU{devs[0]} (prefill) -> GPU{devs[1]} (decode), {ALLOC_NAMES[alloc]}, median of {runs}")
-    for n, nbytes, t_torch, t_gpx, t_flat in results:
-        gb = nbytes / 1e9
-        _row(f"{n} blocks x {2 * layers} tensors ({nbytes >> 20} MiB)", "PyTorch", gb / t_torch, gb / t_gpx,
-             "GB/s", f"   flat copy {gb / t_flat:7.1f} GB/s, gpx/flat {t_flat / t_gpx:.2f}x")
-    print("  PyTorch: CUDA IPC share, index_select on the source GPU, copy, index_copy_ per tensor;"
-          " gpx: one copy_pages_batch; verified block by block")
+    _kv_print(results, have_fused, reps, devs, layers, nblocks, alloc, runs)
     return results
+
+
+def _kv_print(results, have_fused, reps, devs, layers, nblocks, alloc, runs):
+    mps = any(r["mps"] for r in results)
+    print(f"kv: {layers} layers x K and V [{nblocks}, 16, 8, 128] bf16, 32 KiB blocks, "
+          f"GPU{devs[0]} (prefill) -> GPU{devs[1]} (decode), {ALLOC_NAMES[alloc]}, median of {runs}, "
+          f"{'UNDER CUDA MPS' if mps else 'not under MPS'}")
+    base = "fused" if have_fused else "index"
+    if not have_fused:
+        print("  (no fused kernel: the package was built without the CUDA toolkit; PyTorch's "
+              "index_select / index_copy_ is the baseline)")
+    for r in results:
+        n, nb = r["n"], r["bytes"]
+        ratio = r[base] / r["gpx"]
+        print(f"  {n:5d} blocks x {2 * layers} tensors ({nb >> 20} MiB), back to back: {base} "
+              f"{_gbps(nb, r[base]):7.1f} GB/s, gpx {_gbps(nb, r['gpx']):7.1f} GB/s, {ratio:.2f}x   "
+              f"{_verdict('kv.back_to_back', ratio) if have_fused else ''}")
+        print(f"        index_select/index_copy_ {_gbps(nb, r['index']):7.1f} GB/s, flat copy_ of the same bytes "
+              f"{_gbps(nb, r['flat']):7.1f} GB/s (gpx/flat {r['flat'] / r['gpx']:.2f}x)"
+              + (f", gpxd {r['gpx_cpu']:.2f} cores busy {_verdict('cpu.busy_cores', r['gpx_cpu'])}"
+                 if r.get("gpx_cpu") is not None else ""))
+        if r["stages"]:
+            print("        gpxd per transfer: " + "; ".join(r["stages"]))
+        a = r["after"]
+        if "fused" in a:
+            ra = a["fused"] / a["gpx"]
+            print(f"        each after {reps} matmuls (~1 ms): fused {_gbps(nb, a['fused']):7.1f} GB/s, gpx "
+                  f"{_gbps(nb, a['gpx']):7.1f} GB/s, {ra:.2f}x   {_verdict('kv.after_work', ra)}")
+        else:
+            print(f"        each after {reps} matmuls (~1 ms): gpx {_gbps(nb, a['gpx']):7.1f} GB/s")
+        if "step_gpx" in r:
+            tid = "kv.concurrent_mps" if mps else "kv.concurrent"
+            line = f"        while matmuls run{' (MPS)' if mps else ''}: matmul step alone {r['step_alone'] * 1e6:.1f} us; "
+            if "step_fused" in r:
+                rl = r["load_fused"] / r["load_gpx"] if r["load_fused"] and r["load_gpx"] else float("nan")
+                rs = r["step_gpx"] / r["step_fused"]
+                line += (f"fused (2nd stream) {_gbps(nb, r['load_fused']):7.1f} GB/s, step {r['step_fused'] * 1e6:.1f} us; "
+                         f"gpx {_gbps(nb, r['load_gpx']):7.1f} GB/s, step {r['step_gpx'] * 1e6:.1f} us; "
+                         f"{rl:.2f}x   {_verdict(tid, rl)}; step {rs:.2f}x   {_verdict('kv.concurrent_step', rs)}")
+            else:
+                line += f"gpx {_gbps(nb, r['load_gpx']):7.1f} GB/s, step {r['step_gpx'] * 1e6:.1f} us"
+            print(line)
+    print(f"  {base}: {'ONE launch of the program' + chr(39) + 's gather-scatter kernel over all tensors' if have_fused else 'PyTorch'}"
+          "; gpx: one copy_pages_batch; every way verified block by block before it is timed")
 
 
 # host memory: the same shapes, smaller, numpy views of HostBuffers
@@ -312,9 +590,14 @@ def kv(sock, args):
     if ngpu == 0 or args.host:
         return _kv_host(sock, 4, runs)
     layers = 32
+    args.gpu_ran = True
+    gpxd, metrics = getattr(args, "gpxd_pid", None), getattr(args, "metrics", None)
+    _kv_gpu(sock, torch, (0, 0), layers, runs, args.alloc, gpxd, metrics)
     if ngpu >= 2:
-        _kv_gpu(sock, torch, (0, 1), layers, runs, args.alloc)
-    _kv_gpu(sock, torch, (0, 0), layers, runs, args.alloc)
+        try:
+            _kv_gpu(sock, torch, (0, 1), layers, runs, args.alloc, gpxd, metrics)
+        except SystemExit as e:
+            print(f"kv GPU0 -> GPU1: not measured: {e}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,8 +648,9 @@ def _weights_trainer(sock, devs, prefix, nccl, alloc, q, done):
             done.get()
 
 
-def _weights_inference(sock, devs, prefix, nccl, runs, alloc, q, done, out_q):
+def _weights_inference(sock, devs, prefix, nccl, runs, alloc, gpxd, metrics, q, done, out_q):
     torch, where = _gpu_child(alloc, devs[1])
+    from gpx import bench
     dev = f"cuda:{devs[1]}"
     src = q.get()
     with where:
@@ -396,22 +680,50 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, q, done, out_q):
                 b.view(-1)[:128].copy_(a.view(-1)[:128], non_blocking=True)
             torch.cuda.synchronize(dev)
 
+        def foreach_way():
+            torch._foreach_copy_(dst, src, non_blocking=True)
+            torch.cuda.synchronize(dev)
+
+        src_heads = [a.view(-1)[:128] for a in src]
+        dst_heads = [b.view(-1)[:128] for b in dst]
+
+        def foreach_small():
+            torch._foreach_copy_(dst_heads, src_heads, non_blocking=True)
+            torch.cuda.synchronize(dev)
+
         def gpx_way():
             c.copy_batch(pairs).wait()
 
         def gpx_small():
             c.copy_batch(small).wait()
 
-        for name, way in (("CUDA IPC + copy_", ipc_way), ("gpx", gpx_way)):
+        for name, way in (("CUDA IPC + copy_", ipc_way), ("torch._foreach_copy_", foreach_way), ("gpx", gpx_way)):
             for p in dst:
                 p.zero_()
             torch.cuda.synchronize(dev)      # (gpxd's copies are not ordered with our streams)
             way()
             check(name)
         res["ipc"] = _median_time(ipc_way, runs)
+        res["foreach"] = _median_time(foreach_way, runs)
+        before = bench.scrape(metrics)
+        cpu = bench.CpuMeter(gpxd) if gpxd else None
+        if cpu:
+            cpu.start()
         res["gpx"] = _median_time(gpx_way, runs)
+        res["gpx_cpu"] = cpu.stop() if cpu else None
+        res["stages"] = bench.stage_lines(before, bench.scrape(metrics), res["gpx"])
         res["ipc_small"] = _median_time(ipc_small, runs)
+        res["foreach_small"] = _median_time(foreach_small, runs)
         res["gpx_small"] = _median_time(gpx_small, runs)
+        # One flat copy of the same bytes: what a perfect update would take.
+        fa = torch.empty(nbytes, dtype=torch.uint8, device=src[0].device)
+        fb = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+
+        def flat_way():
+            fb.copy_(fa, non_blocking=True)
+            torch.cuda.synchronize(dev)
+        res["flat"] = _median_time(flat_way, runs)
+        del fa, fb
         if nccl:
             import torch.distributed as dist
             dist.init_process_group("nccl", init_method=nccl, rank=1, world_size=2)
@@ -434,30 +746,44 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, q, done, out_q):
     out_q.put(res)
 
 
-def _weights_gpu(sock, devs, runs, alloc):
+def _weights_gpu(sock, devs, runs, alloc, gpxd=None, metrics=None):
     import torch.multiprocessing as tmp
     tctx = tmp.get_context("spawn")
     q, done, out_q = tctx.Queue(), tctx.Queue(), tctx.Queue()
     nccl = f"tcp://127.0.0.1:{29500 + os.getpid() % 1000}" if devs[0] != devs[1] else None
     prefix = f"bench.w.{os.getpid()}"
     procs = [tctx.Process(target=_weights_trainer, args=(sock, devs, prefix, nccl, alloc, q, done)),
-             tctx.Process(target=_weights_inference, args=(sock, devs, prefix, nccl, runs, alloc, q, done, out_q))]
+             tctx.Process(target=_weights_inference, args=(sock, devs, prefix, nccl, runs, alloc, gpxd, metrics, q,
+                                                           done, out_q))]
     for p in procs:
         p.start()
     r = _result(out_q, procs)
     _join(procs)
+    _weights_print(r, devs, runs, alloc)
+    return r
+
+
+def _weights_print(r, devs, runs, alloc):
     gb = r["bytes"] / 1e9
     print(f"weights: {r['model']}: {r['tensors']} tensors, {r['bytes'] / 2**30:.2f} GiB, trainer GPU{devs[0]} -> "
           f"inference GPU{devs[1]}, {ALLOC_NAMES[alloc]}, median of {runs}")
-    best = min(t for k, t in r.items() if k in ("ipc", "nccl"))
+    best = min(t for k, t in r.items() if k in ("ipc", "nccl", "foreach"))
     if "nccl" in r:
         _row("full update, NCCL broadcast per tensor", "NCCL", gb / r["nccl"], gb / r["gpx"], "GB/s")
     _row("full update, CUDA IPC + copy_ per tensor", "IPC", gb / r["ipc"], gb / r["gpx"], "GB/s")
+    _row("full update, torch._foreach_copy_", "foreach", gb / r["foreach"], gb / r["gpx"], "GB/s")
+    ratio = r["flat"] / r["gpx"]
+    _row("full update, one flat copy_ of the same bytes", "flat", gb / r["flat"], gb / r["gpx"], "GB/s",
+         "   " + _verdict("weights.flat", ratio))
     print(f"  time per update: gpx {r['gpx'] * 1e3:.2f} ms, fastest PyTorch way {best * 1e3:.2f} ms "
-          f"({best / r['gpx']:.2f}x)")
+          f"({best / r['gpx']:.2f}x), one flat copy {r['flat'] * 1e3:.2f} ms"
+          + (f"; gpxd {r['gpx_cpu']:.2f} cores busy {_verdict('cpu.busy_cores', r['gpx_cpu'])}"
+             if r.get("gpx_cpu") is not None else ""))
     print(f"  fixed cost per update ({r['tensors']} tensors, 256 bytes each): gpx {r['gpx_small'] * 1e6:.0f} us, "
-          f"IPC + copy_ {r['ipc_small'] * 1e6:.0f} us")
-    return r
+          f"IPC + copy_ {r['ipc_small'] * 1e6:.0f} us, _foreach_copy_ {r['foreach_small'] * 1e6:.0f} us   "
+          f"{_verdict('weights.fixed_us', r['gpx_small'] * 1e6)}")
+    if r["stages"]:
+        print("  gpxd per transfer (full update): " + "; ".join(r["stages"]))
 
 
 def _weights_host(sock, runs):
@@ -498,9 +824,14 @@ def weights(sock, args):
     torch, ngpu = _torch_gpus()
     if ngpu == 0 or args.host:
         return _weights_host(sock, args.runs)
+    args.gpu_ran = True
+    gpxd, metrics = getattr(args, "gpxd_pid", None), getattr(args, "metrics", None)
+    _weights_gpu(sock, (0, 0), args.runs, args.alloc, gpxd, metrics)
     if ngpu >= 2:
-        _weights_gpu(sock, (0, 1), args.runs, args.alloc)
-    _weights_gpu(sock, (0, 0), args.runs, args.alloc)
+        try:
+            _weights_gpu(sock, (0, 1), args.runs, args.alloc, gpxd, metrics)
+        except SystemExit as e:
+            print(f"weights GPU0 -> GPU1: not measured: {e}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -627,3 +958,144 @@ def pages(sock, args):
     if ngpu >= 2:
         _pages_gpu(sock, (0, 1), args.runs, args.alloc)
     _pages_gpu(sock, (0, 0), args.runs, args.alloc)
+
+
+# ---------------------------------------------------------------------------------------------
+# small
+
+SMALL = 4096
+
+
+def _gpx_rate(c, rs, rd, n, depth, slots):
+    """n copies of 4 KiB through gpx with up to depth in flight, each to its own offset: copies
+    a second (every completion checked for its status)."""
+    copy, wait = c.copy, c.wait
+    t0 = time.perf_counter()
+    for i in range(n):
+        if c.outstanding >= depth:
+            for d in wait(max=depth):
+                if d.status != 0:
+                    raise SystemExit(f"gpx.bench small: a copy failed: {d}")
+        off = (i % slots) * SMALL
+        copy(rs, rd, SMALL, src_offset=off, dst_offset=off)
+    while c.outstanding:
+        for d in wait(max=depth):
+            if d.status != 0:
+                raise SystemExit(f"gpx.bench small: a copy failed: {d}")
+    return n / (time.perf_counter() - t0)
+
+
+def _p50(fn, n):
+    lat = []
+    clock = time.perf_counter
+    for _ in range(n):
+        t0 = clock()
+        fn()
+        lat.append(clock() - t0)
+    return statistics.median(lat)
+
+
+def small(sock, args):
+    """20,000 copies of 4 KiB with 64 in flight from Python, and one 4 KiB copy + wait, on GPU 0
+    (two tensors of the program): gpx against a torch copy_ loop, torch copy_ + synchronize and
+    cuMemcpyAsync + cuStreamSynchronize through ctypes."""
+    if args.alloc == "expandable":
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"    # before torch starts
+    torch, ngpu = _torch_gpus()
+    n, depth = 20000, 64
+    slots = 4096                            # 16 MiB of distinct 4 KiB places
+    runs = max(args.runs, 3)
+    from gpx import bench
+    if ngpu == 0 or args.host:
+        src, dst = gpx.host_alloc(slots * SMALL), gpx.host_alloc(slots * SMALL)
+        memoryview(src)[:] = os.urandom(len(src))
+        with gpx.connect(sock, name="bench-small") as c:
+            rs, rd = c.register(src, read_only=True), c.register(dst)
+            rate = statistics.median(_gpx_rate(c, rs, rd, slots, depth, slots) for _ in range(runs))
+            if bytes(dst) != bytes(src):
+                raise SystemExit("gpx.bench small: the copies are not what their source holds")
+            before = bench.scrape(getattr(args, "metrics", None))
+            p50 = _p50(lambda: c.copy(rs, rd, SMALL).wait(), 1000)
+            stages = bench.stage_lines(before, bench.scrape(getattr(args, "metrics", None)), p50)
+        print("small (host memory, no GPU: a test of function): gpx "
+              f"{rate:,.0f} copies of 4 KiB a second ({rate * SMALL / 1e9:.2f} GB/s) with {depth} in flight, "
+              f"copy + wait p50 {p50 * 1e6:.1f} us; every byte verified")
+        if stages:
+            print("        gpxd per transfer: " + "; ".join(stages))
+        return
+    args.gpu_ran = True
+    torch.cuda.set_device(0)
+    dev = "cuda:0"
+    s = torch.randint(0, 256, (slots * SMALL,), dtype=torch.uint8, device=dev)
+    d = torch.zeros_like(s)
+    sv, dv = s.view(slots, SMALL), d.view(slots, SMALL)
+    sl, dl = [sv[i] for i in range(slots)], [dv[i] for i in range(slots)]
+    torch.cuda.synchronize()
+    drv = _Driver()
+    stream = torch.cuda.Stream(dev)
+    raw = stream.cuda_stream
+
+    def torch_loop():
+        for i in range(n):
+            dl[i % slots].copy_(sl[i % slots], non_blocking=True)
+        torch.cuda.synchronize(dev)
+
+    def torch_one():
+        dl[0].copy_(sl[0], non_blocking=True)
+        torch.cuda.synchronize(dev)
+
+    sp, dp = s.data_ptr(), d.data_ptr()
+
+    def driver_one():
+        drv.check(drv.lib.cuMemcpyAsync(dp, sp, SMALL, raw), "cuMemcpyAsync")
+        drv.check(drv.lib.cuStreamSynchronize(raw), "cuStreamSynchronize")
+
+    cpu = bench.CpuMeter(args.gpxd_pid) if getattr(args, "gpxd_pid", None) else None
+    metrics = getattr(args, "metrics", None)
+    with gpx.connect(sock, name="bench-small") as c:
+        rs, rd = c.register(s, read_only=True), c.register(d)
+        _gpx_rate(c, rs, rd, n, depth, slots)
+        if not torch.equal(d, s):
+            raise SystemExit("gpx.bench small: the copies are not what their source holds")
+        t_loop = [0.0] * runs
+        rates = []
+        before = bench.scrape(metrics)
+        if cpu:
+            cpu.start()
+        for r in range(runs):
+            rates.append(_gpx_rate(c, rs, rd, n, depth, slots))
+        busy = cpu.stop() if cpu else None
+        stages = bench.stage_lines(before, bench.scrape(metrics))
+        torch_loop()
+        for r in range(runs):
+            t0 = time.perf_counter()
+            torch_loop()
+            t_loop[r] = time.perf_counter() - t0
+        # one at a time, alternating the three ways in rounds (the machine's state drifts)
+        one = {"gpx": [], "torch": [], "driver": []}
+        gpx_one = lambda: c.copy(rs, rd, SMALL).wait()     # noqa: E731
+        for w in (gpx_one, torch_one, driver_one):
+            _p50(w, 200)
+        before1 = bench.scrape(metrics)
+        for _ in range(runs):
+            one["gpx"].append(_p50(gpx_one, 1000))
+            one["torch"].append(_p50(torch_one, 1000))
+            one["driver"].append(_p50(driver_one, 1000))
+        p50 = statistics.median(one["gpx"])
+        stages1 = bench.stage_lines(before1, bench.scrape(metrics), p50)
+    rate = statistics.median(rates)
+    torch_rate = n / statistics.median(t_loop)
+    p = {k: statistics.median(v) for k, v in one.items()}
+    print(f"small: 4 KiB copies within GPU 0, one process, PyTorch tensors ({ALLOC_NAMES[args.alloc]}), "
+          f"median of {runs}")
+    print(f"  {n:,} copies, {depth} in flight, from Python: gpx {rate:,.0f}/s, torch copy_ loop {torch_rate:,.0f}/s "
+          f"({rate / torch_rate:.2f}x)   {_verdict('small.rate_python', rate)}"
+          + (f"; gpxd {busy:.2f} cores busy {_verdict('cpu.busy_cores', busy)}" if busy is not None else ""))
+    if stages:
+        print("        gpxd per transfer: " + "; ".join(stages))
+    ratio = p["gpx"] / p["driver"]
+    print(f"  4 KiB copy + wait p50: gpx {p['gpx'] * 1e6:.1f} us, torch copy_ + synchronize {p['torch'] * 1e6:.1f} us, "
+          f"cuMemcpyAsync + cuStreamSynchronize (ctypes) {p['driver'] * 1e6:.1f} us; gpx/driver {ratio:.2f}   "
+          f"{_verdict('small.p50', ratio)}")
+    if stages1:
+        print("        gpxd per transfer: " + "; ".join(stages1))

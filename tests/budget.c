@@ -1,0 +1,790 @@
+/*
+ * Budgets: nothing one client does makes gpxd spend unbounded memory or event-loop time.  Each
+ * part runs a real gpxd and clients as other uids (forked children that drop to them), so it
+ * needs root and skips without it.
+ *
+ *  - largest: as uid nobody against the default budgets, two page batches of 16,384 pairs x
+ *    4,096 one-byte pages in flight (the largest batch the protocol allows) and a vectored copy
+ *    of 1,048,576 one-byte segments (the default max_segments): each served, every byte
+ *    checked (such a list is copied and checked on the event loop, about 10 ms); gpxd's resident memory, sampled all along, never passes its total budget nor
+ *    idle + 2 request budgets + 64 MiB, and is back within 64 MiB of idle 1 s after the client
+ *    left; a bystander (root) copies 4 KiB all along with a p99 under 10 ms; nothing is held
+ *    against the budgets once everything has ended.
+ *  - each: small budgets, and requests that stay in flight (page batches of millions of one-byte
+ *    pages): a request larger than the request budget is refused as too large and names it,
+ *    one connection filled past its budget is told busy naming the connection budget, a second
+ *    connection of that uid past the uid budget naming the uid budget, another uid past the
+ *    total naming the total; what is held never passes a budget, and a busy request is
+ *    accepted once a transfer of its connection has ended.
+ *  - many: 256 connections (times GPX_TEST_SCALE, below 1) of one uid each at its connection
+ *    budget: the total stays under its budget and gpxd's memory under it, and a further request
+ *    on each is busy naming the connection budget.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+
+#include "tests/harness.h"
+#include "tests/tap.h"
+#include "tests/tclient.h"
+#include "tests/util.h"
+
+struct harness H;
+
+/*
+ * ASan keeps freed memory in quarantine (256 MiB by default) and its shadow memory is
+ * resident: there gpxd's resident memory says nothing of its budgets, and those checks skip.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define ok_rss(cond, ...) (diag(__VA_ARGS__), tap_skip(1, "resident memory: not under AddressSanitizer"))
+#else
+#define ok_rss(cond, ...) ok(cond, __VA_ARGS__)
+#endif
+
+#define UID_NOBODY 65534
+#define UID_OTHER 65533
+#define MIB (1ull << 20)
+
+/* ---- gpxd seen from outside ---- */
+
+/* A field of gpxd's /proc/PID/status in bytes ("VmRSS", "RssAnon"), or 0. */
+static uint64_t
+status_kib(const char *field)
+{
+	char path[64], line[256];
+	unsigned long long kib = 0;
+	size_t fl = strlen(field);
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)H.pid);
+	if ((f = fopen(path, "re")) == NULL)
+		return 0;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (strncmp(line, field, fl) == 0 && line[fl] == ':' && sscanf(line + fl + 1, "%llu", &kib) == 1)
+			break;
+	fclose(f);
+	return (uint64_t)kib << 10;
+}
+
+/*
+ * gpxd's resident memory: all of it (VmRSS), which counts the pages of the clients' memfds
+ * (their buffers and segment areas) that gpxd has touched, and its own (RssAnon), which is
+ * what its allocations cost and what its cgroup's MemoryMax is charged.
+ */
+static uint64_t
+rss(void)
+{
+	return status_kib("VmRSS");
+}
+
+static uint64_t
+rss_anon(void)
+{
+	return status_kib("RssAnon");
+}
+
+/* What gpxd's status says of its budgets. */
+struct budgets {
+	uint64_t used, total, uid, connection, request, busy, large;
+};
+
+static int
+budgets(gpx_conn *c, struct budgets *b)
+{
+	void *buf;
+	size_t len;
+
+	if (gpx_query(c, GPX_Q_STATUS, &buf, &len) < 0)
+		return -1;
+	Gpx__QueryReply *q = gpx__query_reply__unpack(NULL, len, buf);
+	free(buf);
+	if (q == NULL || q->status == NULL) {
+		if (q != NULL)
+			gpx__query_reply__free_unpacked(q, NULL);
+		return -1;
+	}
+	*b = (struct budgets){ q->status->budget_used, q->status->budget_total, q->status->budget_uid,
+		q->status->budget_connection, q->status->budget_request, q->status->budget_refused_busy,
+		q->status->budget_refused_large };
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
+}
+
+/* The most of gpxd's VmRSS seen while sampling runs (every 2 ms). */
+static struct {
+	pthread_t th;
+	atomic_bool stop;
+	_Atomic uint64_t max, max_anon;
+} sampler;
+
+static void *
+sample(void *unused)
+{
+	(void)unused;
+	while (!atomic_load(&sampler.stop)) {
+		uint64_t r = rss(), a = rss_anon();
+		if (r > (uint64_t)atomic_load(&sampler.max))
+			atomic_store(&sampler.max, r);
+		if (a > (uint64_t)atomic_load(&sampler.max_anon))
+			atomic_store(&sampler.max_anon, a);
+		usleep(2000);
+	}
+	return NULL;
+}
+
+static void
+sampler_start(void)
+{
+	atomic_store(&sampler.stop, false);
+	atomic_store(&sampler.max, rss());
+	atomic_store(&sampler.max_anon, rss_anon());
+	pthread_create(&sampler.th, NULL, sample, NULL);
+}
+
+/* The most VmRSS seen; the most RssAnon in *anon. */
+static uint64_t
+sampler_end(uint64_t *anon)
+{
+	atomic_store(&sampler.stop, true);
+	pthread_join(sampler.th, NULL);
+	if (anon != NULL)
+		*anon = atomic_load(&sampler.max_anon);
+	return atomic_load(&sampler.max);
+}
+
+/* ---- children running as other uids ---- */
+
+struct child {
+	pid_t pid;
+	int rd;              /* its result */
+	int go;              /* closed by the parent: the child's cue to end */
+};
+
+/* Forks a child that drops to uid (its own gid, no groups) and runs fn(arg, out, stop). */
+static void
+child_start(struct child *ch, uid_t uid, void (*fn)(void *, int, int), void *arg)
+{
+	int res[2], go[2];
+
+	if (pipe2(res, O_CLOEXEC) < 0 || pipe2(go, O_CLOEXEC) < 0)
+		tap_bail("pipe");
+	fflush(NULL);
+	if ((ch->pid = fork()) < 0)
+		tap_bail("fork");
+	if (ch->pid == 0) {
+		struct rlimit rl = { 4096, 4096 };
+		setrlimit(RLIMIT_NOFILE, &rl);
+		if (setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0)
+			_exit(98);
+		/* Nothing of the parent's: the other children's pipes would keep them from their end. */
+		for (int fd = 3; fd < 4096; fd++)
+			if (fd != res[1] && fd != go[0])
+				close(fd);
+		fn(arg, res[1], go[0]);
+		_exit(0);
+	}
+	close(res[1]);
+	close(go[0]);
+	ch->rd = res[0];
+	ch->go = go[1];
+}
+
+/* Reads the child's result (size bytes) within timeout_ms; true if it came. */
+static bool
+child_result(struct child *ch, void *res, size_t size, int timeout_ms)
+{
+	struct pollfd p = { .fd = ch->rd, .events = POLLIN };
+	size_t got = 0;
+
+	while (got < size && poll(&p, 1, timeout_ms) == 1) {
+		ssize_t n = read(ch->rd, (char *)res + got, size - got);
+		if (n <= 0)
+			break;
+		got += n;
+	}
+	return got == size;
+}
+
+/* Tells the child to end and reaps it (killed if it does not end within 10 s). */
+static void
+child_end(struct child *ch)
+{
+	close(ch->go);
+	for (int i = 0; i < 1000; i++) {
+		if (waitpid(ch->pid, NULL, WNOHANG) == ch->pid) {
+			close(ch->rd);
+			return;
+		}
+		usleep(10000);
+	}
+	kill(ch->pid, SIGKILL);
+	waitpid(ch->pid, NULL, 0);
+	close(ch->rd);
+}
+
+static void
+wait_stop(int stop)
+{
+	struct pollfd p = { .fd = stop, .events = POLLIN };
+
+	poll(&p, 1, 30000);
+}
+
+static void
+put(int out, const void *p, size_t n)
+{
+	(void)!write(out, p, n);
+}
+
+/* A page batch of np pairs src -> dst, pair k at block k % blocks of bs bytes, of the one list. */
+static int
+page_batch(gpx_conn *c, const struct buf *src, const struct buf *dst, uint32_t np, uint32_t blocks, uint64_t bs,
+    const uint32_t *sp, const uint32_t *dp, uint32_t n, uint64_t tag)
+{
+	struct gpx_pair *pr = calloc(np, sizeof(*pr));
+	int r;
+
+	for (uint32_t k = 0; k < np; k++)
+		pr[k] = (struct gpx_pair){ src->r, dst->r, (k % blocks) * bs, (k % blocks) * bs, 0, 0 };
+	r = gpx_copy_pages_batch(c, pr, np, 1, sp, dp, n, tag);
+	free(pr);
+	return r;
+}
+
+static void
+start(const char *extra)
+{
+	if (harness_start_nofile(&H, extra, 8192) < 0)
+		tap_bail("cannot start gpxd");
+}
+
+static void
+stop(void)
+{
+	ok(harness_stop(&H) == 0, "gpxd stops cleanly");
+	if (tap_failed)
+		harness_dump_log(&H);
+	harness_cleanup(&H);
+}
+
+/* ---- largest: the biggest requests the protocol allows, as nobody, default budgets ---- */
+
+#define L_PAIRS 16384           /* GPX_PAIRS_MAX */
+#define L_PAGES 4096
+#define L_BLOCKS 16
+#define L_SEGS (1u << 20)       /* the default max_segments */
+#define L_REGION (L_BLOCKS * L_PAGES)
+#define L_VECS 1                /* of them in flight at once */
+
+struct large_res {
+	int conn, reg;
+	int batch[2], batch_done[2];
+	uint64_t batch_bytes[2];
+	int pages_right;
+	int vec[L_VECS], vec_done[L_VECS];
+	uint64_t vec_bytes[L_VECS];
+	int vec_right;
+	double secs;
+};
+
+static void
+large_child(void *unused, int out, int stop)
+{
+	struct large_res res = { 0 };
+	struct buf src, dst;
+	gpx_conn *c = NULL;
+	uint32_t *sp = malloc(L_PAGES * sizeof(*sp)), *dp = malloc(L_PAGES * sizeof(*dp));
+	uint64_t seed = 22;
+	double t0 = now();
+
+	(void)unused;
+	res.conn = gpx_connect(H.sock, "budget-large", &c);
+	if (res.conn < 0 || buf_new(&src, L_REGION) < 0 || buf_new(&dst, L_REGION) < 0)
+		goto out;
+	fill_random(src.p, L_REGION, &seed);
+	memset(dst.p, 0, L_REGION);
+	if ((res.reg = buf_reg(c, &src, 0)) < 0 || (res.reg = buf_reg(c, &dst, 0)) < 0)
+		goto out;
+	for (uint32_t i = 0; i < L_PAGES; i++)
+		sp[i] = dp[i] = i;
+	shuffle(dp, L_PAGES, &seed);
+	/* Two in flight at once, every pair a page list of 4,096 one-byte pages. */
+	for (int b = 0; b < 2; b++)
+		res.batch[b] = page_batch(c, &src, &dst, L_PAIRS, L_BLOCKS, L_PAGES, sp, dp, L_PAGES, 1 + b);
+	for (int b = 0; b < 2; b++)
+		if (res.batch[b] == 0)
+			res.batch_done[b] = wait_tag(c, 1 + b, &res.batch_bytes[b]);
+	res.pages_right = 1;
+	for (uint32_t k = 0; k < L_BLOCKS; k++)
+		for (uint32_t i = 0; i < L_PAGES; i++)
+			if (dst.p[k * L_PAGES + dp[i]] != src.p[k * L_PAGES + sp[i]])
+				res.pages_right = 0;
+	/* The largest vectored copy: every byte of the region 16 times over, one byte a segment. */
+	struct gpx_seg *sg = malloc((size_t)L_SEGS * sizeof(*sg));
+	uint32_t *perm = malloc(L_REGION * sizeof(*perm));
+	for (uint32_t i = 0; i < L_REGION; i++)
+		perm[i] = i;
+	shuffle(perm, L_REGION, &seed);
+	for (uint32_t i = 0; i < L_SEGS; i++)
+		sg[i] = (struct gpx_seg){ perm[i % L_REGION], perm[i % L_REGION], 1 };
+	memset(dst.p, 0, L_REGION);
+	for (int v = 0; v < L_VECS; v++)
+		res.vec[v] = gpx_copyv(c, src.r, dst.r, sg, L_SEGS, 3 + v);
+	for (int v = 0; v < L_VECS; v++)
+		if (res.vec[v] == 0)
+			res.vec_done[v] = wait_tag(c, 3 + v, &res.vec_bytes[v]);
+	res.vec_right = memcmp(src.p, dst.p, L_REGION) == 0;
+	free(sg);
+	free(perm);
+out:
+	res.secs = now() - t0;
+	put(out, &res, sizeof(res));
+	wait_stop(stop);
+	/* (the process's end closes the connection and frees the buffers) */
+}
+
+/* Percentile p (0..1) of n latencies, sorted in place. */
+static int
+cmp_dbl(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double
+pct(double *v, size_t n, double p)
+{
+	qsort(v, n, sizeof(*v), cmp_dbl);
+	return n ? v[(size_t)(p * (n - 1))] : 0;
+}
+
+static void
+test_largest(void)
+{
+	struct large_res res;
+	struct budgets b0, b1 = { 0 };
+	struct child ch;
+	struct buf bs, bd;
+	size_t cap = 1 << 20, n = 0;
+	double *lat = malloc(cap * sizeof(*lat));
+
+	start("[daemon]\nchunk_size = 2M\nmax_segments = 1048576\n");      /* the defaults */
+	gpx_conn *c = client("bystander");
+	if (c == NULL || buf_new(&bs, 4096) < 0 || buf_new(&bd, 4096) < 0 || buf_reg(c, &bs, 0) < 0 ||
+	    buf_reg(c, &bd, 0) < 0 || budgets(c, &b0) < 0)
+		tap_bail("bystander");
+	ok(b0.request == 64 * MIB && b0.connection == 256 * MIB && b0.uid == 512 * MIB && b0.total == 1536 * MIB,
+	    "default budgets: %llu MiB a request, %llu a connection, %llu a uid, %llu in all",
+	    (unsigned long long)(b0.request / MIB), (unsigned long long)(b0.connection / MIB),
+	    (unsigned long long)(b0.uid / MIB), (unsigned long long)(b0.total / MIB));
+	for (int i = 0; i < 50; i++)
+		if (gpx_copy(c, bs.r, 0, bd.r, 0, 4096, 100) < 0 || wait_tag(c, 100, NULL) != 0)
+			tap_bail("bystander copy");
+	usleep(200000);
+	uint64_t idle = rss();
+
+	sampler_start();
+	child_start(&ch, UID_NOBODY, large_child, NULL);
+	/* The bystander copies 4 KiB, one at a time, until the child has its answers. */
+	struct pollfd p = { .fd = ch.rd, .events = POLLIN };
+	int bad = 0;
+	while (poll(&p, 1, 0) == 0 && n < cap) {
+		double t = now();
+		if (gpx_copy(c, bs.r, 0, bd.r, 0, 4096, 101) < 0 || wait_tag(c, 101, NULL) != 0)
+			bad++;
+		lat[n++] = now() - t;
+	}
+	bool got = child_result(&ch, &res, sizeof(res), 120000);
+	uint64_t peak = sampler_end(NULL);
+	ok(got && res.conn == 0 && res.reg == 0, "nobody connects and registers two buffers");
+	ok(got && res.batch[0] == 0 && res.batch[1] == 0 && res.batch_done[0] == 0 && res.batch_done[1] == 0 &&
+	    res.batch_bytes[0] == (uint64_t)L_PAIRS * L_PAGES && res.batch_bytes[1] == (uint64_t)L_PAIRS * L_PAGES,
+	    "two page batches of 16,384 pairs x 4,096 one-byte pages in flight are served within the budgets "
+	    "(%d %d, %llu bytes each)", res.batch_done[0], res.batch_done[1], (unsigned long long)res.batch_bytes[0]);
+	ok(got && res.pages_right, "every page of them is where its list says");
+	bool vec_ok = got && res.vec_right;
+	for (int v = 0; v < L_VECS; v++)
+		vec_ok &= res.vec[v] == 0 && res.vec_done[v] == 0 && res.vec_bytes[v] == L_SEGS;
+	ok(vec_ok, "%d vectored cop%s of 1,048,576 one-byte segments in flight %s served, every byte right "
+	    "(%d, %d)", L_VECS, L_VECS > 1 ? "ies" : "y", L_VECS > 1 ? "are" : "is", res.vec[0], res.vec_done[0]);
+	ok_rss(peak <= b0.total, "gpxd's resident memory stays under its total budget (%.1f MiB at most, idle %.1f)",
+	    peak / (double)MIB, idle / (double)MIB);
+	ok_rss(peak <= idle + 2 * b0.request + 64 * MIB, "and under idle + two request budgets + 64 MiB "
+	    "(%.1f MiB more than idle)", (peak - idle) / (double)MIB);
+	double p99 = pct(lat, n, 0.99);
+	ok(bad == 0 && n >= 100 && p99 < 0.010, "a bystander's 4 KiB copies meanwhile: %zu, p99 %.2f ms (bound 10), "
+	    "max %.2f ms, %d failed, over %.1f s", n, p99 * 1e3, lat[n ? n - 1 : 0] * 1e3, bad, res.secs);
+	child_end(&ch);
+	/* Its connection ends with the process: what it held goes back to the system. */
+	usleep(1000000);
+	uint64_t after = rss();
+	ok_rss(after <= idle + 64 * MIB, "1 s after it left gpxd's resident memory is within 64 MiB of idle "
+	    "(%.1f MiB, idle %.1f, peak %.1f)", after / (double)MIB, idle / (double)MIB, peak / (double)MIB);
+	int q1 = budgets(c, &b1);
+	ok(q1 == 0 && b1.used == 0 && b1.busy == 0 && b1.large == 0,
+	    "nothing is held against the budgets any more, nothing was refused (%llu bytes held)",
+	    (unsigned long long)b1.used);
+	gpx_close(c);
+	buf_free(&bs);
+	buf_free(&bd);
+	free(lat);
+	stop();
+}
+
+/* ---- leave: many lists in the heap, given back when their client goes ---- */
+
+/*
+ * 16 connections x 60 vectored copies of 5,000 segments of 64 KiB: lists of 118 KiB, below
+ * malloc's mmap threshold, so they lie in gpxd's heap (113 MiB of them), and 300 GiB to copy
+ * on one worker, so they are all still there when the client goes.
+ */
+#define V_CONNS 16
+#define V_PER 60
+#define V_SEGS 5000
+#define V_LEN 65536
+
+static void
+leave_child(void *unused, int out, int stop)
+{
+	struct buf src, dst;
+	struct gpx_seg *sg = calloc(V_SEGS, sizeof(*sg));
+	int submitted = 0;
+
+	(void)unused;
+	for (int i = 0; i < V_SEGS; i++)
+		sg[i] = (struct gpx_seg){ 0, 0, V_LEN };
+	if (buf_new(&src, V_LEN) == 0 && buf_new(&dst, V_LEN) == 0)
+		for (int k = 0; k < V_CONNS; k++) {
+			gpx_conn *c;
+			src.r = dst.r = 0;
+			if (gpx_connect(H.sock, "budget-leave", &c) < 0 || buf_reg(c, &src, 0) < 0 ||
+			    buf_reg(c, &dst, 0) < 0)
+				break;
+			for (int t = 0; t < V_PER; t++)
+				submitted += gpx_copyv(c, src.r, dst.r, sg, V_SEGS, t) == 0;
+		}
+	put(out, &submitted, sizeof(submitted));
+	wait_stop(stop);
+}
+
+static void
+test_leave(void)
+{
+	struct child ch;
+	struct budgets b = { 0 };
+	int submitted = 0;
+
+	start("[daemon]\nworkers = 1\n");
+	uint64_t idle = rss();
+	gpx_conn *q = client("watcher");
+	child_start(&ch, UID_NOBODY, leave_child, NULL);
+	bool got = child_result(&ch, &submitted, sizeof(submitted), 60000);
+	int q1 = budgets(q, &b);
+	uint64_t held = rss();
+	ok(got && submitted == V_CONNS * V_PER && q1 == 0 && b.used >= (uint64_t)V_CONNS * V_PER * V_SEGS * 24,
+	    "nobody has %d vectored copies of %d segments in flight on %d connections: %.1f MiB held, "
+	    "gpxd %.1f MiB resident (idle %.1f)", submitted, V_SEGS, V_CONNS, b.used / (double)MIB,
+	    held / (double)MIB, idle / (double)MIB);
+	child_end(&ch);
+	usleep(1000000);
+	uint64_t after = rss();
+	ok_rss(after <= idle + 64 * MIB, "1 s after it left gpxd's resident memory is within 64 MiB of idle "
+	    "(%.1f MiB, idle %.1f)", after / (double)MIB, idle / (double)MIB);
+	q1 = budgets(q, &b);
+	ok(q1 == 0 && b.used == 0, "and nothing is held (%llu bytes)", (unsigned long long)b.used);
+	gpx_close(q);
+	stop();
+}
+
+/* ---- each: every budget, exceeded ---- */
+
+/*
+ * A transfer that stays in flight: 4,096 pairs of 65,536 one-byte pages, 268 million memcpy
+ * calls on the one copy worker, shared with every other such transfer; the connection's end
+ * cancels it.  It holds about 721 KB (its pairs and page list) and needs 393 KB more while it
+ * is built, so a connection holds 5 of them, the uid 8 and all 11.
+ */
+#define E_PAIRS 4096
+#define E_PAGES 65536
+#define E_CONF "[daemon]\nworkers = 1\n[limits]\nrequest_budget = 2M\nconnection_budget = 4M\n" \
+	"uid_budget = 6M\ntotal_budget = 8M\n"
+
+struct fill {
+	int accepted;            /* transfers accepted before the refusal */
+	int refused;             /* its status */
+	char why[256];           /* and message */
+	uint64_t used_max;       /* the most the status showed held */
+};
+
+struct each_res {
+	int setup;
+	struct fill f[2];        /* connection 1, then 2 */
+	int large;               /* a request over the request budget */
+	char large_why[256];
+	int retry;               /* connection 1's refused request once one of its own has ended */
+	uint64_t total;
+};
+
+struct each_arg {
+	int nconn;
+	bool large;
+};
+
+/* In a child: submits held transfers on c until one is refused; what happened in f. */
+static void
+fill_conn(gpx_conn *c, gpx_conn *q, struct buf *src, struct buf *dst, const uint32_t *pg, uint64_t *tag,
+    struct fill *f)
+{
+	struct budgets b;
+
+	f->refused = 0;
+	for (int i = 0; i < 64 && f->refused == 0; i++) {
+		struct gpx_completion e;
+		int r = page_batch(c, src, dst, E_PAIRS, 1, 0, pg, pg, E_PAGES, ++*tag);
+		/* A refusal comes back at once; an accepted transfer runs for seconds. */
+		if (r == 0 && gpx_wait_tag(c, *tag, &e, 20) == 0)
+			r = e.status;
+		if (r == 0)
+			f->accepted++;
+		else {
+			f->refused = r;
+			snprintf(f->why, sizeof(f->why), "%s", gpx_last_error(c));
+		}
+		if (budgets(q, &b) == 0 && b.used > f->used_max)
+			f->used_max = b.used;
+	}
+}
+
+static void
+each_child(void *p, int out, int stop)
+{
+	const struct each_arg *a = p;
+	struct each_res res = { 0 };
+	gpx_conn *c[2] = { NULL, NULL };
+	struct buf src, dst;
+	uint32_t *pg = malloc(E_PAGES * sizeof(*pg));
+	uint64_t tag = 0;
+	struct budgets b;
+	gpx_region rs[2], rd[2];
+
+	for (uint32_t i = 0; i < E_PAGES; i++)
+		pg[i] = i;
+	for (int k = 0; k < a->nconn; k++)
+		if (gpx_connect(H.sock, "budget-each", &c[k]) < 0)
+			goto out;
+	if (buf_new(&src, E_PAGES) < 0 || buf_new(&dst, E_PAGES) < 0)
+		goto out;
+	/* Both connections name the same buffers. */
+	for (int k = 0; k < a->nconn; k++) {
+		src.r = dst.r = 0;
+		if (buf_reg(c[k], &src, 0) < 0 || buf_reg(c[k], &dst, 0) < 0)
+			goto out;
+		rs[k] = src.r;
+		rd[k] = dst.r;
+		fill_conn(c[k], c[0], &src, &dst, pg, &tag, &res.f[k]);
+	}
+	src.r = rs[0];      /* connection 1's from here on */
+	dst.r = rd[0];
+	if (a->large) {
+		/* 100,000 segments: 2.4 MB of list for a request budget of 2 MiB. */
+		struct gpx_seg *sg = calloc(100000, sizeof(*sg));
+		for (int i = 0; i < 100000; i++)
+			sg[i] = (struct gpx_seg){ i % E_PAGES, i % E_PAGES, 1 };
+		struct gpx_completion e;
+		if ((res.large = gpx_copyv(c[0], src.r, dst.r, sg, 100000, 1000)) == 0 &&
+		    (res.large = gpx_wait_tag(c[0], 1000, &e, 5000)) == 0)
+			res.large = e.status;
+		snprintf(res.large_why, sizeof(res.large_why), "%s", gpx_last_error(c[0]));
+		free(sg);
+	}
+	if (a->nconn == 2) {
+		/* Busy means later: once one of connection 1's transfers has ended, the same request fits. */
+		gpx_cancel(c[0], 1);
+		wait_tag(c[0], 1, NULL);
+		struct gpx_completion e;
+		if ((res.retry = page_batch(c[0], &src, &dst, E_PAIRS, 1, 0, pg, pg, E_PAGES, 999)) == 0 &&
+		    gpx_wait_tag(c[0], 999, &e, 100) == 0)
+			res.retry = e.status;
+	}
+	if (budgets(c[0], &b) == 0)
+		res.total = b.used;
+	res.setup = 1;
+out:
+	put(out, &res, sizeof(res));
+	wait_stop(stop);
+}
+
+static void
+test_each(void)
+{
+	struct each_arg a1 = { 2, false }, a2 = { 1, true };
+	struct each_res r1, r2;
+	struct child c1, c2;
+	struct budgets b = { 0 };
+
+	start(E_CONF);
+	uint64_t idle = rss();
+	gpx_conn *q = client("watcher");
+	child_start(&c1, UID_NOBODY, each_child, &a1);
+	bool got1 = child_result(&c1, &r1, sizeof(r1), 60000) && r1.setup;
+	ok(got1, "nobody opens two connections and fills them");
+	ok(got1 && r1.f[0].accepted > 0 && r1.f[0].refused == -GPX_EBUSY &&
+	    strstr(r1.f[0].why, "connection budget") != NULL,
+	    "connection 1: %d transfers accepted, then busy naming the connection budget (%s)", r1.f[0].accepted,
+	    r1.f[0].why);
+	ok(got1 && r1.f[0].used_max <= 4 * MIB, "what it holds never passes the connection budget (%llu bytes)",
+	    (unsigned long long)r1.f[0].used_max);
+	ok(got1 && r1.f[1].accepted > 0 && r1.f[1].refused == -GPX_EBUSY && strstr(r1.f[1].why, "uid budget") != NULL,
+	    "connection 2 of the same uid: %d accepted, then busy naming the uid budget (%s)", r1.f[1].accepted,
+	    r1.f[1].why);
+	ok(got1 && r1.f[1].used_max <= 6 * MIB, "what the uid holds never passes the uid budget (%llu bytes)",
+	    (unsigned long long)r1.f[1].used_max);
+	ok(got1 && r1.retry == 0, "once one of connection 1's transfers has ended, its busy request is accepted (%d)",
+	    r1.retry);
+	child_start(&c2, UID_OTHER, each_child, &a2);
+	bool got2 = child_result(&c2, &r2, sizeof(r2), 60000) && r2.setup;
+	ok(got2 && r2.f[0].accepted > 0 && r2.f[0].refused == -GPX_EBUSY &&
+	    strstr(r2.f[0].why, "total budget") != NULL,
+	    "another uid: %d accepted, then busy naming the total budget (%s)", r2.f[0].accepted, r2.f[0].why);
+	ok(got2 && r2.f[0].used_max <= 8 * MIB && r2.total <= 8 * MIB,
+	    "what all hold never passes the total budget (%llu bytes at most)", (unsigned long long)r2.f[0].used_max);
+	ok(got2 && r2.large == -GPX_ENOMEM && strstr(r2.large_why, "too large") != NULL &&
+	    strstr(r2.large_why, "request budget") != NULL,
+	    "a request larger than the request budget is refused as too large, naming it (%s)", r2.large_why);
+	uint64_t now_rss = rss();
+	ok_rss(now_rss <= idle + 8 * MIB + 64 * MIB, "gpxd's resident memory: %.1f MiB more than idle",
+	    ((double)now_rss - idle) / MIB);
+	child_end(&c1);
+	child_end(&c2);
+	/* Their connections end with them, and their transfers with those. */
+	for (int i = 0; i < 500 && (budgets(q, &b) < 0 || b.used > 0); i++)
+		usleep(10000);
+	int q1 = budgets(q, &b);
+	ok(q1 == 0 && b.used == 0 && b.busy >= 3 && b.large >= 1,
+	    "once they are gone nothing is held; the status counts %llu busy and %llu too large",
+	    (unsigned long long)b.busy, (unsigned long long)b.large);
+	gpx_close(q);
+	stop();
+}
+
+/* ---- many: 256 connections each at its budget ---- */
+
+#define M_PAIRS 1024
+#define M_PAGES 16384
+
+struct many_res {
+	int connected, accepted, busy_conn;
+	char why[256];
+};
+
+static void
+many_child(void *p, int out, int stop)
+{
+	const int n = *(const int *)p;
+	struct many_res res = { 0 };
+	gpx_conn **c = calloc(n, sizeof(*c));
+	struct buf src, dst;
+	uint32_t *pg = malloc(M_PAGES * sizeof(*pg));
+
+	for (uint32_t i = 0; i < M_PAGES; i++)
+		pg[i] = i;
+	if (buf_new(&src, M_PAGES) < 0 || buf_new(&dst, M_PAGES) < 0)
+		goto out;
+	for (int k = 0; k < n; k++) {
+		if (gpx_connect(H.sock, "budget-many", &c[k]) < 0)
+			break;
+		res.connected++;
+		src.r = dst.r = 0;
+		if (buf_reg(c[k], &src, 0) < 0 || buf_reg(c[k], &dst, 0) < 0)
+			break;
+		struct gpx_completion e;
+		int r1 = page_batch(c[k], &src, &dst, M_PAIRS, 1, 0, pg, pg, M_PAGES, 1);
+		int r = page_batch(c[k], &src, &dst, M_PAIRS, 1, 0, pg, pg, M_PAGES, 2);
+		/* The second is refused at once; the first, answered before it, runs for seconds. */
+		if (r == 0 && (r = gpx_wait_tag(c[k], 2, &e, 5000)) == 0)
+			r = e.status;
+		if (r1 == 0 && gpx_wait_tag(c[k], 1, &e, 0) < 0)
+			res.accepted++;
+		if (r == -GPX_EBUSY && strstr(gpx_last_error(c[k]), "connection budget") != NULL)
+			res.busy_conn++;
+		else if (res.why[0] == '\0')
+			snprintf(res.why, sizeof(res.why), "%d %s", r, r < 0 ? gpx_last_error(c[k]) : "");
+	}
+out:
+	put(out, &res, sizeof(res));
+	wait_stop(stop);
+}
+
+static void
+test_many(void)
+{
+	const char *s = getenv("GPX_TEST_SCALE");
+	double scale = s != NULL && atof(s) > 0 && atof(s) < 1 ? atof(s) : 1;
+	int n = (int)(256 * scale) < 8 ? 8 : (int)(256 * scale);
+	struct many_res res;
+	struct child ch;
+	struct budgets b = { 0 };
+
+	/* One transfer (about 180 KiB) fits a connection, two do not; the total is 256 of them. */
+	start("[limits]\nconnection_budget = 320K\ntotal_budget = 80M\n");
+	uint64_t idle = rss(), idle_anon = rss_anon(), anon;
+	gpx_conn *q = client("watcher");
+	sampler_start();
+	child_start(&ch, UID_NOBODY, many_child, &n);
+	bool got = child_result(&ch, &res, sizeof(res), 60000);
+	uint64_t peak = sampler_end(&anon);
+	ok(got && res.connected == n && res.accepted == n, "%d connections of nobody: each has a transfer in flight "
+	    "(%d accepted)", n, res.accepted);
+	ok(got && res.busy_conn == n, "a second one on each is busy naming the connection budget (%d of %d; %s)",
+	    res.busy_conn, n, res.why[0] ? res.why : "-");
+	int q1 = budgets(q, &b);
+	ok(q1 == 0 && b.used > 0 && b.used <= b.total && b.used <= (uint64_t)n * 320 * 1024,
+	    "what they hold (%.1f MiB) is under the total (%.0f MiB) and their connection budgets",
+	    b.used / (double)MIB, b.total / (double)MIB);
+	ok_rss(anon <= idle_anon + b.total, "gpxd's own resident memory stays under idle + the total (%.1f MiB more "
+	    "than idle at most; with the clients' pages it maps, %.1f MiB more)", ((double)anon - idle_anon) / MIB,
+	    ((double)peak - idle) / MIB);
+	child_end(&ch);
+	for (int i = 0; i < 1000 && (budgets(q, &b) < 0 || b.used > 0); i++)
+		usleep(10000);
+	q1 = budgets(q, &b);
+	ok(q1 == 0 && b.used == 0, "once they are gone nothing is held (%llu bytes)",
+	    (unsigned long long)b.used);
+	gpx_close(q);
+	stop();
+}
+
+int
+main(int argc, char **argv)
+{
+	if (geteuid() != 0) {
+		printf("1..0 # SKIP running clients as other uids needs root\n");
+		return 0;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	signal(SIGPIPE, SIG_IGN);
+	/* Run one part by name: budget largest|each|many */
+	const char *only = argc > 1 ? argv[1] : NULL;
+	if (only == NULL || strcmp(only, "largest") == 0)
+		test_largest();
+	if (only == NULL || strcmp(only, "leave") == 0)
+		test_leave();
+	if (only == NULL || strcmp(only, "each") == 0)
+		test_each();
+	if (only == NULL || strcmp(only, "many") == 0)
+		test_many();
+	return tap_done();
+}
