@@ -361,6 +361,7 @@ struct pieces_op {
 	int dev;
 	uint32_t n;
 	int status;
+	double queued, started, worked;  /* when: handed to a task thread, begun, done */
 	struct gpx_wire_piece p[GPX_PIECES_MAX];
 	int fds[GPX_PIECES_MAX];
 	char err[256];
@@ -371,10 +372,11 @@ pieces_work(void *arg)
 {
 	struct pieces_op *op = arg;
 
+	op->started = now_s();
 	op->status = vmm_import(op->owner, op->dev, op->res, op->res_size, op->p, op->fds, op->n, op->err,
 	    sizeof(op->err));
-	for (uint32_t i = 0; i < op->n; i++)
-		close(op->fds[i]);
+	op->worked = now_s();
+	log_debug("gpu", "Pieces: %u imported in %.1f us", op->n, (op->worked - op->started) * 1e6);
 }
 
 static void
@@ -382,9 +384,15 @@ pieces_done(void *arg)
 {
 	struct pieces_op *op = arg;
 
+	log_debug("gpu", "Pieces: %.1f us to a task thread, %.1f us back to the loop",
+	    (op->started - op->queued) * 1e6, (now_s() - op->worked) * 1e6);
 	conn_settle(op->c);
 	if (op->c->state != CONN_DEAD)
 		reply_err(op->c, op->seq, -op->status, op->status < 0 ? op->err : NULL);
+	/* Closed after the client closes its copies: their teardown is then not on its path. */
+	vmm_park(op->owner, op->fds, op->n);
+	if (op->c->state == CONN_DEAD)
+		vmm_sweep(op->owner);        /* its end came first: nothing will take them up */
 	free(op);
 }
 
@@ -443,6 +451,7 @@ req_pieces(struct conn *c, uint32_t seq, const Gpx__Pieces *m, int *fds, int nfd
 		fds[i] = -1;
 	}
 	c->pending++;
+	op->queued = now_s();
 	defer_run(pieces_work, pieces_done, op);
 }
 

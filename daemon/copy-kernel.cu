@@ -70,6 +70,58 @@ gpx_copy_segments(const struct gpx_kseg *__restrict__ segs, uint32_t n)
 }
 
 /*
+ * One segment by every thread of the grid, for gpx_copy_few: 16-byte steps where source and
+ * destination allow, else 8, else bytes.
+ */
+static __device__ __forceinline__ void
+copy_spread(const char *src, char *dst, uint64_t len, uint64_t t, uint64_t nt)
+{
+	uint64_t done = 0;
+
+	if ((((uintptr_t)src | (uintptr_t)dst) & 15) == 0) {
+		const uint4 *s4 = (const uint4 *)src;
+		uint4 *d4 = (uint4 *)dst;
+		const uint64_t words = len >> 4;
+		for (uint64_t i = t; i < words; i += nt)
+			d4[i] = s4[i];
+		done = words << 4;
+	} else if ((((uintptr_t)src | (uintptr_t)dst) & 7) == 0) {
+		const uint64_t *s8 = (const uint64_t *)src;
+		uint64_t *d8 = (uint64_t *)dst;
+		const uint64_t words = len >> 3;
+		for (uint64_t i = t; i < words; i += nt)
+			d8[i] = s8[i];
+		done = words << 3;
+	}
+	for (uint64_t i = done + t; i < len; i += nt)
+		dst[i] = src[i];
+}
+
+/*
+ * A few segments passed by value, as the launch's parameters: the small chunks of gpxd's quick
+ * stream.  Nothing is staged, so a small copy touches no copy engine at all (a descriptor
+ * upload would be a copy of its own), and cannot queue behind copy-engine work of gpxd's bulk
+ * streams or, under MPS, of other processes on the GPU.  Every segment is spread over the
+ * whole grid, which the daemon sizes to the bytes.  KFEW_MAX matches GPU_KFEW_MAX in gpu.h.
+ */
+#define KFEW_MAX 32
+
+struct gpx_kfew {
+	uint64_t n;
+	struct gpx_kseg seg[KFEW_MAX];
+};
+
+extern "C" __global__ void __launch_bounds__(256)
+gpx_copy_few(const struct gpx_kfew f)
+{
+	const uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	const uint64_t nt = (uint64_t)gridDim.x * blockDim.x;
+
+	for (uint32_t s = 0; s < f.n; s++)
+		copy_spread((const char *)f.seg[s].src, (char *)f.seg[s].dst, f.seg[s].len, t, nt);
+}
+
+/*
  * Pages: items [item0, item0 + n) of a page job, item i being page i % npages of the job's
  * list for pair i / npages (a batch's pairs share one list; a single transfer is one pair).
  * The list (pairs of page numbers, source and destination) and the pairs' bases are gpxd's

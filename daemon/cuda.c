@@ -49,7 +49,7 @@ static void *libcuda;
 static int ndev;
 static CUdevice *devs;          /* these four: ndev each, allocated when the driver is loaded */
 static CUcontext *ctxs;
-static CUfunction *kfn, *kfn_pages;
+static CUfunction *kfn, *kfn_pages, *kfn_few;
 static uint32_t *ksms;          /* SMs each context may use: the copy kernel's largest grid */
 static int driver_version;
 
@@ -138,6 +138,15 @@ cuda_load(char *why, size_t whylen)
 	}
 	CUDA_FUNCS(RESOLVE)
 #undef RESOLVE
+	/*
+	 * The driver puts the streams of a context onto a few hardware work queues, in order of
+	 * creation, and a queue runs what it holds in order, whatever the streams' priorities.
+	 * Under MPS a client is given fewer queues unless it asks, and gpxd's quick stream
+	 * shared one with a bulk stream: a 4 KiB copy waited for the 1 GiB copies queued before
+	 * it (p50 5 ms on an H100).  Ask for the number a context has without MPS (8: a queue for
+	 * each of the copy workers' streams), unless the operator chose one.
+	 */
+	setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8", 0);
 	CUresult r = p_cuInit(0);
 	if (r != CUDA_SUCCESS) {
 		snprintf(why, whylen, "cuInit failed: %s", cuda_errstr(r));
@@ -155,7 +164,7 @@ cuda_load(char *why, size_t whylen)
 	}
 	if ((devs = calloc(ndev, sizeof(*devs))) == NULL || (ctxs = calloc(ndev, sizeof(*ctxs))) == NULL ||
 	    (kfn = calloc(ndev, sizeof(*kfn))) == NULL || (kfn_pages = calloc(ndev, sizeof(*kfn_pages))) == NULL ||
-	    (ksms = calloc(ndev, sizeof(*ksms))) == NULL) {
+	    (kfn_few = calloc(ndev, sizeof(*kfn_few))) == NULL || (ksms = calloc(ndev, sizeof(*ksms))) == NULL) {
 		snprintf(why, whylen, "out of memory");
 		return -1;
 	}
@@ -256,7 +265,8 @@ cuda_load_kernel(int dev)
 
 	if (cuda_use(dev) < 0 || CU(cuModuleLoadData(&m, gpx_copy_fatbin)) < 0 ||
 	    CU(cuModuleGetFunction(&kfn[dev], m, "gpx_copy_segments")) < 0 ||
-	    CU(cuModuleGetFunction(&kfn_pages[dev], m, "gpx_copy_pages")) < 0)
+	    CU(cuModuleGetFunction(&kfn_pages[dev], m, "gpx_copy_pages")) < 0 ||
+	    CU(cuModuleGetFunction(&kfn_few[dev], m, "gpx_copy_few")) < 0)
 		return -1;
 	/* One block per SM at most: more would only queue on the share the clients' kernels need. */
 	ksms[dev] = ctx_sms(dev, &all);
@@ -360,6 +370,35 @@ cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t block
 	void *args[] = { &segs_dev, &n };
 
 	return launch(kfn[dev], s, n, blocks < ksms[dev] ? blocks : ksms[dev], args);
+}
+
+/*
+ * The segments travel in the launch itself (struct gpx_kfew of copy-kernel.cu: a count, then
+ * the segments), so nothing is uploaded first.  A block of 256 threads for every 8 KiB, at most
+ * `blocks` and the SMs the context may use: a 4 KiB copy is one block, a 1 MiB one the whole
+ * bounded grid.
+ */
+int
+cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, uint64_t bytes, uint32_t blocks)
+{
+	struct {
+		uint64_t n;
+		struct gpu_kseg seg[GPU_KFEW_MAX];
+	} f;
+	void *args[] = { &f };
+	uint64_t need = (bytes + 8191) / 8192;
+
+	if (n == 0 || n > GPU_KFEW_MAX)
+		return -GPX__STATUS__EINVAL;
+	f.n = n;
+	memcpy(f.seg, segs, n * sizeof(*segs));
+	if (blocks > ksms[dev])
+		blocks = ksms[dev];
+	if (blocks > need)
+		blocks = (uint32_t)need;
+	if (blocks == 0)
+		blocks = 1;
+	return CU(cuLaunchKernel(kfn_few[dev], blocks, 1, 1, 256, 1, 1, 0, (CUstream)s, args, NULL));
 }
 
 int

@@ -54,6 +54,9 @@ int cuda_copy_peer(void *s, uint64_t dst, int dst_dev, uint64_t src, int src_dev
 int cuda_htod(void *s, uint64_t dst, const void *src, uint64_t n);
 int cuda_signal(void *s, uint64_t word, uint64_t val);
 int cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t blocks);
+/* n <= GPU_KFEW_MAX segments of `bytes` together, passed by value: no staging, no copy engine. */
+struct gpu_kseg;
+int cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, uint64_t bytes, uint32_t blocks);
 /*
  * pages: npages struct gpx_wire_page and the pairs' struct gpu_kpair, in pinned host memory
  * read by the kernel in place; items [item0, item0 + nitems) of pairs x pages, bytes [head,
@@ -96,6 +99,8 @@ struct gpu_kseg {
 	uint64_t dst;
 	uint64_t len;
 };
+
+#define GPU_KFEW_MAX 32           /* segments of one gpx_copy_few launch (copy-kernel.cu) */
 
 /* A page job's pair for the kernel: the addresses of page 0 of each side (copy-kernel.cu). */
 struct gpu_kpair {

@@ -687,6 +687,7 @@ int vmm_bind(struct region *r, uint32_t *missing, uint32_t *nmissing, char *err,
 int vmm_import(uint64_t owner, int dev, uint64_t res, uint64_t res_size, const struct gpx_wire_piece *pc,
     const int *fds, uint32_t n, char *err, size_t errlen);
 void vmm_sweep(uint64_t owner);
+void vmm_park(uint64_t owner, const int *fds, uint32_t n);   /* a Pieces message's fds, closed later */
 uint64_t vmm_stats(uint64_t *hits, uint32_t *pieces);    /* imports; hits and pieces held */
 void gpu_host_unpin(void *map);         /* undoes gpu_host_register; may block */
 void gpu_shutdown(void);

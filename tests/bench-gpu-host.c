@@ -299,6 +299,54 @@ reg_gpx(struct bench_ctx *b, gpx_conn *c2, bool vmm, double *first, double *agai
 	return 0;
 }
 
+/*
+ * The client's own steps of a VMM registration, timed by making the same driver calls here on
+ * REG_N fresh buffers: what libgpxclient asks of the pointer (one cuPointerGetAttributes), the
+ * export of its piece (retain, export as a POSIX fd, release), and the last close of that fd,
+ * which tears down the open of /dev/nvidiactl that every export is.  The daemon's steps
+ * (import, map and access, its close of the fds, the hops to and from its task threads) are
+ * in gpxd's log at log_level debug.
+ */
+static int
+reg_steps(double *attrs, double *export, double *closing)
+{
+	for (int i = 0; i < REG_N; i++) {
+		CUmemGenericAllocationHandle h;
+		CUdeviceptr base = 0;
+		size_t size = 0;
+		unsigned long long id = 0;
+		unsigned int mt = 0;
+		int fd = -1, ord = -1;
+		struct gbuf g;
+		CUpointer_attribute at[] = {
+			CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+			CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+			CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID,
+		};
+		void *val[] = { &mt, &ord, &base, &size, &id };
+
+		if (reg_alloc(true, &g) < 0)
+			return -1;
+		double t0 = bench_now();
+		bool ok = CK(cuPointerGetAttributes(5, at, val, g.d));
+		double t1 = bench_now();
+		ok = ok && CK(cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)g.d));
+		ok = ok && CK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+		cuMemRelease(h);
+		double t2 = bench_now();
+		if (fd >= 0)
+			close(fd);
+		double t3 = bench_now();
+		gbuf_release(&g);
+		if (!ok)
+			return -1;
+		attrs[i] = (t1 - t0) * 1e6;
+		export[i] = (t2 - t1) * 1e6;
+		closing[i] = (t3 - t2) * 1e6;
+	}
+	return 0;
+}
+
 /* The registration line of tests/results/TARGETS.md, if the source tree holds one. */
 static bool
 reg_target(char *line, size_t len)
@@ -329,6 +377,7 @@ mode_register(struct bench_ctx *b)
 {
 	int r = bench_gpu_setup(b, "gpu-register", 1);
 	static double dipc[REG_N], dvmm[REG_N], first[REG_N], again[REG_N], other[REG_N];
+	static double sattr[REG_N], sexport[REG_N], sclose[REG_N];
 	char why[256] = "", target[256], note[768];
 	gpx_conn *c2;
 
@@ -368,6 +417,17 @@ mode_register(struct bench_ctx *b)
 	bench_gpu_row(b, "VMM, 2nd connection (imported anew)", "us p50", v50, pct(other, REG_N, 50), true, 0);
 	bench_gpu_row(b, "VMM, 2nd connection (imported anew)", "us p99", v99, pct(other, REG_N, 99), true, 0);
 	gpx_close(c2);
+	if (reg_steps(sattr, sexport, sclose) == 0) {
+		bench_gpu_row(b, "VMM client step: pointer attributes", "us p50", pct(sattr, REG_N, 50), NAN, true, 0);
+		bench_gpu_row(b, "VMM client step: retain, export, release", "us p50", pct(sexport, REG_N, 50), NAN,
+		    true, 0);
+		bench_gpu_row(b, "VMM client step: retain, export, release", "us p99", pct(sexport, REG_N, 99), NAN,
+		    true, 0);
+		bench_gpu_row(b, "VMM client step: last close of the export", "us p50", pct(sclose, REG_N, 50), NAN,
+		    true, 0);
+		bench_gpu_row(b, "VMM client step: last close of the export", "us p99", pct(sclose, REG_N, 99), NAN,
+		    true, 0);
+	}
 	bool has_target = reg_target(target, sizeof(target));
 	snprintf(note, sizeof(note), "direct: cuIpcOpenMemHandle, and cuMemImportFromShareableHandle + "
 	    "cuMemAddressReserve + cuMemMap + cuMemSetAccess, of another process's handles, in this "
