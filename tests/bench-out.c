@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 
 #include "proto/gpx.pb-c.h"
@@ -91,6 +92,22 @@ loadavg(double l[3])
 		l[0] = l[1] = l[2] = NAN;
 }
 
+/*
+ * Whether this process's CUDA clients run under MPS: the control daemon's pipe is where the
+ * driver will look for it ($CUDA_MPS_PIPE_DIRECTORY, by default /tmp/nvidia-mps).
+ */
+static bool
+under_mps(char *dir, size_t len)
+{
+	const char *d = getenv("CUDA_MPS_PIPE_DIRECTORY");
+	char path[512];
+	struct stat st;
+
+	snprintf(dir, len, "%s", d != NULL && *d ? d : "/tmp/nvidia-mps");
+	snprintf(path, sizeof(path), "%s/control", dir);
+	return stat(path, &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
 void
 bench_header(struct bench_ctx *b, const char *origin)
 {
@@ -104,6 +121,9 @@ bench_header(struct bench_ctx *b, const char *origin)
 	void *buf;
 	size_t len;
 	int r;
+
+	char mpsdir[256];
+	bool mps = under_mps(mpsdir, sizeof(mpsdir));
 
 	uname(&u);
 	cpu_model(cpu, sizeof(cpu));
@@ -133,6 +153,7 @@ bench_header(struct bench_ctx *b, const char *origin)
 		json_str(u.release);
 		printf(", \"arch\": ");
 		json_str(u.machine);
+		printf(", \"mps\": %s", mps ? "true" : "false");
 		printf(", \"memory_bytes\": %llu, \"load\": [", (unsigned long long)mem_total());
 		json_num(l[0]);
 		printf(", ");
@@ -163,6 +184,8 @@ bench_header(struct bench_ctx *b, const char *origin)
 		printf("gpx-bench %s, %s\n", PACKAGE_VERSION, date);
 		printf("machine:  %s, %ld cores, %s RAM, %s %s %s, load %.2f %.2f %.2f\n", cpu, cores,
 		    mem, u.sysname, u.release, u.machine, l[0], l[1], l[2]);
+		printf("CUDA MPS: %s%s%s\n", mps ? "yes: GPU clients and the spawned gpxd run under the control "
+		    "daemon of " : "no (no control pipe in ", mpsdir, mps ? "" : ")");
 		if (s != NULL) {
 			printf("gpxd:     %s (protocol %u), pid %d, %s on %s\n"
 			    "          %u host copy workers, chunk size %s, config %s\n"
