@@ -569,11 +569,12 @@ mode_all2all(struct bench_ctx *b)
 		free(msg);
 		goto fail;
 	}
-	char title[200], what[64], sz[32];
+	char title[300], what[64], sz[32], mpsdir[256];
+	bool mps = bench_under_mps(mpsdir, sizeof(mpsdir));
 	snprintf(title, sizeof(title), "%d GPU%s x %d client processes each%s, %u copies outstanding per "
-	    "destination, %.0f s per phase; a 4 KiB probe GPU0 -> GPU%d", a.ngpu, a.ngpu > 1 ? "s" : "",
+	    "destination, %.0f s per phase; a 4 KiB probe GPU0 -> GPU%d; %s", a.ngpu, a.ngpu > 1 ? "s" : "",
 	    a.per, a.ngpu > 1 ? ", every client to every other GPU" : ", within the GPU", depth, a.window,
-	    a.ngpu > 1 ? 1 : 0);
+	    a.ngpu > 1 ? 1 : 0, mps ? "UNDER CUDA MPS (clients, probe and gpxd)" : "without CUDA MPS (time-sliced contexts)");
 	bench_table_begin(b, "gpu-all2all", title);
 	for (int i = 0; i < nsizes; i++) {
 		struct a2a_fig d = { 0 }, g = { 0 };

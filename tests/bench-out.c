@@ -96,8 +96,8 @@ loadavg(double l[3])
  * Whether this process's CUDA clients run under MPS: the control daemon's pipe is where the
  * driver will look for it ($CUDA_MPS_PIPE_DIRECTORY, by default /tmp/nvidia-mps).
  */
-static bool
-under_mps(char *dir, size_t len)
+bool
+bench_under_mps(char *dir, size_t len)
 {
 	const char *d = getenv("CUDA_MPS_PIPE_DIRECTORY");
 	char path[512];
@@ -123,7 +123,7 @@ bench_header(struct bench_ctx *b, const char *origin)
 	int r;
 
 	char mpsdir[256];
-	bool mps = under_mps(mpsdir, sizeof(mpsdir));
+	bool mps = bench_under_mps(mpsdir, sizeof(mpsdir));
 
 	uname(&u);
 	cpu_model(cpu, sizeof(cpu));

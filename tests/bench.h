@@ -94,6 +94,8 @@ struct bench_row {
 	const char *target;          /* id of its target in TARGETS.md, or NULL: met / NOT MET */
 };
 void bench_header(struct bench_ctx *b, const char *daemon_origin);
+/* Whether CUDA clients of this process run under MPS (its control pipe exists); dir: where. */
+bool bench_under_mps(char *dir, size_t len);
 void bench_table_begin(struct bench_ctx *b, const char *mode, const char *title);
 void bench_table_row(struct bench_ctx *b, const struct bench_row *row);
 void bench_table_end(struct bench_ctx *b, const char *note);
