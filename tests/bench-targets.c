@@ -65,8 +65,8 @@ parse_line(char *line, const char *from, int lineno)
 	struct bench_target *t;
 	double v;
 
-	/* A header row ("| id | op | ...") or any other table is not a target. */
-	if (row_cells(line, cell, 6) != 5 || !id_ok(cell[0]) || (cell[1][0] != '<' && cell[1][0] != '>'))
+	/* The header row ("| id | op | ...") and rows of other shapes are not targets. */
+	if (row_cells(line, cell, 6) != 5 || !id_ok(cell[0]) || strcmp(cell[1], "op") == 0)
 		return;
 	if ((strcmp(cell[1], ">=") != 0 && strcmp(cell[1], "<=") != 0) ||
 	    (v = strtod(cell[2], &end), end == cell[2] || *end != '\0') || !*cell[3]) {
