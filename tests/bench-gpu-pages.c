@@ -156,9 +156,18 @@ pages_check(struct pages *o, bench_op op, const char *name)
 	unsigned char *s = malloc(o->src->len), *d = malloc(o->dst->len);
 	int r = -1;
 
+	/* Each buffer through its own GPU's context: the driver may refuse a synchronous copy of
+	 * another GPU's VMM memory from the current one. */
+	if (s == NULL || d == NULL)
+		goto out;
+	cuCtxSetCurrent(bench_gpu_ctx(o->dst->dev));
+	if (!CK(cuMemsetD8(o->dst->d, 0, o->dst->len)) || op(o) < 0)
+		goto out;
 	cuCtxSetCurrent(bench_gpu_ctx(o->src->dev));
-	if (s == NULL || d == NULL || !CK(cuMemsetD8(o->dst->d, 0, o->dst->len)) || op(o) < 0 ||
-	    !CK(cuMemcpyDtoH(s, o->src->d, o->src->len)) || !CK(cuMemcpyDtoH(d, o->dst->d, o->dst->len)))
+	if (!CK(cuMemcpyDtoH(s, o->src->d, o->src->len)))
+		goto out;
+	cuCtxSetCurrent(bench_gpu_ctx(o->dst->dev));
+	if (!CK(cuMemcpyDtoH(d, o->dst->d, o->dst->len)))
 		goto out;
 	for (size_t i = 0; i < o->n; i++)
 		if (memcmp(d + (size_t)o->dp[i] * o->page, s + (size_t)o->sp[i] * o->page, o->page) != 0) {
