@@ -98,10 +98,18 @@ pages_batch(void *arg)
 		.dstLocHint = { CU_MEM_LOCATION_TYPE_DEVICE, o->dst->dev } };
 	size_t idx = 0;
 
+	CUresult r;
+
 	cuCtxSetCurrent(bench_gpu_ctx(o->src->dev));
-	if (memcpy_batch(o->bdst, o->bsrc, o->blen, o->n, &at, &idx, 1, st) != CUDA_SUCCESS)
+	if ((r = memcpy_batch(o->bdst, o->bsrc, o->blen, o->n, &at, &idx, 1, st)) != CUDA_SUCCESS ||
+	    (r = cuStreamSynchronize(st)) != CUDA_SUCCESS) {
+		const char *name = NULL;
+		cuGetErrorName(r, &name);
+		snprintf(batch_why, sizeof(batch_why), "cuMemcpyBatchAsync of %zu copies failed: %s", o->n,
+		    name != NULL ? name : "?");
 		return -GPX_EIO;
-	return cuStreamSynchronize(st) == CUDA_SUCCESS ? 0 : -GPX_EIO;
+	}
+	return 0;
 }
 
 static int
@@ -238,6 +246,11 @@ mode_pages(struct bench_ctx *b)
 			{ "GB/s batch", NULL, pages_gpx_numbers, "gpx_copy_pages", NULL },
 			{ "GB/s per page", pages_direct, pages_gpx_numbers, "gpx_copy_pages", NULL },
 		};
+		/* A driver that refuses a batch this long leaves the column out, saying why. */
+		if (memcpy_batch != NULL && pages_batch(&o) < 0) {
+			fprintf(stderr, "gpx-bench-gpu: gpu-pages: %s\n", batch_why);
+			memcpy_batch = NULL;
+		}
 		if (pages_check(&o, pages_fused, "the program's kernel") < 0 ||
 		    (memcpy_batch != NULL && pages_check(&o, pages_batch, "cuMemcpyBatchAsync") < 0) ||
 		    pages_check(&o, pages_gpx_numbers, "gpx_copy_pages") < 0 || pages_check(&o, pages_gpx, "gpx_copyv") < 0)
