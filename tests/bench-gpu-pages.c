@@ -204,10 +204,17 @@ mode_pages(struct bench_ctx *b)
 	if (pages_baselines_load(0) < 0 || gbuf_new(b, 0, n * 16384 * 2, &a) < 0 ||
 	    gbuf_new(b, dd, n * 16384 * 2, &z) < 0)
 		return -1;
-	/* A source that differs at every word, so a misplaced page shows. */
+	/* A source that differs at every 8-byte word, so a page copied to the wrong place shows. */
+	unsigned char *fill = malloc(a.len);
 	cuCtxSetCurrent(bench_gpu_ctx(0));
-	for (size_t w = 0; w < 64; w++)
-		cuMemsetD32(a.d + w * (a.len / 64), (unsigned)(w * 2654435761u + 1), a.len / 64 / 4);
+	if (fill == NULL)
+		return bench_fail(b, -GPX_ENOMEM, "the source's pattern");
+	bench_fill(fill, a.len, 11);
+	if (!CK(cuMemcpyHtoD(a.d, fill, a.len))) {
+		free(fill);
+		return -1;
+	}
+	free(fill);
 	snprintf(title, sizeof(title), "65,536 scattered pages %s in one request: the program's own kernel, "
 	    "cuMemcpyBatchAsync and one cuMemcpyAsync per page (direct) vs gpx", dd ? "GPU0 -> GPU1" : "within GPU0");
 	bench_table_begin(b, "gpu-pages", title);
