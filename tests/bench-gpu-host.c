@@ -51,10 +51,11 @@ mode_host(struct bench_ctx *b)
 				return -1;
 			snprintf(what, sizeof(what), "%s %s", dir == 0 ? "host->GPU" : "GPU->host",
 			    bench_size_str(n, sz, sizeof(sz)));
-			bench_gpu_row(b, what, "GB/s", n / p.direct / 1e9, n / p.gpx / 1e9, false, n);
+			bench_gpu_row_t(b, what, "GB/s", n / p.direct / 1e9, n / p.gpx / 1e9, false, n, "gpu.host.large");
 			bench_pair_free(&p);
 		}
-	bench_table_end(b, "the daemon pins the client's memfd at registration; DESIGN target >= 0.97x");
+	bench_table_end(b, "direct: cuMemcpyAsync from or to the same memory pinned by cuMemHostRegister; "
+	    "the daemon pins the client's memfd at registration");
 	cuMemHostUnregister(h.ptr);
 	gbuf_free(b, &g);
 	bench_buf_free(b, &h);

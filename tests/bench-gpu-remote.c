@@ -42,7 +42,10 @@ remote_pair(struct bench_ctx *b, gpx_conn *peer, const char *node, const char *t
 	if ((e = gpx_export_remote(peer, r, name, NULL, NULL)) < 0)
 		return bench_fail(b, e, "exporting to peers");
 	snprintf(name, sizeof(name), "%s:gpx-bench-%s-%d", node, tag, (int)getpid());
-	if ((e = gpx_import(b->conn, name, imported, NULL)) < 0)
+	/* A daemon started with the run (--spawn) may not have reached its peer yet: up to 5 s. */
+	for (int i = 0; (e = gpx_import(b->conn, name, imported, NULL)) == -GPX_ENOENT && i < 50; i++)
+		usleep(100000);
+	if (e < 0)
 		return bench_fail(b, e, "importing through the daemon under test");
 	return 0;
 }

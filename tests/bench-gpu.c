@@ -200,7 +200,14 @@ gcopy_spin(void *arg)
 void
 bench_gpu_row(struct bench_ctx *b, const char *what, const char *metric, double direct, double gpx, bool lower, uint64_t bytes)
 {
+	bench_gpu_row_t(b, what, metric, direct, gpx, lower, bytes, NULL);
+}
+
+void
+bench_gpu_row_t(struct bench_ctx *b, const char *what, const char *metric, double direct, double gpx, bool lower,
+    uint64_t bytes, const char *target)
+{
 	struct bench_row r = { .what = what, .metric = metric, .direct = direct, .gpx = gpx,
-		.lower_is_better = lower, .bytes = bytes };
+		.lower_is_better = lower, .bytes = bytes, .target = target };
 	bench_table_row(b, &r);
 }

@@ -63,5 +63,8 @@ int gcopy_spin(void *arg);           /* gpx_copy, then spinning on gpx_poll */
 /* A row of the mode's table: bench_table_row with its fields as arguments. */
 void bench_gpu_row(struct bench_ctx *b, const char *what, const char *metric, double direct, double gpx,
     bool lower, uint64_t bytes);
+/* The same, with the id of the row's target in TARGETS.md (NULL: none). */
+void bench_gpu_row_t(struct bench_ctx *b, const char *what, const char *metric, double direct, double gpx,
+    bool lower, uint64_t bytes, const char *target);
 
 #endif

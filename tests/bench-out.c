@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 
 #include "proto/gpx.pb-c.h"
@@ -91,6 +92,22 @@ loadavg(double l[3])
 		l[0] = l[1] = l[2] = NAN;
 }
 
+/*
+ * Whether this process's CUDA clients run under MPS: the control daemon's pipe is where the
+ * driver will look for it ($CUDA_MPS_PIPE_DIRECTORY, by default /tmp/nvidia-mps).
+ */
+bool
+bench_under_mps(char *dir, size_t len)
+{
+	const char *d = getenv("CUDA_MPS_PIPE_DIRECTORY");
+	char path[512];
+	struct stat st;
+
+	snprintf(dir, len, "%s", d != NULL && *d ? d : "/tmp/nvidia-mps");
+	snprintf(path, sizeof(path), "%s/control", dir);
+	return stat(path, &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
 void
 bench_header(struct bench_ctx *b, const char *origin)
 {
@@ -105,6 +122,9 @@ bench_header(struct bench_ctx *b, const char *origin)
 	size_t len;
 	int r;
 
+	char mpsdir[256];
+	bool mps = bench_under_mps(mpsdir, sizeof(mpsdir));
+
 	uname(&u);
 	cpu_model(cpu, sizeof(cpu));
 	bench_size_str(mem_total(), mem, sizeof(mem));
@@ -115,6 +135,8 @@ bench_header(struct bench_ctx *b, const char *origin)
 		free(buf);
 		s = q ? q->status : NULL;
 	}
+	if (s != NULL)
+		b->workers = s->workers;
 	if (s != NULL && s->chunk_size > 0)
 		bench_size_str(s->chunk_size, chunk, sizeof(chunk));
 	else
@@ -131,6 +153,7 @@ bench_header(struct bench_ctx *b, const char *origin)
 		json_str(u.release);
 		printf(", \"arch\": ");
 		json_str(u.machine);
+		printf(", \"mps\": %s", mps ? "true" : "false");
 		printf(", \"memory_bytes\": %llu, \"load\": [", (unsigned long long)mem_total());
 		json_num(l[0]);
 		printf(", ");
@@ -161,6 +184,8 @@ bench_header(struct bench_ctx *b, const char *origin)
 		printf("gpx-bench %s, %s\n", PACKAGE_VERSION, date);
 		printf("machine:  %s, %ld cores, %s RAM, %s %s %s, load %.2f %.2f %.2f\n", cpu, cores,
 		    mem, u.sysname, u.release, u.machine, l[0], l[1], l[2]);
+		printf("CUDA MPS: %s%s%s\n", mps ? "yes: GPU clients and the spawned gpxd run under the control "
+		    "daemon of " : "no (no control pipe in ", mpsdir, mps ? "" : ")");
 		if (s != NULL) {
 			printf("gpxd:     %s (protocol %u), pid %d, %s on %s\n"
 			    "          %u host copy workers, chunk size %s, config %s\n"
@@ -269,6 +294,32 @@ row_ratio(const struct bench_row *r)
 	return r->lower_is_better ? r->direct / r->gpx : r->gpx / r->direct;
 }
 
+/* "met (>= 0.97x)", "NOT MET (<= 50 us)": the row's figure against its target. */
+static int
+row_verdict(const struct bench_row *r, double ratio, char *buf, size_t len)
+{
+	const struct bench_target *t = bench_target(r->target);
+	double v;
+	bool met;
+
+	if (t == NULL) {
+		snprintf(buf, len, "(no target %s)", r->target);
+		return -1;
+	}
+	v = strcmp(t->unit, "x") == 0 ? ratio : r->gpx;
+	if (!isfinite(v)) {
+		snprintf(buf, len, "not measured");
+		return -1;
+	}
+	met = t->less ? v <= t->value : v >= t->value;
+	if (strcmp(t->unit, "x") == 0)
+		snprintf(buf, len, "%s (%s %.2fx)", met ? "met" : "NOT MET", t->less ? "<=" : ">=", t->value);
+	else
+		snprintf(buf, len, "%s (%s %g %s)", met ? "met" : "NOT MET", t->less ? "<=" : ">=", t->value,
+		    t->unit);
+	return met;
+}
+
 static void
 json_runs(const double *v, int n)
 {
@@ -285,7 +336,11 @@ void
 bench_table_row(struct bench_ctx *b, const struct bench_row *r)
 {
 	double ratio = row_ratio(r);
-	char d[32], g[32], x[32];
+	char d[32], g[32], x[32], verdict[96];
+	int met = -1;
+
+	if (r->target != NULL)
+		met = row_verdict(r, ratio, verdict, sizeof(verdict));
 
 	if (b->json) {
 		printf("%s\n      {\"what\": ", json_first_row ? "" : ",");
@@ -308,6 +363,11 @@ bench_table_row(struct bench_ctx *b, const struct bench_row *r)
 			printf(", \"gpx_runs\": ");
 			json_runs(r->gpx_runs, r->nruns);
 		}
+		if (r->target != NULL) {
+			printf(", \"target\": ");
+			json_str(r->target);
+			printf(", \"met\": %s", met < 0 ? "null" : met ? "true" : "false");
+		}
 		putchar('}');
 	} else {
 		if (isfinite(ratio))
@@ -316,8 +376,9 @@ bench_table_row(struct bench_ctx *b, const struct bench_row *r)
 			snprintf(x, sizeof(x), "-");
 		bool same = strcmp(last_what, r->what) == 0;
 		snprintf(last_what, sizeof(last_what), "%s", r->what);
-		printf("  %-36s %-14s %12s %12s %9s\n", same ? "" : r->what, r->metric,
-		    num_str(r->direct, d, sizeof(d)), num_str(r->gpx, g, sizeof(g)), x);
+		printf("  %-36s %-14s %12s %12s %9s%s%s\n", same ? "" : r->what, r->metric,
+		    num_str(r->direct, d, sizeof(d)), num_str(r->gpx, g, sizeof(g)), x,
+		    r->target != NULL ? "  " : "", r->target != NULL ? verdict : "");
 	}
 	fflush(stdout);
 }

@@ -18,6 +18,7 @@
  */
 #include "config.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -159,7 +160,10 @@ remote_setup(struct bench_ctx *b, const char *mode, struct remote_arg *a, size_t
 	if ((r = gpx_export_remote(a->peer, a->pregion, name, NULL, NULL)) < 0)
 		return bench_fail(b, r, "exporting it to peers");
 	snprintf(name, sizeof(name), "%s:gpx-bench-%d", node, (int)getpid());
-	if ((r = gpx_import(b->conn, name, &a->rregion, NULL)) < 0)
+	/* A daemon started with the run (--spawn) may not have reached its peer yet: up to 5 s. */
+	for (int i = 0; (r = gpx_import(b->conn, name, &a->rregion, NULL)) == -GPX_ENOENT && i < 50; i++)
+		usleep(100000);
+	if (r < 0)
 		return bench_fail(b, r, "importing it through the daemon under test");
 	if ((r = bench_buf_new(b, cap, &a->local)) < 0)
 		return r;
@@ -223,7 +227,8 @@ mode_remote(struct bench_ctx *b)
 			bench_table_row(b, &row);
 			bench_pair_free(&p);
 		}
-	bench_table_end(b, "direct: the same bytes over one loopback TCP connection, a 1-byte answer each; "
+	bench_table_end(b, "direct: the same bytes over one loopback TCP connection in this process (as many as "
+	    "the tcp transport keeps to a peer), a 1-byte answer each; "
 	    "gpx: client -> gpxd -> peer gpxd (tcp transport) -> completion");
 	remote_teardown(&a);
 	return 0;
@@ -263,6 +268,21 @@ mode_remote_lat(struct bench_ctx *b)
 
 /* ---- import only: the exporting side is another node ---- */
 
+/* Whether the kernel knows an RDMA device (a NIC or Soft-RoCE). */
+static bool
+rdma_devices(void)
+{
+	DIR *d = opendir("/sys/class/infiniband");
+	struct dirent *e;
+	bool any = false;
+
+	while (d != NULL && !any && (e = readdir(d)) != NULL)
+		any = e->d_name[0] != '.';
+	if (d != NULL)
+		closedir(d);
+	return any;
+}
+
 static int
 mode_remote_import(struct bench_ctx *b)
 {
@@ -275,7 +295,9 @@ mode_remote_import(struct bench_ctx *b)
 	memset(&a, 0, sizeof(a));
 	a.b = b;
 	if (name == NULL) {
-		bench_skip(b, "remote-import", "needs GPX_BENCH_IMPORT=NODE:NAME, exported by another node");
+		bench_skip(b, "remote-import", rdma_devices() ? "needs GPX_BENCH_IMPORT=NODE:NAME, exported by "
+		    "another node" : "no RDMA device on this machine (/sys/class/infiniband is empty), and "
+		    "needs GPX_BENCH_IMPORT=NODE:NAME, exported by another node");
 		return BENCH_SKIP;
 	}
 	if ((r = gpx_import(b->conn, name, &a.rregion, &rlen)) < 0)

@@ -39,6 +39,7 @@ struct bench_ctx {
 	unsigned depth;          /* --depth: transfers kept outstanding in pipelined tests */
 	bool json;               /* --json: machine-readable output */
 	const char *daemon_settings;   /* --spawn: the settings given to its gpxd, for the header */
+	unsigned workers;        /* gpxd's host copy workers, from its status (bench_header); 0 unknown */
 };
 
 struct bench_mode {
@@ -90,13 +91,32 @@ struct bench_row {
 	uint64_t bytes;              /* bytes per operation, 0 if not meaningful (JSON only) */
 	const double *direct_runs, *gpx_runs;   /* optional per-run values (JSON only) */
 	int nruns;
+	const char *target;          /* id of its target in TARGETS.md, or NULL: met / NOT MET */
 };
 void bench_header(struct bench_ctx *b, const char *daemon_origin);
+/* Whether CUDA clients of this process run under MPS (its control pipe exists); dir: where. */
+bool bench_under_mps(char *dir, size_t len);
 void bench_table_begin(struct bench_ctx *b, const char *mode, const char *title);
 void bench_table_row(struct bench_ctx *b, const struct bench_row *row);
 void bench_table_end(struct bench_ctx *b, const char *note);
 void bench_skip(struct bench_ctx *b, const char *mode, const char *why);
 void bench_footer(struct bench_ctx *b);
+
+/* ---- targets: the rows of tests/results/TARGETS.md (tests/bench-targets.c) ---- */
+struct bench_target {
+	const char *id;              /* "host.large" */
+	bool less;                   /* op "<=" (else ">=") */
+	double value;
+	const char *unit;            /* "x": a ratio to the baseline, as row ratios are; else gpx's unit */
+	const char *what;            /* what is compared with what */
+};
+const struct bench_target *bench_target(const char *id);   /* NULL if the file has no such id */
+/*
+ * Writes "id: met (0.98x, target >= 0.97x)" or "id: NOT MET (...)" for the figure (a ratio for
+ * a target in "x", else gpx's own figure in the target's unit); returns 1 met, 0 not met, -1
+ * when there is no such target or the figure is not finite (and says so in buf).
+ */
+int bench_verdict(const char *id, double figure, char *buf, size_t len);
 
 /* "4 KiB", "1 GiB": exact binary sizes print without decimals. */
 const char *bench_size_str(uint64_t bytes, char *buf, size_t len);

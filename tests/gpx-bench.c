@@ -87,7 +87,8 @@ main(int argc, char **argv)
 	bool spawn = false;
 	int failed = 0, ch, r;
 	uint64_t n;
-	char *settings[64], tmp[64];
+	static char made[64][64];        /* the settings --workers and --chunk-size make */
+	char *settings[64], *tmp;
 	size_t nset = 0;
 
 	while ((ch = getopt_long(argc, argv, "s:jlh", longopts, NULL)) != -1) {
@@ -101,15 +102,16 @@ main(int argc, char **argv)
 				fprintf(stderr, "gpx-bench: too many daemon settings\n");
 				return 2;
 			}
+			tmp = made[nset];
 			if (ch == O_WORKERS)
-				snprintf(tmp, sizeof(tmp), "daemon.workers=%ld", num_arg("--workers", optarg, 1, 256));
+				snprintf(tmp, sizeof(made[0]), "daemon.workers=%ld", num_arg("--workers", optarg, 1, 256));
 			else if (ch == O_CHUNK && bench_parse_size(optarg, &n) == 0 && n >= 4096)
-				snprintf(tmp, sizeof(tmp), "daemon.chunk_size=%llu", (unsigned long long)n);
+				snprintf(tmp, sizeof(made[0]), "daemon.chunk_size=%llu", (unsigned long long)n);
 			else if (ch == O_CHUNK) {
 				fprintf(stderr, "gpx-bench: --chunk-size: bad size '%s'\n", optarg);
 				return 2;
 			}
-			settings[nset++] = ch == O_SET ? optarg : strdup(tmp);
+			settings[nset++] = ch == O_SET ? optarg : tmp;
 			break;
 		case 'j': b.json = true; break;
 		case O_MAX:
@@ -180,6 +182,7 @@ main(int argc, char **argv)
 	}
 	bench_footer(&b);
 	gpx_close(b.conn);
+	free((char *)b.daemon_settings);
 	if (spawn && bench_daemon_stop(&d) < 0)
 		failed++;
 	return failed ? 1 : 0;

@@ -1,0 +1,38 @@
+/*
+ * The baseline of gpx-bench-gpu's page modes: the gather-scatter kernel a program without gpx
+ * writes for itself (what vLLM's copy_blocks does), one launch over all pages.  Page i goes
+ * from src + sp[i] * size to dst + dp[i] * size; the two lists live in device memory, as a
+ * program's block table does.  One warp per page at a time, 16-byte loads, eight in flight per
+ * lane before their stores.  The page size is a multiple of 16 bytes and both bases are
+ * 16-byte aligned (the benchmark's buffers are).
+ */
+#include <stdint.h>
+
+#define UNROLL 8
+
+extern "C" __global__ void __launch_bounds__(256)
+bench_gather(const char *__restrict__ src, char *__restrict__ dst, const uint32_t *__restrict__ sp,
+    const uint32_t *__restrict__ dp, uint32_t n, uint32_t size)
+{
+	const uint32_t lane = threadIdx.x & 31;
+	const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	const uint32_t warps = (gridDim.x * blockDim.x) >> 5;
+	const uint32_t words = size >> 4;
+
+	for (uint32_t p = warp; p < n; p += warps) {
+		const uint4 *s4 = (const uint4 *)(src + (uint64_t)sp[p] * size);
+		uint4 *d4 = (uint4 *)(dst + (uint64_t)dp[p] * size);
+		uint32_t i = lane;
+		for (; i + (UNROLL - 1) * 32 < words; i += UNROLL * 32) {
+			uint4 v[UNROLL];
+#pragma unroll
+			for (int k = 0; k < UNROLL; k++)
+				v[k] = s4[i + k * 32];
+#pragma unroll
+			for (int k = 0; k < UNROLL; k++)
+				d4[i + k * 32] = v[k];
+		}
+		for (; i < words; i += 32)
+			d4[i] = s4[i];
+	}
+}
