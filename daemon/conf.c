@@ -73,6 +73,7 @@ conf_free(struct conf *c)
 	free(c->fabric_rdma_device);
 	for (int i = 0; i < 16; i++)
 		free(c->fabric_nic_for_gpu[i]);
+	cluster_conf_free(&c->cluster);
 	memset(c, 0, sizeof(*c));
 }
 
@@ -239,7 +240,14 @@ on_key(void *user, const char *sec, const char *key, const char *v)
 		bad = end == v || *end != '\0' || !(c->fabric_retry_s >= 0.1 && c->fabric_retry_s <= 3600);
 	} else if (KEY("fabric", "chunk_size"))
 		bad = NUM(c->fabric_chunk, 4096, 16 << 20);   /* PEER_DATA_MAX */
-	else {
+	else if (!strcmp(sec, "cluster")) {
+		char why[160];
+		if (cluster_conf_key(&c->cluster, key, v, why, sizeof(why)) < 0) {
+			if (p->err[0] == '\0')
+				snprintf(p->err, p->errlen, "bad value '%s' for cluster.%s: %s", v, key, why);
+			return 0;
+		}
+	} else {
 		if (p->err[0] == '\0')
 			snprintf(p->err, p->errlen, "unknown key '%s' in [%s]", key, sec);
 		return 0;

@@ -530,6 +530,9 @@ levent_run(const char *socket_override)
 	/* The fabric: peer daemons (daemon/fabric/), only when gpxd.conf asks for it. */
 	if (fabric_configured(cfg) && (fabric = fabric_init(base)) == NULL)
 		fatalx("fabric: cannot start (see above)");
+	/* The cluster: membership and names in etcd (daemon/cluster/), only when configured. */
+	if (cluster_configured(&cfg->cluster) && cluster_start(base) < 0)
+		fatalx("cluster: cannot start (see above)");
 
 	spares_fill();
 	listen_ev = event_new(base, listen_fd, EV_READ | EV_PERSIST, accept_cb, NULL);
@@ -560,6 +563,7 @@ levent_run(const char *socket_override)
 	/* Shutdown: everything below runs with no client left. */
 	if (fabric != NULL)
 		fabric->stop();              /* fabric: what waits on peers fails now */
+	cluster_stop();                  /* our keys in etcd go with our lease */
 	engine_shutdown();
 	defer_shutdown();
 	conn_reap();
