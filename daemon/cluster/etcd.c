@@ -44,6 +44,8 @@ static TAILQ_HEAD(, etcd_call) calls = TAILQ_HEAD_INITIALIZER(calls);
 static struct event_base *base;
 static CURLM *multi;
 static struct event *timer_ev;
+static struct event *reap_ev;            /* frees calls cancelled inside curl's callbacks */
+static int in_curl;                      /* curl_multi_socket_action runs: no handle may go */
 static char **urls;
 static size_t nurls, cur;
 static char *token;
@@ -131,6 +133,7 @@ js_int(struct json_object *o, const char *k)
 /* ---- curl on the loop ---- */
 
 static void check_done(void);
+static void reap_cb(evutil_socket_t, short, void *);
 
 static void
 on_sock(evutil_socket_t fd, short what, void *arg)
@@ -138,7 +141,9 @@ on_sock(evutil_socket_t fd, short what, void *arg)
 	int running, fl = (what & EV_READ ? CURL_CSELECT_IN : 0) | (what & EV_WRITE ? CURL_CSELECT_OUT : 0);
 
 	(void)arg;
+	in_curl++;
 	curl_multi_socket_action(multi, fd, fl, &running);
+	in_curl--;
 	check_done();
 }
 
@@ -150,7 +155,9 @@ on_timer(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	(void)arg;
+	in_curl++;
 	curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
+	in_curl--;
 	check_done();
 }
 
@@ -243,6 +250,8 @@ on_data(char *p, size_t sz, size_t n, void *arg)
 	struct etcd_call *k = arg;
 	size_t len = sz * n;
 
+	if (k->cancelled)
+		return 0;
 	if (k->len + len > REPLY_MAX)
 		return 0;
 	if (k->len + len + 1 > k->cap) {
@@ -437,10 +446,26 @@ etcd_cancel(struct etcd_call *k)
 {
 	if (k == NULL)
 		return;
-	if (k->in_write)
+	/* curl forbids removing a handle from within its callbacks (a watch's message may
+	 * cancel the others): it goes once curl has returned. */
+	if (in_curl > 0) {
 		k->cancelled = true;
-	else
+		event_active(reap_ev, 0, 0);
+	} else
 		call_free(k);
+}
+
+static void
+reap_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct etcd_call *k, *t;
+
+	(void)fd;
+	(void)what;
+	(void)arg;
+	TAILQ_FOREACH_SAFE(k, &calls, entry, t)
+		if (k->cancelled)
+			call_free(k);
 }
 
 void
@@ -489,6 +514,7 @@ etcd_init(struct event_base *b, const struct cluster_conf *cc, char *why, size_t
 	cert = dup_or_null(cc->cert);
 	key = dup_or_null(cc->key);
 	timer_ev = evtimer_new(base, on_timer, NULL);
+	reap_ev = event_new(base, -1, 0, reap_cb, NULL);
 	curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, sock_cb);
 	curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, timer_cb);
 	return 0;
@@ -506,6 +532,7 @@ etcd_shutdown(void)
 	curl_multi_cleanup(multi);
 	multi = NULL;
 	event_free(timer_ev);
+	event_free(reap_ev);
 	for (size_t i = 0; i < nurls; i++)
 		free(urls[i]);
 	free(urls);

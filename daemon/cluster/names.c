@@ -387,7 +387,7 @@ cluster_import(struct fabric_import *rq)
 	if (!cluster_running() || name[0] == '@' || fabric == NULL)
 		return false;
 	if (mb.state != M_UP)
-		return answer(rq, GPX__STATUS__EIO, "no local export %s, and the cluster store is unreachable: %s",
+		return answer(rq, GPX__STATUS__EIO, "no local export %s; cluster store unreachable: %s",
 		    name, mb.why[0] ? mb.why : "joining");
 	if ((p = slot(name)) != NULL && *p != NULL && strcmp((*p)->node, mb.self) != 0) {
 		snprintf(node, sizeof(node), "%s", (*p)->node);
