@@ -74,9 +74,13 @@ bool cluster_import(struct fabric_import *rq);
 
 /* metrics.c: the cluster's lines (Prometheus text) appended to out. */
 void cluster_metrics(struct evbuffer *out);
-/* ctl.c: the nodes for gpxctl cluster, as JSON text (malloc'ed; NULL when off). */
-char *cluster_nodes_json(void);
+/* ctl.c: the nodes for gpxctl cluster, as JSON text (malloc'ed; NULL when off), with each
+ * lease's time left asked of etcd first: done gets it, once, maybe before this returns. */
+void cluster_nodes_query(void (*done)(void *arg, char *json), void *arg);
 /* The node holding a cluster name, NULL when none (gpxctl exports). */
 const char *cluster_name_node(const char *name);
+/* Every cluster name held by another node (gpxctl exports); fn may not change the names. */
+void cluster_names_visit(void (*fn)(const char *name, const char *node, uid_t uid, void *arg), void *arg);
+const char *cluster_self(void);   /* this node's name in the cluster ("" when off) */
 
 #endif

@@ -90,6 +90,7 @@ struct cnode {
 	char *value;                 /* its key's JSON, as etcd holds it */
 	uint32_t names;              /* cluster names it holds */
 	bool stale;                  /* during a resync: not seen yet */
+	int64_t ttl_left;            /* its lease's seconds left when last asked, -1: gone */
 };
 TAILQ_HEAD(cnode_list, cnode);
 extern struct cnode_list cnodes;

@@ -15,6 +15,7 @@
 
 #include "daemon/cluster/internal.h"
 #include "daemon/fabric/fabric.h"
+#include <event2/buffer.h>
 
 /* ---- everyone's names, from the watch ---- */
 
@@ -148,6 +149,21 @@ cluster_name_node(const char *name)
 	if (!cluster_running() || table == NULL || (p = slot(name)) == NULL || *p == NULL)
 		return NULL;
 	return (*p)->node;
+}
+
+void
+cluster_names_visit(void (*fn)(const char *name, const char *node, uid_t uid, void *arg), void *arg)
+{
+	for (size_t i = 0; cluster_running() && table != NULL && i < NBUCKETS; i++)
+		for (struct cname *c = table[i]; c != NULL; c = c->next)
+			if (strcmp(c->node, mb.self) != 0)
+				fn(c->name, c->node, c->uid, arg);
+}
+
+const char *
+cluster_self(void)
+{
+	return cluster_running() ? mb.self : "";
 }
 
 /* ---- ours ---- */
@@ -412,8 +428,8 @@ cluster_import(struct fabric_import *rq)
 
 /* ---- what gpxctl and the metrics show ---- */
 
-char *
-cluster_nodes_json(void)
+static char *
+nodes_json(void)
 {
 	struct json_object *o, *a = json_object_new_array(), *v;
 	struct cnode *n;
@@ -434,6 +450,7 @@ cluster_nodes_json(void)
 		if (v == NULL)
 			v = json_object_new_object();
 		json_object_object_add(v, "exports", json_object_new_int64(n->names));
+		json_object_object_add(v, "lease_left", json_object_new_int64(n->ttl_left));
 		json_object_object_add(v, "reachable", json_object_new_boolean(strcmp(n->name, mb.self) == 0 ||
 		    (fabric->node_up != NULL && fabric->node_up(n->name))));
 		json_object_object_add(v, "self", json_object_new_boolean(strcmp(n->name, mb.self) == 0));
@@ -445,8 +462,107 @@ cluster_nodes_json(void)
 	return s;
 }
 
-void
-cluster_metrics(struct evbuffer *out)
+static void
+metric(struct evbuffer *b, const char *name, const char *type, const char *help, double v)
 {
-	(void)out;
+	evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+	if (strcmp(type, "summary") != 0)
+		evbuffer_add_printf(b, "%s %.9g\n", name, v);
+}
+
+/* gpxctl cluster: every node's lease asked about at once, the answer when all have come. */
+struct nquery {
+	void (*done)(void *arg, char *json);
+	void *arg;
+	unsigned waiting;
+};
+struct nask {
+	struct nquery *q;
+	char node[CLUSTER_NODE_MAX + 1];
+};
+
+static void
+on_ttl(void *arg, int err, struct json_object *r, const char *why)
+{
+	struct nask *a = arg;
+	struct nquery *q = a->q;
+	struct cnode *n = member_node(a->node);
+
+	(void)why;
+	if (n != NULL)
+		n->ttl_left = err == 0 && js_int(r, "TTL") > 0 ? js_int(r, "TTL") : -1;
+	free(a);
+	if (--q->waiting == 0) {
+		q->done(q->arg, nodes_json());
+		free(q);
+	}
+}
+
+void
+cluster_nodes_query(void (*done)(void *arg, char *json), void *arg)
+{
+	struct nquery *q;
+	struct cnode *n;
+
+	if (!cluster_running()) {
+		done(arg, NULL);
+		return;
+	}
+	if (mb.state != M_UP || (q = calloc(1, sizeof(*q))) == NULL) {
+		done(arg, nodes_json());
+		return;
+	}
+	q->done = done;
+	q->arg = arg;
+	q->waiting = 1;
+	TAILQ_FOREACH(n, &cnodes, entry) {
+		struct nask *a = calloc(1, sizeof(*a));
+		struct json_object *b = json_object_new_object();
+		char id[32];
+		if (a == NULL) {
+			json_object_put(b);
+			break;
+		}
+		a->q = q;
+		snprintf(a->node, sizeof(a->node), "%s", n->name);
+		snprintf(id, sizeof(id), "%lld", (long long)n->lease);
+		json_object_object_add(b, "ID", json_object_new_string(id));
+		q->waiting++;
+		if (etcd_post("/v3/lease/timetolive", b, 2, on_ttl, a) == NULL) {
+			q->waiting--;
+			free(a);
+		}
+	}
+	if (--q->waiting == 0) {
+		done(arg, nodes_json());
+		free(q);
+	}
+}
+
+void
+cluster_metrics(struct evbuffer *b)
+{
+	struct cnode *n;
+	uint32_t k = 0;
+
+	if (!cluster_running())
+		return;
+	TAILQ_FOREACH(n, &cnodes, entry)
+		k++;
+	metric(b, "gpx_cluster_up", "gauge", "Whether this node is joined to the cluster's etcd now.",
+	    mb.state == M_UP);
+	metric(b, "gpx_cluster_etcd_requests_total", "counter", "Calls made to etcd.", (double)etcd_stats.calls);
+	metric(b, "gpx_cluster_etcd_unreachable_total", "counter", "Calls that did not reach etcd.",
+	    (double)etcd_stats.failures);
+	metric(b, "gpx_cluster_etcd_rtt_seconds", "summary", "Round trip of the calls etcd answered.", 0);
+	evbuffer_add_printf(b, "gpx_cluster_etcd_rtt_seconds_sum %.9f\ngpx_cluster_etcd_rtt_seconds_count %llu\n",
+	    etcd_stats.rtt_sum, (unsigned long long)etcd_stats.rtt_n);
+	metric(b, "gpx_cluster_lease_renewals_total", "counter", "Keep-alives of this node's lease that etcd answered.",
+	    (double)mb.renewals);
+	metric(b, "gpx_cluster_watch_events_total", "counter", "Changes under the prefix that the watch reported.",
+	    (double)mb.watch_events);
+	metric(b, "gpx_cluster_nodes", "gauge", "Nodes in the cluster now.", k);
+	metric(b, "gpx_cluster_nodes_seen_total", "counter", "Nodes that joined, as this node saw them.",
+	    (double)mb.nodes_seen);
+	metric(b, "gpx_cluster_names", "gauge", "Cluster names known, every node's.", (double)nnames);
 }

@@ -54,10 +54,23 @@ cluster_metrics(struct evbuffer *out)
 	(void)out;
 }
 
-char *
-cluster_nodes_json(void)
+void
+cluster_nodes_query(void (*done)(void *arg, char *json), void *arg)
 {
-	return NULL;
+	done(arg, NULL);
+}
+
+void
+cluster_names_visit(void (*fn)(const char *name, const char *node, uid_t uid, void *arg), void *arg)
+{
+	(void)fn;
+	(void)arg;
+}
+
+const char *
+cluster_self(void)
+{
+	return "";
 }
 
 const char *
