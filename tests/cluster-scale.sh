@@ -20,7 +20,7 @@ ETCD=$(command -v etcd) || { echo "etcd not installed"; exit 1; }
 T=$(mktemp -d "${TMPDIR:-/tmp}/gpx-scale.XXXXXX") || exit 1
 cleanup() {
 	for f in "$T"/*.pid; do [ -f "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null; done
-	rm -rf "$T"
+	rm -rf "$T" "$ED"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
@@ -33,42 +33,61 @@ chmod 600 "$T/key"
 
 echo "# cluster-scale: $N gpxd x $NAMES names, one etcd, lease_ttl $TTL s"
 echo "# $(cd "$S" && git describe --always --dirty 2>/dev/null), $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "# etcd's data in ${ETCD_DATA:-memory (/dev/shm)}"
 echo "# $(uname -srm), $(nproc) cores ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)),"\
 	"$(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), $("$ETCD" --version | head -1)"
 
-("$ETCD" --name s --data-dir "$T/etcd" --listen-client-urls "$EURL" --advertise-client-urls "$EURL" \
+# etcd's data in memory (ETCD_DATA=DIR for a disk): the figures are gpxd's and etcd's
+# processing, not this machine's fsync.
+ED=${ETCD_DATA:-$(mktemp -d /dev/shm/gpx-scale-etcd.XXXXXX)}
+("$ETCD" --name s --data-dir "$ED/d" --listen-client-urls "$EURL" --advertise-client-urls "$EURL" \
 	--listen-peer-urls "http://127.0.0.1:$PE2" --initial-advertise-peer-urls "http://127.0.0.1:$PE2" \
 	--initial-cluster "s=http://127.0.0.1:$PE2" > "$T/etcd.log" 2>&1 &
 echo $! > "$T/etcd.pid")
 for _ in $(seq 100); do curl -s "$EURL/health" | grep -q true && break; sleep 0.1; done
 
-for i in $(seq 0 $((N - 1))); do
-	cat > "$T/n$i.conf" <<EOC
+# start I: gpxd number I on ports of its own (tried again elsewhere if another process holds
+# one), its metrics port in $T/nI.mport.
+start() {
+	local i=$1 try p
+	for try in 0 1 2 3 4; do
+		p=$((base + 2 + try * 3 * N + 2 * i))
+		cat > "$T/n$i.conf" <<EOC
 [daemon]
 socket_mode = 0666
 workers = 1
 blocking_threads = 1
-metrics = 127.0.0.1:$((base + 2 + N + i))
+metrics = 127.0.0.1:$((p + 1))
 [cuda]
 enable = no
 [limits]
 exports_per_uid = 1000000
 [fabric]
 node = n$i
-listen = 127.0.0.1:$((base + 2 + i))
+listen = 127.0.0.1:$p
 key_file = $T/key
 [cluster]
 etcd = $EURL
 prefix = /scale
 lease_ttl = $TTL
 EOC
-	(env -u NOTIFY_SOCKET "$GPXD" -f -s "$T/n$i.sock" -c "$T/n$i.conf" < /dev/null > /dev/null 2> "$T/n$i.log" &
-	echo $! > "$T/n$i.pid")
-done
+		(env -u NOTIFY_SOCKET "$GPXD" -f -s "$T/n$i.sock" -c "$T/n$i.conf" < /dev/null > /dev/null \
+			2>> "$T/n$i.log" & echo $! > "$T/n$i.pid")
+		for _ in $(seq 300); do
+			kill -0 "$(cat "$T/n$i.pid")" 2>/dev/null || break
+			grep -q ' ready ' "$T/n$i.log" && { echo $((p + 1)) > "$T/n$i.mport"; return 0; }
+			sleep 0.1
+		done
+	done
+	echo "n$i does not start: $(tail -1 "$T/n$i.log")"
+	exit 1
+}
 for i in $(seq 0 $((N - 1))); do
-	for _ in $(seq 300); do [ -S "$T/n$i.sock" ] && break; sleep 0.1; done
+	start "$i" &
 done
-metric() { curl -s "http://127.0.0.1:$((base + 2 + N + $1))/metrics" | awk -v m="$2" '$1 == m { print $2 }'; }
+wait
+for i in $(seq 0 $((N - 1))); do [ -f "$T/n$i.mport" ] || exit 1; done
+metric() { curl -s "http://127.0.0.1:$(cat "$T/n$1.mport")/metrics" | awk -v m="$2" '$1 == m { print $2 }'; }
 for _ in $(seq 300); do [ "$(metric 0 gpx_cluster_nodes)" = "$N" ] && break; sleep 0.2; done
 echo "nodes joined: $(metric 0 gpx_cluster_nodes) seen by n0"
 rss() { awk '/VmRSS/ { print $2 }' "/proc/$(cat "$T/n$1.pid")/status"; }

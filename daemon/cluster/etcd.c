@@ -27,8 +27,8 @@ struct etcd_call {
 	CURL *h;
 	struct curl_slist *hdrs;
 	char *body;
-	char *buf;                   /* the reply, or a stream's unparsed tail */
-	size_t len, cap;
+	char *buf;                   /* the reply (streams: none) */
+	size_t len, cap;             /* streams: len, the bytes of the object being parsed */
 	json_tokener *tok;           /* streams only */
 	etcd_msg_fn msg;
 	etcd_fn done;
@@ -36,8 +36,7 @@ struct etcd_call {
 	double t0;
 	char err[CURL_ERROR_SIZE];
 	bool failed_parse;
-	bool in_write;               /* its data callback runs: curl forbids removing it now */
-	bool cancelled;              /* ... so it ends at the callback's return, silently */
+	bool cancelled;              /* cancelled inside curl's callbacks: freed once curl returns */
 };
 
 static TAILQ_HEAD(, etcd_call) calls = TAILQ_HEAD_INITIALIZER(calls);
@@ -217,31 +216,38 @@ call_free(struct etcd_call *k)
 	free(k);
 }
 
-/* A stream's bytes: every complete object goes to msg, the rest waits for more. */
+/*
+ * A stream's bytes, fed to the tokener as they come (it keeps its state between chunks, so an
+ * object is parsed once however many chunks carry it): every complete object goes to msg.
+ */
 static bool
-stream_feed(struct etcd_call *k)
+stream_feed(struct etcd_call *k, const char *p, size_t len)
 {
 	size_t off = 0;
 
-	while (off < k->len && !k->cancelled) {
-		while (off < k->len && strchr(" \t\r\n", k->buf[off]) != NULL)
-			off++;
-		if (off == k->len)
-			break;
-		json_tokener_reset(k->tok);
-		struct json_object *o = json_tokener_parse_ex(k->tok, k->buf + off, (int)(k->len - off));
+	while (off < len && !k->cancelled) {
+		if (k->len == 0) {
+			while (off < len && strchr(" \t\r\n", p[off]) != NULL)
+				off++;
+			if (off == len)
+				break;
+		}
+		size_t n = len - off > INT32_MAX ? INT32_MAX : len - off;
+		struct json_object *o = json_tokener_parse_ex(k->tok, p + off, (int)n);
 		enum json_tokener_error e = json_tokener_get_error(k->tok);
-		if (o == NULL && e == json_tokener_continue)
-			break;           /* incomplete: parsed again whole when more comes */
+		if (o == NULL && e == json_tokener_continue) {
+			k->len += n;         /* the object so far: bounded */
+			return k->len <= MSG_MAX;
+		}
 		if (o == NULL)
 			return false;
 		off += json_tokener_get_parse_end(k->tok);
+		json_tokener_reset(k->tok);
+		k->len = 0;
 		k->msg(k->arg, o);
 		json_object_put(o);
 	}
-	memmove(k->buf, k->buf + off, k->len - off);
-	k->len -= off;
-	return k->len <= MSG_MAX;
+	return true;
 }
 
 static size_t
@@ -252,6 +258,13 @@ on_data(char *p, size_t sz, size_t n, void *arg)
 
 	if (k->cancelled)
 		return 0;
+	if (k->msg != NULL) {
+		if (!stream_feed(k, p, len)) {
+			k->failed_parse = true;
+			return 0;
+		}
+		return k->cancelled ? 0 : len;
+	}
 	if (k->len + len > REPLY_MAX)
 		return 0;
 	if (k->len + len + 1 > k->cap) {
@@ -265,17 +278,6 @@ on_data(char *p, size_t sz, size_t n, void *arg)
 	memcpy(k->buf + k->len, p, len);
 	k->len += len;
 	k->buf[k->len] = '\0';
-	if (k->msg != NULL) {
-		k->in_write = true;
-		bool ok = stream_feed(k);
-		k->in_write = false;
-		if (k->cancelled)
-			return 0;
-		if (!ok) {
-			k->failed_parse = true;
-			return 0;
-		}
-	}
 	return len;
 }
 
@@ -309,7 +311,7 @@ finish(struct etcd_call *k, CURLcode rc)
 	if (rc != CURLE_OK && (k->msg == NULL || status == 0 || k->failed_parse)) {
 		snprintf(why, sizeof(why), "%s: %s", urls[cur], k->failed_parse ? "malformed stream" :
 		    k->err[0] ? k->err : curl_easy_strerror(rc));
-		err = status == 0 ? -1 : -2;
+		err = status != 0 ? ETCD_REFUSED : rc == CURLE_OPERATION_TIMEDOUT ? ETCD_TIMEDOUT : ETCD_UNREACHABLE;
 		if (status == 0) {
 			etcd_stats.failures++;
 			cur = (cur + 1) % nurls;     /* the next call tries the next endpoint */

@@ -35,7 +35,11 @@
 /* ---- etcd.c ---- */
 struct etcd_call;
 /* The end of a call: err 0 with the reply (borrowed for the call), or err < 0 and why.
- * err -1: etcd not reached (or no answer in time); -2: etcd answered with an error. */
+ * err -1: etcd not reached; -2: etcd answered with an error; -3: no answer in time. */
+#define ETCD_UNREACHABLE (-1)
+#define ETCD_REFUSED (-2)
+#define ETCD_TIMEDOUT (-3)
+#define CLAIM_HELD (-4)              /* member_claim: another holds the key */
 typedef void (*etcd_fn)(void *arg, int err, struct json_object *reply, const char *why);
 /* One JSON object of a streaming reply (the watch). */
 typedef void (*etcd_msg_fn)(void *arg, struct json_object *msg);
@@ -78,7 +82,7 @@ struct member {
 };
 extern struct member mb;
 /* A key of ours under the lease: put when nobody holds it (create_revision 0); done gets
- * 0, or -2 with the holder's value in why (a JSON text), or -1 unreachable. */
+ * 0, or CLAIM_HELD with the holder's value in why (a JSON text), or another error. */
 void member_claim(const char *key, const char *value, etcd_fn done, void *arg);
 void member_unput(const char *key);          /* deletes a key of ours (best effort) */
 /* The nodes known, from the watch. */

@@ -418,11 +418,11 @@ on_claim(void *arg, int err, struct json_object *r, const char *why)
 		}
 		size_t vl;
 		char *v = js_str(kv, "value") ? b64_dec(js_str(kv, "value"), &vl) : NULL;
-		done(darg, -2, NULL, v ? v : "");
+		done(darg, CLAIM_HELD, NULL, v ? v : "");
 		free(v);
 		return;
 	}
-	done(darg, -2, NULL, "");
+	done(darg, CLAIM_HELD, NULL, "");
 }
 
 void
@@ -494,7 +494,7 @@ on_node_claim(void *arg, int err, struct json_object *r, const char *why)
 	(void)arg;
 	(void)r;
 	step_call = NULL;
-	if (err == -1) {
+	if (err < 0 && err != CLAIM_HELD) {
 		go_down("%s", why);
 		return;
 	}
@@ -572,7 +572,7 @@ on_probe(void *arg, int err, struct json_object *r, const char *why)
 {
 	(void)arg;
 	step_call = NULL;
-	if (err == -1) {
+	if (err == ETCD_UNREACHABLE || err == ETCD_TIMEDOUT) {
 		go_down("%s", why);
 		return;
 	}
@@ -638,7 +638,14 @@ on_keepalive(void *arg, int err, struct json_object *r, const char *why)
 {
 	(void)arg;
 	ka_call = NULL;
-	if (err == -1) {
+	/* A slow answer (etcd busy) while the lease still has time: ask again at once rather than
+	 * drop the session; only a lease surely ended, or etcd not reached at all, takes it down. */
+	if (err == ETCD_TIMEDOUT && now_s() - mb.t_renewed < mb.ttl) {
+		log_debug("cluster", "lease keep-alive: %s; asking again", why);
+		t_keepalive = now_s();
+		return;
+	}
+	if (err == ETCD_UNREACHABLE || err == ETCD_TIMEDOUT) {
 		go_down("lease keep-alive: %s", why);
 		return;
 	}

@@ -240,7 +240,7 @@ on_claimed(void *arg, int err, struct json_object *r, const char *why)
 		free(k);
 	}
 	TAILQ_REMOVE(&mines, m, entry);
-	if (err == -2) {
+	if (err == CLAIM_HELD) {
 		holder(why, node, sizeof(node));
 		snprintf(msg, sizeof(msg), "the name %s is held in the cluster by node %s", m->name, node);
 		free(m);
@@ -323,7 +323,7 @@ on_reclaimed(void *arg, int err, struct json_object *r, const char *why)
 	char node[CLUSTER_NODE_MAX + 1];
 
 	(void)r;
-	if (err == -2) {
+	if (err == CLAIM_HELD) {
 		holder(why, node, sizeof(node));
 		log_warnx("cluster: name %s was taken by node %s while etcd was away: the export stays, "
 		    "for this node only", m->name, node);
