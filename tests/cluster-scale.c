@@ -58,15 +58,21 @@ load(const char *sock, const char *prefix, int count)
 		return 1;
 	}
 	double t0 = now();
+	int again = 0;
 	for (int i = 0; i < count; i++) {
 		struct gpx_export_opts o = { .rule = GPX_EXPORT_ANY };
 		snprintf(name, sizeof(name), "%s.%d", prefix, i);
-		if ((e = gpx_export_remote(c, r, name, &o, NULL)) != 0) {
+		/* etcd too slow for a moment (the node rejoins): the export is tried again */
+		while ((e = gpx_export_remote(c, r, name, &o, NULL)) == -GPX_EIO && again < 1000) {
+			again++;
+			usleep(200000);
+		}
+		if (e != 0) {
 			fprintf(stderr, "%s: export %s: %s: %s\n", sock, name, gpx_strerror(e), gpx_last_error(c));
 			return 1;
 		}
 	}
-	printf("loaded %d in %.3f s\n", count, now() - t0);
+	printf("loaded %d in %.3f s (%d tried again)\n", count, now() - t0, again);
 	fflush(stdout);
 	while (read(0, buf, sizeof(buf)) > 0)
 		;

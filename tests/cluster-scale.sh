@@ -9,7 +9,7 @@
 set -u
 N=${1:-64}
 NAMES=${2:-1000}
-TTL=${TTL:-3}
+TTL=${TTL:-10}
 SAMPLES=${SAMPLES:-200}
 B=${GPX_BUILDDIR:-$PWD}
 S=${GPX_SRCDIR:-$(cd "$(dirname "$0")/.." && pwd)}

@@ -16,6 +16,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +78,15 @@ copy_wait(gpx_conn *c, gpx_region src, gpx_region dst, uint64_t len, int ms)
 	return d.status;
 }
 
+/* Says why, lets go of c: 1. */
+static int
+fail_close(gpx_conn *c, const char *what, int e)
+{
+	fail(c, what, e);
+	gpx_close(c);
+	return 1;
+}
+
 static int
 get(const char *sock, const char *name, unsigned seed)
 {
@@ -89,25 +99,24 @@ get(const char *sock, const char *name, unsigned seed)
 	if ((e = gpx_connect(sock, "cluster-test", &c)) != 0)
 		return fail(NULL, "connect", e);
 	if ((e = gpx_import(c, name, &rem, &len)) != 0)
-		return fail(c, "", e);
+		return fail_close(c, "", e);
 	if (len != SZ) {
 		printf("length %llu, not %u\n", (unsigned long long)len, SZ);
+		gpx_close(c);
 		return 1;
 	}
 	if ((e = gpx_host_alloc(SZ, &fd, &p)) != 0 || (e = gpx_register_host(c, fd, 0, SZ, 0, &loc)) != 0)
-		return fail(c, "register", e);
+		return fail_close(c, "register", e);
 	memset(p, 0, SZ);
 	if ((e = copy_wait(c, rem, loc, SZ, 10000)) != 0)
-		return fail(c, "copy", e);
+		return fail_close(c, "copy", e);
 	char *want = malloc(SZ);
 	fill(want, SZ, seed);
-	if (memcmp(p, want, SZ) != 0) {
-		printf("bytes differ\n");
-		return 1;
-	}
-	printf("ok\n");
+	bool same = memcmp(p, want, SZ) == 0;
+	free(want);
 	gpx_close(c);
-	return 0;
+	printf("%s\n", same ? "ok" : "bytes differ");
+	return same ? 0 : 1;
 }
 
 static int
