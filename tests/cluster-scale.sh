@@ -4,7 +4,7 @@
 # other node (p50, p99), the time for every node to see a node's death (kill -9), etcd's
 # request rate at rest (lease keep-alives; the watches are streams), and gpxd's memory per
 # 1,000 cluster names.  Run from the build directory after make check's programs are built:
-#   ../tests/cluster-scale.sh [N [NAMES]] | tee ../tests/results/cluster-scale-64.txt
+#   ../tests/cluster-scale.sh [N [NAMES]] | tee ../tests/results/cluster-scale-64x1000.txt
 # Not part of make check: it loads the machine for a minute or two.
 set -u
 N=${1:-64}
