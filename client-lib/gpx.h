@@ -218,7 +218,7 @@ uint64_t gpx_dropped(const gpx_conn *c);
 /* ---- introspection, for gpxctl: the raw packed QueryReply of gpx.proto ---- */
 enum gpx_query {
 	GPX_Q_STATUS = 0, GPX_Q_CLIENTS, GPX_Q_REGIONS, GPX_Q_EXPORTS, GPX_Q_TRANSFERS,
-	GPX_Q_STATS, GPX_Q_TOPO, GPX_Q_PEERS,
+	GPX_Q_STATS, GPX_Q_TOPO, GPX_Q_PEERS, GPX_Q_CLUSTER,
 };
 /* *buf is malloc'ed; the caller frees it and unpacks it with the generated gpx.pb-c code. */
 int gpx_query(gpx_conn *c, enum gpx_query what, void **buf, size_t *len);

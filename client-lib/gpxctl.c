@@ -34,6 +34,7 @@ usage(FILE *f)
 	    "  transfers              transfers in flight\n"
 	    "  stats                  counters per path\n"
 	    "  peers                  peer daemons of other nodes: state, transport, traffic\n"
+	    "  cluster                the cluster's nodes from etcd: addresses, leases, names\n"
 	    "  drain CLIENT           refuse new transfers from CLIENT, let its queue finish\n"
 	    "  log-level [LEVEL [SUBSYSTEMS]]  show or set the daemon's log level\n"
 	    "  reload                 reread the configuration file\n"
@@ -279,13 +280,20 @@ do_exports(int argc, char **argv)
 			J_ADD(o, "remote", J_BOOL(e->remote));
 			J_ADD(o, "peers", J_STR(e->peers));
 			J_ADD(o, "gpudirect", J_STR(e->gpudirect));
+			J_ADD(o, "node", J_STR(e->node));
 			json_object_array_add(a, o);
+		} else if (e->client == 0 && e->node != NULL && e->node[0] != '\0') {
+			/* a cluster name another node holds */
+			printf("%-24s %-6s %-18s %-5s %-6u %-6s %9s %-6s cluster, on node %s\n", e->name, "-", "-", "-",
+			    e->uid, "-", "-", "-", e->node);
 		} else {
 			printf("%-24s %-6llu %#-18llx %-5s %-6u %-6u %9u %-6s %s%s%s%s\n", e->name,
 			    (unsigned long long)e->client, (unsigned long long)e->region, e->rule, e->uid, e->gid,
 			    e->importers, e->notify ? "yes" : "no", e->read_only ? "ro" : "rw",
 			    e->remote ? ",remote" : "", e->remote && e->peers && e->peers[0] ? ":" : "",
 			    e->remote && e->peers ? e->peers : "");
+			if (e->node != NULL && e->node[0] != '\0')
+				printf("%-24s cluster name, held by this node (%s)\n", "", e->node);
 			if (e->gpudirect && e->gpudirect[0])
 				printf("%-24s GPU memory to peers: %s\n", "", e->gpudirect);
 		}
@@ -590,6 +598,54 @@ do_reload(int argc, char **argv)
 }
 
 /* Peer daemons (the fabric): one line per connection, or configured address not reached. */
+/* gpxctl cluster: the nodes this gpxd knows from etcd. */
+static int
+do_cluster(int argc, char **argv)
+{
+	Gpx__QueryReply *q = query(GPX_Q_CLUSTER);
+	json_object *o = q->cluster && q->cluster[0] ? json_tokener_parse(q->cluster) : NULL, *nodes, *v;
+
+	(void)argc;
+	(void)argv;
+	if (o == NULL) {
+		fprintf(stderr, "gpxctl: this gpxd is in no cluster ([cluster] etcd in gpxd.conf)\n");
+		gpx__query_reply__free_unpacked(q, NULL);
+		return 1;
+	}
+	if (json) {
+		print_json(o);
+		gpx__query_reply__free_unpacked(q, NULL);
+		return 0;
+	}
+	#define S(obj, k) (json_object_object_get_ex(obj, k, &v) ? json_object_get_string(v) : "")
+	printf("cluster: node %s, etcd %s, %s%s%s, %s names\n", S(o, "self"), S(o, "etcd"), S(o, "state"),
+	    S(o, "why")[0] ? ": " : "", S(o, "why"), S(o, "names"));
+	printf("%-16s %-22s %-10s %4s %6s %7s %-9s %s\n", "NODE", "ADDRESS", "TRANSPORT", "GPUS", "LEASE",
+	    "EXPORTS", "REACHABLE", "VERSION");
+	if (json_object_object_get_ex(o, "nodes", &nodes))
+		for (size_t i = 0; i < json_object_array_length(nodes); i++) {
+			json_object *n = json_object_array_get_idx(nodes, i), *l, *t;
+			char tr[64] = "", lease[16];
+			if (json_object_object_get_ex(n, "transports", &t))
+				for (size_t k = 0; k < json_object_array_length(t); k++)
+					snprintf(tr + strlen(tr), sizeof(tr) - strlen(tr), "%s%s", k ? "," : "",
+					    json_object_get_string(json_object_array_get_idx(t, k)));
+			int64_t left = json_object_object_get_ex(n, "lease_left", &v) ? json_object_get_int64(v) : 0;
+			snprintf(lease, sizeof(lease), left > 0 ? "%llds" : left < 0 ? "gone" : "?", (long long)left);
+			printf("%-16s %-22s %-10s %4s %6s %7s %-9s %s\n", S(n, "name"),
+			    json_object_object_get_ex(n, "listen", &l) && json_object_array_length(l) > 0 ?
+			    json_object_get_string(json_object_array_get_idx(l, 0)) : "-", tr[0] ? tr : "-",
+			    S(n, "gpus"), lease, S(n, "exports"),
+			    json_object_object_get_ex(n, "self", &v) && json_object_get_boolean(v) ? "self" :
+			    json_object_object_get_ex(n, "reachable", &v) && json_object_get_boolean(v) ? "yes" : "no",
+			    S(n, "version"));
+		}
+	#undef S
+	json_object_put(o);
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
+}
+
 static int
 do_peers(int argc, char **argv)
 {
@@ -690,6 +746,7 @@ static const struct object {
 	{ "transfers", do_transfers, 0 },
 	{ "stats", do_stats, 0 },
 	{ "peers", do_peers, 0 },
+	{ "cluster", do_cluster, 0 },
 	{ "drain", do_drain, 1 },
 	{ "log-level", do_log_level, 2 },
 	{ "reload", do_reload, 0 },

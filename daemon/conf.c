@@ -462,8 +462,10 @@ on_key(void *user, const char *sec, const char *name, const char *v)
 	if (s != NULL) {
 		why[0] = '\0';
 		if (s->key(p->c, name, v, why, sizeof(why)) < 0) {
-			snprintf(p->err, p->errlen, "%s '%s' in [%s]%s%s", why[0] ? "bad value" : "unknown key",
-			    why[0] ? v : name, sec, why[0] ? ": " : "", why);
+			if (why[0] != '\0')
+				snprintf(p->err, p->errlen, "bad value '%s' for %s.%s: %s", v, sec, name, why);
+			else
+				snprintf(p->err, p->errlen, "unknown key '%s' in [%s]", name, sec);
 			return 0;
 		}
 		return 1;

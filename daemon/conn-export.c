@@ -14,6 +14,30 @@
 
 /* ---- exports ---- */
 
+/* cluster: an export waiting for etcd to make its name the cluster's. */
+struct cexport {
+	struct conn *c;
+	uint32_t seq;
+	struct export *e;
+	char name[65];
+};
+
+/* cluster: the name is ours in the cluster (status 0), or the export is undone with why. */
+static void
+export_claimed(void *arg, int status, const char *msg)
+{
+	struct cexport *ce = arg;
+	struct conn *c = ce->c;
+	struct export *e = export_find(ce->name);
+
+	conn_settle(c);
+	if (status != 0 && e == ce->e && e->owner == c->id)
+		export_remove(e);
+	if (c->state != CONN_DEAD)
+		reply_err(c, ce->seq, status, msg);
+	free(ce);
+}
+
 void
 req_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 {
@@ -91,6 +115,17 @@ req_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 		snprintf(h->r->gdr, sizeof(h->r->gdr), "staging: GPU memory cannot be probed now");
 	log_debug("export", "client %llu exports %#llx as %s", (unsigned long long)c->id,
 	    (unsigned long long)h->id, e->name);
+	/* cluster: the name must be the cluster's too; answered once etcd has said so */
+	struct cexport *ce;
+	if (e->remote && cluster_running() && (ce = calloc(1, sizeof(*ce))) != NULL) {
+		ce->c = c;
+		ce->seq = seq;
+		ce->e = e;
+		snprintf(ce->name, sizeof(ce->name), "%s", e->name);
+		c->pending++;
+		cluster_name_add(e->name, e->uid, export_claimed, ce);
+		return;
+	}
 	reply_err(c, seq, 0, NULL);
 }
 
@@ -142,7 +177,8 @@ import_remote(struct conn *c, uint32_t seq, const char *name)
 	ri->seq = seq;
 	rq.arg = ri;
 	c->pending++;                /* import_answered settles it, maybe before this returns */
-	if (fabric->import(&rq))
+	/* cluster: a bare name etcd knows, or "NODE:name" of a node in it; else the fabric's forms */
+	if (cluster_import(&rq) || fabric->import(&rq))
 		return true;
 	c->pending--;
 	free(ri);

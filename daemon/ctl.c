@@ -151,6 +151,39 @@ q_regions(Gpx__QueryReply *q, const struct conn *asker)
 	q->n_regions = n;
 }
 
+struct cvisit {
+	Gpx__QueryReply *q;
+	bool admin;
+	uid_t uid;
+	size_t cap;
+};
+
+/* A cluster name of another node, as gpxctl exports lists it: marked with its node. */
+static void
+cluster_export(const char *name, const char *node, uid_t uid, void *arg)
+{
+	struct cvisit *v = arg;
+	Gpx__ExportInfo *i, **a;
+
+	if (!v->admin && uid != v->uid)
+		return;
+	if (v->q->n_exports + 1 >= v->cap) {
+		if ((a = realloc(v->q->exports, 2 * v->cap * sizeof(*a))) == NULL)
+			return;
+		v->q->exports = a;
+		v->cap *= 2;
+	}
+	if ((i = malloc(sizeof(*i))) == NULL)
+		return;
+	gpx__export_info__init(i);
+	i->name = (char *)name;
+	i->node = (char *)node;
+	i->uid = uid;
+	i->rule = (char *)"-";
+	i->remote = true;
+	v->q->exports[v->q->n_exports++] = i;
+}
+
 static void
 q_exports(Gpx__QueryReply *q, const struct conn *asker)
 {
@@ -177,9 +210,14 @@ q_exports(Gpx__QueryReply *q, const struct conn *asker)
 		i->remote = e->remote;
 		i->peers = e->peers ? e->peers : (char *)"";
 		i->gpudirect = e->remote && e->r->host == NULL ? e->r->gdr : (char *)"";
+		const char *node = e->remote ? cluster_name_node(e->name) : NULL;
+		i->node = node != NULL ? (char *)node : (char *)"";
 		q->exports[n++] = i;
 	}
 	q->n_exports = n;
+	/* cluster: the other nodes' names this asker's uid holds (all, for an administrator) */
+	struct cvisit v = { .q = q, .admin = asker->admin, .uid = asker->uid, .cap = export_count() + 1 };
+	cluster_names_visit(cluster_export, &v);
 }
 
 /* GPU memory between nodes, by path (daemon/fabric/): zeros without the fabric. */
@@ -288,6 +326,27 @@ send_query_reply(struct conn *c, uint32_t seq, Gpx__QueryReply *q)
 	close(fd);
 }
 
+struct cwait {
+	struct conn *c;
+	uint32_t seq;
+};
+
+/* Q_CLUSTER's answer (cluster.h): json NULL when this node is in no cluster. */
+static void
+cluster_answered(void *arg, char *json)
+{
+	struct cwait *w = arg;
+	Gpx__QueryReply q = GPX__QUERY_REPLY__INIT;
+
+	conn_settle(w->c);
+	if (w->c->state != CONN_DEAD) {
+		q.cluster = json != NULL ? json : (char *)"";
+		send_query_reply(w->c, w->seq, &q);
+	}
+	free(json);
+	free(w);
+}
+
 void
 ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 {
@@ -324,6 +383,19 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 			fabric->peers(&q);
 		q_fabric_gpu(&q, &fg);
 		break;
+	case GPX__QUERY_WHAT__Q_CLUSTER: {
+		/* answered when etcd has told each lease's time left */
+		struct cwait *w = malloc(sizeof(*w));
+		if (w == NULL) {
+			conn_reply(c, seq, GPX__STATUS__ENOMEM, "out of memory", NULL, NULL, 0);
+			return;
+		}
+		w->c = c;
+		w->seq = seq;
+		c->pending++;
+		cluster_nodes_query(cluster_answered, w);
+		return;
+	}
 	default:
 		conn_reply(c, seq, GPX__STATUS__EINVAL, "unknown query", NULL, NULL, 0);
 		return;

@@ -122,6 +122,8 @@ void
 export_remove(struct export *e)
 {
 	TAILQ_REMOVE(&exports, e, entry);
+	if (e->remote)
+		cluster_name_drop(e->name);   /* its cluster name, if it has one, goes too */
 	if (e->notify)
 		atomic_store(&e->r->notify_on, false);     /* the queue itself goes with the mapping */
 	struct user *u = user_get(e->uid);

@@ -28,6 +28,7 @@
 #include "proto/gpx.pb-c.h"
 #include "proto/ring.h"
 #include "proto/wire.h"
+#include "daemon/cluster/cluster.h"
 
 struct event_base;
 struct conn;
@@ -140,6 +141,7 @@ struct conf {
 	double fabric_timeout_s;     /* a request, a handshake or a silent peer fails after this */
 	double fabric_retry_s;       /* between attempts to reach a configured peer */
 	uint64_t fabric_chunk;       /* bytes per Write/Read on the wire */
+	struct cluster_conf cluster; /* [cluster]: etcd (daemon/cluster/) */
 	char *path;                  /* the file it came from, or NULL */
 	atomic_uint refs;            /* holders of this snapshot (conf_hold) */
 };

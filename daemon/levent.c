@@ -553,6 +553,9 @@ levent_run(const struct gpxd_args *a)
 	/* The fabric: peer daemons (daemon/fabric/), only when gpxd.conf asks for it. */
 	if (fabric_configured(cfg) && (fabric = fabric_init(base)) == NULL)
 		fatalx("fabric: cannot start (see above)");
+	/* The cluster: membership and names in etcd (daemon/cluster/), only when configured. */
+	if (cluster_configured(&cfg->cluster) && cluster_start(base) < 0)
+		fatalx("cluster: cannot start (see above)");
 
 	conn_admin_check();
 	spares_fill();
@@ -584,6 +587,7 @@ levent_run(const struct gpxd_args *a)
 	/* Shutdown: everything below runs with no client left. */
 	if (fabric != NULL)
 		fabric->stop();              /* fabric: what waits on peers fails now */
+	cluster_stop();                  /* our keys in etcd go with our lease */
 	engine_shutdown();
 	defer_shutdown();
 	conn_reap();

@@ -75,6 +75,7 @@ main(int argc, char **argv)
 	/* The daemon changes directory to /: a reload must read the file this start read. */
 	if (conf_path != NULL && (path = conf_abspath(conf_path)) == NULL)
 		fatal("%s", conf_path);
+	cluster_conf_register();
 	cfg = conf_new();
 	if (path != NULL || access(GPXD_CONF, F_OK) == 0) {
 		if (conf_load(cfg, path ? path : GPXD_CONF, err, sizeof(err)) < 0)

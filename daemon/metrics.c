@@ -371,6 +371,8 @@ render(struct evbuffer *b, struct snapshot *sn)
 		evbuffer_add_printf(b, "gpx_fabric_gpu_registrations_total{how=\"%s\"} %llu\n",
 		    (const char *[]){ "dmabuf", "peermem", "none" }[i], (unsigned long long)reg[i]);
 
+	cluster_metrics(b);          /* the cluster's, when it runs (daemon/cluster/) */
+
 	head(b, "gpx_transfers_refused_total", "counter",
 	    "Transfers refused before any byte moved (bounds, rights, regions), by status.");
 	for (int i = 1; i < NSTATUS; i++)

@@ -31,6 +31,8 @@ static const struct fabric_ops ops = {
 	.peers_free = peer_query_free,
 	.gpu_stats = gpu_stats,
 	.stop = peer_stop,
+	.node_gone = peer_node_gone,
+	.node_up = peer_node_up,
 };
 
 const struct fabric_ops *

@@ -44,6 +44,10 @@ struct fabric_import {
 	struct conn *log_as;         /* only handed to log_client: the asker's share of the log */
 	fabric_import_fn done;
 	void *arg;
+	/* Set by the cluster (daemon/cluster/): the export's name on `node`, whose fabric address
+	 * etcd gives as `addr`; dialled even without dial_on_demand, and the node that answers
+	 * there must be `node`.  NULL otherwise. */
+	const char *export_name, *node, *addr;
 };
 
 /* GPU memory between nodes, by path (stage.c, the RDMA registrations): gpxctl peers, metrics. */
@@ -78,6 +82,11 @@ struct fabric_ops {
 	void (*gpu_stats)(struct fabric_gpu_stats *);
 	/* levent.c, at exit: fails what waits on peers; before engine_shutdown. */
 	void (*stop)(void);
+	/* The cluster: node left it (its lease ended); its connections go, and with them every
+	 * import and transfer through them, even when its TCP connections still stand. */
+	void (*node_gone)(const char *node, const char *why);
+	/* The cluster: whether a ready connection to node stands (gpxctl cluster). */
+	bool (*node_up)(const char *node);
 };
 
 /* The hooks, set by levent.c from fabric_init; NULL while the fabric is off. */

@@ -149,6 +149,8 @@ int peer_send(struct peer *, const Gpxpeer__PeerMsg *, const void *data, size_t 
 void peer_bye(struct peer *, const char *why);
 /* The ready connection to node `name`, or NULL. */
 struct peer *peer_by_node(const char *name);
+void peer_node_gone(const char *node, const char *why);    /* the hooks of the same names */
+bool peer_node_up(const char *node);
 struct phandle *peer_handle(struct peer *, uint64_t id);
 void peer_kill(struct peer *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -162,7 +164,8 @@ void peer_auth_msg(struct peer *, const Gpxpeer__PeerMsg *);
 /* ---- peer-dial.c: how connections come to be: the listener, the addresses we dial ---- */
 /*
  * A peer address: a configured one is dialled until a connection to it is up; one dialled on
- * demand, for imports by address, only when an import asks for it, and forgotten at the next
+ * demand, for imports by address or of cluster names (hinted: the cluster gave the address;
+ * no dial_on_demand needed), only when an import asks for it, and forgotten at the next
  * tick once no connection reaches its node and no import waits for it.
  */
 struct ptarget {
@@ -182,10 +185,10 @@ void peer_dial_tick(double now);             /* dials configured addresses, forg
 bool peer_dial_split(const char *a, char *host, size_t hl, char *port, size_t pl);
 /*
  * The address for an import by address: the configured one (or one dialled already), else a
- * new one to dial on demand when [fabric] dial_on_demand allows; NULL with a gpx status and
- * why otherwise.
+ * new one to dial on demand when [fabric] dial_on_demand allows or the cluster gave it
+ * (hinted); NULL with a gpx status and why otherwise.
  */
-struct ptarget *peer_dial_target(const char *addr, int *status, char *err, size_t errlen);
+struct ptarget *peer_dial_target(const char *addr, bool hinted, int *status, char *err, size_t errlen);
 void peer_dial(struct ptarget *);            /* resolves t's name, then connects */
 void peer_dial_lost(struct peer *);          /* p, dialled, is dead: its address waits or retries */
 const char *peer_dial_listening(void);       /* [fabric] listen, or "" */

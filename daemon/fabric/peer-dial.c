@@ -184,7 +184,7 @@ peer_dial(struct ptarget *t)
 }
 
 struct ptarget *
-peer_dial_target(const char *addr, int *status, char *err, size_t errlen)
+peer_dial_target(const char *addr, bool hinted, int *status, char *err, size_t errlen)
 {
 	struct ptarget *t;
 	unsigned n = 0;
@@ -198,7 +198,7 @@ peer_dial_target(const char *addr, int *status, char *err, size_t errlen)
 	 * Off by default: it lets any local client make the daemon open connections to any
 	 * address it can reach, and learn from the errors which of them listen.
 	 */
-	if (!cfg->fabric_dial_on_demand) {
+	if (!cfg->fabric_dial_on_demand && !hinted) {
 		snprintf(err, errlen, "%s is not a configured peer, and [fabric] dial_on_demand is off", addr);
 		*status = GPX__STATUS__EACCES;
 		return NULL;

@@ -34,6 +34,7 @@ struct pimport {
 	uid_t uid;                       /* the asker's */
 	double deadline;
 	char name[65];                   /* the export's name on the peer */
+	char want[PEER_NAME_MAX + 1];    /* cluster: the node that must answer at t's address */
 };
 
 static TAILQ_HEAD(, pimport) pimports = TAILQ_HEAD_INITIALIZER(pimports);
@@ -205,7 +206,10 @@ peer_import_target_ready(struct ptarget *t, struct peer *p)
 				break;
 		if (pi == NULL)
 			return;
-		if (p->state != PEER_READY)
+		if (pi->want[0] != '\0' && strcmp(pi->want, p->node) != 0)
+			import_fail(pi, GPX__STATUS__EACCES, "the cluster store gives %s as node %s's address, "
+			    "but node %s answers there", t->addr, pi->want, p->node);
+		else if (p->state != PEER_READY)
 			import_fail(pi, GPX__STATUS__EIO, "peer %s went down: %s", p->node, p->why);
 		else
 			import_send(pi, p);
@@ -271,7 +275,7 @@ import_by_addr(const struct fabric_import *rq, const char *a)
 		    NULL, false);
 		return;
 	}
-	if ((t = peer_dial_target(addr, &st, err, sizeof(err))) == NULL) {
+	if ((t = peer_dial_target(addr, false, &st, err, sizeof(err))) == NULL) {
 		rq->done(rq->arg, st, err, NULL, false);
 		return;
 	}
@@ -290,6 +294,49 @@ import_by_addr(const struct fabric_import *rq, const char *a)
 	}
 }
 
+/*
+ * A cluster name: the export on node rq->node, whose address etcd gives (rq->addr).  Through
+ * the node's connection when one stands, else one dialled now; the node that answers there
+ * must be the one etcd named (its key proves it is of the cluster, not that it is that node).
+ */
+static void
+import_by_hint(const struct fabric_import *rq)
+{
+	struct ptarget *t;
+	struct pimport *pi;
+	struct peer *p;
+	char err[256];
+	int st;
+
+	if (!export_name_ok(rq->export_name)) {
+		rq->done(rq->arg, GPX__STATUS__EINVAL, "export names are 1..64 bytes of [A-Za-z0-9._:/-]",
+		    NULL, false);
+		return;
+	}
+	if ((p = peer_by_node(rq->node)) != NULL) {
+		if ((pi = import_new(rq, rq->export_name)) != NULL)
+			import_send(pi, p);
+		return;
+	}
+	if ((t = peer_dial_target(rq->addr, true, &st, err, sizeof(err))) == NULL) {
+		rq->done(rq->arg, st, err, NULL, false);
+		return;
+	}
+	if ((pi = import_new(rq, rq->export_name)) == NULL)
+		return;
+	pi->t = t;
+	snprintf(pi->want, sizeof(pi->want), "%s", rq->node);
+	if (t->node[0] != '\0' && (p = peer_by_node(t->node)) != NULL) {
+		peer_import_target_ready(t, p);
+		return;
+	}
+	if (t->p == NULL && !t->resolving) {
+		log_client(rq->log_as, LOG_L_INFO, "fabric: dialling node %s at %s (from the cluster store), "
+		    "for an import by uid %u", rq->node, rq->addr, (unsigned)rq->uid);
+		peer_dial(t);
+	}
+}
+
 bool
 peer_import(const struct fabric_import *rq)
 {
@@ -298,6 +345,10 @@ peer_import(const struct fabric_import *rq)
 	struct pimport *pi;
 	struct peer *p;
 
+	if (rq->addr != NULL) {
+		import_by_hint(rq);
+		return true;
+	}
 	/* '@' is in neither node nor export names: "@..." is an address, never NODE:name. */
 	if (name[0] == '@') {
 		import_by_addr(rq, name + 1);

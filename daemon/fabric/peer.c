@@ -199,6 +199,28 @@ peer_by_node(const char *name)
 	return NULL;
 }
 
+void
+peer_node_gone(const char *node, const char *why)
+{
+	struct peer *p;
+
+	/* From the top each time: a kill moves p to the dead list. */
+	for (;;) {
+		TAILQ_FOREACH(p, &peers, entry)
+			if (strcmp(p->node, node) == 0)
+				break;
+		if (p == NULL)
+			return;
+		peer_kill(p, "node %s left the cluster: %s", node, why);
+	}
+}
+
+bool
+peer_node_up(const char *node)
+{
+	return peer_by_node(node) != NULL;
+}
+
 struct phandle *
 peer_handle(struct peer *p, uint64_t id)
 {

@@ -1,0 +1,549 @@
+/*
+ * etcd's v3 API through its JSON gateway (HTTP/1.1 POSTs of JSON to /v3/..., keys and values
+ * in base64), on the daemon's event loop.  HTTP is libcurl's multi interface driven by
+ * libevent (curl_multi_socket_action: curl tells which sockets and timeouts to watch, the
+ * loop tells curl what happened), so no call blocks the loop and TLS, proxies, redirects and
+ * HTTP's corner cases are curl's, a library every distribution keeps patched.  JSON is json-c,
+ * which gpxctl already uses; its incremental tokener splits the watch's stream of objects.
+ *
+ * Endpoints: [cluster] etcd lists one or more; calls go to one, and a call that cannot reach
+ * it moves the next calls to the following one.
+ */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <curl/curl.h>
+#include <event2/event.h>
+
+#include "daemon/cluster/internal.h"
+
+#define REPLY_MAX (256u << 20)       /* a range of a large cluster's names */
+#define MSG_MAX (16u << 20)          /* one object of a stream */
+
+struct etcd_call {
+	TAILQ_ENTRY(etcd_call) entry;
+	CURL *h;
+	struct curl_slist *hdrs;
+	char *body;
+	char *buf;                   /* the reply (streams: none) */
+	size_t len, cap;             /* streams: len, the bytes of the object being parsed */
+	json_tokener *tok;           /* streams only */
+	etcd_msg_fn msg;
+	etcd_fn done;
+	void *arg;
+	double t0;
+	char err[CURL_ERROR_SIZE];
+	bool failed_parse;
+	bool cancelled;              /* cancelled inside curl's callbacks: freed once curl returns */
+};
+
+static TAILQ_HEAD(, etcd_call) calls = TAILQ_HEAD_INITIALIZER(calls);
+static struct event_base *base;
+static CURLM *multi;
+static struct event *timer_ev;
+static struct event *reap_ev;            /* frees calls cancelled inside curl's callbacks */
+static int in_curl;                      /* curl_multi_socket_action runs: no handle may go */
+static char **urls;
+static size_t nurls, cur;
+static char *token;
+static char *cacert, *cert, *key;
+struct etcd_stats etcd_stats;
+
+/* ---- base64 and JSON helpers ---- */
+
+static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+char *
+b64_enc(const void *in, size_t n)
+{
+	const unsigned char *p = in;
+	char *out = malloc(4 * ((n + 2) / 3) + 1), *o = out;
+
+	if (out == NULL)
+		return NULL;
+	for (size_t i = 0; i < n; i += 3) {
+		uint32_t v = p[i] << 16 | (i + 1 < n ? p[i + 1] << 8 : 0) | (i + 2 < n ? p[i + 2] : 0);
+		*o++ = b64[v >> 18];
+		*o++ = b64[v >> 12 & 63];
+		*o++ = i + 1 < n ? b64[v >> 6 & 63] : '=';
+		*o++ = i + 2 < n ? b64[v & 63] : '=';
+	}
+	*o = '\0';
+	return out;
+}
+
+char *
+b64_dec(const char *s, size_t *len)
+{
+	size_t n = strlen(s), k = 0;
+	uint32_t v = 0;
+	int bits = 0;
+	char *out;
+
+	if (n % 4 != 0 || (out = malloc(n / 4 * 3 + 1)) == NULL)
+		return NULL;
+	for (size_t i = 0; i < n; i++) {
+		const char *c = strchr(b64, s[i]);
+		if (s[i] == '=') {
+			if (i < n - 2 || (i == n - 2 && s[n - 1] != '='))
+				goto bad;
+			break;
+		}
+		if (c == NULL || s[i] == '\0')
+			goto bad;
+		v = v << 6 | (uint32_t)(c - b64);
+		if ((bits += 6) >= 8) {
+			bits -= 8;
+			out[k++] = (char)(v >> bits);
+		}
+	}
+	out[k] = '\0';
+	*len = k;
+	return out;
+bad:
+	free(out);
+	return NULL;
+}
+
+const char *
+js_str(struct json_object *o, const char *k)
+{
+	struct json_object *v;
+
+	if (o == NULL || !json_object_object_get_ex(o, k, &v) || !json_object_is_type(v, json_type_string))
+		return NULL;
+	return json_object_get_string(v);
+}
+
+int64_t
+js_int(struct json_object *o, const char *k)
+{
+	struct json_object *v;
+
+	if (o == NULL || !json_object_object_get_ex(o, k, &v))
+		return 0;
+	if (json_object_is_type(v, json_type_string))
+		return strtoll(json_object_get_string(v), NULL, 10);
+	return json_object_get_int64(v);
+}
+
+/* ---- curl on the loop ---- */
+
+static void check_done(void);
+static void reap_cb(evutil_socket_t, short, void *);
+
+static void
+on_sock(evutil_socket_t fd, short what, void *arg)
+{
+	int running, fl = (what & EV_READ ? CURL_CSELECT_IN : 0) | (what & EV_WRITE ? CURL_CSELECT_OUT : 0);
+
+	(void)arg;
+	in_curl++;
+	curl_multi_socket_action(multi, fd, fl, &running);
+	in_curl--;
+	check_done();
+}
+
+static void
+on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	int running;
+
+	(void)fd;
+	(void)what;
+	(void)arg;
+	in_curl++;
+	curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
+	in_curl--;
+	check_done();
+}
+
+static int
+sock_cb(CURL *e, curl_socket_t s, int what, void *userp, void *socketp)
+{
+	struct event *ev = socketp;
+
+	(void)e;
+	(void)userp;
+	if (what == CURL_POLL_REMOVE) {
+		if (ev != NULL)
+			event_free(ev);
+		curl_multi_assign(multi, s, NULL);
+		return 0;
+	}
+	short kind = (what & CURL_POLL_IN ? EV_READ : 0) | (what & CURL_POLL_OUT ? EV_WRITE : 0) | EV_PERSIST;
+	if (ev != NULL) {
+		event_del(ev);
+		event_assign(ev, base, s, kind, on_sock, NULL);
+	} else {
+		if ((ev = event_new(base, s, kind, on_sock, NULL)) == NULL)
+			return -1;
+		curl_multi_assign(multi, s, ev);
+	}
+	event_add(ev, NULL);
+	return 0;
+}
+
+static int
+timer_cb(CURLM *m, long ms, void *userp)
+{
+	struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
+
+	(void)m;
+	(void)userp;
+	if (ms < 0)
+		evtimer_del(timer_ev);
+	else
+		evtimer_add(timer_ev, &tv);
+	return 0;
+}
+
+/* ---- calls ---- */
+
+static void
+call_free(struct etcd_call *k)
+{
+	TAILQ_REMOVE(&calls, k, entry);
+	curl_multi_remove_handle(multi, k->h);
+	curl_easy_cleanup(k->h);
+	curl_slist_free_all(k->hdrs);
+	if (k->tok != NULL)
+		json_tokener_free(k->tok);
+	free(k->body);
+	free(k->buf);
+	free(k);
+}
+
+/*
+ * A stream's bytes, fed to the tokener as they come (it keeps its state between chunks, so an
+ * object is parsed once however many chunks carry it): every complete object goes to msg.
+ */
+static bool
+stream_feed(struct etcd_call *k, const char *p, size_t len)
+{
+	size_t off = 0;
+
+	while (off < len && !k->cancelled) {
+		if (k->len == 0) {
+			while (off < len && strchr(" \t\r\n", p[off]) != NULL)
+				off++;
+			if (off == len)
+				break;
+		}
+		size_t n = len - off > INT32_MAX ? INT32_MAX : len - off;
+		struct json_object *o = json_tokener_parse_ex(k->tok, p + off, (int)n);
+		enum json_tokener_error e = json_tokener_get_error(k->tok);
+		if (o == NULL && e == json_tokener_continue) {
+			k->len += n;         /* the object so far: bounded */
+			return k->len <= MSG_MAX;
+		}
+		if (o == NULL)
+			return false;
+		off += json_tokener_get_parse_end(k->tok);
+		json_tokener_reset(k->tok);
+		k->len = 0;
+		k->msg(k->arg, o);
+		json_object_put(o);
+	}
+	return true;
+}
+
+static size_t
+on_data(char *p, size_t sz, size_t n, void *arg)
+{
+	struct etcd_call *k = arg;
+	size_t len = sz * n;
+
+	if (k->cancelled)
+		return 0;
+	if (k->msg != NULL) {
+		if (!stream_feed(k, p, len)) {
+			k->failed_parse = true;
+			return 0;
+		}
+		return k->cancelled ? 0 : len;
+	}
+	if (k->len + len > REPLY_MAX)
+		return 0;
+	if (k->len + len + 1 > k->cap) {
+		size_t cap = (k->len + len + 1) * 2;
+		char *b = realloc(k->buf, cap);
+		if (b == NULL)
+			return 0;
+		k->buf = b;
+		k->cap = cap;
+	}
+	memcpy(k->buf + k->len, p, len);
+	k->len += len;
+	k->buf[k->len] = '\0';
+	return len;
+}
+
+/* The error etcd (or its gateway) put in a reply: "error" or "message". */
+static const char *
+reply_error(struct json_object *o)
+{
+	struct json_object *e;
+	const char *s;
+
+	if (json_object_object_get_ex(o, "error", &e) && json_object_is_type(e, json_type_object))
+		o = e;
+	if ((s = js_str(o, "message")) != NULL || (s = js_str(o, "error")) != NULL)
+		return s;
+	return NULL;
+}
+
+static void
+finish(struct etcd_call *k, CURLcode rc)
+{
+	long status = 0;
+	struct json_object *o = NULL;
+	char why[300];
+	int err = 0;
+
+	if (k->cancelled) {
+		call_free(k);
+		return;
+	}
+	curl_easy_getinfo(k->h, CURLINFO_RESPONSE_CODE, &status);
+	if (rc != CURLE_OK && (k->msg == NULL || status == 0 || k->failed_parse)) {
+		snprintf(why, sizeof(why), "%s: %s", urls[cur], k->failed_parse ? "malformed stream" :
+		    k->err[0] ? k->err : curl_easy_strerror(rc));
+		err = status != 0 ? ETCD_REFUSED : rc == CURLE_OPERATION_TIMEDOUT ? ETCD_TIMEDOUT : ETCD_UNREACHABLE;
+		if (status == 0) {
+			etcd_stats.failures++;
+			cur = (cur + 1) % nurls;     /* the next call tries the next endpoint */
+		}
+	} else if (k->msg != NULL) {
+		snprintf(why, sizeof(why), "%s: the stream ended%s%s", urls[cur], rc ? ": " : "",
+		    rc ? curl_easy_strerror(rc) : "");
+		err = -1;
+	} else {
+		double t = now_s() - k->t0;
+		etcd_stats.rtt_sum += t;
+		etcd_stats.rtt_n++;
+		etcd_stats.rtt_last = t;
+		o = k->buf ? json_tokener_parse(k->buf) : NULL;
+		if (status != 200 || o == NULL) {
+			const char *m = o ? reply_error(o) : NULL;
+			snprintf(why, sizeof(why), "etcd answered %ld: %s", status, m ? m : "not JSON");
+			err = -2;
+		} else
+			why[0] = '\0';
+	}
+	etcd_fn done = k->done;
+	void *arg = k->arg;
+	call_free(k);
+	done(arg, err, o, why);
+	if (o != NULL)
+		json_object_put(o);
+}
+
+static void
+check_done(void)
+{
+	CURLMsg *m;
+	int left;
+
+	while ((m = curl_multi_info_read(multi, &left)) != NULL) {
+		struct etcd_call *k;
+		if (m->msg != CURLMSG_DONE)
+			continue;
+		curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&k);
+		finish(k, m->data.result);
+	}
+}
+
+static struct etcd_call *
+call_new(const char *path, struct json_object *body, double timeout, etcd_fn done, void *arg)
+{
+	struct etcd_call *k = calloc(1, sizeof(*k));
+	char url[512], auth[600];
+
+	if (k == NULL || (k->h = curl_easy_init()) == NULL) {
+		free(k);
+		json_object_put(body);
+		return NULL;
+	}
+	k->body = strdup(json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN));
+	json_object_put(body);
+	k->done = done;
+	k->arg = arg;
+	k->t0 = now_s();
+	snprintf(url, sizeof(url), "%s%s", urls[cur], path);
+	k->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+	if (token != NULL) {
+		snprintf(auth, sizeof(auth), "Authorization: %s", token);
+		k->hdrs = curl_slist_append(k->hdrs, auth);
+	}
+	curl_easy_setopt(k->h, CURLOPT_URL, url);
+	curl_easy_setopt(k->h, CURLOPT_POSTFIELDS, k->body ? k->body : "{}");
+	curl_easy_setopt(k->h, CURLOPT_HTTPHEADER, k->hdrs);
+	curl_easy_setopt(k->h, CURLOPT_WRITEFUNCTION, on_data);
+	curl_easy_setopt(k->h, CURLOPT_WRITEDATA, k);
+	curl_easy_setopt(k->h, CURLOPT_PRIVATE, k);
+	curl_easy_setopt(k->h, CURLOPT_ERRORBUFFER, k->err);
+	curl_easy_setopt(k->h, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(k->h, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
+	curl_easy_setopt(k->h, CURLOPT_PROTOCOLS_STR, "http,https");
+	if (timeout > 0)
+		curl_easy_setopt(k->h, CURLOPT_TIMEOUT_MS, (long)(timeout * 1000));
+	if (cacert != NULL)
+		curl_easy_setopt(k->h, CURLOPT_CAINFO, cacert);
+	if (cert != NULL)
+		curl_easy_setopt(k->h, CURLOPT_SSLCERT, cert);
+	if (key != NULL)
+		curl_easy_setopt(k->h, CURLOPT_SSLKEY, key);
+	TAILQ_INSERT_TAIL(&calls, k, entry);
+	etcd_stats.calls++;
+	return k;
+}
+
+/* Starts k on the next turn of the loop, so that done never runs before the caller returns. */
+static struct etcd_call *
+call_go(struct etcd_call *k)
+{
+	if (k != NULL && curl_multi_add_handle(multi, k->h) != CURLM_OK) {
+		TAILQ_REMOVE(&calls, k, entry);
+		curl_easy_cleanup(k->h);
+		curl_slist_free_all(k->hdrs);
+		free(k->body);
+		free(k);
+		return NULL;
+	}
+	return k;
+}
+
+struct etcd_call *
+etcd_post(const char *path, struct json_object *body, double timeout, etcd_fn done, void *arg)
+{
+	return call_go(call_new(path, body, timeout, done, arg));
+}
+
+struct etcd_call *
+etcd_stream(const char *path, struct json_object *body, etcd_msg_fn msg, etcd_fn done, void *arg)
+{
+	struct etcd_call *k = call_new(path, body, 0, done, arg);
+
+	if (k == NULL)
+		return NULL;
+	k->msg = msg;
+	if ((k->tok = json_tokener_new()) == NULL) {
+		k->msg = NULL;
+		call_free(k);
+		return NULL;
+	}
+	/* Nothing but the watch's events comes on it: a dead etcd shows as a connection gone,
+	 * or as keep-alives of TCP left unanswered. */
+	curl_easy_setopt(k->h, CURLOPT_TCP_KEEPALIVE, 1L);
+	curl_easy_setopt(k->h, CURLOPT_TCP_KEEPIDLE, 2L);
+	curl_easy_setopt(k->h, CURLOPT_TCP_KEEPINTVL, 1L);
+	return call_go(k);
+}
+
+void
+etcd_cancel(struct etcd_call *k)
+{
+	if (k == NULL)
+		return;
+	/* curl forbids removing a handle from within its callbacks (a watch's message may
+	 * cancel the others): it goes once curl has returned. */
+	if (in_curl > 0) {
+		k->cancelled = true;
+		event_active(reap_ev, 0, 0);
+	} else
+		call_free(k);
+}
+
+static void
+reap_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct etcd_call *k, *t;
+
+	(void)fd;
+	(void)what;
+	(void)arg;
+	TAILQ_FOREACH_SAFE(k, &calls, entry, t)
+		if (k->cancelled)
+			call_free(k);
+}
+
+void
+etcd_set_token(const char *t)
+{
+	free(token);
+	token = t ? strdup(t) : NULL;
+}
+
+const char *
+etcd_endpoint(void)
+{
+	return nurls ? urls[cur] : "";
+}
+
+static char *
+dup_or_null(const char *s)
+{
+	return s ? strdup(s) : NULL;
+}
+
+int
+etcd_init(struct event_base *b, const struct cluster_conf *cc, char *why, size_t whylen)
+{
+	base = b;
+	if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0 || (multi = curl_multi_init()) == NULL) {
+		snprintf(why, whylen, "libcurl cannot start");
+		return -1;
+	}
+	for (const char *s = cc->etcd; *s;) {
+		size_t k = strcspn(s, ", ");
+		if (k > 0) {
+			char **u = realloc(urls, (nurls + 1) * sizeof(*u));
+			if (u == NULL)
+				return -1;
+			urls = u;
+			/* "http://h:p/" and "http://h:p" are one endpoint: paths start with '/' */
+			while (k > 0 && s[k - 1] == '/')
+				k--;
+			urls[nurls++] = strndup(s, k);
+		}
+		s += strcspn(s, ", ");
+		s += strspn(s, ", ");
+	}
+	cacert = dup_or_null(cc->cacert);
+	cert = dup_or_null(cc->cert);
+	key = dup_or_null(cc->key);
+	timer_ev = evtimer_new(base, on_timer, NULL);
+	reap_ev = event_new(base, -1, 0, reap_cb, NULL);
+	curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, sock_cb);
+	curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, timer_cb);
+	return 0;
+}
+
+void
+etcd_shutdown(void)
+{
+	struct etcd_call *k;
+
+	if (multi == NULL)
+		return;
+	while ((k = TAILQ_FIRST(&calls)) != NULL)
+		call_free(k);
+	curl_multi_cleanup(multi);
+	multi = NULL;
+	event_free(timer_ev);
+	event_free(reap_ev);
+	for (size_t i = 0; i < nurls; i++)
+		free(urls[i]);
+	free(urls);
+	urls = NULL;
+	nurls = 0;
+	free(token);
+	free(cacert);
+	free(cert);
+	free(key);
+	token = cacert = cert = key = NULL;
+	curl_global_cleanup();
+}

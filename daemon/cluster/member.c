@@ -1,0 +1,845 @@
+/*
+ * This node's session with etcd, and what it knows of the others.
+ *
+ * Joining: a lease of [cluster] lease_ttl seconds, this node's key under it (created only
+ * where no one holds it: a transaction on create_revision 0, so two daemons cannot be one
+ * node), our names again under the lease, then a range of the whole prefix and a watch from
+ * the revision after it.  Kept: a keep-alive every third of the lease.  Lost: a call that
+ * cannot reach etcd, a watch that ends, or a lease etcd no longer knows take the session down;
+ * local service is untouched, cluster calls fail at once with why, and the tick joins again
+ * with a backoff of 0.5 s doubling to 5 s.  A lease still alive is kept (etcd restarted
+ * quickly: our keys are still there); one that expired is replaced and every key put again.
+ *
+ * Death of others: their lease expires, etcd deletes their keys, the watch tells; the
+ * fabric then drops its connection to that node, which fails every import and transfer
+ * through it (even a node stopped with SIGSTOP, whose TCP connections stay open).
+ */
+#include "config.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <event2/event.h>
+
+#include "daemon/cluster/internal.h"
+#include "daemon/fabric/fabric.h"
+
+struct member mb;
+struct cnode_list cnodes = TAILQ_HEAD_INITIALIZER(cnodes);
+
+static struct event_base *base;
+static struct event *tick_ev;
+static struct etcd_call *step_call, *ka_call, *watch_call;
+static char *node_value;                 /* our node key's JSON */
+static char *auth_user, *auth_pass;
+static double backoff = 0.5, t_retry, t_keepalive;
+static bool starting;                    /* cluster_start waits for the first answer */
+static int start_result;
+static double start_deadline;
+static bool running;
+
+#define BACKOFF_MAX 5.0
+
+static void join(void);
+static void go_down(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Keys written by others are logged, but at most ten lines every ten seconds. */
+static void
+hostile(const char *fmt, ...)
+{
+	static double window;
+	static unsigned lines;
+	char buf[300];
+	va_list ap;
+
+	if (now_s() - window > 10) {
+		window = now_s();
+		lines = 0;
+	}
+	if (lines++ >= 10)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	log_warnx("cluster: ignored: %s", buf);
+}
+
+static char *
+key_of(const char *kind, const char *name)
+{
+	char *k;
+
+	if (asprintf(&k, "%s/%s/%s", mb.prefix, kind, name) < 0)
+		return NULL;
+	return k;
+}
+
+/* "P/" and "P0": the range of every key under the prefix. */
+static void
+prefix_range(char **k0, char **k1)
+{
+	if (asprintf(k0, "%s/", mb.prefix) < 0)
+		*k0 = NULL;
+	if (asprintf(k1, "%s0", mb.prefix) < 0)
+		*k1 = NULL;
+}
+
+static struct json_object *
+jkey(const char *key)
+{
+	char *b = b64_enc(key, strlen(key));
+	struct json_object *o = json_object_new_string(b ? b : "");
+
+	free(b);
+	return o;
+}
+
+/* ---- the nodes known ---- */
+
+struct cnode *
+member_node(const char *name)
+{
+	struct cnode *n;
+
+	TAILQ_FOREACH(n, &cnodes, entry)
+		if (strcmp(n->name, name) == 0)
+			return n;
+	return NULL;
+}
+
+static void
+node_del(struct cnode *n, const char *why)
+{
+	TAILQ_REMOVE(&cnodes, n, entry);
+	log_info("cluster: node %s left: %s", n->name, why);
+	if (fabric != NULL && fabric->node_gone != NULL)
+		fabric->node_gone(n->name, why);
+	free(n->value);
+	free(n);
+}
+
+/* Addresses as the fabric dials them: what getaddrinfo takes, printable. */
+static bool
+addr_ok(const char *a)
+{
+	return a[0] != '\0' && strlen(a) < 96 &&
+	    strspn(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:[]%") == strlen(a);
+}
+
+static void
+node_put(const char *name, const char *v, size_t len, int64_t lease)
+{
+	struct json_object *o, *l, *a;
+	struct cnode *n;
+
+	if (len > CLUSTER_VALUE_MAX) {
+		hostile("node %s: a value of %zu bytes", name, len);
+		return;
+	}
+	if ((o = json_tokener_parse(v)) == NULL || !json_object_is_type(o, json_type_object)) {
+		hostile("node %s: its value is not a JSON object", name);
+		json_object_put(o);
+		return;
+	}
+	const char *nm = js_str(o, "name");
+	if (nm == NULL || strcmp(nm, name) != 0) {
+		hostile("node %s: its value names %s", name, nm ? nm : "no node");
+		json_object_put(o);
+		return;
+	}
+	const char *addr = "";
+	if (json_object_object_get_ex(o, "listen", &l) && json_object_is_type(l, json_type_array) &&
+	    json_object_array_length(l) > 0 && (a = json_object_array_get_idx(l, 0)) != NULL &&
+	    json_object_is_type(a, json_type_string))
+		addr = json_object_get_string(a);
+	if (addr[0] != '\0' && !addr_ok(addr)) {
+		hostile("node %s: listen address is not HOST:PORT", name);
+		json_object_put(o);
+		return;
+	}
+	if ((n = member_node(name)) == NULL) {
+		if ((n = calloc(1, sizeof(*n))) == NULL) {
+			json_object_put(o);
+			return;
+		}
+		snprintf(n->name, sizeof(n->name), "%s", name);
+		TAILQ_INSERT_TAIL(&cnodes, n, entry);
+		mb.nodes_seen++;
+		if (strcmp(name, mb.self) != 0)
+			log_info("cluster: node %s joined%s%s", name, addr[0] ? " at " : "", addr);
+	} else if (strcmp(n->addr, addr) != 0 && fabric != NULL && fabric->node_gone != NULL &&
+	    strcmp(name, mb.self) != 0)
+		fabric->node_gone(name, "its address in the cluster changed");
+	snprintf(n->addr, sizeof(n->addr), "%s", addr);
+	n->lease = lease;
+	n->stale = false;
+	free(n->value);
+	n->value = strdup(v);
+	json_object_put(o);
+}
+
+/* A key of the prefix, put (v) or deleted (v NULL), from the range or the watch. */
+static void
+key_seen(const char *key, const char *v, size_t len, int64_t lease)
+{
+	size_t pl = strlen(mb.prefix);
+	const char *rest;
+
+	if (strncmp(key, mb.prefix, pl) != 0 || key[pl] != '/')
+		return;
+	rest = key + pl + 1;
+	if (strncmp(rest, "names/", 6) == 0) {
+		names_seen(rest + 6, v, len);
+		return;
+	}
+	if (strncmp(rest, "nodes/", 6) != 0) {
+		hostile("key %s: neither nodes/ nor names/", key);
+		return;
+	}
+	rest += 6;
+	if (!export_node_name_ok(rest) || strlen(rest) > CLUSTER_NODE_MAX) {
+		hostile("key %s: not a node name", key);
+		return;
+	}
+	if (v != NULL) {
+		node_put(rest, v, len, lease);
+		return;
+	}
+	struct cnode *n = member_node(rest);
+	if (strcmp(rest, mb.self) == 0) {
+		/* Our lease ended (we were stopped or cut off longer than it) or someone
+		 * deleted our key: join again, with a new lease if it is gone. */
+		if (n != NULL) {
+			TAILQ_REMOVE(&cnodes, n, entry);
+			free(n->value);
+			free(n);
+		}
+		if (mb.state == M_UP)
+			go_down("this node's key was deleted");
+		return;
+	}
+	if (n != NULL)
+		node_del(n, "its lease ended or its key was deleted");
+}
+
+/* A kv of etcd's JSON: {"key","value","lease"} in base64. */
+static void
+kv_seen(struct json_object *kv, bool deleted)
+{
+	const char *k64 = js_str(kv, "key"), *v64 = js_str(kv, "value");
+	size_t kl, vl = 0;
+	char *k, *v = NULL;
+
+	if (k64 == NULL || (k = b64_dec(k64, &kl)) == NULL)
+		return;
+	if (strlen(k) != kl) {
+		free(k);
+		return;
+	}
+	if (!deleted) {
+		if ((v = b64_dec(v64 ? v64 : "", &vl)) == NULL || strlen(v) != vl) {
+			hostile("key %s: a value that is not text", k);
+			free(v);
+			free(k);
+			return;
+		}
+	}
+	key_seen(k, v, vl, js_int(kv, "lease"));
+	free(v);
+	free(k);
+}
+
+/* ---- the session ---- */
+
+static void
+go_down(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(mb.why, sizeof(mb.why), fmt, ap);
+	va_end(ap);
+	if (mb.state == M_UP)
+		log_warnx("cluster: %s; local service goes on, cluster calls fail until etcd answers again",
+		    mb.why);
+	else if (mb.state == M_JOINING && !starting)
+		log_debug("cluster", "cannot join: %s", mb.why);
+	mb.state = M_DOWN;
+	etcd_cancel(step_call);
+	etcd_cancel(watch_call);
+	etcd_cancel(ka_call);
+	step_call = watch_call = ka_call = NULL;
+	names_fail_waiting(mb.why);
+	t_retry = now_s() + backoff;
+	backoff = backoff * 2 > BACKOFF_MAX ? BACKOFF_MAX : backoff * 2;
+	if (starting) {
+		log_warnx("cluster: etcd at %s not reached: %s; serving local clients, joining when it answers",
+		    etcd_endpoint(), mb.why);
+		starting = false;
+	}
+}
+
+static void
+on_watch_msg(void *arg, struct json_object *m)
+{
+	struct json_object *r, *evs, *ev, *kv;
+
+	(void)arg;
+	if (!json_object_object_get_ex(m, "result", &r)) {
+		const char *e = js_str(m, "error");
+		go_down("the watch failed: %s", e ? e : "an answer without a result");
+		return;
+	}
+	struct json_object *t;
+	if ((json_object_object_get_ex(r, "canceled", &t) && json_object_get_boolean(t))) {
+		go_down("etcd cancelled the watch");
+		return;
+	}
+	if (!json_object_object_get_ex(r, "events", &evs) || !json_object_is_type(evs, json_type_array))
+		return;
+	for (size_t i = 0; i < json_object_array_length(evs); i++) {
+		ev = json_object_array_get_idx(evs, i);
+		const char *type = js_str(ev, "type");
+		if (!json_object_object_get_ex(ev, "kv", &kv))
+			continue;
+		mb.watch_events++;
+		kv_seen(kv, type != NULL && strcmp(type, "DELETE") == 0);
+		if (mb.state != M_UP)
+			return;      /* go_down freed the stream */
+	}
+}
+
+static void
+on_watch_end(void *arg, int err, struct json_object *r, const char *why)
+{
+	(void)arg;
+	(void)err;
+	(void)r;
+	watch_call = NULL;
+	go_down("the watch ended: %s", why);
+}
+
+static void
+on_range(void *arg, int err, struct json_object *r, const char *why)
+{
+	struct json_object *kvs, *hdr, *body;
+	struct cnode *n, *nt;
+
+	(void)arg;
+	step_call = NULL;
+	if (err < 0) {
+		go_down("%s", why);
+		return;
+	}
+	TAILQ_FOREACH(n, &cnodes, entry)
+		n->stale = true;
+	names_forget_all();
+	if (json_object_object_get_ex(r, "kvs", &kvs) && json_object_is_type(kvs, json_type_array))
+		for (size_t i = 0; i < json_object_array_length(kvs); i++)
+			kv_seen(json_object_array_get_idx(kvs, i), false);
+	TAILQ_FOREACH_SAFE(n, &cnodes, entry, nt)
+		if (n->stale)
+			node_del(n, "gone while etcd was away");
+	int64_t rev = json_object_object_get_ex(r, "header", &hdr) ? js_int(hdr, "revision") : 0;
+	char *k0, *k1;
+	prefix_range(&k0, &k1);
+	struct json_object *cr = json_object_new_object();
+	json_object_object_add(cr, "key", jkey(k0 ? k0 : ""));
+	json_object_object_add(cr, "range_end", jkey(k1 ? k1 : ""));
+	json_object_object_add(cr, "start_revision", json_object_new_int64(rev + 1));
+	body = json_object_new_object();
+	json_object_object_add(body, "create_request", cr);
+	free(k0);
+	free(k1);
+	if ((watch_call = etcd_stream("/v3/watch", body, on_watch_msg, on_watch_end, NULL)) == NULL) {
+		go_down("cannot start the watch");
+		return;
+	}
+	mb.state = M_UP;
+	mb.why[0] = '\0';
+	backoff = 0.5;
+	t_keepalive = now_s() + mb.ttl / 3.0;
+	if (mb.rejoins++ > 0)
+		log_info("cluster: joined again as node %s (lease %lld)", mb.self, (long long)mb.lease);
+	else
+		log_info("cluster: node %s joined through %s (lease %lld, %u s)", mb.self, etcd_endpoint(),
+		    (long long)mb.lease, mb.ttl);
+	starting = false;
+}
+
+static void
+sync_all(void)
+{
+	char *k0, *k1;
+	struct json_object *b = json_object_new_object();
+
+	prefix_range(&k0, &k1);
+	json_object_object_add(b, "key", jkey(k0 ? k0 : ""));
+	json_object_object_add(b, "range_end", jkey(k1 ? k1 : ""));
+	free(k0);
+	free(k1);
+	if ((step_call = etcd_post("/v3/kv/range", b, 10, on_range, NULL)) == NULL)
+		go_down("out of memory");
+}
+
+struct claim {
+	etcd_fn done;
+	void *arg;
+};
+
+static void
+on_claim(void *arg, int err, struct json_object *r, const char *why)
+{
+	struct claim *cl = arg;
+	struct json_object *t, *rs, *rr, *kvs, *kv;
+	etcd_fn done = cl->done;
+	void *darg = cl->arg;
+
+	free(cl);
+	if (err < 0) {
+		done(darg, err, NULL, why);
+		return;
+	}
+	if (json_object_object_get_ex(r, "succeeded", &t) && json_object_get_boolean(t)) {
+		done(darg, 0, r, "");
+		return;
+	}
+	/* Held: by ourselves under this lease (put again after a watch saw it), or by another. */
+	if (json_object_object_get_ex(r, "responses", &rs) && json_object_array_length(rs) > 0 &&
+	    json_object_object_get_ex(json_object_array_get_idx(rs, 0), "response_range", &rr) &&
+	    json_object_object_get_ex(rr, "kvs", &kvs) && json_object_array_length(kvs) > 0) {
+		kv = json_object_array_get_idx(kvs, 0);
+		if (js_int(kv, "lease") == mb.lease && mb.lease != 0) {
+			done(darg, 0, r, "");
+			return;
+		}
+		size_t vl;
+		char *v = js_str(kv, "value") ? b64_dec(js_str(kv, "value"), &vl) : NULL;
+		done(darg, CLAIM_HELD, NULL, v ? v : "");
+		free(v);
+		return;
+	}
+	done(darg, CLAIM_HELD, NULL, "");
+}
+
+void
+member_claim(const char *key, const char *value, etcd_fn done, void *arg)
+{
+	struct json_object *b = json_object_new_object(), *cmp = json_object_new_object();
+	struct json_object *put = json_object_new_object(), *rp = json_object_new_object();
+	struct json_object *rng = json_object_new_object(), *rr = json_object_new_object();
+	struct json_object *a;
+	struct claim *cl = malloc(sizeof(*cl));
+	char *v = b64_enc(value, strlen(value));
+
+	json_object_object_add(cmp, "key", jkey(key));
+	json_object_object_add(cmp, "target", json_object_new_string("CREATE"));
+	json_object_object_add(cmp, "create_revision", json_object_new_string("0"));
+	a = json_object_new_array();
+	json_object_array_add(a, cmp);
+	json_object_object_add(b, "compare", a);
+	json_object_object_add(put, "key", jkey(key));
+	json_object_object_add(put, "value", json_object_new_string(v ? v : ""));
+	json_object_object_add(put, "lease", json_object_new_int64(mb.lease));
+	json_object_object_add(rp, "request_put", put);
+	a = json_object_new_array();
+	json_object_array_add(a, rp);
+	json_object_object_add(b, "success", a);
+	json_object_object_add(rng, "key", jkey(key));
+	json_object_object_add(rr, "request_range", rng);
+	a = json_object_new_array();
+	json_object_array_add(a, rr);
+	json_object_object_add(b, "failure", a);
+	free(v);
+	if (cl == NULL) {
+		json_object_put(b);
+		done(arg, -1, NULL, "out of memory");
+		return;
+	}
+	cl->done = done;
+	cl->arg = arg;
+	if (etcd_post("/v3/kv/txn", b, 5, on_claim, cl) == NULL) {
+		free(cl);
+		done(arg, -1, NULL, "out of memory");
+	}
+}
+
+static void
+on_unput(void *arg, int err, struct json_object *r, const char *why)
+{
+	(void)arg;
+	(void)r;
+	if (err < 0)
+		log_debug("cluster", "delete: %s", why);
+}
+
+void
+member_unput(const char *key)
+{
+	struct json_object *b = json_object_new_object();
+
+	json_object_object_add(b, "key", jkey(key));
+	etcd_post("/v3/kv/deleterange", b, 5, on_unput, NULL);
+}
+
+static void
+on_node_claim(void *arg, int err, struct json_object *r, const char *why)
+{
+	struct json_object *o;
+	const char *addr = NULL;
+
+	(void)arg;
+	(void)r;
+	step_call = NULL;
+	if (err < 0 && err != CLAIM_HELD) {
+		go_down("%s", why);
+		return;
+	}
+	if (err < 0) {
+		o = json_tokener_parse(why);
+		if (o != NULL) {
+			struct json_object *l;
+			if (json_object_object_get_ex(o, "listen", &l) && json_object_array_length(l) > 0)
+				addr = json_object_get_string(json_object_array_get_idx(l, 0));
+		}
+		snprintf(mb.why, sizeof(mb.why), "node name %s is held by a live node%s%s (another gpxd "
+		    "with [fabric] node = %s); two daemons cannot be one node", mb.self, addr ? " at " : "",
+		    addr ? addr : "", mb.self);
+		json_object_put(o);
+		if (starting && now_s() < start_deadline) {
+			/* Maybe our own earlier life, killed before its lease ended: wait it out. */
+			mb.state = M_DOWN;
+			t_retry = now_s() + 0.5;
+			return;
+		}
+		if (starting) {
+			start_result = -1;
+			starting = false;
+			log_warnx("cluster: %s", mb.why);
+			return;
+		}
+		log_warnx("cluster: %s", mb.why);
+		mb.state = M_DOWN;
+		t_retry = now_s() + BACKOFF_MAX;
+		return;
+	}
+	names_reclaim();
+	sync_all();
+}
+
+static void
+on_grant(void *arg, int err, struct json_object *r, const char *why)
+{
+	(void)arg;
+	step_call = NULL;
+	if (err < 0 || js_int(r, "ID") == 0) {
+		go_down("lease grant: %s", err < 0 ? why : "no lease in the answer");
+		return;
+	}
+	mb.lease = js_int(r, "ID");
+	mb.t_renewed = now_s();
+	char *k = key_of("nodes", mb.self);
+	member_claim(k, node_value, on_node_claim, NULL);
+	free(k);
+}
+
+static void
+grant(void)
+{
+	struct json_object *b = json_object_new_object();
+
+	json_object_object_add(b, "TTL", json_object_new_int64(mb.ttl));
+	if ((step_call = etcd_post("/v3/lease/grant", b, 5, on_grant, NULL)) == NULL)
+		go_down("out of memory");
+}
+
+/* A keep-alive's answer: {"result":{"ID","TTL"}}; TTL absent or 0: the lease is gone. */
+static int64_t
+ka_ttl(struct json_object *r)
+{
+	struct json_object *res;
+
+	if (r == NULL || !json_object_object_get_ex(r, "result", &res))
+		return 0;
+	return js_int(res, "TTL");
+}
+
+static void
+on_probe(void *arg, int err, struct json_object *r, const char *why)
+{
+	(void)arg;
+	step_call = NULL;
+	if (err == ETCD_UNREACHABLE || err == ETCD_TIMEDOUT) {
+		go_down("%s", why);
+		return;
+	}
+	if (err == 0 && ka_ttl(r) > 0) {
+		/* Still ours: the keys are there; put them again all the same, cheaply idempotent. */
+		mb.t_renewed = now_s();
+		char *k = key_of("nodes", mb.self);
+		member_claim(k, node_value, on_node_claim, NULL);
+		free(k);
+		return;
+	}
+	log_info("cluster: lease %lld ended while etcd was away: a new one, and every key again",
+	    (long long)mb.lease);
+	mb.lease = 0;
+	grant();
+}
+
+static void
+keepalive_call(int64_t lease, etcd_fn fn, struct etcd_call **slot)
+{
+	struct json_object *b = json_object_new_object();
+	char id[32];
+
+	snprintf(id, sizeof(id), "%lld", (long long)lease);
+	json_object_object_add(b, "ID", json_object_new_string(id));
+	*slot = etcd_post("/v3/lease/keepalive", b, mb.ttl / 2.0 > 1 ? mb.ttl / 2.0 : 1, fn, NULL);
+}
+
+static void
+on_auth(void *arg, int err, struct json_object *r, const char *why)
+{
+	(void)arg;
+	step_call = NULL;
+	if (err < 0 || js_str(r, "token") == NULL) {
+		go_down("etcd authentication as %s: %s", auth_user, err < 0 ? why : "no token");
+		return;
+	}
+	etcd_set_token(js_str(r, "token"));
+	if (mb.lease != 0)
+		keepalive_call(mb.lease, on_probe, &step_call);
+	else
+		grant();
+}
+
+static void
+join(void)
+{
+	mb.state = M_JOINING;
+	if (auth_user != NULL) {
+		struct json_object *b = json_object_new_object();
+		json_object_object_add(b, "name", json_object_new_string(auth_user));
+		json_object_object_add(b, "password", json_object_new_string(auth_pass));
+		etcd_set_token(NULL);
+		step_call = etcd_post("/v3/auth/authenticate", b, 5, on_auth, NULL);
+	} else if (mb.lease != 0)
+		keepalive_call(mb.lease, on_probe, &step_call);
+	else
+		grant();
+}
+
+static void
+on_keepalive(void *arg, int err, struct json_object *r, const char *why)
+{
+	(void)arg;
+	ka_call = NULL;
+	/* A slow answer (etcd busy) while the lease still has time: ask again at once rather than
+	 * drop the session; only a lease surely ended, or etcd not reached at all, takes it down. */
+	if (err == ETCD_TIMEDOUT && now_s() - mb.t_renewed < mb.ttl) {
+		log_debug("cluster", "lease keep-alive: %s; asking again", why);
+		t_keepalive = now_s();
+		return;
+	}
+	if (err == ETCD_UNREACHABLE || err == ETCD_TIMEDOUT) {
+		go_down("lease keep-alive: %s", why);
+		return;
+	}
+	if (err < 0 || ka_ttl(r) <= 0) {
+		log_warnx("cluster: lease %lld is gone (%s): joining again with a new one", (long long)mb.lease,
+		    err < 0 ? why : "etcd no longer knows it");
+		mb.lease = 0;
+		go_down("the lease ended");
+		t_retry = now_s();
+		return;
+	}
+	mb.renewals++;
+	mb.t_renewed = now_s();
+}
+
+static void
+on_tick(evutil_socket_t fd, short what, void *arg)
+{
+	double now = now_s();
+
+	(void)fd;
+	(void)what;
+	(void)arg;
+	if (!running)
+		return;
+	if (mb.state == M_DOWN && now >= t_retry)
+		join();
+	else if (mb.state == M_UP && ka_call == NULL && now >= t_keepalive) {
+		t_keepalive = now + mb.ttl / 3.0;
+		keepalive_call(mb.lease, on_keepalive, &ka_call);
+	}
+}
+
+/* ---- start and stop ---- */
+
+/* This node's key: name, fabric address, transports, GPUs, protocol, version, start. */
+static char *
+node_json(void)
+{
+	struct json_object *o = json_object_new_object(), *a;
+	char host[128] = "", addr[160] = "";
+
+	json_object_object_add(o, "name", json_object_new_string(mb.self));
+	a = json_object_new_array();
+	if (cfg->fabric_listen != NULL) {
+		snprintf(addr, sizeof(addr), "%s", cfg->fabric_listen);
+		/* A wildcard is no address to dial: the host's name stands for it. */
+		if (strncmp(addr, "0.0.0.0:", 8) == 0 || strncmp(addr, "[::]:", 5) == 0 || addr[0] == ':') {
+			gethostname(host, sizeof(host) - 1);
+			snprintf(addr, sizeof(addr), "%s:%s", host, strrchr(cfg->fabric_listen, ':') + 1);
+		}
+		json_object_array_add(a, json_object_new_string(addr));
+	}
+	json_object_object_add(o, "listen", a);
+	a = json_object_new_array();
+	json_object_array_add(a, json_object_new_string("tcp"));
+	const char *st = fabric != NULL ? fabric->status() : "";
+	if (strstr(st, "transport rdma") != NULL)
+		json_object_array_add(a, json_object_new_string("rdma"));
+	json_object_object_add(o, "transports", a);
+	json_object_object_add(o, "fabric", json_object_new_string(st));
+	json_object_object_add(o, "gpus", json_object_new_int(gpu_count()));
+	json_object_object_add(o, "proto", json_object_new_int(1));
+	json_object_object_add(o, "version", json_object_new_string(GPXD_VERSION));
+	json_object_object_add(o, "start", json_object_new_int64((int64_t)gpxd_start_time));
+	json_object_object_add(o, "pid", json_object_new_int(getpid()));
+	char *s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+	json_object_put(o);
+	return s;
+}
+
+/* "user:password" from [cluster] auth_file, which others must not read. */
+static int
+auth_load(const char *path)
+{
+	char buf[512], *colon;
+	FILE *f = fopen(path, "re");
+	struct stat st;
+
+	if (f == NULL) {
+		log_warn("cluster: auth_file %s", path);
+		return -1;
+	}
+	if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077) != 0) {
+		log_warnx("cluster: auth_file %s may be read by others: chmod 600 it", path);
+		fclose(f);
+		return -1;
+	}
+	if (fgets(buf, sizeof(buf), f) == NULL || (colon = strchr(buf, ':')) == NULL || colon == buf) {
+		log_warnx("cluster: auth_file %s: one line, USER:PASSWORD", path);
+		fclose(f);
+		return -1;
+	}
+	fclose(f);
+	buf[strcspn(buf, "\r\n")] = '\0';
+	*colon = '\0';
+	auth_user = strdup(buf);
+	auth_pass = strdup(colon + 1);
+	explicit_bzero(buf, sizeof(buf));
+	return 0;
+}
+
+int
+cluster_start(struct event_base *b)
+{
+	const struct cluster_conf *cc = &cfg->cluster;
+	struct timeval tv = { 0, 100000 };
+	char why[256];
+
+	base = b;
+	if (fabric == NULL) {
+		log_warnx("cluster: [cluster] needs the fabric: [fabric] key_file and listen");
+		return -1;
+	}
+	if (cfg->fabric_node != NULL)
+		snprintf(mb.self, sizeof(mb.self), "%s", cfg->fabric_node);
+	else {
+		gethostname(mb.self, sizeof(mb.self) - 1);
+		mb.self[strcspn(mb.self, ".")] = '\0';
+	}
+	snprintf(mb.prefix, sizeof(mb.prefix), "%s", cc->prefix ? cc->prefix : "/gpx");
+	mb.ttl = cc->lease_ttl ? cc->lease_ttl : 10;
+	if (cc->auth_file != NULL && auth_load(cc->auth_file) < 0)
+		return -1;
+	if (etcd_init(b, cc, why, sizeof(why)) < 0) {
+		log_warnx("cluster: %s", why);
+		return -1;
+	}
+	node_value = node_json();
+	tick_ev = event_new(b, -1, EV_PERSIST, on_tick, NULL);
+	event_add(tick_ev, &tv);
+	running = true;
+	/* The first answer decides whether this daemon may be this node: wait for it. */
+	starting = true;
+	start_deadline = now_s() + mb.ttl + 1;
+	join();
+	while (starting)
+		event_base_loop(b, EVLOOP_ONCE);
+	if (start_result < 0)
+		cluster_stop();
+	return start_result;
+}
+
+bool
+cluster_running(void)
+{
+	return running;
+}
+
+static void
+on_revoked(void *arg, int err, struct json_object *r, const char *why)
+{
+	(void)r;
+	(void)err;
+	(void)why;
+	*(bool *)arg = true;
+}
+
+void
+cluster_stop(void)
+{
+	struct cnode *n;
+	bool done = false;
+
+	if (!running)
+		return;
+	running = false;
+	etcd_cancel(step_call);
+	etcd_cancel(watch_call);
+	etcd_cancel(ka_call);
+	step_call = watch_call = ka_call = NULL;
+	names_stop();
+	/* Our keys go now rather than at the lease's end: the others see us leave at once. */
+	if (mb.lease != 0 && mb.state == M_UP) {
+		struct json_object *b = json_object_new_object();
+		char id[32];
+		snprintf(id, sizeof(id), "%lld", (long long)mb.lease);
+		json_object_object_add(b, "ID", json_object_new_string(id));
+		if (etcd_post("/v3/lease/revoke", b, 1, on_revoked, &done) != NULL)
+			while (!done)
+				event_base_loop(base, EVLOOP_ONCE);
+	}
+	event_free(tick_ev);
+	tick_ev = NULL;
+	etcd_shutdown();
+	while ((n = TAILQ_FIRST(&cnodes)) != NULL) {
+		TAILQ_REMOVE(&cnodes, n, entry);
+		free(n->value);
+		free(n);
+	}
+	free(node_value);
+	free(auth_user);
+	if (auth_pass != NULL)
+		explicit_bzero(auth_pass, strlen(auth_pass));
+	free(auth_pass);
+	node_value = auth_user = auth_pass = NULL;
+}

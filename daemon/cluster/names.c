@@ -1,0 +1,568 @@
+/*
+ * Cluster names.  Ours: an export open to peers is claimed in etcd under our lease
+ * (P/names/NAME, created only where no one holds it: etcd decides, in one transaction, never a
+ * read before a write), withdrawn with the export, claimed again under a new lease after etcd
+ * was away.  Everyone's: the watch keeps a table of name -> node, from which an import of a
+ * bare name finds its node, and gpxd dials that node's fabric address on demand.  The
+ * address is a hint: the fabric's handshake still proves the shared key, and the node that
+ * answers must be the node that etcd named.
+ */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/cluster/internal.h"
+#include "daemon/fabric/fabric.h"
+#include <event2/buffer.h>
+
+/* ---- everyone's names, from the watch ---- */
+
+struct cname {
+	struct cname *next;          /* hash chain */
+	char node[CLUSTER_NODE_MAX + 1];
+	uid_t uid;
+	char name[];
+};
+
+#define NBUCKETS 65536
+static struct cname **table;
+static size_t nnames;
+
+static uint32_t
+hash(const char *s)
+{
+	uint32_t h = 2166136261u;
+
+	while (*s)
+		h = (h ^ (unsigned char)*s++) * 16777619u;
+	return h % NBUCKETS;
+}
+
+static struct cname **
+slot(const char *name)
+{
+	struct cname **p;
+
+	if (table == NULL && (table = calloc(NBUCKETS, sizeof(*table))) == NULL)
+		return NULL;
+	for (p = &table[hash(name)]; *p != NULL; p = &(*p)->next)
+		if (strcmp((*p)->name, name) == 0)
+			break;
+	return p;
+}
+
+static void
+count(const char *node, int d)
+{
+	struct cnode *n = member_node(node);
+
+	if (n != NULL)
+		n->names += d;
+}
+
+static void
+unlink_name(struct cname **p)
+{
+	struct cname *c = *p;
+
+	*p = c->next;
+	count(c->node, -1);
+	nnames--;
+	free(c);
+}
+
+void
+names_seen(const char *name, const char *v, size_t len)
+{
+	struct cname **p, *c;
+	struct json_object *o = NULL;
+	const char *node;
+
+	if (!export_name_ok(name)) {
+		log_warnx("cluster: ignored: names/%.80s: not an export name", name);
+		return;
+	}
+	if ((p = slot(name)) == NULL)
+		return;
+	if (v == NULL) {
+		if (*p != NULL)
+			unlink_name(p);
+		return;
+	}
+	if (len > CLUSTER_VALUE_MAX || (o = json_tokener_parse(v)) == NULL ||
+	    (node = js_str(o, "node")) == NULL || !export_node_name_ok(node) || strlen(node) > CLUSTER_NODE_MAX) {
+		log_warnx("cluster: ignored: names/%s: %s", name, len > CLUSTER_VALUE_MAX ? "value too large" :
+		    "not {\"node\": NODE, \"uid\": UID}");
+		json_object_put(o);
+		return;
+	}
+	if (*p != NULL)
+		unlink_name(p);
+	if ((c = calloc(1, sizeof(*c) + strlen(name) + 1)) != NULL) {
+		strcpy(c->name, name);
+		snprintf(c->node, sizeof(c->node), "%s", node);
+		c->uid = (uid_t)js_int(o, "uid");
+		c->next = NULL;
+		*p = c;
+		nnames++;
+		count(node, +1);
+	}
+	json_object_put(o);
+}
+
+void
+names_forget_all(void)
+{
+	struct cnode *n;
+
+	for (size_t i = 0; table != NULL && i < NBUCKETS; i++)
+		while (table[i] != NULL)
+			unlink_name(&table[i]);
+	TAILQ_FOREACH(n, &cnodes, entry)
+		n->names = 0;
+}
+
+size_t
+names_count(void)
+{
+	return nnames;
+}
+
+uint32_t
+names_of_uid(uid_t uid)
+{
+	uint32_t k = 0;
+
+	for (size_t i = 0; table != NULL && i < NBUCKETS; i++)
+		for (struct cname *c = table[i]; c != NULL; c = c->next)
+			k += c->uid == uid;
+	return k;
+}
+
+const char *
+cluster_name_node(const char *name)
+{
+	struct cname **p;
+
+	if (!cluster_running() || table == NULL || (p = slot(name)) == NULL || *p == NULL)
+		return NULL;
+	return (*p)->node;
+}
+
+void
+cluster_names_visit(void (*fn)(const char *name, const char *node, uid_t uid, void *arg), void *arg)
+{
+	for (size_t i = 0; cluster_running() && table != NULL && i < NBUCKETS; i++)
+		for (struct cname *c = table[i]; c != NULL; c = c->next)
+			if (strcmp(c->node, mb.self) != 0)
+				fn(c->name, c->node, c->uid, arg);
+}
+
+const char *
+cluster_self(void)
+{
+	return cluster_running() ? mb.self : "";
+}
+
+/* ---- ours ---- */
+
+enum mstate { MINE_WAIT, MINE_HELD, MINE_DROPPED };
+struct mine {
+	TAILQ_ENTRY(mine) entry;
+	enum mstate st;
+	uid_t uid;
+	cluster_done_fn done;        /* while waiting: the exporter's answer */
+	void *arg;
+	char name[65];
+};
+static TAILQ_HEAD(, mine) mines = TAILQ_HEAD_INITIALIZER(mines);
+
+static struct mine *
+mine_find(const char *name)
+{
+	struct mine *m;
+
+	TAILQ_FOREACH(m, &mines, entry)
+		if (strcmp(m->name, name) == 0)
+			return m;
+	return NULL;
+}
+
+static char *
+name_key(const char *name)
+{
+	char *k;
+
+	return asprintf(&k, "%s/names/%s", mb.prefix, name) < 0 ? NULL : k;
+}
+
+static char *
+name_value(uid_t uid)
+{
+	char *v;
+
+	return asprintf(&v, "{\"node\":\"%s\",\"uid\":%u}", mb.self, (unsigned)uid) < 0 ? NULL : v;
+}
+
+/* The holder of a name, from its value as etcd gave it back. */
+static void
+holder(const char *v, char *node, size_t len)
+{
+	struct json_object *o = json_tokener_parse(v);
+	const char *n = js_str(o, "node");
+
+	snprintf(node, len, "%s", n != NULL && export_node_name_ok(n) ? n : "(unknown)");
+	json_object_put(o);
+}
+
+static void
+on_claimed(void *arg, int err, struct json_object *r, const char *why)
+{
+	struct mine *m = arg;
+	char node[CLUSTER_NODE_MAX + 1], msg[400];
+	cluster_done_fn done = m->done;
+	void *darg = m->arg;
+
+	(void)r;
+	m->done = NULL;
+	if (err == 0 && m->st == MINE_WAIT) {
+		m->st = MINE_HELD;
+		done(darg, 0, NULL);
+		return;
+	}
+	if (err == 0) {
+		/* Withdrawn while etcd answered: it goes again at once. */
+		char *k = name_key(m->name);
+		if (k != NULL)
+			member_unput(k);
+		free(k);
+	}
+	TAILQ_REMOVE(&mines, m, entry);
+	if (err == CLAIM_HELD) {
+		holder(why, node, sizeof(node));
+		snprintf(msg, sizeof(msg), "the name %s is held in the cluster by node %s", m->name, node);
+		free(m);
+		done(darg, GPX__STATUS__EEXIST, msg);
+		return;
+	}
+	free(m);
+	if (err == 0)
+		done(darg, GPX__STATUS__EREVOKED, "the export was withdrawn");
+	else {
+		snprintf(msg, sizeof(msg), "cluster store unreachable: %s", why);
+		done(darg, GPX__STATUS__EIO, msg);
+	}
+}
+
+void
+cluster_name_add(const char *name, uid_t uid, cluster_done_fn done, void *arg)
+{
+	char msg[400];
+	struct mine *m;
+	uint32_t n = names_of_uid(uid);
+
+	if (mb.state != M_UP) {
+		snprintf(msg, sizeof(msg), "cluster store unreachable: %s", mb.why[0] ? mb.why : "joining");
+		done(arg, GPX__STATUS__EIO, msg);
+		return;
+	}
+	TAILQ_FOREACH(m, &mines, entry)
+		n += m->uid == uid && m->st == MINE_WAIT;
+	if (n >= cfg->max_exports_per_uid) {
+		snprintf(msg, sizeof(msg), "uid %u holds %u names in the cluster, its limit ([limits] "
+		    "exports_per_uid)", (unsigned)uid, n);
+		done(arg, GPX__STATUS__EQUOTA, msg);
+		return;
+	}
+	if ((m = calloc(1, sizeof(*m))) == NULL) {
+		done(arg, GPX__STATUS__ENOMEM, "out of memory");
+		return;
+	}
+	snprintf(m->name, sizeof(m->name), "%s", name);
+	m->uid = uid;
+	m->done = done;
+	m->arg = arg;
+	TAILQ_INSERT_TAIL(&mines, m, entry);
+	char *k = name_key(name), *v = name_value(uid);
+	if (k == NULL || v == NULL)
+		on_claimed(m, -1, NULL, "out of memory");
+	else
+		member_claim(k, v, on_claimed, m);
+	free(k);
+	free(v);
+}
+
+void
+cluster_name_drop(const char *name)
+{
+	struct mine *m;
+
+	if (!cluster_running() || (m = mine_find(name)) == NULL)
+		return;
+	if (m->st == MINE_WAIT) {
+		m->st = MINE_DROPPED;
+		return;
+	}
+	if (m->st == MINE_HELD) {
+		char *k = name_key(name);
+		if (k != NULL)
+			member_unput(k);
+		free(k);
+		TAILQ_REMOVE(&mines, m, entry);
+		free(m);
+	}
+}
+
+/* A name claimed again under a new lease: kept, or lost to another node meanwhile. */
+static void
+on_reclaimed(void *arg, int err, struct json_object *r, const char *why)
+{
+	struct mine *m = arg;
+	char node[CLUSTER_NODE_MAX + 1];
+
+	(void)r;
+	if (err == CLAIM_HELD) {
+		holder(why, node, sizeof(node));
+		log_warnx("cluster: name %s was taken by node %s while etcd was away: the export stays, "
+		    "for this node only", m->name, node);
+		TAILQ_REMOVE(&mines, m, entry);
+		free(m);
+	} else if (err == 0 && m->st == MINE_DROPPED) {
+		char *k = name_key(m->name);
+		if (k != NULL)
+			member_unput(k);
+		free(k);
+		TAILQ_REMOVE(&mines, m, entry);
+		free(m);
+	} else
+		m->st = MINE_HELD;       /* unreachable again: the next join claims it again */
+}
+
+void
+names_reclaim(void)
+{
+	struct mine *m;
+
+	TAILQ_FOREACH(m, &mines, entry) {
+		if (m->st != MINE_HELD)
+			continue;
+		char *k = name_key(m->name), *v = name_value(m->uid);
+		if (k != NULL && v != NULL) {
+			m->st = MINE_WAIT;
+			member_claim(k, v, on_reclaimed, m);
+		}
+		free(k);
+		free(v);
+	}
+}
+
+void
+names_fail_waiting(const char *why)
+{
+	(void)why;       /* their calls fail by themselves, each within its timeout */
+}
+
+void
+names_stop(void)
+{
+	struct mine *m;
+
+	while ((m = TAILQ_FIRST(&mines)) != NULL) {
+		TAILQ_REMOVE(&mines, m, entry);
+		if (m->done != NULL)
+			m->done(m->arg, GPX__STATUS__ESHUTDOWN, "the daemon is stopping");
+		free(m);
+	}
+	names_forget_all();
+	free(table);
+	table = NULL;
+}
+
+/* ---- imports ---- */
+
+static bool
+answer(struct fabric_import *rq, int st, const char *fmt, const char *a, const char *b)
+{
+	char msg[400];
+
+	snprintf(msg, sizeof(msg), fmt, a, b);
+	rq->done(rq->arg, st, msg, NULL, false);
+	return true;
+}
+
+bool
+cluster_import(struct fabric_import *rq)
+{
+	const char *name = rq->name, *colon;
+	char node[CLUSTER_NODE_MAX + 1];
+	struct cname **p;
+	struct cnode *n;
+
+	if (!cluster_running() || name[0] == '@' || fabric == NULL)
+		return false;
+	if (mb.state != M_UP)
+		return answer(rq, GPX__STATUS__EIO, "no local export %s; cluster store unreachable: %s",
+		    name, mb.why[0] ? mb.why : "joining");
+	if ((p = slot(name)) != NULL && *p != NULL && strcmp((*p)->node, mb.self) != 0) {
+		snprintf(node, sizeof(node), "%s", (*p)->node);
+		rq->export_name = name;
+	} else if ((colon = strchr(name, ':')) != NULL && colon - name <= CLUSTER_NODE_MAX && colon > name) {
+		snprintf(node, sizeof(node), "%.*s", (int)(colon - name), name);
+		if (member_node(node) == NULL || strcmp(node, mb.self) == 0)
+			return false;        /* the fabric's: a configured peer, or its error */
+		rq->export_name = colon + 1;
+	} else
+		return answer(rq, GPX__STATUS__ENOENT, "no export %s on this node or in the cluster%s", name, "");
+	if ((n = member_node(node)) == NULL)
+		return answer(rq, GPX__STATUS__EIO, "%s is held by node %s, which is not in the cluster now", name,
+		    node);
+	if (n->addr[0] == '\0')
+		return answer(rq, GPX__STATUS__EIO, "%s is held by node %s, which gives no fabric address",
+		    name, node);
+	rq->node = n->name;
+	rq->addr = n->addr;
+	return fabric->import(rq);
+}
+
+/* ---- what gpxctl and the metrics show ---- */
+
+static char *
+nodes_json(void)
+{
+	struct json_object *o, *a = json_object_new_array(), *v;
+	struct cnode *n;
+	char *s;
+
+	if (!cluster_running())
+		return NULL;
+	o = json_object_new_object();
+	json_object_object_add(o, "self", json_object_new_string(mb.self));
+	json_object_object_add(o, "etcd", json_object_new_string(etcd_endpoint()));
+	json_object_object_add(o, "state", json_object_new_string(mb.state == M_UP ? "up" :
+	    mb.state == M_JOINING ? "joining" : "unreachable"));
+	json_object_object_add(o, "why", json_object_new_string(mb.why));
+	json_object_object_add(o, "lease", json_object_new_int64(mb.lease));
+	json_object_object_add(o, "names", json_object_new_int64((int64_t)nnames));
+	TAILQ_FOREACH(n, &cnodes, entry) {
+		v = n->value ? json_tokener_parse(n->value) : NULL;
+		if (v == NULL)
+			v = json_object_new_object();
+		json_object_object_add(v, "exports", json_object_new_int64(n->names));
+		json_object_object_add(v, "lease_left", json_object_new_int64(n->ttl_left));
+		json_object_object_add(v, "reachable", json_object_new_boolean(strcmp(n->name, mb.self) == 0 ||
+		    (fabric->node_up != NULL && fabric->node_up(n->name))));
+		json_object_object_add(v, "self", json_object_new_boolean(strcmp(n->name, mb.self) == 0));
+		json_object_array_add(a, v);
+	}
+	json_object_object_add(o, "nodes", a);
+	s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+	json_object_put(o);
+	return s;
+}
+
+static void
+metric(struct evbuffer *b, const char *name, const char *type, const char *help, double v)
+{
+	evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+	if (strcmp(type, "summary") != 0)
+		evbuffer_add_printf(b, "%s %.9g\n", name, v);
+}
+
+/* gpxctl cluster: every node's lease asked about at once, the answer when all have come. */
+struct nquery {
+	void (*done)(void *arg, char *json);
+	void *arg;
+	unsigned waiting;
+};
+struct nask {
+	struct nquery *q;
+	char node[CLUSTER_NODE_MAX + 1];
+};
+
+static void
+on_ttl(void *arg, int err, struct json_object *r, const char *why)
+{
+	struct nask *a = arg;
+	struct nquery *q = a->q;
+	struct cnode *n = member_node(a->node);
+
+	(void)why;
+	if (n != NULL)
+		n->ttl_left = err == 0 && js_int(r, "TTL") > 0 ? js_int(r, "TTL") : -1;
+	free(a);
+	if (--q->waiting == 0) {
+		q->done(q->arg, nodes_json());
+		free(q);
+	}
+}
+
+void
+cluster_nodes_query(void (*done)(void *arg, char *json), void *arg)
+{
+	struct nquery *q;
+	struct cnode *n;
+
+	if (!cluster_running()) {
+		done(arg, NULL);
+		return;
+	}
+	if (mb.state != M_UP || (q = calloc(1, sizeof(*q))) == NULL) {
+		done(arg, nodes_json());
+		return;
+	}
+	q->done = done;
+	q->arg = arg;
+	q->waiting = 1;
+	TAILQ_FOREACH(n, &cnodes, entry) {
+		struct nask *a = calloc(1, sizeof(*a));
+		struct json_object *b = json_object_new_object();
+		char id[32];
+		if (a == NULL) {
+			json_object_put(b);
+			break;
+		}
+		a->q = q;
+		snprintf(a->node, sizeof(a->node), "%s", n->name);
+		snprintf(id, sizeof(id), "%lld", (long long)n->lease);
+		json_object_object_add(b, "ID", json_object_new_string(id));
+		q->waiting++;
+		if (etcd_post("/v3/lease/timetolive", b, 2, on_ttl, a) == NULL) {
+			q->waiting--;
+			free(a);
+		}
+	}
+	if (--q->waiting == 0) {
+		done(arg, nodes_json());
+		free(q);
+	}
+}
+
+void
+cluster_metrics(struct evbuffer *b)
+{
+	struct cnode *n;
+	uint32_t k = 0;
+
+	if (!cluster_running())
+		return;
+	TAILQ_FOREACH(n, &cnodes, entry)
+		k++;
+	metric(b, "gpx_cluster_up", "gauge", "Whether this node is joined to the cluster's etcd now.",
+	    mb.state == M_UP);
+	metric(b, "gpx_cluster_etcd_requests_total", "counter", "Calls made to etcd.", (double)etcd_stats.calls);
+	metric(b, "gpx_cluster_etcd_unreachable_total", "counter", "Calls that did not reach etcd.",
+	    (double)etcd_stats.failures);
+	metric(b, "gpx_cluster_etcd_rtt_seconds", "summary", "Round trip of the calls etcd answered.", 0);
+	evbuffer_add_printf(b, "gpx_cluster_etcd_rtt_seconds_sum %.9f\ngpx_cluster_etcd_rtt_seconds_count %llu\n",
+	    etcd_stats.rtt_sum, (unsigned long long)etcd_stats.rtt_n);
+	metric(b, "gpx_cluster_lease_renewals_total", "counter", "Keep-alives of this node's lease that etcd answered.",
+	    (double)mb.renewals);
+	metric(b, "gpx_cluster_watch_events_total", "counter", "Changes under the prefix that the watch reported.",
+	    (double)mb.watch_events);
+	metric(b, "gpx_cluster_nodes", "gauge", "Nodes in the cluster now.", k);
+	metric(b, "gpx_cluster_nodes_seen_total", "counter", "Nodes that joined, as this node saw them.",
+	    (double)mb.nodes_seen);
+	metric(b, "gpx_cluster_names", "gauge", "Cluster names known, every node's.", (double)nnames);
+}
