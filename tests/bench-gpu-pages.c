@@ -169,7 +169,9 @@ pages_check(struct pages *o, bench_op op, const char *name)
 	if (s == NULL || d == NULL)
 		goto out;
 	cuCtxSetCurrent(bench_gpu_ctx(o->dst->dev));
-	if (!CK(cuMemsetD8(o->dst->d, 0, o->dst->len)) || op(o) < 0)
+	/* cuMemsetD8 of device memory may return before it is done: on two GPUs the clearing could
+	 * land after the copy under test, on pages it already wrote. */
+	if (!CK(cuMemsetD8(o->dst->d, 0, o->dst->len)) || !CK(cuCtxSynchronize()) || op(o) < 0)
 		goto out;
 	cuCtxSetCurrent(bench_gpu_ctx(o->src->dev));
 	if (!CK(cuMemcpyDtoH(s, o->src->d, o->src->len)))
