@@ -55,27 +55,12 @@ read_key(const char *path)
 	return keylen >= 16 ? 0 : -1;
 }
 
-/* The proof of proto/peer.proto, as peer-auth.c computes it. */
+/* The proof of proto/peer.proto under this forger's key (the daemon's own code computes it). */
 static void
 proof(const char *label, uint32_t version, const uint8_t *nonce_i, const uint8_t *nonce_r,
     const char *node_i, const char *node_r, uint8_t out[SHA256_LEN])
 {
-	struct hmac m;
-	uint8_t v[4] = { version >> 24, version >> 16, version >> 8, version };
-	uint8_t l;
-
-	hmac_init(&m, key, keylen);
-	hmac_update(&m, label, strlen(label) + 1);
-	hmac_update(&m, v, 4);
-	hmac_update(&m, nonce_i, PEER_NONCE_LEN);
-	hmac_update(&m, nonce_r, PEER_NONCE_LEN);
-	l = (uint8_t)strlen(node_i);
-	hmac_update(&m, &l, 1);
-	hmac_update(&m, node_i, l);
-	l = (uint8_t)strlen(node_r);
-	hmac_update(&m, &l, 1);
-	hmac_update(&m, node_r, l);
-	hmac_final(&m, out);
+	peer_auth_proof(key, keylen, label, version, nonce_i, nonce_r, node_i, node_r, out);
 }
 
 static int

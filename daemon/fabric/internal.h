@@ -157,6 +157,13 @@ void peer_kill(struct peer *, const char *fmt, ...) __attribute__((format(printf
 /* ---- peer-auth.c: the handshake, versions and mutual authentication ---- */
 int peer_auth_init(void);                    /* loads the key file; -1 (logged) when it cannot */
 void peer_auth_forget(void);                 /* wipes the key */
+/*
+ * One side's proof under key: HMAC(key, label | version | nonce of the connecting side | nonce
+ * of the answering side | its node name | the other's node name), names length-prefixed.
+ */
+void peer_auth_proof(const void *key, size_t keylen, const char *label, uint32_t version,
+    const uint8_t *nonce_i, const uint8_t *nonce_r, const char *node_i, const char *node_r,
+    uint8_t out[SHA256_LEN]);
 void peer_auth_hello(struct peer *);         /* outbound, once connected: the first message */
 /* A message before the connection is ready: Hello, Challenge, Auth or Ready, else it dies. */
 void peer_auth_msg(struct peer *, const Gpxpeer__PeerMsg *);

@@ -81,19 +81,18 @@ peer_auth_forget(void)
 }
 
 /*
- * The proof of one side: HMAC(key, label | version | nonce of the connecting side | nonce of
- * the answering side | its node name | the other's node name), names length-prefixed.  The
- * labels differ by direction, so one side's proof is never valid as the other's.
+ * The proof of one side (peer_auth_proof in internal.h).  The labels differ by direction, so
+ * one side's proof is never valid as the other's.
  */
-static void
-proof(const char *label, uint32_t version, const uint8_t *nonce_i, const uint8_t *nonce_r,
-    const char *node_i, const char *node_r, uint8_t out[SHA256_LEN])
+void
+peer_auth_proof(const void *k, size_t klen, const char *label, uint32_t version, const uint8_t *nonce_i,
+    const uint8_t *nonce_r, const char *node_i, const char *node_r, uint8_t out[SHA256_LEN])
 {
 	struct hmac m;
 	uint8_t v[4] = { version >> 24, version >> 16, version >> 8, version };
 	uint8_t l;
 
-	hmac_init(&m, key, keylen);
+	hmac_init(&m, k, klen);
 	hmac_update(&m, label, strlen(label) + 1);
 	hmac_update(&m, v, 4);
 	hmac_update(&m, nonce_i, PEER_NONCE_LEN);
@@ -105,6 +104,14 @@ proof(const char *label, uint32_t version, const uint8_t *nonce_i, const uint8_t
 	hmac_update(&m, &l, 1);
 	hmac_update(&m, node_r, l);
 	hmac_final(&m, out);
+}
+
+/* This daemon's proof, under the fabric's key. */
+static void
+proof(const char *label, uint32_t version, const uint8_t *nonce_i, const uint8_t *nonce_r,
+    const char *node_i, const char *node_r, uint8_t out[SHA256_LEN])
+{
+	peer_auth_proof(key, keylen, label, version, nonce_i, nonce_r, node_i, node_r, out);
 }
 
 /* ---- the handshake ---- */
