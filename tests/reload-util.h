@@ -90,4 +90,18 @@ reload_hup(const struct harness *h, int *seen)
 	return false;
 }
 
+/* n reloads, the i-th of the file write_file(i) writes; returns how many were never answered. */
+static inline int
+reload_storm(const struct harness *h, int *seen, int n, void (*write_file)(int))
+{
+	int lost = 0;
+
+	for (int i = 0; i < n; i++) {
+		write_file(i);
+		if (!reload_hup(h, seen))
+			lost++;
+	}
+	return lost;
+}
+
 #endif

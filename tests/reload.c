@@ -140,7 +140,7 @@ test_storm(void)
 {
 	struct copier w[COPIERS] = { 0 };
 	pthread_t t[COPIERS];
-	int seen = reload_count(&H), start = seen, lost = 0;
+	int seen = reload_count(&H), start = seen, lost;
 	long copies = 0, wrong = 0, failed = 0;
 
 	for (int i = 0; i < COPIERS; i++) {
@@ -148,11 +148,7 @@ test_storm(void)
 		if (pthread_create(&t[i], NULL, copier_main, &w[i]) != 0)
 			tap_bail("pthread_create");
 	}
-	for (int i = 0; i < STORM_RELOADS; i++) {
-		storm_file(i);
-		if (!reload_hup(&H, &seen))
-			lost++;
-	}
+	lost = reload_storm(&H, &seen, STORM_RELOADS, storm_file);
 	atomic_store(&storm_over, true);
 	for (int i = 0; i < COPIERS; i++) {
 		pthread_join(t[i], NULL);

@@ -156,7 +156,7 @@ main(void)
 {
 	struct copier w[4] = { 0 };
 	pthread_t t[4];
-	int nw, seen, start, lost = 0;
+	int nw, seen, start, lost;
 	long copies = 0, wrong = 0, failed = 0;
 
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -179,11 +179,7 @@ main(void)
 		if (pthread_create(&t[i], NULL, copier_main, &w[i]) != 0)
 			tap_bail("pthread_create");
 	}
-	for (int i = 0; i < STORM_RELOADS; i++) {
-		storm_file(i);
-		if (!reload_hup(&H, &seen))
-			lost++;
-	}
+	lost = reload_storm(&H, &seen, STORM_RELOADS, storm_file);
 	atomic_store(&storm_over, true);
 	for (int i = 0; i < nw; i++) {
 		pthread_join(t[i], NULL);
