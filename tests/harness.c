@@ -198,6 +198,35 @@ harness_request(int sock, Gpx__ClientMsg *m, const int *fds, int nfds, int timeo
 	return st;
 }
 
+Gpx__DaemonMsg *
+harness_register_legacy(const struct harness *h)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Register reg = GPX__REGISTER__INIT;
+	Gpx__DaemonMsg *r;
+	uint8_t handle[64] = { 1 }, uuid[16] = { 2 };
+	int s = harness_connect(h), efd = eventfd(0, EFD_CLOEXEC), ring = -1;
+
+	if ((r = harness_hello(s, GPX_PROTO_VERSION, efd, &ring)) != NULL)
+		gpx__daemon_msg__free_unpacked(r, NULL);
+	reg.kind = GPX__MEM_KIND__MEM_CUDA_IPC;
+	reg.length = 4096;
+	reg.handle.data = handle;
+	reg.handle.len = 64;
+	reg.device_uuid.data = uuid;
+	reg.device_uuid.len = 16;
+	m.seq = 3;
+	m.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
+	m.register_ = &reg;
+	r = NULL;
+	harness_request(s, &m, NULL, 0, 5000, &r);
+	close(s);
+	close(efd);
+	if (ring >= 0)
+		close(ring);
+	return r;
+}
+
 int
 harness_area_client(const struct harness *h, uint32_t version, unsigned char **area, size_t len)
 {

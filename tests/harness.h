@@ -77,6 +77,11 @@ Gpx__DaemonMsg *harness_recv(int sock, int timeout_ms, int *fds, int *nfds, bool
  */
 Gpx__DaemonMsg *harness_hello(int sock, uint32_t version, int efd, int *ring_fd);
 /*
+ * A new connection says Hello and registers a made-up legacy CUDA IPC handle of 4096 bytes;
+ * returns gpxd's reply (free it), or NULL when none came within 5 s.  The connection is closed.
+ */
+Gpx__DaemonMsg *harness_register_legacy(const struct harness *h);
+/*
  * A raw client that said Hello with `version` (and an eventfd, closed here) and handed over a
  * segment area of len bytes, mapped writable at *area (munmap it); the socket, or -1.  For
  * requests whose lists live in the area, built by hand.

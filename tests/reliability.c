@@ -315,33 +315,12 @@ test_round_robin(void)
 static void
 test_legacy_refused(void)
 {
-	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
-	Gpx__Register reg = GPX__REGISTER__INIT;
-	uint8_t handle[64] = { 1 }, uuid[16] = { 2 };
-	int s = harness_connect(&H), efd = eventfd(0, EFD_CLOEXEC), ring = -1;
-	Gpx__DaemonMsg *r = harness_hello(s, GPX_PROTO_VERSION, efd, &ring);
+	Gpx__DaemonMsg *r = harness_register_legacy(&H);
 
-	if (r != NULL)
-		gpx__daemon_msg__free_unpacked(r, NULL);
-	reg.kind = GPX__MEM_KIND__MEM_CUDA_IPC;
-	reg.length = 4096;
-	reg.handle.data = handle;
-	reg.handle.len = 64;
-	reg.device_uuid.data = uuid;
-	reg.device_uuid.len = 16;
-	m.seq = 3;
-	m.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
-	m.register_ = &reg;
-	harness_send(s, &m, NULL, 0);
-	r = harness_recv(s, 5000, NULL, NULL, NULL);
 	ok(r != NULL && r->reply->status == GPX__STATUS__EACCES && strstr(r->reply->message, "trust") != NULL,
 	    "a legacy IPC handle on a multi-tenant node: EACCES, saying why (%s)", r ? r->reply->message : "no reply");
 	if (r != NULL)
 		gpx__daemon_msg__free_unpacked(r, NULL);
-	close(s);
-	close(efd);
-	if (ring >= 0)
-		close(ring);
 }
 
 /* A client that keeps asking and never reads the answers is cut off, not buffered forever. */

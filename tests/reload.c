@@ -451,32 +451,11 @@ metrics_up(in_addr_t addr, int port)
 static int
 register_legacy(void)
 {
-	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
-	Gpx__Register reg = GPX__REGISTER__INIT;
-	uint8_t handle[64] = { 1 }, uuid[16] = { 2 };
-	int s = harness_connect(&H), efd = eventfd(0, EFD_CLOEXEC), ring = -1, st = -1;
-	Gpx__DaemonMsg *r = harness_hello(s, GPX_PROTO_VERSION, efd, &ring);
+	Gpx__DaemonMsg *r = harness_register_legacy(&H);
+	int st = r != NULL ? (int)r->reply->status : -1;
 
 	if (r != NULL)
 		gpx__daemon_msg__free_unpacked(r, NULL);
-	reg.kind = GPX__MEM_KIND__MEM_CUDA_IPC;
-	reg.length = 4096;
-	reg.handle.data = handle;
-	reg.handle.len = 64;
-	reg.device_uuid.data = uuid;
-	reg.device_uuid.len = 16;
-	m.seq = 3;
-	m.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
-	m.register_ = &reg;
-	harness_send(s, &m, NULL, 0);
-	if ((r = harness_recv(s, 5000, NULL, NULL, NULL)) != NULL) {
-		st = r->reply->status;
-		gpx__daemon_msg__free_unpacked(r, NULL);
-	}
-	close(s);
-	close(efd);
-	if (ring >= 0)
-		close(ring);
 	return st;
 }
 
