@@ -418,18 +418,10 @@ out:
 }
 
 /* Percentile p (0..1) of n latencies, sorted in place. */
-static int
-cmp_dbl(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
 static double
 pct(double *v, size_t n, double p)
 {
-	qsort(v, n, sizeof(*v), cmp_dbl);
+	qsort(v, n, sizeof(*v), cmp_double);
 	return n ? v[(size_t)(p * (n - 1))] : 0;
 }
 

@@ -27,14 +27,6 @@
 #include "client-lib/gpx.h"
 #include "tests/util.h"
 
-static int
-cmp(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
 static double
 pct(double *v, int n, double p)
 {
@@ -156,8 +148,8 @@ visible(const char *dir, int n, int samples)
 		}
 		gpx_unexport(c[h], name);
 	}
-	qsort(all, k, sizeof(double), cmp);
-	qsort(one, k, sizeof(double), cmp);
+	qsort(all, k, sizeof(double), cmp_double);
+	qsort(one, k, sizeof(double), cmp_double);
 	printf("export -> visible on all %d other nodes: %d samples, p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
 	    n - 1, k, pct(all, k, .5) * 1e3, pct(all, k, .99) * 1e3, all[k - 1] * 1e3);
 	printf("export -> visible on the first other node: p50 %.1f ms, p99 %.1f ms\n", pct(one, k, .5) * 1e3,

@@ -145,14 +145,6 @@ struct lat_res {
 	                         * machine's scheduling delay for a process like it, meanwhile */
 };
 
-static int
-cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
 /* n 4 KiB copies, one at a time with a pause between: their latencies. */
 static void
 latency(void *p, int out, int stop)

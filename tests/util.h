@@ -22,6 +22,15 @@
  */
 #define BYSTANDER_MAX_S 0.2
 
+/* qsort's comparison of doubles, ascending. */
+static inline int
+cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
 static inline double
 now(void)
 {

@@ -151,14 +151,6 @@ line_within(FILE *f, char *line, size_t n, int ms)
 	return fgets(line, (int)n, f) != NULL;
 }
 
-static int
-cmp_double(const void *x, const void *y)
-{
-	double a = *(const double *)x, b = *(const double *)y;
-
-	return a < b ? -1 : a > b;
-}
-
 /* n 4 KiB copies a -> b one at a time, 2 ms apart: p50, p99 and max in microseconds. */
 static bool
 small_latency(gpx_conn *c, struct buf *a, struct buf *b, int n, double *p50, double *p99, double *max)

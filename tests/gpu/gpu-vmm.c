@@ -187,14 +187,6 @@ us_since(const struct timespec *t0)
 	return (t1.tv_sec - t0->tv_sec) * 1e6 + (t1.tv_nsec - t0->tv_nsec) / 1e3;
 }
 
-static int
-cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
 /* p50 of n registrations of [off, off + len) over pieces gpxd holds, in us. */
 static double
 cached_p50(gpx_conn *c, struct resv *r, size_t off, size_t len, int n)
