@@ -3,7 +3,9 @@
  * the benchmark cannot reach.  It registers an 8 MiB host buffer with this node's gpxd,
  * exports it to peers under NAME (read-write), prints "exported NAME" and waits until a TCP
  * connection arrives on PORT (the benchmark's node says it is done), or for at most TIMEOUT
- * seconds; then it closes, and the export goes with its connection.
+ * seconds; then it closes, and the export goes with its connection.  Built with rdma-core, it
+ * also serves the same buffer to raw verbs on port PORT + 1 of every RDMA address (the anchor
+ * of remote-import: tests/bench-verbs.h), and says whether it does.
  *
  *   bench-export SOCK NAME PORT [TIMEOUT]
  */
@@ -19,6 +21,9 @@
 #include <sys/socket.h>
 
 #include "client-lib/gpx.h"
+#ifdef HAVE_RDMA
+#include "tests/bench-verbs.h"
+#endif
 
 #define LEN (8u << 20)
 
@@ -48,10 +53,21 @@ main(int argc, char **argv)
 		return 1;
 	}
 	printf("exported %s\n", argv[2]);
+#ifdef HAVE_RDMA
+	char why[256];
+	struct verbs_server *vs = verbs_serve((uint16_t)(atoi(argv[3]) + 1), p, LEN, why, sizeof(why));
+	if (vs != NULL)
+		printf("raw verbs on port %d\n", atoi(argv[3]) + 1);
+	else
+		printf("no raw verbs: %s\n", why);
+#endif
 	fflush(stdout);
 	struct pollfd pf = { .fd = l, .events = POLLIN };
 	int n = poll(&pf, 1, (argc > 4 ? atoi(argv[4]) : 60) * 1000);
 	printf("%s\n", n > 0 ? "done" : "timed out");
+#ifdef HAVE_RDMA
+	verbs_server_stop(vs);
+#endif
 	gpx_close(c);
 	gpx_host_free(fd, p, LEN);
 	return n > 0 ? 0 : 1;

@@ -8,13 +8,15 @@
  *   remote-lat  4 KiB write, submit to completion: p50 and p99 against the TCP round trip
  *   remote-import  import only: GPX_BENCH_IMPORT=NODE:NAME, an export another node's daemon
  *               holds (tests/bench-export.c keeps one there); RDMA READ and WRITE bandwidth,
- *               1 MiB to 8 MiB, and 4 KiB write latency, gpx alone: the anchors (ib_read_bw,
- *               ib_write_bw, ib_send_lat) run between the same nodes in tests/vm-rdma.test
+ *               1 MiB to 8 MiB, and 4 KiB write latency, against raw verbs in this process to
+ *               the same node with the same queue pairs, rails and chunks (GPX_BENCH_VERBS:
+ *               bench-export serves the same buffer through librdmacm beside the export)
  *
  * Needs a second gpxd peered with the one under test: GPX_BENCH_PEER=its socket and
  * GPX_BENCH_PEER_NODE=its node name; the modes skip without them.  The TCP anchor only means
  * something when both daemons run on this machine (tests/fabric-tcp.test's setup); between
- * RDMA nodes the anchors are ib_write_bw and ib_send_lat, run by the test that starts the nodes.
+ * RDMA nodes the anchor is remote-import's raw verbs (and tests/vm-rdma.test runs ib_write_bw,
+ * ib_read_bw and ib_send_lat beside it).
  */
 #include "config.h"
 
@@ -32,6 +34,7 @@
 #include <sys/socket.h>
 
 #include "tests/bench.h"
+#include "tests/bench-verbs.h"
 
 #define KiB (1ULL << 10)
 #define MiB (1ULL << 20)
@@ -110,6 +113,8 @@ struct remote_arg {
 	bool read;
 	struct tcp_pair tcp;
 	const unsigned char *src;
+	struct verbs_client *verbs;  /* remote-import's anchor, when there is a raw-verbs server */
+	size_t chunk;
 };
 
 static int
@@ -223,7 +228,7 @@ mode_remote(struct bench_ctx *b)
 			}
 			snprintf(what, sizeof(what), "%s %s", dir ? "read" : "write", bench_size_str(a.len, s, sizeof(s)));
 			struct bench_row row = { .what = what, .metric = "GB/s", .direct = a.len / p.direct / 1e9,
-			    .gpx = a.len / p.gpx / 1e9, .bytes = a.len };
+			    .gpx = a.len / p.gpx / 1e9, .bytes = a.len, .target = a.len >= MiB ? "fabric.tcp.large" : NULL };
 			bench_table_row(b, &row);
 			bench_pair_free(&p);
 		}
@@ -283,6 +288,69 @@ rdma_devices(void)
 	return any;
 }
 
+/* The anchor's copy; nothing where there is no anchor (its column then says so). */
+static int
+direct_op(void *p)
+{
+#ifdef HAVE_RDMA
+	struct remote_arg *a = p;
+
+	if (a->verbs != NULL)
+		return verbs_copy(a->verbs, a->read, a->len, a->chunk) == 0 ? 0 : -GPX_EIO;
+#else
+	(void)p;
+#endif
+	return 0;
+}
+
+/*
+ * The anchor: GPX_BENCH_VERBS=ADDR:PORT[,ADDR:PORT...] (one address a rail) of a raw-verbs
+ * server beside the export (tests/bench-export.c serves one), GPX_BENCH_VERBS_QPS queue pairs
+ * to each (default 2, gpxd's default queue_pairs) and chunks of GPX_BENCH_VERBS_CHUNK (default
+ * 256K): set them to what the daemons under test use.  Without it the rows hold gpx alone.
+ */
+static void
+verbs_anchor(struct bench_ctx *b, struct remote_arg *a, char *note, size_t len)
+{
+	const char *spec = getenv("GPX_BENCH_VERBS");
+
+	snprintf(note, len, "direct: not measured (GPX_BENCH_VERBS=ADDR:PORT,... names no raw-verbs server)");
+#ifdef HAVE_RDMA
+	const char *q = getenv("GPX_BENCH_VERBS_QPS"), *ch = getenv("GPX_BENCH_VERBS_CHUNK");
+	uint64_t chunk = 256 * KiB;
+	char why[256];
+
+	if (spec == NULL)
+		return;
+	if (ch != NULL && (bench_parse_size(ch, &chunk) < 0 || chunk == 0 || chunk > (1u << 30))) {
+		snprintf(note, len, "direct: not measured: GPX_BENCH_VERBS_CHUNK=%s is not a size", ch);
+		return;
+	}
+	a->chunk = chunk;
+	if ((a->verbs = verbs_connect(spec, q ? atoi(q) : 2, a->local.ptr, a->cap, why, sizeof(why))) == NULL) {
+		snprintf(note, len, "direct: not measured: raw verbs to %s: %s", spec, why);
+		return;
+	}
+	if (verbs_remote_len(a->verbs) < a->cap) {
+		snprintf(note, len, "direct: not measured: the raw-verbs server offers %zu bytes, fewer than %zu",
+		    verbs_remote_len(a->verbs), a->cap);
+		verbs_close(a->verbs);
+		a->verbs = NULL;
+		return;
+	}
+	snprintf(note, len, "direct: raw verbs in this process (librdmacm + libibverbs), %d queue pairs on %d rail%s "
+	    "(%s), each copy in %llu KiB chunks posted round robin over them, every request signalled and its "
+	    "completion polled, as ib_read_bw / ib_write_bw do; gpx: client -> gpxd -> RDMA to the exporting node's "
+	    "memory -> completion", verbs_queue_pairs(a->verbs), verbs_rails(a->verbs),
+	    verbs_rails(a->verbs) == 1 ? "" : "s", spec, (unsigned long long)(chunk / KiB));
+#else
+	(void)b;
+	(void)a;
+	if (spec != NULL)
+		snprintf(note, len, "direct: not measured: gpx-bench was built without rdma-core");
+#endif
+}
+
 static int
 mode_remote_import(struct bench_ctx *b)
 {
@@ -290,6 +358,7 @@ mode_remote_import(struct bench_ctx *b)
 	const char *name = getenv("GPX_BENCH_IMPORT");
 	struct remote_arg a;
 	uint64_t rlen = 0;
+	char note[512];
 	int r;
 
 	memset(&a, 0, sizeof(a));
@@ -306,48 +375,41 @@ mode_remote_import(struct bench_ctx *b)
 	if ((r = bench_buf_new(b, a.cap, &a.local)) < 0)
 		return r;
 	bench_fill(a.local.ptr, a.cap, 7);
+	verbs_anchor(b, &a, note, sizeof(note));
+	bench_table_begin(b, "remote-import", "copies to and from another node's export: raw verbs vs gpx");
 	for (int dir = 0; dir < 2; dir++)
 		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && sizes[i] <= a.cap; i++) {
-			double t[64];
-			int runs = b->runs < 64 ? b->runs : 64;
+			struct bench_pair p;
+			char what[64], s[32];
 			a.len = sizes[i];
 			a.read = dir == 0;
-			if ((r = gpx_op(&a)) < 0) {
-				bench_buf_free(b, &a.local);
-				return bench_fail(b, r, "a copy across");
-			}
-			for (int k = 0; k < runs; k++) {
-				double t0 = bench_now(), el;
-				unsigned n = 0;
-				do {
-					if ((r = gpx_op(&a)) < 0) {
-						bench_buf_free(b, &a.local);
-						return bench_fail(b, r, "a copy across");
-					}
-					n++;
-				} while ((el = bench_now() - t0) < b->min_time);
-				t[k] = (double)a.len * n / el;
-			}
-			printf("remote-import %s %llu MiB: %.1f MiB/s\n", a.read ? "read" : "write",
-			    (unsigned long long)(a.len / MiB), bench_median(t, (size_t)runs) / MiB);
+			r = bench_pair_measure(b, direct_op, gpx_op, &a, &p);
+			if (r < 0)
+				break;
+			snprintf(what, sizeof(what), "%s %s", a.read ? "read" : "write", bench_size_str(a.len, s, sizeof(s)));
+			struct bench_row row = { .what = what, .metric = "GB/s", .direct = a.verbs ? a.len / p.direct / 1e9 : NAN,
+			    .gpx = a.len / p.gpx / 1e9, .bytes = a.len, .target = "fabric.rdma.large" };
+			bench_table_row(b, &row);
+			bench_pair_free(&p);
 		}
-	a.len = 4 * KiB;
-	a.read = false;
-	size_t nl = 0;
-	double lat[4096];
-	for (double t0 = bench_now(); nl < 4096 && (nl < 100 || bench_now() - t0 < b->min_time * b->runs); nl++) {
-		double s = bench_now();
-		if ((r = gpx_op(&a)) < 0) {
-			bench_buf_free(b, &a.local);
-			return bench_fail(b, r, "a 4 KiB copy across");
+	if (r >= 0) {
+		struct bench_pair p;
+		a.len = 4 * KiB;
+		a.read = false;
+		if ((r = bench_pair_measure(b, direct_op, gpx_op, &a, &p)) >= 0) {
+			struct bench_row row = { .what = "4 KiB write, one at a time", .metric = "us",
+			    .direct = a.verbs ? p.direct * 1e6 : NAN, .gpx = p.gpx * 1e6, .lower_is_better = true,
+			    .bytes = a.len, .target = "fabric.rdma.lat" };
+			bench_table_row(b, &row);
+			bench_pair_free(&p);
 		}
-		lat[nl] = (bench_now() - s) * 1e6;
 	}
-	printf("remote-import write 4 KiB latency: p50 %.1f us p99 %.1f us (%zu copies)\n",
-	    bench_percentile(lat, nl, 50), bench_percentile(lat, nl, 99), nl);
-	fflush(stdout);
+	bench_table_end(b, note);
+#ifdef HAVE_RDMA
+	verbs_close(a.verbs);
+#endif
 	bench_buf_free(b, &a.local);
-	return 0;
+	return r < 0 ? bench_fail(b, r, "copies across") : 0;
 }
 
 static const struct bench_mode remote_modes[] = {
