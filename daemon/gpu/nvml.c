@@ -13,8 +13,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gpxd.h"
-#include "gpu.h"
+#include "daemon/gpxd.h"
+#include "daemon/gpu/internal.h"
 
 typedef int nvml_ret;               /* nvmlReturn_t: 0 is NVML_SUCCESS */
 typedef struct nvml_dev *nvml_dev;  /* nvmlDevice_t */

@@ -5,7 +5,7 @@
 #ifndef GPX_XFER_PRIVATE_H
 #define GPX_XFER_PRIVATE_H
 
-#include "gpxd.h"
+#include "daemon/gpxd.h"
 
 /*
  * No region, segment or request reaches 2^62 bytes (4 EiB).  That bound lets the checking pass

@@ -24,8 +24,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
-#include "xfer-private.h"
-#include "fabric/fabric.h"
+#include "daemon/engine/xfer-private.h"
+#include "daemon/fabric/fabric.h"
 
 static int
 resolve(struct conn *c, uint64_t id, const char *which, struct rhandle **out, char *err, size_t errlen)

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpxd.h"
+#include "daemon/gpxd.h"
 
 struct export_list exports = TAILQ_HEAD_INITIALIZER(exports);
 

@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <event2/event.h>
 
-#include "conn-private.h"
+#include "daemon/client/conn-private.h"
 
 /* ---- handle tables ---- */
 

@@ -34,8 +34,8 @@
 #include <unistd.h>
 #include <sys/prctl.h>
 
-#include "gpxd.h"
-#include "gpu.h"
+#include "daemon/gpxd.h"
+#include "daemon/gpu/internal.h"
 
 #define QUICK_MAX ENGINE_SMALL_JOB      /* chunks up to this go to the quick stream */
 #define BULK_CHUNK (1ull << 30)       /* largest chunk a GPU worker takes */

@@ -2,8 +2,8 @@
  * Between gpu.c (the GPU back end: devices, mappings, copy workers) and cuda.c (the driver,
  * behind plain C types).  Nothing here names a CUDA type.
  */
-#ifndef GPXD_GPU_H
-#define GPXD_GPU_H
+#ifndef GPXD_GPU_INTERNAL_H
+#define GPXD_GPU_INTERNAL_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -7,7 +7,7 @@
 
 #include <string.h>
 
-#include "conn-private.h"
+#include "daemon/client/conn-private.h"
 
 /* ---- transfers ---- */
 

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gpxd.h"
+#include "daemon/gpxd.h"
 
 /* Started by systemd (or systemd-socket-activate): then gpxd must not fork away. */
 bool

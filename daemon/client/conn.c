@@ -36,7 +36,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 
-#include "conn-private.h"
+#include "daemon/client/conn-private.h"
 
 struct conn_list conns = TAILQ_HEAD_INITIALIZER(conns);
 double conn_last_input;

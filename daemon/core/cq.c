@@ -25,7 +25,7 @@
 #include <sys/syscall.h>
 #include <time.h>
 
-#include "gpxd.h"
+#include "daemon/gpxd.h"
 
 static void (*cq_broken_hook)(struct cq *);
 

@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpxd.h"
-#include "fabric/fabric.h"
+#include "daemon/gpxd.h"
+#include "daemon/fabric/fabric.h"
 
 struct epath {
 	TAILQ_HEAD(, uqueue) active; /* uids with work on the path */

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "gpxd.h"
+#include "daemon/gpxd.h"
 
 static int log_level = LOG_L_INFO;
 static char log_subsys[256];        /* comma-separated; empty = all */

@@ -33,8 +33,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gpxd.h"
-#include "gpu.h"
+#include "daemon/gpxd.h"
+#include "daemon/gpu/internal.h"
 
 #define LOOSE_MAX 65536          /* pieces a connection may hold that no region uses */
 

@@ -12,7 +12,7 @@
 #include <sys/eventfd.h>
 #include <event2/event.h>
 
-#include "gpxd.h"
+#include "daemon/gpxd.h"
 
 struct task {
 	STAILQ_ENTRY(task) entry;

@@ -15,8 +15,8 @@
 #include <unistd.h>
 #include <cuda.h>
 
-#include "gpxd.h"
-#include "gpu.h"
+#include "daemon/gpxd.h"
+#include "daemon/gpu/internal.h"
 
 /* Entry points, resolved by name; the types come from this cuda.h. */
 #define CUDA_FUNCS(X) \

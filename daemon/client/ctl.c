@@ -20,8 +20,8 @@
 #include <unistd.h>
 #include <sys/mman.h>
 
-#include "gpxd.h"
-#include "fabric/fabric.h"
+#include "daemon/gpxd.h"
+#include "daemon/fabric/fabric.h"
 
 static const char *state_names[] = { "hello", "ready", "draining", "dead" };
 

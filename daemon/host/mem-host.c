@@ -28,7 +28,7 @@
 #include <immintrin.h>
 #endif
 
-#include "gpxd.h"
+#include "daemon/gpxd.h"
 
 #if defined(__x86_64__)
 static inline void

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "conn-private.h"
-#include "fabric/fabric.h"
+#include "daemon/client/conn-private.h"
+#include "daemon/fabric/fabric.h"
 
 /* ---- exports ---- */
 

@@ -18,8 +18,8 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
-#include "gpxd.h"
-#include "gpu.h"
+#include "daemon/gpxd.h"
+#include "daemon/gpu/internal.h"
 
 #define GMAP_KEY 64     /* an IPC handle; or connection, buffer id and size */
 

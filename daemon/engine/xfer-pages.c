@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "xfer-private.h"
+#include "daemon/engine/xfer-private.h"
 
 /*
  * Page transfers (protocol 2).  Record i of the list copies page_size bytes from page src of

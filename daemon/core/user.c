@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "gpxd.h"
+#include "daemon/gpxd.h"
 
 static TAILQ_HEAD(, user) users = TAILQ_HEAD_INITIALIZER(users);
 

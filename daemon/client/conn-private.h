@@ -9,7 +9,7 @@
 #ifndef GPX_CONN_PRIVATE_H
 #define GPX_CONN_PRIVATE_H
 
-#include "gpxd.h"
+#include "daemon/gpxd.h"
 
 static inline void
 reply_err(struct conn *c, uint32_t seq, int status, const char *msg)

@@ -28,8 +28,8 @@
 #include <event2/http.h>
 #include <event2/util.h>
 
-#include "gpxd.h"
-#include "fabric/fabric.h"
+#include "daemon/gpxd.h"
+#include "daemon/fabric/fabric.h"
 
 #define NBUCKETS 19                  /* finite bucket bounds; +Inf is the count */
 #define NSTATUS 32                   /* gpx.Status values; larger ones count as the last */

@@ -12,8 +12,8 @@
 
 #include <stdlib.h>
 
-#include "gpxd.h"
-#include "fabric/fabric.h"
+#include "daemon/gpxd.h"
+#include "daemon/fabric/fabric.h"
 
 struct region *
 region_new(void)

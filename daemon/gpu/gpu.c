@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpxd.h"
-#include "gpu.h"
+#include "daemon/gpxd.h"
+#include "daemon/gpu/internal.h"
 
 /* A device: what the driver says of it and of its links to the others. */
 struct gpu_dev {

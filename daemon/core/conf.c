@@ -25,7 +25,7 @@
 #include <sys/stat.h>
 #include <ini.h>
 
-#include "gpxd.h"
+#include "daemon/gpxd.h"
 
 struct conf *cfg;
 
