@@ -333,7 +333,6 @@ extern const struct mem_ops mem_host_ops;
 extern const struct mem_ops mem_cuda_ipc_ops;
 extern const struct mem_ops mem_cuda_vmm_ops;
 extern const struct mem_ops mem_cuda_pool_ops;
-const struct mem_ops *mem_ops_for(Gpx__MemKind);
 bool mem_host_fd_ok(int fd, char *err, size_t errlen);
 /* memmove for a host-path chunk; streaming stores when the job (job_bytes) exceeds the caches. */
 void mem_host_copy(void *dst, const void *src, size_t n, uint64_t job_bytes);
@@ -352,6 +351,11 @@ void region_unref(struct region *);
 bool region_use(struct region *);   /* takes a mapping user; false if revoked */
 void region_unuse(struct region *);
 void region_revoke(struct region *);
+/*
+ * What must let go of a region's memory before its kind closes the mapping (the fabric's RDMA
+ * registrations): registered once at start by the layer that holds it; called from any thread.
+ */
+void region_on_gone(void (*)(struct region *));
 
 /* ---- engine.c: scheduling state kept in each client's completion queue ---- */
 /* The most GPUs one gpxd drives: it bounds the path ids below and the 32-bit access masks; the
@@ -650,7 +654,6 @@ void levent_request_reap(void);
 void levent_stop(int status);
 /* Rereads the file: 0 with the report (what changed, live or at restart) in msg, or -1 with why. */
 int levent_reload(char *msg, size_t msglen);
-double now_s(void);
 
 /* ---- gpu.c: the GPU back end (CUDA driver API, loaded at run time) ---- */
 int gpu_init(char *why, size_t whylen);
@@ -694,6 +697,8 @@ uint64_t vmm_stats(uint64_t *hits, uint32_t *pieces);    /* imports; hits and pi
 void gpu_host_unpin(void *map);         /* undoes gpu_host_register; may block */
 void gpu_shutdown(void);
 
+/* ---- gpxd.c: the daemon's clock, when it started, the socket it serves (set by levent.c) ---- */
+double now_s(void);                 /* CLOCK_MONOTONIC, in seconds */
 extern double gpxd_start_time;
 extern const char *gpxd_socket_path;
 

@@ -36,9 +36,6 @@
 #include "gpxd.h"
 #include "fabric/fabric.h"
 
-double gpxd_start_time;
-const char *gpxd_socket_path = "";
-const struct fabric_ops *fabric;     /* daemon/fabric/fabric.h: set once at start, or never */
 
 static struct event_base *base;
 static int listen_fd = -1;
@@ -64,15 +61,6 @@ static double fd_short_since, fd_short_said;
 static uint64_t fd_short_refused;    /* connections refused while short */
 static double pause_s;               /* accept's rest while no descriptor is left; 0 = none */
 static double pause_said;
-
-double
-now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 struct event_base *
 levent_base(void)

@@ -200,6 +200,24 @@ reg_done(void *arg)
 	free(op);
 }
 
+/* The memory kinds this daemon serves: host always, the GPU kinds with a GPU. */
+static const struct mem_ops *
+mem_ops_for(Gpx__MemKind kind)
+{
+	switch (kind) {
+	case GPX__MEM_KIND__MEM_HOST:
+		return &mem_host_ops;
+	case GPX__MEM_KIND__MEM_CUDA_IPC:
+		return gpu_count() > 0 ? &mem_cuda_ipc_ops : NULL;
+	case GPX__MEM_KIND__MEM_CUDA_VMM:
+		return gpu_count() > 0 ? &mem_cuda_vmm_ops : NULL;
+	case GPX__MEM_KIND__MEM_CUDA_POOL:
+		return gpu_count() > 0 ? &mem_cuda_pool_ops : NULL;
+	default:
+		return NULL;
+	}
+}
+
 void
 req_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int nfds)
 {

@@ -13,7 +13,8 @@
 #include <stdlib.h>
 
 #include "daemon/gpxd.h"
-#include "daemon/fabric/fabric.h"
+
+static void (*gone_hook)(struct region *);
 
 struct region *
 region_new(void)
@@ -64,8 +65,8 @@ region_unuse(struct region *r)
 	if (atomic_fetch_sub(&r->users, 1) != 1)
 		return;
 	/* Whatever its kind, an RDMA NIC lets go of its memory before the mapping goes. */
-	if (fabric != NULL)
-		fabric->region_gone(r);
+	if (gone_hook != NULL)
+		gone_hook(r);
 	if (r->ops != NULL)
 		r->ops->close(r);
 	/*
@@ -86,19 +87,9 @@ region_revoke(struct region *r)
 		region_unuse(r);
 }
 
-const struct mem_ops *
-mem_ops_for(Gpx__MemKind kind)
+/* Set once at start, before any region exists; called from any thread. */
+void
+region_on_gone(void (*fn)(struct region *))
 {
-	switch (kind) {
-	case GPX__MEM_KIND__MEM_HOST:
-		return &mem_host_ops;
-	case GPX__MEM_KIND__MEM_CUDA_IPC:
-		return gpu_count() > 0 ? &mem_cuda_ipc_ops : NULL;
-	case GPX__MEM_KIND__MEM_CUDA_VMM:
-		return gpu_count() > 0 ? &mem_cuda_vmm_ops : NULL;
-	case GPX__MEM_KIND__MEM_CUDA_POOL:
-		return gpu_count() > 0 ? &mem_cuda_pool_ops : NULL;
-	default:
-		return NULL;
-	}
+	gone_hook = fn;
 }

@@ -9,8 +9,9 @@
  * without the fabric none of its code runs: no thread, socket, timer or RDMA device.  A reload
  * neither starts nor stops it, as before: turning it on or off takes effect at restart (the
  * keys it reads at each use, such as timeout, at once).  Once set, `fabric` stays set until
- * the process exits, so that kick and region_gone, which other threads call, never see it
- * change; after stop the hooks find nothing to do.
+ * the process exits, so that kick, which other threads call, never sees it change; after stop
+ * the hooks find nothing to do.  What the fabric must hear of regions (a mapping about to
+ * close) it registers with the core at start (region_on_gone).
  *
  * One thing is not behind fabric_init: nic_topo, the node's RDMA NICs read from sysfs, which
  * gpxctl topo shows whether or not the fabric runs (daemon/fabric/nic.c; it reads files only).
@@ -73,8 +74,6 @@ struct fabric_ops {
 	int (*xfer_check)(const struct region *src, const struct region *dst, char *err, size_t errlen);
 	/* engine.c, any thread: PATH_FABRIC has new work. */
 	void (*kick)(void);
-	/* region.c, any thread: r's mapping is about to close; its RDMA registrations go first. */
-	void (*region_gone)(struct region *r);
 	/* ctl.c: one line for status; the peers for Q_PEERS, and their freeing; metrics.c too: */
 	const char *(*status)(void);
 	void (*peers)(Gpx__QueryReply *);
