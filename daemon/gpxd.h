@@ -28,7 +28,6 @@
 #include "proto/gpx.pb-c.h"
 #include "proto/ring.h"
 #include "proto/wire.h"
-#include "daemon/cluster/cluster.h"
 
 struct event_base;
 struct conn;
@@ -94,6 +93,21 @@ void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)))
 void fatalx(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
 /* ---- conf.c: gpxd.conf (ini), defaults, validation ---- */
+/* [cluster] of gpxd.conf, parsed by daemon/cluster/conf.c (strings owned, NULL = unset). */
+struct cluster_conf {
+	char *etcd;                  /* "http://host:port,https://..."; NULL: the cluster is off */
+	char *prefix;                /* keys live under it; NULL = "/gpx" */
+	uint32_t lease_ttl;          /* seconds; 0 = 10 */
+	char *cacert, *cert, *key;   /* TLS to etcd */
+	char *auth_file;             /* "user:password" for etcd's own authentication */
+};
+
+static inline bool
+cluster_configured(const struct cluster_conf *cc)
+{
+	return cc->etcd != NULL;
+}
+
 struct conf {
 	char *socket_path;
 	unsigned socket_mode;
@@ -176,6 +190,9 @@ struct conf_section {
 	bool live;
 };
 int conf_add_section(const struct conf_section *);
+/* The check of [daemon] metrics (an address the endpoint may serve on), registered before the
+ * first conf_load by the code that serves it: a file is checked whole before it is used. */
+void conf_metrics_check(int (*)(const char *spec, bool allow_remote, char *err, size_t errlen));
 void conf_defaults(struct conf *);
 int conf_load(struct conf *, const char *path, char *err, size_t errlen);
 void conf_free(struct conf *);
@@ -603,10 +620,7 @@ struct export {
 TAILQ_HEAD(export_list, export);
 extern struct export_list exports;
 struct export *export_find(const char *name);
-bool export_name_ok(const char *name);
 bool export_allows(const struct export *, const struct creds *);
-/* A node name as exports' peer lists and the fabric spell it: 1..64 of [A-Za-z0-9._-]. */
-bool export_node_name_ok(const char *name);
 /* The remote fields of an Export message into e (remote, peers); <0 (a gpx status) on bad input. */
 int export_remote_opts(struct export *e, const Gpx__Export *m, char *err, size_t errlen);
 /* Whether a remote export admits the peer node named node (its list, or any). */
@@ -696,6 +710,11 @@ void vmm_park(uint64_t owner, const int *fds, uint32_t n);   /* a Pieces message
 uint64_t vmm_stats(uint64_t *hits, uint32_t *pieces);    /* imports; hits and pieces held */
 void gpu_host_unpin(void *map);         /* undoes gpu_host_register; may block */
 void gpu_shutdown(void);
+
+/* ---- names.c: the names of exports and nodes, as every layer checks them ---- */
+bool export_name_ok(const char *name);      /* 1..64 of [A-Za-z0-9._:/-] */
+/* A node name as exports' peer lists and the fabric spell it: 1..64 of [A-Za-z0-9._-]. */
+bool export_node_name_ok(const char *name);
 
 /* ---- gpxd.c: the daemon's clock, when it started, the socket it serves (set by levent.c) ---- */
 double now_s(void);                 /* CLOCK_MONOTONIC, in seconds */

@@ -34,6 +34,7 @@
 #include <event2/thread.h>
 
 #include "gpxd.h"
+#include "cluster/cluster.h"
 #include "fabric/fabric.h"
 
 

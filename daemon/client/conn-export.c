@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "daemon/client/conn-private.h"
+#include "daemon/cluster/cluster.h"
 #include "daemon/fabric/fabric.h"
 
 /* ---- exports ---- */

@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 
 #include "daemon/gpxd.h"
+#include "daemon/cluster/cluster.h"
 #include "daemon/fabric/fabric.h"
 
 static const char *state_names[] = { "hello", "ready", "draining", "dead" };

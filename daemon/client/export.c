@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "daemon/gpxd.h"
+#include "daemon/cluster/cluster.h"
 
 struct export_list exports = TAILQ_HEAD_INITIALIZER(exports);
 
@@ -25,27 +26,6 @@ export_find(const char *name)
 		if (strcmp(e->name, name) == 0)
 			return e;
 	return NULL;
-}
-
-/* 1..64 bytes of [A-Za-z0-9._:/-]: printable in logs and safe in JSON and metrics labels. */
-bool
-export_name_ok(const char *name)
-{
-	size_t n = strlen(name);
-
-	if (n == 0 || n > 64)
-		return false;
-	return strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-") == n;
-}
-
-/* 1..64 of [A-Za-z0-9._-]; no ':', which separates NODE from name in imports of NODE:name. */
-bool
-export_node_name_ok(const char *n)
-{
-	size_t l = n ? strlen(n) : 0;
-
-	return l > 0 && l <= 64 &&
-	    strspn(n, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == l;
 }
 
 int

@@ -29,6 +29,7 @@
 #include <event2/util.h>
 
 #include "daemon/gpxd.h"
+#include "daemon/cluster/cluster.h"
 #include "daemon/fabric/fabric.h"
 
 #define NBUCKETS 19                  /* finite bucket bounds; +Inf is the count */

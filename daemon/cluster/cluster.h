@@ -21,29 +21,17 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "daemon/gpxd.h"          /* struct cluster_conf, in struct conf */
+
 struct event_base;
 struct conn;
 struct evbuffer;
 
-/* [cluster] of gpxd.conf (a member of struct conf; strings owned, NULL = unset). */
-struct cluster_conf {
-	char *etcd;                  /* "http://host:port,https://..."; NULL: the cluster is off */
-	char *prefix;                /* keys live under it; NULL = "/gpx" */
-	uint32_t lease_ttl;          /* seconds; 0 = 10 */
-	char *cacert, *cert, *key;   /* TLS to etcd */
-	char *auth_file;             /* "user:password" for etcd's own authentication */
-};
 /* One key of [cluster]: 0, or -1 with why (the caller names the file and line). */
 int cluster_conf_key(struct cluster_conf *, const char *key, const char *v, char *why, size_t whylen);
 void cluster_conf_free(struct cluster_conf *);
 /* main.c, before the first load: [cluster] is read by this folder's code (conf_add_section). */
 void cluster_conf_register(void);
-
-static inline bool
-cluster_configured(const struct cluster_conf *cc)
-{
-	return cc->etcd != NULL;
-}
 
 /*
  * levent.c, after the fabric: joins the cluster.  It waits (running the loop) for the first

@@ -97,6 +97,13 @@ static int nsections;
 
 static pthread_mutex_t conf_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_uint conf_gen;
+static int (*metrics_ok)(const char *, bool, char *, size_t);
+
+void
+conf_metrics_check(int (*fn)(const char *spec, bool allow_remote, char *err, size_t errlen))
+{
+	metrics_ok = fn;
+}
 
 int
 conf_add_section(const struct conf_section *s)
@@ -533,8 +540,8 @@ check_whole(struct parse *p)
 	char why[256];
 	struct stat st;
 
-	if (c->metrics_listen != NULL &&
-	    metrics_check(c->metrics_listen, c->metrics_allow_remote, why, sizeof(why)) < 0) {
+	if (c->metrics_listen != NULL && metrics_ok != NULL &&
+	    metrics_ok(c->metrics_listen, c->metrics_allow_remote, why, sizeof(why)) < 0) {
 		snprintf(p->err, p->errlen, "%d: bad value '%s' for daemon.metrics: %s",
 		    line_of(p, "daemon", "metrics"), c->metrics_listen, why);
 		return -1;
