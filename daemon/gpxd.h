@@ -497,6 +497,22 @@ struct chunk {
 	uint32_t pieces;             /* segments (or parts of them) the chunk touches */
 };
 
+/*
+ * The engine's chunks, as its back ends take them (the GPU copy workers, the fabric's
+ * requests): engine_init hands this table to each back end (gpu_chunks_from,
+ * fabric_chunks_from), which reaches the engine through it alone.
+ */
+struct chunk_source {
+	/* The next chunk of the path, round-robin over uids, their clients, their jobs. */
+	bool (*next)(enum path_kind, struct chunk *, bool wait, uint64_t max_bytes, uint32_t max_segs);
+	/* The same from the first small job (ENGINE_SMALL_JOB bytes or less), never waiting. */
+	bool (*next_small)(enum path_kind, struct chunk *, uint32_t max_segs);
+	bool (*has_work)(enum path_kind);
+	/* The chunk is copied (ok) or failed; the job's last one finishes it. */
+	void (*done)(struct chunk *, bool ok);
+	uint32_t (*pair_of)(const struct job *, uint32_t seg);
+};
+
 int engine_init(int workers, uint64_t chunk);
 /* Hears every finished transfer (any thread, before its completion is posted): the metrics. */
 void engine_on_done(void (*fn)(const struct job *, int status));
@@ -675,6 +691,8 @@ int gpu_count(void);
 const char *gpu_status(void);
 /* What an idle copy worker lends its core to (xfer_help: a long page list's check), set at start. */
 void gpu_on_idle(void (*fn)(void));
+/* Where the copy workers take their chunks from: the engine's, set by engine_init. */
+void gpu_chunks_from(const struct chunk_source *);
 void gpu_topo(Gpx__QueryReply *);
 void gpu_topo_free(Gpx__QueryReply *);
 const char *gpu_pci(int dev);                /* its PCI bus id, NULL for none */

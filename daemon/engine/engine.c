@@ -175,6 +175,17 @@ engine_on_done(void (*fn)(const struct job *, int status))
 int
 engine_init(int nthreads, uint64_t chunk)
 {
+	static const struct chunk_source source = {
+		.next = engine_next_chunk,
+		.next_small = engine_next_small_chunk,
+		.has_work = engine_has_work,
+		.done = engine_chunk_done,
+		.pair_of = engine_pair_of,
+	};
+
+	/* The back ends take their chunks through this table, never by calling up here. */
+	gpu_chunks_from(&source);
+	fabric_chunks_from(&source);
 	chunk_size = chunk;
 	quit = false;
 	for (int p = 0; p < NPATHS; p++) {

@@ -22,6 +22,14 @@ gpu_stats(struct fabric_gpu_stats *g)
 
 /* The hooks, set by levent.c from fabric_init: NULL while the fabric is off. */
 const struct fabric_ops *fabric;
+/* The engine's chunks of PATH_FABRIC (request.c takes them), set by engine_init. */
+const struct chunk_source *fabric_chunks;
+
+void
+fabric_chunks_from(const struct chunk_source *s)
+{
+	fabric_chunks = s;
+}
 
 static const struct fabric_ops ops = {
 	.import = peer_import,                       /* peer.c */

@@ -99,6 +99,9 @@ fabric_configured(const struct conf *c)
 	return c->fabric_listen != NULL || c->fabric_peers != NULL || c->fabric_dial_on_demand;
 }
 
+/* Where the fabric's requests take the chunks of PATH_FABRIC from: set by engine_init. */
+void fabric_chunks_from(const struct chunk_source *);
+
 /* Loop thread, after engine_init and gpu_init: starts the fabric; NULL when it cannot (said
  * in the log). */
 const struct fabric_ops *fabric_init(struct event_base *);

@@ -241,6 +241,7 @@ void remote_start(void);                     /* Releases may be queued from now 
 void remote_stop(void);                      /* ... no longer: those queued are dropped */
 
 /* ---- request.c: our requests to peers, the engine's PATH_FABRIC ---- */
+extern const struct chunk_source *fabric_chunks;   /* the engine's (fabric.c) */
 int request_init(struct event_base *);
 void request_shutdown(void);
 void request_kick(void);                     /* any thread (the kick hook): new work, or Releases */

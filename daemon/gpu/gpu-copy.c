@@ -20,9 +20,9 @@
  * page list in pinned memory (the page arena), which the kernel reads in place: no list is
  * built or staged per chunk, and a chunk is a byte range of up to BULK_CHUNK.
  *
- * The workers pull their work from the engine (engine_next_chunk, engine_chunk_done): calls
- * up into the middle layer, kept because a pull is the simplest way for a back end that
- * decides for itself when it has room.
+ * The workers pull their work from the engine, through the chunk source engine_init hands
+ * down (gpu_chunks_from): a pull is the simplest way for a back end that decides for itself
+ * when it has room, and through the table it calls nothing of the layer above.
  */
 #include "config.h"
 
@@ -90,11 +90,18 @@ static atomic_bool fault_sticky;
 static bool start_marks;
 static volatile bool gpu_quit;
 static void (*idle_hook)(void);
+static const struct chunk_source *chunks;
 
 void
 gpu_on_idle(void (*fn)(void))
 {
 	idle_hook = fn;
+}
+
+void
+gpu_chunks_from(const struct chunk_source *s)
+{
+	chunks = s;
 }
 
 /* ---- the page arena: pinned page lists the kernel reads in place ---- */
@@ -295,7 +302,7 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s)
 	const bool quick = s == S_QUICK;
 	const bool all = quick || (pieces >= KERNEL_MIN_SEGS && c->bytes / pieces <= KERNEL_MAX_AVG);
 	struct gpu_kseg *k = g->kstage[slot];
-	uint32_t nk = 0, p = engine_pair_of(j, c->seg), cur = UINT32_MAX;
+	uint32_t nk = 0, p = chunks->pair_of(j, c->seg), cur = UINT32_MAX;
 	uint64_t src = 0, dst = 0, left = c->bytes, off = c->off, kbytes = 0;
 	bool peer = false, reach = false;
 	int r = 0;
@@ -368,7 +375,7 @@ issue(struct gdev *g, struct chunk *c)
 	if (r < 0) {
 		/* Nothing queued for this chunk can be trusted: wait for the stream, then fail it. */
 		cuda_stream_sync(g->stream[s]);
-		engine_chunk_done(c, false);
+		chunks->done(c, false);
 		return r;
 	}
 	int at = (g->phead[s] + g->npend[s]) % PEND_MAX;
@@ -411,7 +418,7 @@ reap(struct gdev *g)
 			g->slot_busy[p->slot] = false;
 			g->phead[s] = (g->phead[s] + 1) % PEND_MAX;
 			g->npend[s]--;
-			engine_chunk_done(&p->c, true);
+			chunks->done(&p->c, true);
 			n++;
 		}
 	}
@@ -467,11 +474,11 @@ gpu_worker(void *arg)
 		bool bulk_room;
 		while (pending < PEND_MAX && ((bulk_room = g->npend[S_BULK] + g->npend[S_BULK2] < PEND_MAX / 2) ||
 		    g->npend[S_QUICK] < QUICK_SHARE) &&
-		    (engine_has_work(path) || (pending == 0 && mono_ns() - idle_since > spin_ns))) {
+		    (chunks->has_work(path) || (pending == 0 && mono_ns() - idle_since > spin_ns))) {
 			/* Block only when idle for a while: the spin keeps small-copy latency low. */
-			bool wait = pending == 0 && !engine_has_work(path);
-			if (!(bulk_room ? engine_next_chunk(path, &c, wait, BULK_CHUNK, KSEG_MAX) :
-			    engine_next_small_chunk(path, &c, KSEG_MAX)))
+			bool wait = pending == 0 && !chunks->has_work(path);
+			if (!(bulk_room ? chunks->next(path, &c, wait, BULK_CHUNK, KSEG_MAX) :
+			    chunks->next_small(path, &c, KSEG_MAX)))
 				break;
 			issue(g, &c);
 			pending = g->npend[S_BULK] + g->npend[S_BULK2] + g->npend[S_QUICK];

@@ -45,3 +45,4 @@ void vmm_sweep(uint64_t owner) { (void)owner; }
 uint64_t vmm_stats(uint64_t *hits, uint32_t *pieces) { *hits = 0; *pieces = 0; return 0; }
 int gpu_dev_by_uuid(const uint8_t uuid[16]) { (void)uuid; return -1; }
 void gpu_on_idle(void (*fn)(void)) { (void)fn; }
+void gpu_chunks_from(const struct chunk_source *s) { (void)s; }
