@@ -647,11 +647,31 @@ uint32_t export_count(void);
 
 /* ---- xfer.c: turning a Transfer message into a checked job ---- */
 void xfer_help(void);
-int xfer_build(struct conn *, const Gpx__Transfer *, int segfd, struct job **out, char *err, size_t errlen);
-int xfer_set_area(struct conn *, int fd, uint64_t length, char *err, size_t errlen);
-/* bytes at off of the connection's segment area, 8-byte aligned and inside it, or NULL. */
-const unsigned char *xfer_area(const struct conn *, uint64_t off, uint64_t bytes);
-void xfer_drop_area(struct conn *);
+/*
+ * Who asks for a transfer, as xfer_build needs it: the connection's layer fills it in for the
+ * request and keeps what it points to alive until xfer_build returns.
+ */
+struct xfer_from {
+	uint64_t client;             /* its id */
+	uint32_t epoch;              /* of its region ids: another's are refused as not its own */
+	uint32_t version;            /* the protocol it speaks */
+	struct cq *cq;
+	struct user *user;
+	const unsigned char *area;   /* its segment area (xfer_set_area), or NULL */
+	size_t area_len;
+	struct logwho who;           /* its share of the log, for refusals */
+	/* the region its id names, with whether its handle is read-only; NULL if none */
+	struct region *(*region)(void *arg, uint64_t id, bool *read_only);
+	void *arg;
+};
+int xfer_build(const struct xfer_from *, const Gpx__Transfer *, int segfd, struct job **out, char *err,
+    size_t errlen);
+/* A client's segment area: its memfd of length bytes mapped read-only, replacing the last one. */
+int xfer_set_area(const unsigned char **area, size_t *area_len, int fd, uint64_t length, char *err,
+    size_t errlen);
+void xfer_drop_area(const unsigned char **area, size_t *area_len);
+/* bytes at off of a segment area, 8-byte aligned and inside it, or NULL. */
+const unsigned char *xfer_area(const unsigned char *area, size_t area_len, uint64_t off, uint64_t bytes);
 
 /* ---- ctl.c: answers to Query and Admin ---- */
 void ctl_query(struct conn *, uint32_t seq, const Gpx__Query *);

@@ -260,7 +260,7 @@ req_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int
 			return;
 		}
 		if (m->piece_count > cfg->max_segs || m->alloc_size == 0 ||
-		    (pieces = xfer_area(c, m->area_offset, (uint64_t)m->piece_count * sizeof(struct gpx_wire_piece))) == NULL) {
+		    (pieces = xfer_area(c->area, c->area_len, m->area_offset, (uint64_t)m->piece_count * sizeof(struct gpx_wire_piece))) == NULL) {
 			snprintf(err, sizeof(err), "%u pieces at %llu: 1..%u records inside the segment area "
 			    "(%zu bytes), of a reservation of a size", m->piece_count,
 			    (unsigned long long)m->area_offset, cfg->max_segs, c->area_len);

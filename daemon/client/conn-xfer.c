@@ -21,6 +21,18 @@ refuse(struct conn *c, uint32_t seq, uint64_t tag, int status, const char *why)
 	conn_reply(c, seq, status, why, &rep, NULL, 0);
 }
 
+/* The region a connection's id names, for xfer_build; NULL if it has no such handle. */
+static struct region *
+handle_region(void *arg, uint64_t id, bool *read_only)
+{
+	struct rhandle *h = conn_handle(arg, id);
+
+	if (h == NULL)
+		return NULL;
+	*read_only = h->read_only;
+	return h->r;
+}
+
 /* Handles a Transfer; returns once its segments have been copied in or it was refused. */
 static void
 transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfds)
@@ -46,7 +58,10 @@ transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfd
 		    "completion ring broken");
 		return;
 	}
-	if ((r = xfer_build(c, m, nfds ? fds[0] : -1, &j, err, sizeof(err))) < 0) {
+	struct xfer_from from = { .client = c->id, .epoch = c->epoch, .version = c->version, .cq = c->cq,
+		.user = c->user, .area = c->area, .area_len = c->area_len, .who = conn_who(c),
+		.region = handle_region, .arg = c };
+	if ((r = xfer_build(&from, m, nfds ? fds[0] : -1, &j, err, sizeof(err))) < 0) {
 		cq_unreserve(c->cq);
 		atomic_fetch_add(&c->cq->errors, 1);
 		metrics_refused(c, -r);
@@ -61,6 +76,7 @@ transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfd
 		cq_ref(c->cq);
 		j->cq = c->cq;
 		j->user = c->user;
+		j->t_recv = conn_last_input;
 		engine_submit(j);
 		j = next;
 	}
@@ -164,7 +180,7 @@ req_seg_area(struct conn *c, uint32_t seq, const Gpx__SegArea *m, int *fds, int 
 		reply_err(c, seq, GPX__STATUS__EPROTO, "SegArea takes exactly one memfd");
 		return;
 	}
-	if ((r = xfer_set_area(c, fds[0], m->length, err, sizeof(err))) < 0) {
+	if ((r = xfer_set_area(&c->area, &c->area_len, fds[0], m->length, err, sizeof(err))) < 0) {
 		log_audit(c, "segment area: %s", err);
 		reply_err(c, seq, -r, err);
 		return;

@@ -290,7 +290,7 @@ conn_accept(int fd, bool admins_only)
 
 /* ---- the log's lines about a client ---- */
 
-static struct logwho
+struct logwho
 conn_who(struct conn *c)
 {
 	return (struct logwho){ .client = c->id, .uid = c->uid, .pid = c->pid, .name = c->name,
@@ -595,7 +595,7 @@ conn_kill(struct conn *c, const char *why)
 			export_remove(e);
 	handles_release(c);
 	vmm_sweep(c->id);      /* pieces sent and never taken up by a region */
-	xfer_drop_area(c);
+	xfer_drop_area(&c->area, &c->area_len);
 	if (c->cq != NULL) {
 		cq_unref(c->cq);
 		c->cq = NULL;

@@ -256,8 +256,9 @@ engine_submit(struct job *j)
 	struct equeue *q = &j->cq->eq[j->path];
 	struct uqueue *u = &j->user->uq[j->path];
 
-	/* The loop read this request's message last (or one after it: never before submission). */
-	j->t_recv = conn_last_input > 0 && conn_last_input <= j->t_submit ? conn_last_input : j->t_submit;
+	/* The loop read this request's message last (or one after it: never before submission);
+	 * the caller says when (t_recv), or the submission stands for it. */
+	j->t_recv = j->t_recv > 0 && j->t_recv <= j->t_submit ? j->t_recv : j->t_submit;
 	pthread_mutex_lock(&elock);
 	TAILQ_INSERT_TAIL(&live, j, ae);
 	nlive++;

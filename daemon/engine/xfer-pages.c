@@ -127,7 +127,7 @@ pages_limits(const struct job *j, uint64_t ps, uint64_t *ls, uint64_t *ld)
 
 /* The refusal of a page list with a page out of some pair's region: which, from the copy. */
 static int
-pages_refused(const struct job *j, const struct gpx_wire_page *pg, uint32_t n, uint64_t ps, struct conn *c,
+pages_refused(const struct job *j, const struct gpx_wire_page *pg, uint32_t n, uint64_t ps, const struct xfer_from *c,
     char *err, size_t errlen)
 {
 	for (uint32_t k = 0; k < j->npairs; k++) {
@@ -141,7 +141,7 @@ pages_refused(const struct job *j, const struct gpx_wire_page *pg, uint32_t n, u
 				    (unsigned long long)ps, (unsigned long long)p->src_base,
 				    (unsigned long long)p->dst_base, k, (unsigned long long)p->src->length,
 				    (unsigned long long)p->dst->length);
-				log_audit(c, "%s", err);
+				xfer_audit(c, "%s", err);
 				return -GPX__STATUS__ERANGE;
 			}
 	}
@@ -157,7 +157,7 @@ pages_refused(const struct job *j, const struct gpx_wire_page *pg, uint32_t n, u
  * array that becomes plain segments.
  */
 int
-xfer_take_pages(struct job *j, const unsigned char *in, uint32_t n, uint64_t ps, struct conn *c,
+xfer_take_pages(struct job *j, const unsigned char *in, uint32_t n, uint64_t ps, const struct xfer_from *c,
     struct charge *ch, char *err, size_t errlen)
 {
 	const uint64_t items = (uint64_t)j->npairs * n;

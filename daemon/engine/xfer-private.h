@@ -19,20 +19,23 @@
 #define SEG_LIMIT (1ull << 62)
 #define SEG_BAD (~(SEG_LIMIT - 1))
 
+/* A refusal in the log, within the asker's share. */
+void xfer_audit(const struct xfer_from *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /*
  * Charges bytes to the request's budgets before they are allocated; a refusal is logged.  A
  * connection without a completion ring (the unit tests' fake one) runs no transfer and is not
  * charged.
  */
-int xfer_charge(struct charge *, uint64_t bytes, struct conn *, char *err, size_t errlen);
+int xfer_charge(struct charge *, uint64_t bytes, const struct xfer_from *, char *err, size_t errlen);
 
 /* Bytes of a private segment array of n segments with its blocks[]. */
 uint64_t xfer_segs_bytes(uint32_t n);
 /* The job's private segment array (j->nseg of them), with room for blocks[] after it, charged. */
-int xfer_segs_alloc(struct job *, struct charge *, struct conn *, char *err, size_t errlen);
+int xfer_segs_alloc(struct job *, struct charge *, const struct xfer_from *, char *err, size_t errlen);
 
 /* Takes and checks the n page records at `in` for every pair of j (xfer-pages.c). */
-int xfer_take_pages(struct job *, const unsigned char *in, uint32_t n, uint64_t page_size, struct conn *,
+int xfer_take_pages(struct job *, const unsigned char *in, uint32_t n, uint64_t page_size, const struct xfer_from *,
     struct charge *, char *err, size_t errlen);
 
 #endif

@@ -27,22 +27,34 @@
 #include "daemon/engine/xfer-private.h"
 #include "daemon/fabric/fabric.h"
 
-static int
-resolve(struct conn *c, uint64_t id, const char *which, struct rhandle **out, char *err, size_t errlen)
+/* A refusal in the log, within the asker's share (its struct logwho came with the request). */
+void
+xfer_audit(const struct xfer_from *c, const char *fmt, ...)
 {
-	struct rhandle *h = conn_handle(c, id);
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vrefused(&c->who, fmt, ap);
+	va_end(ap);
+}
+
+static int
+resolve(const struct xfer_from *c, uint64_t id, const char *which, struct region **out, bool *read_only,
+    char *err, size_t errlen)
+{
+	struct region *h = c->region(c->arg, id, read_only);
 
 	if (h == NULL) {
 		if ((uint32_t)(id >> 32) != c->epoch && id != 0) {
 			snprintf(err, errlen, "%s region %#llx is not this connection's", which,
 			    (unsigned long long)id);
-			log_audit(c, "%s", err);
+			xfer_audit(c, "%s", err);
 			return -GPX__STATUS__EACCES;
 		}
 		snprintf(err, errlen, "no %s region %#llx", which, (unsigned long long)id);
 		return -GPX__STATUS__ENOENT;
 	}
-	if (atomic_load(&h->r->revoked)) {
+	if (atomic_load(&h->revoked)) {
 		snprintf(err, errlen, "%s region %#llx was withdrawn by its owner", which,
 		    (unsigned long long)id);
 		return -GPX__STATUS__EREVOKED;
@@ -53,21 +65,22 @@ resolve(struct conn *c, uint64_t id, const char *which, struct rhandle **out, ch
 
 /* Both regions of a pair for this connection, the destination writable, local or remote. */
 static int
-resolve_pair(struct conn *c, uint64_t src, uint64_t dst, struct rhandle **sh, struct rhandle **dh,
+resolve_pair(const struct xfer_from *c, uint64_t src, uint64_t dst, struct region **sh, struct region **dh,
     char *err, size_t errlen)
 {
+	bool src_ro, dst_ro;
 	int r;
 
-	if ((r = resolve(c, src, "source", sh, err, errlen)) < 0 ||
-	    (r = resolve(c, dst, "destination", dh, err, errlen)) < 0)
+	if ((r = resolve(c, src, "source", sh, &src_ro, err, errlen)) < 0 ||
+	    (r = resolve(c, dst, "destination", dh, &dst_ro, err, errlen)) < 0)
 		return r;
-	if ((*dh)->read_only || (*dh)->r->read_only) {
+	if (dst_ro || (*dh)->read_only) {
 		snprintf(err, errlen, "destination region %#llx is read-only", (unsigned long long)dst);
-		log_audit(c, "%s", err);
+		xfer_audit(c, "%s", err);
 		return -GPX__STATUS__EACCES;
 	}
 	/* fabric: another node's region on one side (without the fabric, no region is remote) */
-	return fabric != NULL ? fabric->xfer_check((*sh)->r, (*dh)->r, err, errlen) : 0;
+	return fabric != NULL ? fabric->xfer_check(*sh, *dh, err, errlen) : 0;
 }
 
 static int
@@ -95,7 +108,7 @@ inside(uint64_t off, uint64_t len, uint64_t size)
 }
 
 static int
-seg_refused(struct conn *c, uint32_t i, const struct gpx_wire_seg *g, const struct region *src,
+seg_refused(const struct xfer_from *c, uint32_t i, const struct gpx_wire_seg *g, const struct region *src,
     const struct region *dst, char *err, size_t errlen)
 {
 	snprintf(err, errlen, "segment %u (%llu+%llu -> %llu+%llu) leaves its region "
@@ -103,7 +116,7 @@ seg_refused(struct conn *c, uint32_t i, const struct gpx_wire_seg *g, const stru
 	    (unsigned long long)g->src_offset, (unsigned long long)g->length,
 	    (unsigned long long)g->dst_offset, (unsigned long long)g->length,
 	    (unsigned long long)src->length, (unsigned long long)dst->length);
-	log_audit(c, "%s", err);
+	xfer_audit(c, "%s", err);
 	return -GPX__STATUS__ERANGE;
 }
 
@@ -114,7 +127,7 @@ typedef uint64_t seg_pair __attribute__((vector_size(16), aligned(8)));
 /* The slow path of a refused request: which segment, from the private copy, for the message. */
 static int
 segs_refused(const struct job *j, const struct region *src, const struct region *dst,
-    struct conn *c, char *err, size_t errlen)
+    const struct xfer_from *c, char *err, size_t errlen)
 {
 	const uint64_t slen = src->length < SEG_LIMIT ? src->length : SEG_LIMIT - 1;
 	const uint64_t dlen = dst->length < SEG_LIMIT ? dst->length : SEG_LIMIT - 1;
@@ -129,7 +142,7 @@ segs_refused(const struct job *j, const struct region *src, const struct region 
 			break;
 	}
 	snprintf(err, errlen, "the %u segments add up to 2^62 bytes or more", j->nseg);
-	log_audit(c, "%s", err);
+	xfer_audit(c, "%s", err);
 	return -GPX__STATUS__ERANGE;
 }
 
@@ -144,7 +157,7 @@ segs_refused(const struct job *j, const struct region *src, const struct region 
  */
 static int
 check_segs(struct job *j, const struct gpx_wire_seg *in, const struct region *src,
-    const struct region *dst, struct conn *c, char *err, size_t errlen)
+    const struct region *dst, const struct xfer_from *c, char *err, size_t errlen)
 {
 	const seg_pair lim = { src->length < SEG_LIMIT ? src->length : SEG_LIMIT - 1,
 	    dst->length < SEG_LIMIT ? dst->length : SEG_LIMIT - 1 };
@@ -211,7 +224,7 @@ check_run(struct job *j, uint32_t at, const struct gpx_wire_seg *in, uint32_t n,
 /* Takes n segments in from the segment area, a memfd or the message, and checks them. */
 static int
 take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int fd,
-    const struct region *src, const struct region *dst, struct conn *c, char *err, size_t errlen)
+    const struct region *src, const struct region *dst, const struct xfer_from *c, char *err, size_t errlen)
 {
 	uint32_t n = j->nseg;
 
@@ -237,14 +250,14 @@ take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int
 }
 
 int
-xfer_charge(struct charge *ch, uint64_t bytes, struct conn *c, char *err, size_t errlen)
+xfer_charge(struct charge *ch, uint64_t bytes, const struct xfer_from *c, char *err, size_t errlen)
 {
 	int r;
 
 	if (ch->cq == NULL)
 		return 0;
 	if ((r = budget_charge(ch, bytes, err, errlen)) < 0)
-		log_audit(c, "%s", err);
+		xfer_audit(c, "%s", err);
 	return r;
 }
 
@@ -255,7 +268,7 @@ xfer_segs_bytes(uint32_t n)
 }
 
 int
-xfer_segs_alloc(struct job *j, struct charge *ch, struct conn *c, char *err, size_t errlen)
+xfer_segs_alloc(struct job *j, struct charge *ch, const struct xfer_from *c, char *err, size_t errlen)
 {
 	int r;
 
@@ -270,9 +283,9 @@ xfer_segs_alloc(struct job *j, struct charge *ch, struct conn *c, char *err, siz
 	return 0;
 }
 
-/* Maps the client's segment area read-only, replacing the previous one. */
+/* Maps a client's segment area read-only into *area, replacing the previous one. */
 int
-xfer_set_area(struct conn *c, int fd, uint64_t length, char *err, size_t errlen)
+xfer_set_area(const unsigned char **area, size_t *area_len, int fd, uint64_t length, char *err, size_t errlen)
 {
 	struct stat st;
 	void *p;
@@ -288,27 +301,27 @@ xfer_set_area(struct conn *c, int fd, uint64_t length, char *err, size_t errlen)
 		snprintf(err, errlen, "mapping the segment area: %s", strerror(errno));
 		return -GPX__STATUS__ENOMEM;
 	}
-	xfer_drop_area(c);
-	c->area = p;
-	c->area_len = length;
+	xfer_drop_area(area, area_len);
+	*area = p;
+	*area_len = length;
 	return 0;
 }
 
 void
-xfer_drop_area(struct conn *c)
+xfer_drop_area(const unsigned char **area, size_t *area_len)
 {
-	if (c->area != NULL)
-		munmap((void *)c->area, c->area_len);
-	c->area = NULL;
-	c->area_len = 0;
+	if (*area != NULL)
+		munmap((void *)*area, *area_len);
+	*area = NULL;
+	*area_len = 0;
 }
 
 const unsigned char *
-xfer_area(const struct conn *c, uint64_t off, uint64_t bytes)
+xfer_area(const unsigned char *area, size_t area_len, uint64_t off, uint64_t bytes)
 {
-	if (c->area == NULL || off % 8 != 0 || !inside(off, bytes, c->area_len))
+	if (area == NULL || off % 8 != 0 || !inside(off, bytes, area_len))
 		return NULL;
-	return c->area + off;
+	return area + off;
 }
 
 /* What a job of npairs pairs is, without its lists. */
@@ -328,7 +341,7 @@ job_footprint(const struct job *j)
 
 /* A job with one pair slot, or npairs of its own, charged first; NULL with err set. */
 static struct job *
-job_new(uint32_t npairs, struct charge *ch, struct conn *c, int *r, char *err, size_t errlen)
+job_new(uint32_t npairs, struct charge *ch, const struct xfer_from *c, int *r, char *err, size_t errlen)
 {
 	struct job *j;
 
@@ -409,11 +422,11 @@ job_drop(struct job *j)
 
 /* What every job of a transfer carries; its path, unless the page kernel chose one. */
 static void
-job_finish_build(struct job *j, const Gpx__Transfer *t, struct conn *c, double t_build)
+job_finish_build(struct job *j, const Gpx__Transfer *t, const struct xfer_from *c, double t_build)
 {
 	j->tag = t->tag;
 	j->flags = t->flags;
-	j->client = c->id;
+	j->client = c->client;
 	j->t_build = t_build;
 	if (j->pages == NULL)
 		j->path = engine_path_for(j->src, j->dst);
@@ -426,7 +439,7 @@ job_finish_build(struct job *j, const Gpx__Transfer *t, struct conn *c, double t
  * copied and checked.  Any refusal refuses the whole batch, before any job is handed over.
  */
 static int
-build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, struct charge *ch, char *err,
+build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct job **out, struct charge *ch, char *err,
     size_t errlen, double t_build)
 {
 	const bool pages = t->page_size > 0;
@@ -446,8 +459,8 @@ build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out,
 		    "area, and nothing else", GPX_PAIRS_MAX);
 		return -GPX__STATUS__EPROTO;
 	}
-	if (n > cfg->max_segs || (wp = xfer_area(c, t->pair_offset, (uint64_t)np * sizeof(*pr))) == NULL ||
-	    (list = xfer_area(c, t->area_offset, (uint64_t)n * (pages ? sizeof(struct gpx_wire_page) :
+	if (n > cfg->max_segs || (wp = xfer_area(c->area, c->area_len, t->pair_offset, (uint64_t)np * sizeof(*pr))) == NULL ||
+	    (list = xfer_area(c->area, c->area_len, t->area_offset, (uint64_t)n * (pages ? sizeof(struct gpx_wire_page) :
 	    sizeof(struct gpx_wire_seg)))) == NULL) {
 		snprintf(err, errlen, "%u pairs at %llu and %u %s at %llu: at most %u, inside the segment "
 		    "area (%zu bytes)", np, (unsigned long long)t->pair_offset, n, pages ? "pages" : "segments",
@@ -470,18 +483,18 @@ build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out,
 	memcpy(pr, (const void *)wp, np * sizeof(*pr));
 	uint64_t nsegs = 0;
 	for (uint32_t k = 0; k < np && r == 0; k++) {
-		struct rhandle *sh, *dh;
+		struct region *sh, *dh;
 		if ((r = resolve_pair(c, pr[k].src_region, pr[k].dst_region, &sh, &dh, err, errlen)) < 0)
 			break;
-		if (sh->r->kind == GPX__MEM_KIND__MEM_REMOTE || dh->r->kind == GPX__MEM_KIND__MEM_REMOTE) {
+		if (sh->kind == GPX__MEM_KIND__MEM_REMOTE || dh->kind == GPX__MEM_KIND__MEM_REMOTE) {
 			snprintf(err, errlen, "pair %u: a batch moves memory of this node; copy to or from another "
 			    "node's region one transfer at a time", k);
 			r = -GPX__STATUS__ENOTSUP;
 			break;
 		}
-		jp[k] = (struct jpair){ .src = sh->r, .dst = dh->r, .src_base = pr[k].src_offset,
+		jp[k] = (struct jpair){ .src = sh, .dst = dh, .src_base = pr[k].src_offset,
 		    .dst_base = pr[k].dst_offset };
-		path[k] = engine_path_for(sh->r, dh->r);
+		path[k] = engine_path_for(sh, dh);
 		if (!pages && ((uint64_t)pr[k].seg_first + pr[k].seg_count > n || pr[k].seg_count == 0)) {
 			snprintf(err, errlen, "pair %u names segments %u..%u of a list of %u", k, pr[k].seg_first,
 			    pr[k].seg_first + pr[k].seg_count, n);
@@ -536,7 +549,7 @@ build_batch(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out,
 		if (bad) {
 			snprintf(err, errlen, "a segment of the batch leaves its pair's region, or the segments "
 			    "add up to 2^62 bytes or more");
-			log_audit(c, "%s", err);
+			xfer_audit(c, "%s", err);
 			r = -GPX__STATUS__ERANGE;
 			break;
 		}
@@ -609,10 +622,10 @@ out:
 }
 
 static int
-build_one(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, struct charge *ch, char *err,
+build_one(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct job **out, struct charge *ch, char *err,
     size_t errlen, double t_build)
 {
-	struct rhandle *sh, *dh;
+	struct region *sh, *dh;
 	const unsigned char *table = NULL;
 	uint32_t n;
 	int r;
@@ -635,7 +648,7 @@ build_one(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, s
 	}
 	/* The claimed count is checked against the area or memfd before anything is allocated. */
 	if (t->seg_count > 0 && segfd < 0 &&
-	    (table = xfer_area(c, t->area_offset, (uint64_t)n * (t->page_size > 0 ?
+	    (table = xfer_area(c->area, c->area_len, t->area_offset, (uint64_t)n * (t->page_size > 0 ?
 	    sizeof(struct gpx_wire_page) : sizeof(struct gpx_wire_seg)))) == NULL) {
 		snprintf(err, errlen, "%u segments at %llu leave the segment area (%zu bytes)", n,
 		    (unsigned long long)t->area_offset, c->area_len);
@@ -647,14 +660,14 @@ build_one(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, s
 	struct job *j = job_new(1, ch, c, &r, err, errlen);
 	if (j == NULL)
 		return r;
-	j->one = (struct jpair){ .src = sh->r, .dst = dh->r, .src_base = t->src_offset,
+	j->one = (struct jpair){ .src = sh, .dst = dh, .src_base = t->src_offset,
 	    .dst_base = t->dst_offset, .seg_end = n };
 	if (t->page_size > 0)
 		r = xfer_take_pages(j, table, n, t->page_size, c, ch, err, errlen);
 	else {
 		j->nseg = n;
 		if ((r = xfer_segs_alloc(j, ch, c, err, errlen)) == 0)
-			r = take_segs(j, t, table, segfd, sh->r, dh->r, c, err, errlen);
+			r = take_segs(j, t, table, segfd, sh, dh, c, err, errlen);
 		j->one.bytes = j->total;
 	}
 	if (r == 0)
@@ -669,7 +682,7 @@ build_one(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, s
 }
 
 int
-xfer_build(struct conn *c, const Gpx__Transfer *t, int segfd, struct job **out, char *err, size_t errlen)
+xfer_build(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct job **out, char *err, size_t errlen)
 {
 	struct charge ch = { .cq = c->cq, .user = c->user };
 	double t_build = log_level_debug() ? now_s() : 0;    /* for the engine's debug line */
