@@ -591,6 +591,18 @@ struct conn {
 TAILQ_HEAD(conn_list, conn);
 extern struct conn_list conns;
 extern double conn_last_input;      /* when any client last sent something (now_s) */
+/*
+ * What the event loop does for the connections, handed over by levent.c at start (conn_init);
+ * until then (tests that drive connections directly) nothing: no timers, no events, no reload.
+ */
+struct conn_loop {
+	struct event_base *base;     /* for the connections' own timers */
+	void (*unwatch)(struct conn *);              /* its socket and pidfd are no longer watched */
+	void (*request_reap)(void);                  /* any thread: dead connections are freed soon */
+	int (*reload)(char *msg, size_t msglen);     /* Admin's reload: gpxd.conf read again */
+};
+extern const struct conn_loop *conn_loop;
+void conn_init(const struct conn_loop *);
 struct conn *conn_new(int fd);
 /*
  * A connection accept(2) returned: admitted by the limits on connections (per uid, hello_max,
@@ -644,6 +656,8 @@ bool export_admits_peer(const struct export *, const char *node);
 void export_remove(struct export *);
 void export_remove_region(struct region *);
 uint32_t export_count(void);
+/* Our exports as the fabric serves them to peers (fabric_exports_from, at conn_init). */
+extern const struct fabric_exports export_peer_ops;
 
 /* ---- xfer.c: turning a Transfer message into a checked job ---- */
 void xfer_help(void);
@@ -691,7 +705,6 @@ void metrics_job_done(const struct job *, int status);
 void metrics_refused(const struct conn *, int status);
 
 /* ---- levent.c: the event loop, listening socket, signals, timers ---- */
-struct event_base *levent_base(void);
 /* What the command line fixed, which a reload keeps (main.c). */
 struct gpxd_args {
 	const char *socket;          /* -s, or NULL */
@@ -699,8 +712,6 @@ struct gpxd_args {
 };
 int levent_run(const struct gpxd_args *);
 void levent_conn_watch(struct conn *);
-void levent_conn_unwatch(struct conn *);
-void levent_request_reap(void);
 void levent_stop(int status);
 /* Rereads the file: 0 with the report (what changed, live or at restart) in msg, or -1 with why. */
 int levent_reload(char *msg, size_t msglen);

@@ -63,12 +63,6 @@ static uint64_t fd_short_refused;    /* connections refused while short */
 static double pause_s;               /* accept's rest while no descriptor is left; 0 = none */
 static double pause_said;
 
-struct event_base *
-levent_base(void)
-{
-	return base;
-}
-
 static void
 conn_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -96,7 +90,7 @@ levent_conn_watch(struct conn *c)
 	}
 }
 
-void
+static void
 levent_conn_unwatch(struct conn *c)
 {
 	if (c->ev != NULL)
@@ -116,7 +110,7 @@ reap_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 /* Thread-safe: copy workers call it (through cq.c) when a client misused its queue. */
-void
+static void
 levent_request_reap(void)
 {
 	/* Without a running loop (tests driving conn.c directly) the caller reaps. */
@@ -529,6 +523,13 @@ levent_run(const struct gpxd_args *a)
 	 * threads that call them start.  Then the engine: the GPU workers that gpu_init starts
 	 * wait on its queues at once.
 	 */
+	static struct conn_loop loop = {
+		.unwatch = levent_conn_unwatch,
+		.request_reap = levent_request_reap,
+		.reload = levent_reload,
+	};
+	loop.base = base;
+	conn_init(&loop);
 	cq_set_broken_hook(cq_broken);
 	engine_on_done(metrics_job_done);
 	gpu_on_idle(xfer_help);

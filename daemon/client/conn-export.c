@@ -160,7 +160,8 @@ static void import_answered(void *arg, int status, const char *msg, struct regio
 static bool
 import_remote(struct conn *c, uint32_t seq, const char *name)
 {
-	struct fabric_import rq = { .name = name, .uid = c->uid, .log_as = c, .done = import_answered };
+	struct logwho who = conn_who(c);
+	struct fabric_import rq = { .name = name, .uid = c->uid, .log_as = &who, .done = import_answered };
 	struct rimport *ri;
 
 	if (fabric == NULL) {

@@ -525,7 +525,7 @@ req_deregister(struct conn *c, uint32_t seq, const Gpx__Deregister *m)
 	}
 	/* The owner's handle only: an importer's lets go of nothing the driver holds. */
 	if (!h->imported && h->r->kind == GPX__MEM_KIND__MEM_CUDA_POOL && (w = calloc(1, sizeof(*w))) != NULL &&
-	    (w->ev = evtimer_new(levent_base(), dereg_check, w)) != NULL) {
+	    (w->ev = evtimer_new(conn_loop->base, dereg_check, w)) != NULL) {
 		w->c = c;
 		w->seq = seq;
 		w->r = h->r;

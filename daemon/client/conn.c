@@ -37,10 +37,26 @@
 #include <sys/syscall.h>
 
 #include "daemon/client/conn-private.h"
+#include "daemon/fabric/fabric.h"
 
 struct conn_list conns = TAILQ_HEAD_INITIALIZER(conns);
 double conn_last_input;
 static struct conn_list dead = TAILQ_HEAD_INITIALIZER(dead);
+
+/* Without a loop (tests that drive connections directly): no events, and the caller reaps. */
+static void no_unwatch(struct conn *c) { (void)c; }
+static void no_reap(void) { }
+static int no_reload(char *msg, size_t len) { snprintf(msg, len, "no event loop"); return -1; }
+static const struct conn_loop no_loop = { NULL, no_unwatch, no_reap, no_reload };
+const struct conn_loop *conn_loop = &no_loop;
+
+/* At start, before the first connection: the loop's services, our exports to the fabric. */
+void
+conn_init(const struct conn_loop *l)
+{
+	conn_loop = l;
+	fabric_exports_from(&export_peer_ops);
+}
 static uint64_t next_client_id;
 static uint32_t next_epoch;
 static uint32_t nconns;
@@ -583,7 +599,7 @@ conn_kill(struct conn *c, const char *why)
 		    c->name[0] ? c->name : "-", (unsigned)c->uid, (int)c->pid, why);
 	hello_leave(c);
 	c->state = CONN_DEAD;
-	levent_conn_unwatch(c);
+	conn_loop->unwatch(c);
 	close(c->fd);
 	c->fd = -1;
 	if (c->pidfd >= 0)
@@ -604,7 +620,7 @@ conn_kill(struct conn *c, const char *why)
 	TAILQ_REMOVE(&conns, c, entry);
 	nconns--;
 	TAILQ_INSERT_TAIL(&dead, c, entry);
-	levent_request_reap();
+	conn_loop->request_reap();
 }
 
 /* Frees dead connections that no deferred operation refers to. */
@@ -612,7 +628,7 @@ void
 conn_settle(struct conn *c)
 {
 	if (--c->pending == 0 && c->state == CONN_DEAD)
-		levent_request_reap();
+		conn_loop->request_reap();
 }
 
 void

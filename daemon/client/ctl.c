@@ -427,7 +427,7 @@ ctl_admin(struct conn *c, uint32_t seq, const Gpx__Admin *m)
 	switch (m->op) {
 	case GPX__ADMIN__OP__RELOAD:
 		/* the reply's text: what the reload applied and what waits for a restart */
-		if (levent_reload(err, sizeof(err)) < 0)
+		if (conn_loop->reload(err, sizeof(err)) < 0)
 			conn_reply(c, seq, GPX__STATUS__EINVAL, err, NULL, NULL, 0);
 		else
 			conn_reply(c, seq, 0, err, NULL, NULL, 0);

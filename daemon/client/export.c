@@ -14,6 +14,7 @@
 
 #include "daemon/gpxd.h"
 #include "daemon/cluster/cluster.h"
+#include "daemon/fabric/fabric.h"
 
 struct export_list exports = TAILQ_HEAD_INITIALIZER(exports);
 
@@ -133,3 +134,48 @@ export_count(void)
 		n++;
 	return n;
 }
+
+/* ---- our exports as peers import them, through the fabric (fabric_exports_from) ---- */
+
+static int
+peer_find(const char *name, const char *node, struct export **out, struct region **r, bool *read_only,
+    bool *notify)
+{
+	struct export *e = export_find(name);
+
+	if (e == NULL)
+		return -GPX__STATUS__ENOENT;
+	if (!export_admits_peer(e, node))
+		return -GPX__STATUS__EACCES;
+	if (atomic_load(&e->r->revoked))
+		return -GPX__STATUS__EREVOKED;
+	*out = e;
+	*r = e->r;
+	*read_only = e->read_only;
+	*notify = e->notify;
+	return 0;
+}
+
+static void
+peer_import_begin(struct export *e)
+{
+	e->importers++;
+}
+
+static void
+peer_import_end(struct region *r)
+{
+	struct export *e;
+
+	TAILQ_FOREACH(e, &exports, entry)
+		if (e->r == r && e->importers > 0) {
+			e->importers--;
+			break;
+		}
+}
+
+const struct fabric_exports export_peer_ops = {
+	.find = peer_find,
+	.import_begin = peer_import_begin,
+	.import_end = peer_import_end,
+};

@@ -22,6 +22,15 @@ gpu_stats(struct fabric_gpu_stats *g)
 
 /* The hooks, set by levent.c from fabric_init: NULL while the fabric is off. */
 const struct fabric_ops *fabric;
+/* Our exports, for peers' imports (peer-import.c), set by the connections' layer at start. */
+const struct fabric_exports *fabric_exports;
+
+void
+fabric_exports_from(const struct fabric_exports *e)
+{
+	fabric_exports = e;
+}
+
 /* The engine's chunks of PATH_FABRIC (request.c takes them), set by engine_init. */
 const struct chunk_source *fabric_chunks;
 

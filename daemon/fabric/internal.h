@@ -203,6 +203,7 @@ size_t peer_dial_count(void);                /* addresses known */
 void peer_dial_query(Gpx__QueryReply *);     /* appends those with no connection now */
 
 /* ---- peer-import.c: imports, ours of peers' exports and peers' of ours ---- */
+extern const struct fabric_exports *fabric_exports;   /* the connections' layer's (fabric.c) */
 bool peer_import(const struct fabric_import *);     /* the hook (fabric.h) */
 void peer_import_req(struct peer *, const Gpxpeer__ImportReq *);     /* a peer imports */
 void peer_import_release(struct peer *, const Gpxpeer__Release *);   /* ... and lets go */
