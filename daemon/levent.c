@@ -33,7 +33,10 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
-#include "gpxd.h"
+#include "levent.h"
+#include "client/client.h"
+#include "engine/engine.h"
+#include "gpu/gpu.h"
 #include "cluster/cluster.h"
 #include "fabric/fabric.h"
 
@@ -79,7 +82,7 @@ pidfd_cb(evutil_socket_t fd, short what, void *arg)
 	conn_kill(arg, "client process exited");
 }
 
-void
+static void
 levent_conn_watch(struct conn *c)
 {
 	c->ev = event_new(base, c->fd, EV_READ | EV_PERSIST, conn_cb, c);
@@ -364,7 +367,7 @@ wd_cb(evutil_socket_t fd, short what, void *arg)
  * Keys that wait for a restart keep their running values in the new snapshot, so that it says
  * what runs; the report names them, and those the command line fixed.
  */
-int
+static int
 levent_reload(char *msg, size_t msglen)
 {
 	char err[512], live[512], restart[512], over[128], fixed[128], file[PATH_MAX];
@@ -425,7 +428,7 @@ stop_cb(evutil_socket_t fd, short what, void *arg)
 	event_base_loopexit(base, NULL);
 }
 
-void
+static void
 levent_stop(int status)
 {
 	struct timeval tv = { 0, 0 };

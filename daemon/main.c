@@ -10,7 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gpxd.h"
+#include "levent.h"
+#include "client/client.h"
 #include "cluster/cluster.h"
 
 static void

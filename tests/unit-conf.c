@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "daemon/gpxd.h"
+#include "daemon/client/client.h"
 #include "daemon/cluster/cluster.h"
 #include "tests/tap.h"
 #include "tests/unit.h"

@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 
 #include "daemon/gpxd.h"
+#include "daemon/engine/engine.h"
 #include "tests/tap.h"
 #include "tests/unit.h"
 

@@ -9,7 +9,10 @@
 #ifndef GPX_CONN_PRIVATE_H
 #define GPX_CONN_PRIVATE_H
 
-#include "daemon/gpxd.h"
+#include "daemon/client/client.h"
+#include "daemon/engine/engine.h"
+#include "daemon/gpu/gpu.h"
+#include "daemon/host/host.h"
 
 static inline void
 reply_err(struct conn *c, uint32_t seq, int status, const char *msg)

@@ -20,7 +20,9 @@
 #include <unistd.h>
 #include <sys/mman.h>
 
-#include "daemon/gpxd.h"
+#include "daemon/client/client.h"
+#include "daemon/engine/engine.h"
+#include "daemon/gpu/gpu.h"
 #include "daemon/cluster/cluster.h"
 #include "daemon/fabric/fabric.h"
 

@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/gpxd.h"
+#include "daemon/client/client.h"
+#include "daemon/engine/engine.h"
+#include "daemon/gpu/gpu.h"
 #include "daemon/cluster/cluster.h"
 #include "daemon/fabric/fabric.h"
 

@@ -28,7 +28,9 @@
 #include <event2/http.h>
 #include <event2/util.h>
 
-#include "daemon/gpxd.h"
+#include "daemon/client/client.h"
+#include "daemon/engine/engine.h"
+#include "daemon/gpu/gpu.h"
 #include "daemon/cluster/cluster.h"
 #include "daemon/fabric/fabric.h"
 

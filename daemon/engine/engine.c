@@ -18,8 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/gpxd.h"
+#include "daemon/engine/engine.h"
 #include "daemon/fabric/fabric.h"
+#include "daemon/gpu/gpu.h"
+#include "daemon/host/host.h"
 
 struct epath {
 	TAILQ_HEAD(, uqueue) active; /* uids with work on the path */

@@ -5,7 +5,10 @@
 #ifndef GPX_XFER_PRIVATE_H
 #define GPX_XFER_PRIVATE_H
 
-#include "daemon/gpxd.h"
+#include "daemon/engine/engine.h"
+#include "daemon/fabric/fabric.h"
+#include "daemon/gpu/gpu.h"
+#include "daemon/host/host.h"
 
 /*
  * No region, segment or request reaches 2^62 bytes (4 EiB).  That bound lets the checking pass

@@ -50,6 +50,8 @@
 
 #include "daemon/gpxd.h"
 #include "daemon/fabric/fabric.h"
+#include "daemon/gpu/gpu.h"
+#include "daemon/host/host.h"
 #include "proto/peer.pb-c.h"
 
 /*

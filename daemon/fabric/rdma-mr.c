@@ -31,7 +31,7 @@
 
 #include "daemon/fabric/rdma.h"
 #ifdef HAVE_CUDA
-#include "daemon/gpu/internal.h"
+#include "daemon/gpu/gpu.h"
 #endif
 
 /* A registration: a local region's (h == NULL, the cache) or one import of an export. */

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/gpxd.h"
+#include "daemon/gpu/gpu.h"
 
 const struct mem_ops mem_cuda_ipc_ops = { .name = "cuda-ipc" };
 const struct mem_ops mem_cuda_vmm_ops = { .name = "cuda-vmm" };

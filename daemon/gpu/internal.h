@@ -1,12 +1,15 @@
 /*
- * Between gpu.c (the GPU back end: devices, mappings, copy workers) and cuda.c (the driver,
- * behind plain C types).  Nothing here names a CUDA type.
+ * What the files of the GPU back end share, and nothing outside gpu/ includes: between gpu.c
+ * (devices, mappings, copy workers) and cuda.c (the driver, behind plain C types).  Nothing
+ * here names a CUDA type.  gpu.h is the folder's face.
  */
 #ifndef GPXD_GPU_INTERNAL_H
 #define GPXD_GPU_INTERNAL_H
 
 #include <stdbool.h>
 #include <stdint.h>
+
+#include "daemon/gpu/gpu.h"
 
 struct region;
 
@@ -39,17 +42,11 @@ uint32_t nvml_pci_key(const char *pci);    /* "0000:18:00.0": domain, bus and de
 
 int cuda_load(char *why, size_t whylen);
 int cuda_driver_version(void);
-const char *cuda_errstr(int code);
-int cuda_use(int dev);
 int cuda_device_info(int dev, struct gpu_info *);
 int cuda_peer(int a, int b, struct gpu_link *);
 int cuda_load_kernel(int dev);
-int cuda_stream_new(void **s);
 int cuda_stream_new_urgent(void **s);    /* of the greatest priority: for small copies */
-void cuda_stream_free(void *s);
 int cuda_stream_busy(void *s);
-int cuda_stream_sync(void *s);
-int cuda_copy(void *s, uint64_t dst, uint64_t src, uint64_t n);
 int cuda_copy_peer(void *s, uint64_t dst, int dst_dev, uint64_t src, int src_dev, uint64_t n);
 int cuda_htod(void *s, uint64_t dst, const void *src, uint64_t n);
 int cuda_signal(void *s, uint64_t word, uint64_t val);
@@ -66,8 +63,6 @@ int cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t npages, cons
     uint32_t nitems, uint64_t size, uint64_t head, uint64_t bytes, uint32_t blocks);
 int cuda_alloc(uint64_t *p, size_t n);
 void cuda_free(uint64_t p);
-int cuda_host_alloc(void **p, size_t n);
-void cuda_host_free(void *p);
 int cuda_host_register(void *p, size_t n, bool read_only);
 void cuda_host_unregister(void *p);
 int cuda_ipc_open(int dev, const uint8_t handle[64], uint64_t *dptr);
@@ -82,7 +77,6 @@ int cuda_vmm_import(int owner, int fd, uint64_t *handle);
 int cuda_vmm_map(uint64_t va, uint64_t size, uint64_t handle, uint32_t access_mask);
 void cuda_vmm_unmap(uint64_t va, uint64_t size);
 void cuda_vmm_release(uint64_t handle);
-int cuda_dmabuf(uint64_t dptr, uint64_t len, uint64_t *off, uint64_t *size);   /* fd, or -CUresult */
 
 /* gpu.c: the devices that can reach dev's memory; whether a's copies can reach b's memory. */
 uint32_t gpu_access_mask(int dev);

@@ -28,7 +28,8 @@
 #include <immintrin.h>
 #endif
 
-#include "daemon/gpxd.h"
+#include "daemon/host/host.h"
+#include "daemon/gpu/gpu.h"
 
 #if defined(__x86_64__)
 static inline void
