@@ -1,8 +1,19 @@
 /*
- * gpxd internals: the types and functions the daemon's subsystems share.  Each block below
- * belongs to one file, whose name is the functions' prefix (conn_* in conn.c, engine_* in
- * engine.c, ...).  The daemon is built as libgpxd.a plus a tiny main.c, so the tests link the
- * same code.
+ * gpxd internals: what every layer of the daemon shares, and the face of the lowest one, the
+ * core (daemon/core/): the log, gpxd.conf, systemd, task threads, uids and their budgets, the
+ * memory kinds' interface and struct region, completion queues, the paths and the jobs and
+ * chunks the engine hands its back ends, the names of exports and nodes, the clock.  Each
+ * block below belongs to one file of core/, whose name is the functions' prefix (log_* in
+ * log.c, cq_* in cq.c, ...).  The core calls nothing of the layers above it; what it must
+ * tell them goes through the callbacks they register (region_on_gone, cq_set_broken_hook,
+ * conf_add_section, conf_metrics_check).
+ *
+ * The layers, top down, each with one header that is its face (the README's Layout draws
+ * them): levent.c and main.c (levent.h); client/ (client.h); engine/ (engine.h); cluster/
+ * (cluster.h); fabric/ (fabric.h); host/ (host.h); gpu/ (gpu.h); core/ (this header).  A file
+ * calls and includes only its own folder and the faces of the layers below it
+ * (build-aux/layers.test checks it).  The daemon is built as libgpxd.a plus a tiny main.c,
+ * so the tests link the same code.
  *
  * Threads: one libevent loop thread owns connections, region tables, exports and users.
  * Copy workers and blocking-task threads touch only jobs, regions (through atomic reference

@@ -1,8 +1,8 @@
 /*
  * Unit tests of a transfer's way into the engine (tests/unit.c runs them): the check of a
- * segment list against its regions, edge values and overflows included (daemon/xfer.c), and
+ * segment list against its regions, edge values and overflows included (daemon/engine/xfer.c), and
  * the engine's cutting of a job into chunks, against a model of what it must produce
- * (daemon/engine.c).
+ * (daemon/engine/engine.c).
  */
 #include "config.h"
 

@@ -370,7 +370,7 @@ req_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int
 	defer_run(reg_work, reg_done, op);
 }
 
-/* ---- Pieces: VMM memory for the next registrations to name (daemon/vmm.c) ---- */
+/* ---- Pieces: VMM memory for the next registrations to name (daemon/gpu/vmm.c) ---- */
 
 struct pieces_op {
 	struct conn *c;

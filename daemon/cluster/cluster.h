@@ -9,9 +9,11 @@
  * A reload checks [cluster] like every section, but its values take effect at restart.
  *
  * Everything here runs on the loop thread.  Calls into the cluster come from levent.c
- * (start, stop), conf.c (the keys), conn-export.c (exports by name, imports by bare name) and
- * export.c (a name withdrawn); the cluster calls down into exports, the fabric's hooks, log
- * and conf.  Its answers to a connection go through the callbacks handed down with a request.
+ * (start, stop), main.c (the keys, through conf_add_section), client/conn-export.c (exports
+ * by name, imports by bare name), client/export.c (a name withdrawn), ctl.c and metrics.c; the
+ * cluster calls down only: the fabric's hooks, the GPU back end (how many GPUs) and the core
+ * (names, log, conf, the clock).  Its answers to a connection go through the callbacks handed
+ * down with a request.
  */
 #ifndef GPX_CLUSTER_CLUSTER_H
 #define GPX_CLUSTER_CLUSTER_H
