@@ -41,7 +41,6 @@
 #include "proto/wire.h"
 
 struct event_base;
-struct conn;
 struct region;
 struct job;
 
@@ -82,8 +81,9 @@ struct logrl {
 };
 /*
  * Who a line is about: a client of a uid, or (client 0, mine NULL) a uid alone, with their
- * shares of the log.  Built by the callers (log_audit and log_client in conn.c, log_uid in
- * user.c): the log knows no connection or user.
+ * shares of the log.  Built by the callers (conn_who for log_audit and log_client in
+ * client/conn.c, and for the refusals of a transfer, which get it in struct xfer_from;
+ * log_uid in user.c): the log knows no connection or user.
  */
 struct logwho {
 	uint64_t client;
