@@ -19,18 +19,6 @@
 
 #define AREA_MIN (2u << 20)
 
-void
-client_area_free(struct area *a)
-{
-	if (a->p != NULL)
-		munmap(a->p, a->len);
-	if (a->fd >= 0)
-		close(a->fd);
-	free(a->q);
-	memset(a, 0, sizeof(*a));
-	a->fd = -1;
-}
-
 /* Makes an area of at least `need` bytes and hands it to the daemon, replacing the old one. */
 static int
 area_grow(gpx_conn *c, size_t need)

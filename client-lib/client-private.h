@@ -11,7 +11,7 @@
  *   client-region.c      host memory, registration, exports and imports, VMM pieces
  *   client-transfer.c    the submission queue, copies of every shape, cancel, copy_sync
  *   client-query.c       Query and Admin
- * The one call upward: gpx_close frees the connection's segment area (client_area_free).
+ * and no call goes down it (build-aux/layers.test checks that no cycle of calls appears).
  */
 #ifndef GPX_CLIENT_PRIVATE_H
 #define GPX_CLIENT_PRIVATE_H
@@ -115,6 +115,7 @@ void client_backlog_push(gpx_conn *c, const struct gpx_completion *e);
 
 /* ---- client-area.c: the segment area ---- */
 
+/* client.c: an area's memory freed (the connection's at gpx_close, or an area replaced). */
 void client_area_free(struct area *a);
 /* Finds room for need bytes (a list never wraps): its position.  Waits briefly if the area is full. */
 int client_area_room(gpx_conn *c, size_t need, uint64_t *at);

@@ -388,6 +388,19 @@ gpx_connect(const char *socket, const char *name, gpx_conn **out)
 	return gpx_connect_opts(&o, out);
 }
 
+/* A segment area's memory: the connection's, freed with it; or one client-area.c replaces. */
+void
+client_area_free(struct area *a)
+{
+	if (a->p != NULL)
+		munmap(a->p, a->len);
+	if (a->fd >= 0)
+		close(a->fd);
+	free(a->q);
+	memset(a, 0, sizeof(*a));
+	a->fd = -1;
+}
+
 API void
 gpx_close(gpx_conn *c)
 {
@@ -401,8 +414,6 @@ gpx_close(gpx_conn *c)
 		close(c->epfd);
 	if (c->ring != NULL)
 		munmap(c->ring, c->ring_len);
-	/* The one call upward (client-area.c): the connection owns its segment area, and a
-	 * destructor hook for one member would be more than this line. */
 	client_area_free(&c->area);
 	free(c->back);
 	free(c->arena);

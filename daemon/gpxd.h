@@ -1,8 +1,19 @@
 /*
- * gpxd internals: the types and functions the daemon's subsystems share.  Each block below
- * belongs to one file, whose name is the functions' prefix (conn_* in conn.c, engine_* in
- * engine.c, ...).  The daemon is built as libgpxd.a plus a tiny main.c, so the tests link the
- * same code.
+ * gpxd internals: what every layer of the daemon shares, and the face of the lowest one, the
+ * core (daemon/core/): the log, gpxd.conf, systemd, task threads, uids and their budgets, the
+ * memory kinds' interface and struct region, completion queues, the paths and the jobs and
+ * chunks the engine hands its back ends, the names of exports and nodes, the clock.  Each
+ * block below belongs to one file of core/, whose name is the functions' prefix (log_* in
+ * log.c, cq_* in cq.c, ...).  The core calls nothing of the layers above it; what it must
+ * tell them goes through the callbacks they register (region_on_gone, cq_set_broken_hook,
+ * conf_add_section, conf_metrics_check).
+ *
+ * The layers, top down, each with one header that is its face (the README's Layout draws
+ * them): levent.c and main.c (levent.h); client/ (client.h); engine/ (engine.h); cluster/
+ * (cluster.h); fabric/ (fabric.h); host/ (host.h); gpu/ (gpu.h); core/ (this header).  A file
+ * calls and includes only its own folder and the faces of the layers below it
+ * (build-aux/layers.test checks it).  The daemon is built as libgpxd.a plus a tiny main.c,
+ * so the tests link the same code.
  *
  * Threads: one libevent loop thread owns connections, region tables, exports and users.
  * Copy workers and blocking-task threads touch only jobs, regions (through atomic reference
@@ -28,10 +39,8 @@
 #include "proto/gpx.pb-c.h"
 #include "proto/ring.h"
 #include "proto/wire.h"
-#include "daemon/cluster/cluster.h"
 
 struct event_base;
-struct conn;
 struct region;
 struct job;
 
@@ -72,8 +81,9 @@ struct logrl {
 };
 /*
  * Who a line is about: a client of a uid, or (client 0, mine NULL) a uid alone, with their
- * shares of the log.  Built by the callers (log_audit and log_client in conn.c, log_uid in
- * user.c): the log knows no connection or user.
+ * shares of the log.  Built by the callers (conn_who for log_audit and log_client in
+ * client/conn.c, and for the refusals of a transfer, which get it in struct xfer_from;
+ * log_uid in user.c): the log knows no connection or user.
  */
 struct logwho {
 	uint64_t client;
@@ -94,6 +104,21 @@ void fatal(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)))
 void fatalx(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
 
 /* ---- conf.c: gpxd.conf (ini), defaults, validation ---- */
+/* [cluster] of gpxd.conf, parsed by daemon/cluster/conf.c (strings owned, NULL = unset). */
+struct cluster_conf {
+	char *etcd;                  /* "http://host:port,https://..."; NULL: the cluster is off */
+	char *prefix;                /* keys live under it; NULL = "/gpx" */
+	uint32_t lease_ttl;          /* seconds; 0 = 10 */
+	char *cacert, *cert, *key;   /* TLS to etcd */
+	char *auth_file;             /* "user:password" for etcd's own authentication */
+};
+
+static inline bool
+cluster_configured(const struct cluster_conf *cc)
+{
+	return cc->etcd != NULL;
+}
+
 struct conf {
 	char *socket_path;
 	unsigned socket_mode;
@@ -176,6 +201,9 @@ struct conf_section {
 	bool live;
 };
 int conf_add_section(const struct conf_section *);
+/* The check of [daemon] metrics (an address the endpoint may serve on), registered before the
+ * first conf_load by the code that serves it: a file is checked whole before it is used. */
+void conf_metrics_check(int (*)(const char *spec, bool allow_remote, char *err, size_t errlen));
 void conf_defaults(struct conf *);
 int conf_load(struct conf *, const char *path, char *err, size_t errlen);
 void conf_free(struct conf *);
@@ -329,31 +357,21 @@ struct region {
 	char gdr[112];               /* an export's GPU memory to peers: what fabric/stage.c found */
 };
 
-extern const struct mem_ops mem_host_ops;
-extern const struct mem_ops mem_cuda_ipc_ops;
-extern const struct mem_ops mem_cuda_vmm_ops;
-extern const struct mem_ops mem_cuda_pool_ops;
-const struct mem_ops *mem_ops_for(Gpx__MemKind);
-bool mem_host_fd_ok(int fd, char *err, size_t errlen);
-/* memmove for a host-path chunk; streaming stores when the job (job_bytes) exceeds the caches. */
-void mem_host_copy(void *dst, const void *src, size_t n, uint64_t job_bytes);
 
-/* ---- region.c: regions and the per-connection handle tables ---- */
-struct rhandle {
-	uint64_t id;                 /* epoch << 32 | serial: scoped to one connection */
-	struct region *r;
-	bool imported;
-	bool read_only;              /* this handle may only be a source */
-	struct rhandle *next;        /* hash chain */
-};
+/* ---- region.c: regions, their references and revocation ---- */
 struct region *region_new(void);
 void region_ref(struct region *);
 void region_unref(struct region *);
 bool region_use(struct region *);   /* takes a mapping user; false if revoked */
 void region_unuse(struct region *);
 void region_revoke(struct region *);
+/*
+ * What must let go of a region's memory before its kind closes the mapping (the fabric's RDMA
+ * registrations): registered once at start by the layer that holds it; called from any thread.
+ */
+void region_on_gone(void (*)(struct region *));
 
-/* ---- engine.c: scheduling state kept in each client's completion queue ---- */
+/* ---- paths, and the engine's scheduling state kept in each uid and completion queue ---- */
 /* The most GPUs one gpxd drives: it bounds the path ids below and the 32-bit access masks; the
  * device tables themselves are sized at start by what the driver shows. */
 #define GPX_MAX_GPUS 16
@@ -404,7 +422,7 @@ void cq_notify(struct cq *, uint64_t tag, uint64_t region, uint64_t bytes);
 void cq_set_broken_hook(void (*)(struct cq *));
 void cq_signal_init(void);       /* installs the doorbell timeout's signal handler */
 
-/* ---- engine.c: transfer jobs, per-path queues, copy workers, round-robin ---- */
+/* ---- the work: what the engine (engine/) hands its back ends, as jobs and their chunks ---- */
 #define SEG_BLOCK 64                 /* segments per entry of job.blocks */
 
 /* A (source, destination) pair of a job: a batch's many, any other job's one. */
@@ -476,224 +494,32 @@ struct chunk {
 	uint32_t pieces;             /* segments (or parts of them) the chunk touches */
 };
 
-int engine_init(int workers, uint64_t chunk);
-/* Hears every finished transfer (any thread, before its completion is posted): the metrics. */
-void engine_on_done(void (*fn)(const struct job *, int status));
-void engine_shutdown(void);
-/* Takes ownership of the job (its segments and region users). */
-void engine_submit(struct job *);
-int engine_cancel(uint64_t client, uint64_t tag);    /* jobs cancelled */
-void engine_cancel_client(uint64_t client);
-void engine_cancel_all(int status);                  /* at shutdown: status for the records */
-uint32_t engine_inflight(void);
-typedef void (*engine_visit_fn)(const struct job *, void *);
-void engine_visit(engine_visit_fn, void *);
-/* For back ends: the next chunk of the path, round-robin over uids, their clients, their jobs. */
-bool engine_next_chunk(enum path_kind, struct chunk *, bool wait, uint64_t max_bytes, uint32_t max_segs);
 /*
- * The same from the first small job (ENGINE_SMALL_JOB bytes or less), never waiting: what a
- * back end whose large copies fill its queues may still take, so that small copies pass them.
+ * The engine's chunks, as its back ends take them (the GPU copy workers, the fabric's
+ * requests): engine_init hands this table to each back end (gpu_chunks_from,
+ * fabric_chunks_from), which reaches the engine through it alone.
  */
+struct chunk_source {
+	/* The next chunk of the path, round-robin over uids, their clients, their jobs. */
+	bool (*next)(enum path_kind, struct chunk *, bool wait, uint64_t max_bytes, uint32_t max_segs);
+	/* The same from the first small job (ENGINE_SMALL_JOB bytes or less), never waiting. */
+	bool (*next_small)(enum path_kind, struct chunk *, uint32_t max_segs);
+	bool (*has_work)(enum path_kind);
+	/* The chunk is copied (ok) or failed; the job's last one finishes it. */
+	void (*done)(struct chunk *, bool ok);
+	uint32_t (*pair_of)(const struct job *, uint32_t seg);
+};
+/* What a back end whose large copies fill its queues may still take (next_small), so that
+ * small copies pass them. */
 #define ENGINE_SMALL_JOB (1u << 20)
-bool engine_next_small_chunk(enum path_kind, struct chunk *, uint32_t max_segs);
-bool engine_has_work(enum path_kind);
-uint32_t engine_pair_of(const struct job *, uint32_t seg);
-int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */
-enum path_kind engine_path_for(const struct region *src, const struct region *dst);
-void engine_chunk_done(struct chunk *, bool ok);
-void engine_free_job(struct job *);
-void engine_path_stats(enum path_kind, uint64_t *xfers, uint64_t *bytes, uint64_t *errors);
-const char *engine_path_name(enum path_kind);
-/*
- * Where a transfer's time goes, summed over every finished job (a few clock reads and atomic
- * adds each): received -> checked -> taken by a worker -> first chunk launched -> GPU started
- * -> last byte done -> completion written and doorbell rung.  Without GPXD_STAGE_CLOCKS=1 the
- * GPU's start is not marked, and STAGE_COPY runs from the launch (on the host path, from the
- * worker's taking the job).
- */
-enum engine_stage { STAGE_CHECK, STAGE_QUEUE, STAGE_LAUNCH, STAGE_GPU_WAIT, STAGE_COPY, STAGE_POST, NSTAGES };
-#define STAGE_BUCKETS 14
-extern const double engine_stage_bounds[STAGE_BUCKETS];
-const char *engine_stage_name(enum engine_stage);
-void engine_stage_stats(enum engine_stage, uint64_t *count, double *seconds, uint64_t buckets[STAGE_BUCKETS + 1]);
 
-/* ---- conn.c: connections, the Hello state machine and the message dispatcher ---- */
-enum conn_state { CONN_HELLO, CONN_READY, CONN_DRAINING, CONN_DEAD };
-
-struct conn {
-	TAILQ_ENTRY(conn) entry;
-	uint64_t id;
-	uint32_t epoch;
-	int fd;
-	struct event *ev;
-	enum conn_state state;
-	uid_t uid;
-	gid_t gid;
-	pid_t pid;
-	int pidfd;
-	struct event *pidev;
-	gid_t groups[64];            /* supplementary groups (SO_PEERGROUPS) */
-	int ngroups;
-	char name[65];
-	struct user *user;
-	struct cq *cq;
-	bool admin;
-	double t_connect;
-	double t_last;
-	uint32_t next_serial;
-	uint32_t pending;            /* deferred operations still holding this connection */
-	struct rhandle **htab;       /* chained hash of handles by serial */
-	uint32_t nhandles, hcap;
-	uint32_t nseq_errors;
-	uint64_t sq_head;            /* submissions taken from the shared queue (our copy) */
-	struct logrl log;            /* its share of the log (log.c) */
-	uint32_t version;            /* the protocol it speaks (Hello) */
-	const unsigned char *area;   /* the segment area, mapped read-only */
-	size_t area_len;
-};
-TAILQ_HEAD(conn_list, conn);
-extern struct conn_list conns;
-extern double conn_last_input;      /* when any client last sent something (now_s) */
-struct conn *conn_new(int fd);
-/*
- * A connection accept(2) returned: admitted by the limits on connections (per uid, hello_max,
- * and with admins_only, root and the admin group only) or refused at once, with one Reply that
- * says why and no descriptor opened.  Takes fd either way.
- */
-struct conn *conn_accept(int fd, bool admins_only);
-struct creds conn_creds(const struct conn *);
-void conn_input(struct conn *);
-void conn_kill(struct conn *, const char *why);
-void conn_reap(void);
-/* Looks the admin group up now (at start and reload), with a warning when there is none. */
-void conn_admin_check(void);
-/* The log's lines about a client, within its share and its uid's (log.c): a refusal, or any line. */
-void log_audit(struct conn *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void log_client(struct conn *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* A deferred operation of the connection ended (c->pending--); a dead one is reaped after its last. */
-void conn_settle(struct conn *);
-int conn_poll_sq(struct conn *);      /* takes queued submissions; returns how many */
-enum { SQ_POLL, SQ_POLLING, SQ_SLEEPING };
-int conn_poll_all(int mode);          /* every connection's queue (and, by mode, sq_wakeup) */
-uint32_t conn_count(void);
-struct conn *conn_by_id(uint64_t);
-struct rhandle *conn_handle(struct conn *, uint64_t id);
-int conn_reply(struct conn *, uint32_t seq, int status, const char *msg, Gpx__Reply *body, const int *fds, int nfds);
-
-/* ---- export.c: names under which regions are shared ---- */
-struct export {
-	TAILQ_ENTRY(export) entry;
-	char name[65];
-	struct region *r;
-	uint64_t owner;
-	uint64_t owner_region;
-	uid_t uid;
-	Gpx__ExportRule rule;
-	gid_t gid;
-	bool read_only;
-	bool notify;
-	uint32_t importers;
-	bool remote;                 /* other nodes' daemons may import it (daemon/fabric/) */
-	char *peers;                 /* "a,b": only these peer nodes; NULL = any authenticated peer */
-};
-TAILQ_HEAD(export_list, export);
-extern struct export_list exports;
-struct export *export_find(const char *name);
-bool export_name_ok(const char *name);
-bool export_allows(const struct export *, const struct creds *);
+/* ---- names.c: the names of exports and nodes, as every layer checks them ---- */
+bool export_name_ok(const char *name);      /* 1..64 of [A-Za-z0-9._:/-] */
 /* A node name as exports' peer lists and the fabric spell it: 1..64 of [A-Za-z0-9._-]. */
 bool export_node_name_ok(const char *name);
-/* The remote fields of an Export message into e (remote, peers); <0 (a gpx status) on bad input. */
-int export_remote_opts(struct export *e, const Gpx__Export *m, char *err, size_t errlen);
-/* Whether a remote export admits the peer node named node (its list, or any). */
-bool export_admits_peer(const struct export *, const char *node);
-void export_remove(struct export *);
-void export_remove_region(struct region *);
-uint32_t export_count(void);
 
-/* ---- xfer.c: turning a Transfer message into a checked job ---- */
-void xfer_help(void);
-int xfer_build(struct conn *, const Gpx__Transfer *, int segfd, struct job **out, char *err, size_t errlen);
-int xfer_set_area(struct conn *, int fd, uint64_t length, char *err, size_t errlen);
-/* bytes at off of the connection's segment area, 8-byte aligned and inside it, or NULL. */
-const unsigned char *xfer_area(const struct conn *, uint64_t off, uint64_t bytes);
-void xfer_drop_area(struct conn *);
-
-/* ---- ctl.c: answers to Query and Admin ---- */
-void ctl_query(struct conn *, uint32_t seq, const Gpx__Query *);
-void ctl_admin(struct conn *, uint32_t seq, const Gpx__Admin *);
-
-/* ---- metrics.c: the Prometheus endpoint ([daemon] metrics), off by default ---- */
-/* Loop thread: starts the endpoint cfg asks for (a bad address is fatal). */
-int metrics_start(struct event_base *);
-/* Loop thread: starts, moves or stops it to match n, a reload's; -1 (err set) keeps the old one. */
-int metrics_reload(const struct conf *n, char *err, size_t errlen);
-/* Whether spec is an address the endpoint may serve on ("off" and empty are); -1 with err. */
-int metrics_check(const char *spec, bool allow_remote, char *err, size_t errlen);
-void metrics_stop(void);
-/* Any thread: one finished transfer, reported before its completion is posted. */
-void metrics_job_done(const struct job *, int status);
-/* Loop thread: a transfer refused before it became a job (bounds, rights, regions). */
-void metrics_refused(const struct conn *, int status);
-
-/* ---- levent.c: the event loop, listening socket, signals, timers ---- */
-struct event_base *levent_base(void);
-/* What the command line fixed, which a reload keeps (main.c). */
-struct gpxd_args {
-	const char *socket;          /* -s, or NULL */
-	bool log_fixed;              /* -d or -D: the log level is the command line's */
-};
-int levent_run(const struct gpxd_args *);
-void levent_conn_watch(struct conn *);
-void levent_conn_unwatch(struct conn *);
-void levent_request_reap(void);
-void levent_stop(int status);
-/* Rereads the file: 0 with the report (what changed, live or at restart) in msg, or -1 with why. */
-int levent_reload(char *msg, size_t msglen);
-double now_s(void);
-
-/* ---- gpu.c: the GPU back end (CUDA driver API, loaded at run time) ---- */
-int gpu_init(char *why, size_t whylen);
-int gpu_count(void);
-const char *gpu_status(void);
-/* What an idle copy worker lends its core to (xfer_help: a long page list's check), set at start. */
-void gpu_on_idle(void (*fn)(void));
-void gpu_topo(Gpx__QueryReply *);
-void gpu_topo_free(Gpx__QueryReply *);
-const char *gpu_pci(int dev);                /* its PCI bus id, NULL for none */
-void gpu_host_register(struct region *);     /* pins a host mapping for DMA, best effort */
-/* The node's cache of opened GPU handles (gpu-map.c, vmm.c), for gpxctl status. */
-struct gpu_cache {
-	uint32_t ipc, pool;      /* allocations held open: legacy IPC (node-wide), pool */
-	uint32_t vmm;            /* VMM pieces held (per connection) */
-	uint64_t opens;          /* driver opens and imports */
-	uint64_t hits;           /* registrations served from what was held, no driver call */
-};
-void gpu_cache_stats(struct gpu_cache *s);
-bool gpu_released(struct region *r);        /* the driver has let go of r's memory */
-bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen);  /* cheap type check before any driver call */
-int gpu_dev_by_uuid(const uint8_t uuid[16]);            /* -1: no such GPU here */
-/*
- * A page transfer of npairs pairs that the copy kernel would run: room for its page list (n
- * struct gpx_wire_page) in pinned memory the kernel reads in place, followed by the pairs'
- * addresses (filled in here from their regions and bases), and in *dev the GPU whose worker
- * runs it; else NULL (then the pages go as plain segments).  Freed with gpu_pages_free.
- */
-struct gpx_wire_page *gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size,
-    uint32_t n, int *dev);
-void gpu_pages_free(struct gpx_wire_page *);
-
-/* ---- vmm.c: cuda-vmm memory, mirrors of clients' reservations (mem_cuda_vmm_ops) ---- */
-int vmm_check(const struct region *r, char *err, size_t errlen);
-int vmm_bind(struct region *r, uint32_t *missing, uint32_t *nmissing, char *err, size_t errlen);
-int vmm_import(uint64_t owner, int dev, uint64_t res, uint64_t res_size, const struct gpx_wire_piece *pc,
-    const int *fds, uint32_t n, char *err, size_t errlen);
-void vmm_sweep(uint64_t owner);
-void vmm_park(uint64_t owner, const int *fds, uint32_t n);   /* a Pieces message's fds, closed later */
-uint64_t vmm_stats(uint64_t *hits, uint32_t *pieces);    /* imports; hits and pieces held */
-void gpu_host_unpin(void *map);         /* undoes gpu_host_register; may block */
-void gpu_shutdown(void);
-
+/* ---- gpxd.c: the daemon's clock, when it started, the socket it serves (set by levent.c) ---- */
+double now_s(void);                 /* CLOCK_MONOTONIC, in seconds */
 extern double gpxd_start_time;
 extern const char *gpxd_socket_path;
 

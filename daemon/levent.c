@@ -33,12 +33,13 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
-#include "gpxd.h"
+#include "levent.h"
+#include "client/client.h"
+#include "engine/engine.h"
+#include "gpu/gpu.h"
+#include "cluster/cluster.h"
 #include "fabric/fabric.h"
 
-double gpxd_start_time;
-const char *gpxd_socket_path = "";
-const struct fabric_ops *fabric;     /* daemon/fabric/fabric.h: set once at start, or never */
 
 static struct event_base *base;
 static int listen_fd = -1;
@@ -65,21 +66,6 @@ static uint64_t fd_short_refused;    /* connections refused while short */
 static double pause_s;               /* accept's rest while no descriptor is left; 0 = none */
 static double pause_said;
 
-double
-now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-struct event_base *
-levent_base(void)
-{
-	return base;
-}
-
 static void
 conn_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -96,7 +82,7 @@ pidfd_cb(evutil_socket_t fd, short what, void *arg)
 	conn_kill(arg, "client process exited");
 }
 
-void
+static void
 levent_conn_watch(struct conn *c)
 {
 	c->ev = event_new(base, c->fd, EV_READ | EV_PERSIST, conn_cb, c);
@@ -107,7 +93,7 @@ levent_conn_watch(struct conn *c)
 	}
 }
 
-void
+static void
 levent_conn_unwatch(struct conn *c)
 {
 	if (c->ev != NULL)
@@ -127,7 +113,7 @@ reap_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 /* Thread-safe: copy workers call it (through cq.c) when a client misused its queue. */
-void
+static void
 levent_request_reap(void)
 {
 	/* Without a running loop (tests driving conn.c directly) the caller reaps. */
@@ -381,7 +367,7 @@ wd_cb(evutil_socket_t fd, short what, void *arg)
  * Keys that wait for a restart keep their running values in the new snapshot, so that it says
  * what runs; the report names them, and those the command line fixed.
  */
-int
+static int
 levent_reload(char *msg, size_t msglen)
 {
 	char err[512], live[512], restart[512], over[128], fixed[128], file[PATH_MAX];
@@ -442,7 +428,7 @@ stop_cb(evutil_socket_t fd, short what, void *arg)
 	event_base_loopexit(base, NULL);
 }
 
-void
+static void
 levent_stop(int status)
 {
 	struct timeval tv = { 0, 0 };
@@ -540,6 +526,13 @@ levent_run(const struct gpxd_args *a)
 	 * threads that call them start.  Then the engine: the GPU workers that gpu_init starts
 	 * wait on its queues at once.
 	 */
+	static struct conn_loop loop = {
+		.unwatch = levent_conn_unwatch,
+		.request_reap = levent_request_reap,
+		.reload = levent_reload,
+	};
+	loop.base = base;
+	conn_init(&loop);
 	cq_set_broken_hook(cq_broken);
 	engine_on_done(metrics_job_done);
 	gpu_on_idle(xfer_help);

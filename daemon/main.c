@@ -10,7 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gpxd.h"
+#include "levent.h"
+#include "client/client.h"
+#include "cluster/cluster.h"
 
 static void
 usage(int status)
@@ -76,6 +78,7 @@ main(int argc, char **argv)
 	if (conf_path != NULL && (path = conf_abspath(conf_path)) == NULL)
 		fatal("%s", conf_path);
 	cluster_conf_register();
+	conf_metrics_check(metrics_check);
 	cfg = conf_new();
 	if (path != NULL || access(GPXD_CONF, F_OK) == 0) {
 		if (conf_load(cfg, path ? path : GPXD_CONF, err, sizeof(err)) < 0)

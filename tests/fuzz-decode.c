@@ -25,6 +25,8 @@
 #include <event2/thread.h>
 
 #include "daemon/gpxd.h"
+#include "daemon/client/client.h"
+#include "daemon/engine/engine.h"
 #include "tests/fuzz.h"
 #include "tests/util.h"
 

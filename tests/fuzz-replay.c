@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include "daemon/gpxd.h"
+#include "daemon/client/client.h"
+#include "daemon/engine/engine.h"
 #include "tests/fuzz.h"
 #include "tests/tap.h"
 

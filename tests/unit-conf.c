@@ -1,7 +1,7 @@
 /*
  * Unit tests of gpxd's configuration and export names (tests/unit.c runs them): the parser of
- * gpxd.conf (daemon/conf.c) with its defaults, errors that name the line, and limits; the
- * names and access rules of exports (daemon/export.c).
+ * gpxd.conf (daemon/core/conf.c) with its defaults, errors that name the line, and limits; the
+ * names and access rules of exports (daemon/client/export.c).
  */
 #include "config.h"
 
@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "daemon/gpxd.h"
+#include "daemon/client/client.h"
+#include "daemon/cluster/cluster.h"
 #include "tests/tap.h"
 #include "tests/unit.h"
 

@@ -1,7 +1,7 @@
 /*
  * Unit tests of region lifetimes and the completion queue (tests/unit.c runs them): use and
- * revoke, the mapping closed by its last user (daemon/region.c); the queue's credits, doorbell
- * and the detection of a broken client (daemon/cq.c).
+ * revoke, the mapping closed by its last user (daemon/core/region.c); the queue's credits, doorbell
+ * and the detection of a broken client (daemon/core/cq.c).
  */
 #include "config.h"
 

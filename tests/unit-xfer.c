@@ -1,8 +1,8 @@
 /*
  * Unit tests of a transfer's way into the engine (tests/unit.c runs them): the check of a
- * segment list against its regions, edge values and overflows included (daemon/xfer.c), and
+ * segment list against its regions, edge values and overflows included (daemon/engine/xfer.c), and
  * the engine's cutting of a job into chunks, against a model of what it must produce
- * (daemon/engine.c).
+ * (daemon/engine/engine.c).
  */
 #include "config.h"
 
@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 
 #include "daemon/gpxd.h"
+#include "daemon/engine/engine.h"
 #include "tests/tap.h"
 #include "tests/unit.h"
 
@@ -20,26 +21,43 @@
 
 #define SEGS_TOP (1ull << 62)    /* what xfer.c refuses: any byte count from 2^62 on */
 
+/* A client's two handles, as the connection's table would give them to xfer_build. */
+struct fake_handle {
+	uint64_t id;
+	struct region *r;
+};
+
 struct fake_conn {
-	struct conn c;
-	struct rhandle hs, hd;
-	struct rhandle *slot;
+	struct xfer_from c;
+	struct fake_handle hs, hd;
+	struct logrl log;
 	unsigned char *area;
 };
+
+static struct region *
+fake_region(void *arg, uint64_t id, bool *read_only)
+{
+	struct fake_conn *f = arg;
+
+	*read_only = false;
+	return id == f->hs.id ? f->hs.r : id == f->hd.id ? f->hd.r : NULL;
+}
 
 /* A connection with two regions of the given lengths and a segment area, without a socket. */
 static void
 fake_conn_init(struct fake_conn *f, uint64_t slen, uint64_t dlen, size_t area_len)
 {
+	struct user *u = user_get(getuid());
+
 	memset(f, 0, sizeof(*f));
 	f->c.epoch = 7;
-	f->c.user = user_get(getuid());   /* refusals are logged against the uid's share */
-	f->c.hcap = 1;                 /* one hash chain holds both handles */
-	f->c.htab = &f->slot;
-	f->hs = (struct rhandle){ .id = 7ull << 32 | 1, .r = region_new() };
-	f->hd = (struct rhandle){ .id = 7ull << 32 | 2, .r = region_new(), .next = NULL };
-	f->hs.next = &f->hd;
-	f->slot = &f->hs;
+	f->c.user = u;
+	/* refusals are logged in the uid's share, not limited (the many this test causes) */
+	f->c.who = (struct logwho){ .uid = getuid(), .operator = true, .mine = &f->log, .uid_share = &u->log };
+	f->c.region = fake_region;
+	f->c.arg = f;
+	f->hs = (struct fake_handle){ .id = 7ull << 32 | 1, .r = region_new() };
+	f->hd = (struct fake_handle){ .id = 7ull << 32 | 2, .r = region_new() };
 	f->hs.r->length = slen;
 	f->hd.r->length = dlen;
 	f->area = mmap(NULL, area_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

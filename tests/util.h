@@ -17,7 +17,7 @@
 
 /*
  * The longest a well-behaved client's small copy may take while another client misbehaves:
- * gpxd gives a stuck doorbell 10 ms (daemon/cq.c); the rest is for a slow, shared machine and
+ * gpxd gives a stuck doorbell 10 ms (daemon/core/cq.c); the rest is for a slow, shared machine and
  * the sanitizer build.
  */
 #define BYSTANDER_MAX_S 0.2

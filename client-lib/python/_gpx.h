@@ -1,16 +1,22 @@
 /*
  * The Python module gpx._gpx: what its C files share.
  *
- *   _gpx.c             the module: state, exceptions, argument helpers, fork detection
- *   conn.c             gpx.Conn: connecting, locking, closing
+ * The files, top down: each calls only files below it in this list (and the library);
+ * build-aux/layers.test checks that no cycle of calls appears between them.
+ *
+ *   _gpx.c             the module: initialisation, state, its functions, exceptions, fork
+ *   conn.c             gpx.Conn: connecting, its methods, closing
  *   region.c           gpx.Region: register, import_, export, unexport, deregister
- *   transfer.c         gpx.Transfer: wait, done, await, cancel, the map of pending tags
  *   transfer-submit.c  copy, copyv, copy_pages and the batches; the benchmark's C loops
+ *   transfer.c         gpx.Transfer: wait, done, await, cancel
  *   route.c            completions: reading, routing, waiting; Conn.poll and Conn.wait
+ *   transfer-map.c     the Transfers not yet complete, by tag; resolving one
+ *   conn-lock.c        a Conn's lock, and its refusal in a child of fork()
+ *   mem-lists.c        segment and page lists, read in place or converted from sequences
  *   mem.c              the memory of tensors, arrays and buffers, for register()
  *   mem-host.c         gpx.HostBuffer: host memory gpxd can map, with the buffer protocol
- *   mem-lists.c        segment and page lists, read in place or converted from sequences
  *   torch-alloc.c      the VMM allocator PyTorch may allocate exportable memory from
+ *   gpxpy.c            raising gpx errors, argument helpers, conversions, the clock
  *
  * Built against the stable ABI of Python 3.11 (Py_LIMITED_API is set by the build), so the
  * one module loads in every CPython from 3.11 on.
@@ -219,8 +225,9 @@ struct pulled {
 /* What route_wait_until waits for. */
 typedef bool (*wait_pred)(Conn *, void *);
 
-/* _gpx.c */
-extern unsigned gpxpy_fork_gen;      /* bumped in the child of every fork() */
+/* gpxpy.c */
+extern unsigned gpxpy_fork_gen;      /* bumped in the child of every fork() (_gpx.c) */
+int gpxpy_err_slot(int code);        /* the slot of modstate.errors for a code (either sign) */
 /* The name of obj's type, for messages: valid in the statement that uses it. */
 #define TNAME(obj) gpxpy_type_name((obj), (char[80]){ 0 }, 80)
 const char *gpxpy_type_name(PyObject *obj, char *buf, size_t len);
@@ -240,6 +247,8 @@ double gpxpy_now(void);
 /* conn.c */
 extern PyType_Spec conn_spec;
 PyObject *conn_connect(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+
+/* conn-lock.c */
 int conn_usable(Conn *s);
 PyThreadState *conn_lock_quick(Conn *s);
 PyThreadState *conn_lock_slow(Conn *s);
@@ -259,6 +268,8 @@ extern PyType_Spec transfer_spec;
 Transfer *transfer_start(Conn *s, PyObject *tag_arg);
 /* A submission failed: the Transfer goes, and the error is raised (returns NULL). */
 PyObject *transfer_abort(Transfer *t, const struct callres *cr);
+
+/* transfer-map.c */
 struct tagslot *transfer_map_find(struct tagmap *m, uint64_t tag);
 int transfer_map_put(struct tagmap *m, uint64_t tag, Transfer *t);
 void transfer_map_del(struct tagmap *m, struct tagslot *slot);

@@ -9,9 +9,11 @@
  * A reload checks [cluster] like every section, but its values take effect at restart.
  *
  * Everything here runs on the loop thread.  Calls into the cluster come from levent.c
- * (start, stop), conf.c (the keys), conn-export.c (exports by name, imports by bare name) and
- * export.c (a name withdrawn); the cluster calls down into exports, the fabric's hooks, log
- * and conf.  Its answers to a connection go through the callbacks handed down with a request.
+ * (start, stop), main.c (the keys, through conf_add_section), client/conn-export.c (exports
+ * by name, imports by bare name), client/export.c (a name withdrawn), ctl.c and metrics.c; the
+ * cluster calls down only: the fabric's hooks, the GPU back end (how many GPUs) and the core
+ * (names, log, conf, the clock).  Its answers to a connection go through the callbacks handed
+ * down with a request.
  */
 #ifndef GPX_CLUSTER_CLUSTER_H
 #define GPX_CLUSTER_CLUSTER_H
@@ -21,29 +23,17 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "daemon/gpxd.h"          /* struct cluster_conf, in struct conf */
+
 struct event_base;
 struct conn;
 struct evbuffer;
 
-/* [cluster] of gpxd.conf (a member of struct conf; strings owned, NULL = unset). */
-struct cluster_conf {
-	char *etcd;                  /* "http://host:port,https://..."; NULL: the cluster is off */
-	char *prefix;                /* keys live under it; NULL = "/gpx" */
-	uint32_t lease_ttl;          /* seconds; 0 = 10 */
-	char *cacert, *cert, *key;   /* TLS to etcd */
-	char *auth_file;             /* "user:password" for etcd's own authentication */
-};
 /* One key of [cluster]: 0, or -1 with why (the caller names the file and line). */
 int cluster_conf_key(struct cluster_conf *, const char *key, const char *v, char *why, size_t whylen);
 void cluster_conf_free(struct cluster_conf *);
 /* main.c, before the first load: [cluster] is read by this folder's code (conf_add_section). */
 void cluster_conf_register(void);
-
-static inline bool
-cluster_configured(const struct cluster_conf *cc)
-{
-	return cc->etcd != NULL;
-}
 
 /*
  * levent.c, after the fabric: joins the cluster.  It waits (running the loop) for the first

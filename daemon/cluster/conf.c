@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/gpxd.h"
+#include "daemon/cluster/cluster.h"
 
 static int
 set(char **dst, const char *v)

@@ -28,6 +28,7 @@
 
 #include "daemon/gpxd.h"
 #include "daemon/cluster/cluster.h"
+#include "daemon/gpu/gpu.h"
 
 #define CLUSTER_VALUE_MAX 4096       /* a value larger than this is someone else's: ignored */
 #define CLUSTER_NODE_MAX 64          /* node names, as the fabric's */

@@ -20,12 +20,31 @@ gpu_stats(struct fabric_gpu_stats *g)
 	fabric_rdma_gpu_regs(&g->dmabuf_regs, &g->peermem_regs, &g->unregistrable);
 }
 
+/* The hooks, set by levent.c from fabric_init: NULL while the fabric is off. */
+const struct fabric_ops *fabric;
+/* Our exports, for peers' imports (peer-import.c), set by the connections' layer at start. */
+const struct fabric_exports *fabric_exports;
+
+void
+fabric_exports_from(const struct fabric_exports *e)
+{
+	fabric_exports = e;
+}
+
+/* The engine's chunks of PATH_FABRIC (request.c takes them), set by engine_init. */
+const struct chunk_source *fabric_chunks;
+
+void
+fabric_chunks_from(const struct chunk_source *s)
+{
+	fabric_chunks = s;
+}
+
 static const struct fabric_ops ops = {
 	.import = peer_import,                       /* peer.c */
 	.probe = stage_probe,                        /* stage.c */
 	.xfer_check = remote_xfer_check,             /* remote.c */
 	.kick = request_kick,                        /* request.c */
-	.region_gone = fabric_rdma_region_gone,      /* rdma-mr.c */
 	.status = peer_status,                       /* peer.c */
 	.peers = peer_query,
 	.peers_free = peer_query_free,
@@ -38,5 +57,8 @@ static const struct fabric_ops ops = {
 const struct fabric_ops *
 fabric_init(struct event_base *b)
 {
-	return peer_start(b) < 0 ? NULL : &ops;
+	if (peer_start(b) < 0)
+		return NULL;
+	region_on_gone(fabric_rdma_region_gone);     /* rdma-mr.c */
+	return &ops;
 }

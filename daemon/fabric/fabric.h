@@ -9,16 +9,18 @@
  * without the fabric none of its code runs: no thread, socket, timer or RDMA device.  A reload
  * neither starts nor stops it, as before: turning it on or off takes effect at restart (the
  * keys it reads at each use, such as timeout, at once).  Once set, `fabric` stays set until
- * the process exits, so that kick and region_gone, which other threads call, never see it
- * change; after stop the hooks find nothing to do.
+ * the process exits, so that kick, which other threads call, never sees it change; after stop
+ * the hooks find nothing to do.  What the fabric must hear of regions (a mapping about to
+ * close) it registers with the core at start (region_on_gone).
  *
  * One thing is not behind fabric_init: nic_topo, the node's RDMA NICs read from sysfs, which
  * gpxctl topo shows whether or not the fabric runs (daemon/fabric/nic.c; it reads files only).
  *
- * Results go up through callbacks the core hands down: an import's answer through the
- * fabric_import_fn that conn.c passes with it.  The fabric calls down into regions, exports,
- * the engine's chunks, completion queues, defer, log and conf, never into connections or the
- * event loop (now_s, the daemon's clock in levent.c, aside).
+ * Results go up through callbacks the layers above hand down: an import's answer through the
+ * fabric_import_fn that client/conn-export.c passes with it; the exports peers import through
+ * the table client/ registers (fabric_exports_from); the engine's chunks through its chunk
+ * source (fabric_chunks_from).  The fabric calls down only: into the core (regions,
+ * completion queues, defer, log, conf, the clock), the GPU back end and host memory.
  */
 #ifndef GPX_FABRIC_FABRIC_H
 #define GPX_FABRIC_FABRIC_H
@@ -41,7 +43,7 @@ typedef void (*fabric_import_fn)(void *arg, int status, const char *msg, struct 
 struct fabric_import {
 	const char *name;            /* "NODE:name" or "@HOST:PORT/name" (borrowed for the call) */
 	uid_t uid;                   /* the asker's: the region's uid, and named in the log */
-	struct conn *log_as;         /* only handed to log_client: the asker's share of the log */
+	const struct logwho *log_as; /* the asker's share of the log (borrowed for the call) */
 	fabric_import_fn done;
 	void *arg;
 	/* Set by the cluster (daemon/cluster/): the export's name on `node`, whose fabric address
@@ -73,8 +75,6 @@ struct fabric_ops {
 	int (*xfer_check)(const struct region *src, const struct region *dst, char *err, size_t errlen);
 	/* engine.c, any thread: PATH_FABRIC has new work. */
 	void (*kick)(void);
-	/* region.c, any thread: r's mapping is about to close; its RDMA registrations go first. */
-	void (*region_gone)(struct region *r);
 	/* ctl.c: one line for status; the peers for Q_PEERS, and their freeing; metrics.c too: */
 	const char *(*status)(void);
 	void (*peers)(Gpx__QueryReply *);
@@ -99,6 +99,26 @@ fabric_configured(const struct conf *c)
 {
 	return c->fabric_listen != NULL || c->fabric_peers != NULL || c->fabric_dial_on_demand;
 }
+
+/*
+ * Our exports, as the fabric serves peers' imports of them: the connections' layer, which
+ * keeps the exports, hands this table down at start (fabric_exports_from).
+ */
+struct export;
+struct fabric_exports {
+	/* Export `name`, if peer node `node` may import it: 0 with it, its region, whether it is
+	 * read-only and whether its owner is notified; else a negative gpx status: ENOENT (none),
+	 * EACCES (not open to that node) or EREVOKED (withdrawn).  Takes nothing. */
+	int (*find)(const char *name, const char *node, struct export **e, struct region **r, bool *read_only,
+	    bool *notify);
+	/* A peer's import of e begins; one of region r ends (the export counts its importers). */
+	void (*import_begin)(struct export *e);
+	void (*import_end)(struct region *r);
+};
+void fabric_exports_from(const struct fabric_exports *);
+
+/* Where the fabric's requests take the chunks of PATH_FABRIC from: set by engine_init. */
+void fabric_chunks_from(const struct chunk_source *);
 
 /* Loop thread, after engine_init and gpu_init: starts the fabric; NULL when it cannot (said
  * in the log). */

@@ -50,6 +50,8 @@
 
 #include "daemon/gpxd.h"
 #include "daemon/fabric/fabric.h"
+#include "daemon/gpu/gpu.h"
+#include "daemon/host/host.h"
 #include "proto/peer.pb-c.h"
 
 /*
@@ -203,6 +205,7 @@ size_t peer_dial_count(void);                /* addresses known */
 void peer_dial_query(Gpx__QueryReply *);     /* appends those with no connection now */
 
 /* ---- peer-import.c: imports, ours of peers' exports and peers' of ours ---- */
+extern const struct fabric_exports *fabric_exports;   /* the connections' layer's (fabric.c) */
 bool peer_import(const struct fabric_import *);     /* the hook (fabric.h) */
 void peer_import_req(struct peer *, const Gpxpeer__ImportReq *);     /* a peer imports */
 void peer_import_release(struct peer *, const Gpxpeer__Release *);   /* ... and lets go */
@@ -241,6 +244,7 @@ void remote_start(void);                     /* Releases may be queued from now 
 void remote_stop(void);                      /* ... no longer: those queued are dropped */
 
 /* ---- request.c: our requests to peers, the engine's PATH_FABRIC ---- */
+extern const struct chunk_source *fabric_chunks;   /* the engine's (fabric.c) */
 int request_init(struct event_base *);
 void request_shutdown(void);
 void request_kick(void);                     /* any thread (the kick hook): new work, or Releases */

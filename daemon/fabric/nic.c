@@ -24,6 +24,7 @@
 
 #include "daemon/gpxd.h"
 #include "daemon/fabric/fabric.h"
+#include "daemon/gpu/gpu.h"
 #include "daemon/fabric/nic.h"
 
 const char *nic_sysfs_root = "/sys";

@@ -50,14 +50,8 @@ static void import_fail(struct pimport *, int status, const char *fmt, ...)
 static void
 phandle_drop(struct phandle *h)
 {
-	struct export *e;
-
 	fabric_rdma_unexport(h);
-	TAILQ_FOREACH(e, &exports, entry)
-		if (e->r == h->r && e->importers > 0) {
-			e->importers--;
-			break;
-		}
+	fabric_exports->import_end(h->r);
 	region_unref(h->r);
 	free(h);
 }
@@ -67,7 +61,11 @@ peer_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
 {
 	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
 	Gpxpeer__ImportRep rep = GPXPEER__IMPORT_REP__INIT;
-	struct export *e = q->name != NULL && export_name_ok(q->name) ? export_find(q->name) : NULL;
+	struct export *e = NULL;
+	struct region *er = NULL;
+	bool read_only = false, notify = false;
+	int st = q->name != NULL && export_name_ok(q->name) ?
+	    fabric_exports->find(q->name, p->node, &e, &er, &read_only, &notify) : -GPX__STATUS__ENOENT;
 	uint32_t n = 0, rkeys[FABRIC_RDMA_DEVS] = { 0 };
 	struct phandle *h;
 	char msg[256] = "";
@@ -75,36 +73,36 @@ peer_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
 	TAILQ_FOREACH(h, &p->handles, entry)
 		n++;
 	rep.id = q->id;
-	if (e == NULL) {
+	if (st == -GPX__STATUS__ENOENT) {
 		rep.status = GPX__STATUS__ENOENT;
 		snprintf(msg, sizeof(msg), "no export of that name on %s", peer_self);
-	} else if (!export_admits_peer(e, p->node)) {
+	} else if (st == -GPX__STATUS__EACCES) {
 		rep.status = GPX__STATUS__EACCES;
-		snprintf(msg, sizeof(msg), "export %s on %s is not open to peer %s", e->name, peer_self, p->node);
-		log_info("fabric: peer %s: import of %s refused by the export's remote rule", p->node, e->name);
-	} else if (atomic_load(&e->r->revoked)) {
-		rep.status = GPX__STATUS__EREVOKED;
-		snprintf(msg, sizeof(msg), "export %s was withdrawn", e->name);
+		snprintf(msg, sizeof(msg), "export %s on %s is not open to peer %s", q->name, peer_self, p->node);
+		log_info("fabric: peer %s: import of %s refused by the export's remote rule", p->node, q->name);
+	} else if (st < 0) {
+		rep.status = -st;
+		snprintf(msg, sizeof(msg), "export %s was withdrawn", q->name);
 	} else if (n >= PEER_MAX_HANDLES || (h = calloc(1, sizeof(*h))) == NULL) {
 		rep.status = GPX__STATUS__EQUOTA;
 		snprintf(msg, sizeof(msg), "peer %s holds too many imports", p->node);
 	} else {
 		h->id = (uint64_t)p->epoch << 32 | ++p->next_serial;
-		h->r = e->r;
-		region_ref(e->r);
-		h->read_only = e->read_only;
-		snprintf(h->export_name, sizeof(h->export_name), "%s", e->name);
+		h->r = er;
+		region_ref(er);
+		h->read_only = read_only;
+		snprintf(h->export_name, sizeof(h->export_name), "%s", q->name);
 		TAILQ_INSERT_TAIL(&p->handles, h, entry);
-		e->importers++;
+		fabric_exports->import_begin(e);
 		rep.handle = h->id;
-		rep.length = e->r->length;
+		rep.length = er->length;
 		rep.read_only = h->read_only;
-		rep.notify = e->notify;
+		rep.notify = notify;
 		rep.rdma = fabric_rdma_export(p, h, &rep.rdma_addr, rkeys);
 		rep.rdma_rkey = rkeys[0];
 		rep.n_rdma_rkeys = rep.rdma ? FABRIC_RDMA_DEVS : 0;
 		rep.rdma_rkeys = rkeys;
-		log_debug("fabric", "peer %s imports %s as %#llx", p->node, e->name, (unsigned long long)h->id);
+		log_debug("fabric", "peer %s imports %s as %#llx", p->node, q->name, (unsigned long long)h->id);
 	}
 	rep.message = msg;
 	m.body_case = GPXPEER__PEER_MSG__BODY_IMPORT_REP;
@@ -134,6 +132,17 @@ peer_import_release(struct peer *p, const Gpxpeer__Release *r)
 }
 
 /* ---- asking: our imports of peers' exports ---- */
+
+/* A line about an import, within the asker's share of the log. */
+static void __attribute__((format(printf, 3, 4)))
+log_asker(const struct logwho *w, int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vwho(w, level, fmt, ap);
+	va_end(ap);
+}
 
 /* A waiting import of export `name` for the asker rq; NULL (and rq answered) without memory. */
 static struct pimport *
@@ -288,7 +297,7 @@ import_by_addr(const struct fabric_import *rq, const char *a)
 	pi->t = t;
 	if (t->p == NULL && !t->resolving) {
 		if (t->on_demand)
-			log_client(rq->log_as, LOG_L_INFO, "fabric: dialling %s on demand, for an import by uid %u",
+			log_asker(rq->log_as, LOG_L_INFO, "fabric: dialling %s on demand, for an import by uid %u",
 			    addr, (unsigned)rq->uid);
 		peer_dial(t);
 	}
@@ -331,7 +340,7 @@ import_by_hint(const struct fabric_import *rq)
 		return;
 	}
 	if (t->p == NULL && !t->resolving) {
-		log_client(rq->log_as, LOG_L_INFO, "fabric: dialling node %s at %s (from the cluster store), "
+		log_asker(rq->log_as, LOG_L_INFO, "fabric: dialling node %s at %s (from the cluster store), "
 		    "for an import by uid %u", rq->node, rq->addr, (unsigned)rq->uid);
 		peer_dial(t);
 	}

@@ -2,7 +2,7 @@
  * Memory registered with the RDMA devices.  A local region used by a transfer is registered
  * once per device (ibv_reg_mr) and kept in a cache keyed by the region and device, like the
  * GPU driver's mapping cache, until its mapping closes (fabric_rdma_region_gone, from
- * region_unuse through the region_gone hook, before any kind's close).  An export is
+ * region_unuse through region_on_gone, before any kind's close).  An export is
  * registered again for each import of it, on each device, with the rights of that import only
  * (REMOTE_READ, plus REMOTE_WRITE when it is writable), and its rkeys are handed to the peer in
  * ImportRep, by device: an rkey is valid for that import on that connection and dies with the
@@ -31,7 +31,7 @@
 
 #include "daemon/fabric/rdma.h"
 #ifdef HAVE_CUDA
-#include "daemon/gpu.h"
+#include "daemon/gpu/gpu.h"
 #endif
 
 /* A registration: a local region's (h == NULL, the cache) or one import of an export. */

@@ -8,10 +8,10 @@
  * one chunk), so the owner hears of it exactly as for a local copy.  The other side of these
  * requests is serve.c.
  *
- * Why chunks are taken on the loop thread and not by a worker as daemon/gpu.c does: a chunk
+ * Why chunks are taken on the loop thread and not by a worker as daemon/gpu/gpu-copy.c does: a chunk
  * here is a message on a non-blocking socket, not a copy that blocks, so no thread needs to
  * wait on it.  engine_submit kicks the loop (request_kick, the kick hook); the loop takes
- * chunks with engine_next_chunk(wait = false) while fewer than FABRIC_WINDOW are in flight,
+ * chunks from the engine's chunk source (next, wait = false; fabric_chunks_from) while fewer than FABRIC_WINDOW are in flight,
  * and each answer takes the next one, which keeps the engine's round-robin between clients and
  * jobs.  The received bytes are copied out of the socket buffer into the region on the loop
  * thread: one chunk (1 MiB by default) at a time, so a large transfer never holds the loop for
@@ -84,7 +84,7 @@ fop_free(struct fop *f, bool ok)
 	stage_put(f->stage);
 	nfops--;
 	nfbytes -= f->c.bytes;
-	engine_chunk_done(&f->c, ok);
+	fabric_chunks->done(&f->c, ok);
 	free(f);
 }
 
@@ -231,7 +231,7 @@ start_chunk(struct chunk *c)
 	if (p == NULL || p->epoch != rm->epoch || (f = calloc(1, sizeof(*f))) == NULL) {
 		log_debug("fabric", "client %llu tag %llu: peer %s unreachable", (unsigned long long)j->client,
 		    (unsigned long long)j->tag, rm ? rm->node : "?");
-		engine_chunk_done(c, false);
+		fabric_chunks->done(c, false);
 		return;
 	}
 	nfops++;
@@ -271,7 +271,7 @@ pump(void)
 	struct chunk c;
 
 	while (running && nfops < FABRIC_WINDOW && nfbytes < FABRIC_WINDOW_BYTES &&
-	    engine_next_chunk(PATH_FABRIC, &c, false, cfg->fabric_chunk, 1))
+	    fabric_chunks->next(PATH_FABRIC, &c, false, cfg->fabric_chunk, 1))
 		start_chunk(&c);
 }
 
@@ -470,8 +470,8 @@ request_shutdown(void)
 	stage_shutdown();
 	/* Chunks still queued on the path fail now, so their transfers end. */
 	struct chunk c;
-	while (engine_next_chunk(PATH_FABRIC, &c, false, UINT64_MAX, UINT32_MAX))
-		engine_chunk_done(&c, false);
+	while (fabric_chunks->next(PATH_FABRIC, &c, false, UINT64_MAX, UINT32_MAX))
+		fabric_chunks->done(&c, false);
 	if (kick_ev != NULL)
 		event_free(kick_ev);
 	kick_ev = NULL;

@@ -39,7 +39,7 @@
 
 #ifdef HAVE_CUDA
 
-#include "daemon/gpu.h"
+#include "daemon/gpu/gpu.h"
 
 #define STAGE_BYTES (32u << 20)
 #define STAGE_MAX 64                 /* buffers in the pool */

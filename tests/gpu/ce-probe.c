@@ -5,7 +5,7 @@
  * while this thread times 4 KiB copies on a third stream, one at a time, submit to
  * cuStreamSynchronize.  With an argument the third stream has the greatest priority.  It
  * prints the long copies' GB/s and the small ones' p50, p99 and max.  What it found on an H100
- * decided gpxd's streams (daemon/gpu-copy.c): at equal priority a small copy waits for the
+ * decided gpxd's streams (daemon/gpu/gpu-copy.c): at equal priority a small copy waits for the
  * long copy under way to end; at greater priority it does not, and the long copy is no slower.
  *
  *   ce-probe [priority]

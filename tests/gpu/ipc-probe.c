@@ -11,7 +11,7 @@
  * V (invalid value), E (another error); then malloc and free churn the heap.  Run it under
  * glibc's checking (LD_PRELOAD=libc_malloc_debug.so.0 GLIBC_TUNABLES=glibc.malloc.check=3):
  * a driver that corrupts its heap ends the child with SIGABRT.  This is why gpxd refuses a
- * handle that maps an allocation already open under other bytes (daemon/gpu.c, ipc_held).
+ * handle that maps an allocation already open under other bytes (daemon/gpu/gpu.c, ipc_held).
  * Not part of the test suite: on the drivers it was written against, some ranges abort.
  */
 #include <cuda.h>

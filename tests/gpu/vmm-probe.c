@@ -17,7 +17,7 @@
  *   cost          p50 over 50 runs of import, reserve, map and set access, separately (us)
  * gpxd keys a VMM piece by what its connection says (the owner's memory block id) and holds it
  * per connection, since none of the above recognises an allocation before it is imported
- * (daemon/vmm.c); this program is what to run on a new driver to see whether that changed.
+ * (daemon/gpu/vmm.c); this program is what to run on a new driver to see whether that changed.
  * Not part of the test suite.
  */
 #include "config.h"

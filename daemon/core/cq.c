@@ -1,0 +1,313 @@
+/*
+ * Completion queues: per connection, a ring in a sealed memfd shared with the client, and the
+ * client's eventfd as doorbell.  Copy workers post records directly (under the queue's lock),
+ * so a completion reaches the client without a hop through the event loop.
+ *
+ * Credits: a transfer is accepted only when a ring slot is guaranteed for its record, counting
+ * records not yet consumed by the client and transfers still in flight.  So a posted record
+ * never overwrites an unread one, and a client that stops reading only stops itself.
+ *
+ * The doorbell never blocks the daemon: the eventfd is checked for room with poll() and
+ * written non-blocking; a client that made it unwritable (full counter) is marked broken and
+ * disconnected by the loop.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+
+#include "daemon/gpxd.h"
+
+static void (*cq_broken_hook)(struct cq *);
+
+void
+cq_set_broken_hook(void (*fn)(struct cq *))
+{
+	cq_broken_hook = fn;
+}
+
+struct cq *
+cq_new(uint32_t entries, int efd, uint64_t client, char *err, size_t errlen)
+{
+	struct cq *q = calloc(1, sizeof(*q));
+
+	if (q == NULL) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	atomic_init(&q->refs, 1);
+	pthread_mutex_init(&q->lock, NULL);
+	q->efd = efd;
+	q->entries = entries;
+	q->client = client;
+	for (int p = 0; p < NPATHS; p++)
+		TAILQ_INIT(&q->eq[p].jobs);
+	q->ring_len = gpx_ring_size(entries);
+	q->ring_fd = memfd_create("gpx-completions", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (q->ring_fd < 0 || ftruncate(q->ring_fd, q->ring_len) < 0 ||
+	    (q->ring = mmap(NULL, q->ring_len, PROT_READ | PROT_WRITE, MAP_SHARED, q->ring_fd, 0)) ==
+	    MAP_FAILED ||
+	    fcntl(q->ring_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		snprintf(err, errlen, "completion ring: %s", strerror(errno));
+		if (q->ring != MAP_FAILED && q->ring != NULL)
+			munmap(q->ring, q->ring_len);
+		if (q->ring_fd >= 0)
+			close(q->ring_fd);
+		free(q);
+		return NULL;
+	}
+	q->ring->magic = GPX_RING_MAGIC;
+	q->ring->version = GPX_RING_VERSION;
+	q->ring->entries = entries;
+	q->ring->entry_size = sizeof(struct gpx_cqe);
+	q->ring->sq_wakeup = 1;      /* until the loop polls, submissions need a kick */
+	return q;
+}
+
+void
+cq_ref(struct cq *q)
+{
+	atomic_fetch_add(&q->refs, 1);
+}
+
+void
+cq_unref(struct cq *q)
+{
+	if (atomic_fetch_sub(&q->refs, 1) != 1)
+		return;
+	munmap(q->ring, q->ring_len);
+	if (q->ring_fd >= 0)
+		close(q->ring_fd);
+	if (q->efd >= 0)
+		close(q->efd);
+	pthread_mutex_destroy(&q->lock);
+	free(q);
+}
+
+/* Under the lock: records the client has not consumed, or -1 if its tail is impossible. */
+static int64_t
+cq_used(struct cq *q)
+{
+	uint64_t head = q->head;
+	uint64_t tail = __atomic_load_n(&q->ring->tail, __ATOMIC_ACQUIRE);
+	uint64_t used = head - tail;
+
+	if (used > q->entries)
+		return -1;
+	return (int64_t)used;
+}
+
+static void
+cq_break(struct cq *q, const char *why)
+{
+	if (!q->broken) {
+		/* Said by the loop when it disconnects the client (any thread may get here). */
+		q->broken_why = why;
+		q->broken = true;
+		if (cq_broken_hook != NULL)
+			cq_broken_hook(q);
+	}
+}
+
+int
+cq_reserve(struct cq *q)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&q->lock);
+	int64_t used = cq_used(q);
+	if (q->broken)
+		r = -GPX__STATUS__EPROTO;
+	else if (used < 0) {
+		cq_break(q, "completion ring tail corrupted");
+		r = -GPX__STATUS__EPROTO;
+	} else if (q->inflight + (uint64_t)used >= q->entries)
+		r = -GPX__STATUS__EBUSY;
+	else
+		q->inflight++;
+	pthread_mutex_unlock(&q->lock);
+	return r;
+}
+
+void
+cq_unreserve(struct cq *q)
+{
+	pthread_mutex_lock(&q->lock);
+	q->inflight--;
+	pthread_mutex_unlock(&q->lock);
+}
+
+/*
+ * Doorbells never block the daemon.  The eventfd's file description is shared with the client,
+ * which may make it blocking and fill its counter, and then write() would block the calling
+ * thread (a copy worker) for good.  So each thread that rings doorbells publishes when its
+ * current write began, and a sentinel thread, waking every few milliseconds, interrupts a write
+ * older than DOORBELL_TIMEOUT_NS with a signal that nothing handles (and that does not restart
+ * system calls): the write fails with EINTR and the client is disconnected.  On the fast path a
+ * doorbell costs an fcntl, a write and two clock reads; a full non-blocking counter fails at once.
+ */
+#define DOORBELL_TIMEOUT_NS 10000000ULL
+#define DOORBELL_THREADS 512     /* every copy worker, GPU worker and the loop */
+
+struct db_slot {
+	pthread_t thread;
+	_Atomic uint64_t since;      /* start of the write in progress (ns), or 0 */
+};
+
+static struct db_slot db_slots[DOORBELL_THREADS];
+static atomic_int db_nslots;
+static __thread struct db_slot *db_self;
+static pthread_once_t db_once = PTHREAD_ONCE_INIT;
+
+static uint64_t
+mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + ts.tv_nsec;
+}
+
+static void
+db_alarm(int sig)
+{
+	(void)sig;
+}
+
+static void *
+db_sentinel(void *unused)
+{
+	struct timespec tick = { 0, 5000000 };
+
+	(void)unused;
+	for (;;) {
+		nanosleep(&tick, NULL);
+		uint64_t now = mono_ns();
+		int n = atomic_load(&db_nslots);
+		for (int i = 0; i < n; i++) {
+			uint64_t since = atomic_load(&db_slots[i].since);
+			if (since != 0 && now - since > DOORBELL_TIMEOUT_NS)
+				pthread_kill(db_slots[i].thread, SIGRTMIN + 1);
+		}
+	}
+	return NULL;
+}
+
+static void
+db_start(void)
+{
+	pthread_t t;
+
+	cq_signal_init();
+	if (pthread_create(&t, NULL, db_sentinel, NULL) == 0)
+		pthread_detach(t);
+	else
+		log_warn("doorbell sentinel");
+}
+
+void
+cq_signal_init(void)
+{
+	struct sigaction sa = { .sa_handler = db_alarm };
+
+	sigemptyset(&sa.sa_mask);
+	sa.sa_flags = 0;         /* no SA_RESTART: the blocked write must fail with EINTR */
+	sigaction(SIGRTMIN + 1, &sa, NULL);
+}
+
+/* The calling thread's slot, registered on its first doorbell; NULL if the table is full. */
+static struct db_slot *
+db_slot(void)
+{
+	if (db_self == NULL) {
+		pthread_once(&db_once, db_start);
+		int i = atomic_fetch_add(&db_nslots, 1);
+		if (i >= DOORBELL_THREADS) {
+			atomic_fetch_sub(&db_nslots, 1);
+			return NULL;
+		}
+		db_slots[i].thread = pthread_self();
+		db_self = &db_slots[i];
+	}
+	return db_self;
+}
+
+static void
+cq_ring_doorbell(struct cq *q)
+{
+	struct db_slot *me = db_slot();
+	uint64_t one = 1, t0 = mono_ns();
+	ssize_t n;
+
+	/* A client may clear O_NONBLOCK (to block in read, say): put it back, so that a full
+	 * counter fails at once; only a client racing this fcntl is left to the sentinel. */
+	int fl = fcntl(q->efd, F_GETFL);
+	if (fl >= 0 && !(fl & O_NONBLOCK))
+		fcntl(q->efd, F_SETFL, fl | O_NONBLOCK);
+	if (me != NULL)
+		atomic_store(&me->since, t0);
+	do
+		n = write(q->efd, &one, sizeof(one));
+	while (n < 0 && errno == EINTR && mono_ns() - t0 < DOORBELL_TIMEOUT_NS);   /* a stale signal */
+	if (me != NULL)
+		atomic_store(&me->since, 0);
+	if (n != sizeof(one)) {
+		pthread_mutex_lock(&q->lock);
+		cq_break(q, "its eventfd cannot take a doorbell (counter full, or blocking)");
+		pthread_mutex_unlock(&q->lock);
+	}
+}
+
+static void
+cq_write(struct cq *q, uint64_t tag, int status, uint64_t bytes, uint32_t flags, uint64_t region)
+{
+	struct gpx_cqe *e = (struct gpx_cqe *)(q->ring + 1) + (q->head & (q->entries - 1));
+
+	e->tag = tag;
+	e->bytes = bytes;
+	e->status = status;
+	e->flags = flags;
+	e->region = region;
+	q->head++;
+	__atomic_store_n(&q->ring->head, q->head, __ATOMIC_RELEASE);
+}
+
+void
+cq_post(struct cq *q, uint64_t tag, int status, uint64_t bytes)
+{
+	pthread_mutex_lock(&q->lock);
+	q->inflight--;
+	if (q->broken) {
+		pthread_mutex_unlock(&q->lock);
+		return;
+	}
+	cq_write(q, tag, status, bytes, 0, 0);
+	pthread_mutex_unlock(&q->lock);
+	cq_ring_doorbell(q);
+}
+
+void
+cq_notify(struct cq *q, uint64_t tag, uint64_t region, uint64_t bytes)
+{
+	bool posted = false;
+
+	pthread_mutex_lock(&q->lock);
+	int64_t used = cq_used(q);
+	if (!q->broken && used >= 0 && q->inflight + (uint64_t)used < q->entries) {
+		cq_write(q, tag, 0, bytes, GPX_CQE_NOTIFY, region);
+		posted = true;
+	} else if (!q->broken)
+		__atomic_fetch_add(&q->ring->dropped, 1, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&q->lock);
+	if (posted)
+		cq_ring_doorbell(q);
+}

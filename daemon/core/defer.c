@@ -1,0 +1,136 @@
+/*
+ * Blocking work off the event loop.  A small pool of task threads runs work functions (mapping
+ * and pinning host memory, opening CUDA handles); each finished task is queued back to the loop
+ * thread, which is woken through an eventfd and runs the task's done function there.  The loop
+ * thread therefore never waits on a slow system or driver call.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <sys/eventfd.h>
+#include <event2/event.h>
+
+#include "daemon/gpxd.h"
+
+struct task {
+	STAILQ_ENTRY(task) entry;
+	defer_fn work, done;
+	void *arg;
+};
+STAILQ_HEAD(task_list, task);
+
+static pthread_mutex_t defer_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t defer_cond = PTHREAD_COND_INITIALIZER;
+static struct task_list defer_todo = STAILQ_HEAD_INITIALIZER(defer_todo);
+static struct task_list defer_done = STAILQ_HEAD_INITIALIZER(defer_done);
+static pthread_t *defer_threads;
+static int defer_nthreads;
+static bool defer_quit;
+static int defer_efd = -1;
+static struct event *defer_ev;
+
+static void *
+defer_main(void *unused)
+{
+	(void)unused;
+	pthread_mutex_lock(&defer_lock);
+	for (;;) {
+		while (STAILQ_EMPTY(&defer_todo) && !defer_quit)
+			pthread_cond_wait(&defer_cond, &defer_lock);
+		if (STAILQ_EMPTY(&defer_todo))
+			break;
+		struct task *t = STAILQ_FIRST(&defer_todo);
+		STAILQ_REMOVE_HEAD(&defer_todo, entry);
+		pthread_mutex_unlock(&defer_lock);
+
+		t->work(t->arg);
+
+		pthread_mutex_lock(&defer_lock);
+		bool wake = STAILQ_EMPTY(&defer_done);
+		STAILQ_INSERT_TAIL(&defer_done, t, entry);
+		if (wake) {
+			uint64_t one = 1;
+			(void)!write(defer_efd, &one, sizeof(one));
+		}
+	}
+	pthread_mutex_unlock(&defer_lock);
+	return NULL;
+}
+
+/* Loop thread: run the done functions of finished tasks. */
+static void
+defer_reap(evutil_socket_t fd, short what, void *unused)
+{
+	struct task_list done = STAILQ_HEAD_INITIALIZER(done);
+	uint64_t v;
+
+	(void)what;
+	(void)unused;
+	(void)!read(fd, &v, sizeof(v));
+	pthread_mutex_lock(&defer_lock);
+	STAILQ_CONCAT(&done, &defer_done);
+	pthread_mutex_unlock(&defer_lock);
+	while (!STAILQ_EMPTY(&done)) {
+		struct task *t = STAILQ_FIRST(&done);
+		STAILQ_REMOVE_HEAD(&done, entry);
+		t->done(t->arg);
+		free(t);
+	}
+}
+
+int
+defer_init(struct event_base *base, int threads)
+{
+	defer_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (defer_efd < 0)
+		return -errno;
+	defer_ev = event_new(base, defer_efd, EV_READ | EV_PERSIST, defer_reap, NULL);
+	event_add(defer_ev, NULL);
+	defer_threads = calloc(threads, sizeof(*defer_threads));
+	for (int i = 0; i < threads; i++) {
+		if (pthread_create(&defer_threads[i], NULL, defer_main, NULL) != 0)
+			break;
+		defer_nthreads++;
+	}
+	return defer_nthreads > 0 ? 0 : -EAGAIN;
+}
+
+/* Finishes the queued tasks, then stops the threads and runs the remaining done functions. */
+void
+defer_shutdown(void)
+{
+	pthread_mutex_lock(&defer_lock);
+	defer_quit = true;
+	pthread_cond_broadcast(&defer_cond);
+	pthread_mutex_unlock(&defer_lock);
+	for (int i = 0; i < defer_nthreads; i++)
+		pthread_join(defer_threads[i], NULL);
+	defer_reap(defer_efd, EV_READ, NULL);
+	free(defer_threads);
+	defer_threads = NULL;
+	defer_nthreads = 0;
+	if (defer_ev != NULL)
+		event_free(defer_ev);
+	defer_ev = NULL;
+	close(defer_efd);
+	defer_efd = -1;
+	defer_quit = false;
+}
+
+void
+defer_run(defer_fn work, defer_fn done, void *arg)
+{
+	struct task *t = malloc(sizeof(*t));
+
+	if (t == NULL)
+		fatalx("out of memory");
+	t->work = work;
+	t->done = done;
+	t->arg = arg;
+	pthread_mutex_lock(&defer_lock);
+	STAILQ_INSERT_TAIL(&defer_todo, t, entry);
+	pthread_cond_signal(&defer_cond);
+	pthread_mutex_unlock(&defer_lock);
+}

@@ -1,0 +1,208 @@
+/*
+ * Per-uid accounting.  Limits in gpx are per user, not per connection, so that opening more
+ * connections buys a tenant nothing.  Entries are kept for the daemon's lifetime: a node has few
+ * uids, and copy workers may still hold a pointer to one after its last connection closed.
+ * Loop thread only, except the inflight counter, which copy workers decrement, and the
+ * engine's queues of the uid (under the engine's lock).
+ */
+#include "config.h"
+
+#include <malloc.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "daemon/gpxd.h"
+
+static TAILQ_HEAD(, user) users = TAILQ_HEAD_INITIALIZER(users);
+
+struct user *
+user_get(uid_t uid)
+{
+	struct user *u;
+
+	TAILQ_FOREACH(u, &users, entry)
+		if (u->uid == uid)
+			return u;
+	if ((u = calloc(1, sizeof(*u))) == NULL || (u->uq = calloc(NPATHS, sizeof(*u->uq))) == NULL)
+		fatalx("out of memory");
+	for (int p = 0; p < NPATHS; p++)
+		TAILQ_INIT(&u->uq[p].conns);
+	u->uid = uid;
+	TAILQ_INSERT_TAIL(&users, u, entry);
+	return u;
+}
+
+void
+user_visit(void (*fn)(struct user *, void *), void *arg)
+{
+	struct user *u;
+
+	TAILQ_FOREACH(u, &users, entry)
+		fn(u, arg);
+}
+
+struct user *
+user_most_hello(void)
+{
+	struct user *u, *most = NULL;
+
+	TAILQ_FOREACH(u, &users, entry)
+		if (u->hello > 0 && (most == NULL || u->hello > most->hello))
+			most = u;
+	return most;
+}
+
+/* The uid's own line of the log: a uid alone, within its share. */
+void
+log_uid(struct user *u, int level, const char *fmt, ...)
+{
+	struct logwho w = { .uid = u->uid, .pid = 0, .operator = u->uid == 0, .uid_share = &u->log };
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vwho(&w, level, fmt, ap);
+	va_end(ap);
+}
+
+void
+user_log_tick(bool final)
+{
+	struct user *u;
+
+	TAILQ_FOREACH(u, &users, entry)
+		if (u->log.held > 0)
+			log_roll(&u->log, u->uid, final);
+}
+
+bool
+creds_in_group(const struct creds *c, gid_t g)
+{
+	if (c->gid == g)
+		return true;
+	for (int i = 0; i < c->ngroups; i++)
+		if (c->groups[i] == g)
+			return true;
+	return false;
+}
+
+/* ---- budgets ---- */
+
+static atomic_uint_fast64_t total_charged;
+static atomic_uint_fast64_t high_water;         /* the total's most since the heap was last trimmed */
+static atomic_bool trimming;
+static atomic_uint_fast64_t refusals[NBUDGETS][2];    /* [scope][busy] */
+static const char *const names[NBUDGETS] = { "request", "connection", "uid", "total" };
+
+const char *
+budget_name(enum budget_scope s)
+{
+	return names[s];
+}
+
+uint64_t
+budget_limit(enum budget_scope s)
+{
+	switch (s) {
+	case BUDGET_REQUEST: return cfg->budget_request;
+	case BUDGET_CONNECTION: return cfg->budget_connection;
+	case BUDGET_UID: return cfg->budget_uid;
+	default: return cfg->budget_total;
+	}
+}
+
+uint64_t
+budget_used(void)
+{
+	return atomic_load(&total_charged);
+}
+
+uint64_t
+budget_refused(enum budget_scope s, bool busy)
+{
+	return atomic_load(&refusals[s][busy]);
+}
+
+/* want: what the request needs so far, held: what other requests hold against the budget. */
+static int
+refuse(enum budget_scope s, uint64_t want, uint64_t held, char *err, size_t errlen)
+{
+	const uint64_t lim = budget_limit(s);
+	const bool busy = want <= lim;
+
+	atomic_fetch_add(&refusals[s][busy], 1);
+	if (busy)
+		snprintf(err, errlen, "busy: the %s budget (limits.%s_budget, %llu bytes) has %llu bytes held by "
+		    "transfers in flight; this one needs %llu or more: retry when some have ended", names[s], names[s],
+		    (unsigned long long)lim, (unsigned long long)held, (unsigned long long)want);
+	else
+		snprintf(err, errlen, "too large: this transfer needs %llu bytes of gpxd's memory, more than the "
+		    "%s budget (limits.%s_budget, %llu bytes) allows", (unsigned long long)want, names[s],
+		    names[s], (unsigned long long)lim);
+	return busy ? -GPX__STATUS__EBUSY : -GPX__STATUS__ENOMEM;
+}
+
+/*
+ * Only the loop thread charges, and other threads only give back: a budget seen with room
+ * here still has it when the bytes are added.  The request's own bytes are part of the
+ * connection's, uid's and total's, so a request that never fits its budget is told so at
+ * the narrowest one.
+ */
+int
+budget_charge(struct charge *ch, uint64_t bytes, char *err, size_t errlen)
+{
+	const uint64_t req = ch->bytes + bytes;
+	const uint64_t held[NBUDGETS] = { 0, atomic_load(&ch->cq->charged) - ch->bytes,
+	    atomic_load(&ch->user->charged) - ch->bytes, atomic_load(&total_charged) - ch->bytes };
+
+	if (req > cfg->budget_request)
+		return refuse(BUDGET_REQUEST, req, 0, err, errlen);
+	for (int s = BUDGET_CONNECTION; s < NBUDGETS; s++)
+		if (req > budget_limit(s) || held[s] + req > budget_limit(s))
+			return refuse(s, req, held[s], err, errlen);
+	atomic_fetch_add(&ch->cq->charged, bytes);
+	atomic_fetch_add(&ch->user->charged, bytes);
+	uint64_t t = atomic_fetch_add(&total_charged, bytes) + bytes;
+	uint64_t hw = atomic_load(&high_water);
+	while (t > hw && !atomic_compare_exchange_weak(&high_water, &hw, t))
+		;
+	ch->bytes = req;
+	return 0;
+}
+
+static void *
+trim(void *unused)
+{
+	(void)unused;
+	malloc_trim(0);
+	atomic_store(&trimming, false);
+	return NULL;
+}
+
+/*
+ * Large lists are freed into the heap, which keeps them for the next request (main.c): once
+ * the total has fallen below half of what it was, a thread of its own gives the heap's free
+ * pages back to the system, so that what a client held is not kept once it is gone.
+ */
+#define TRIM_MIN (16u << 20)
+
+void
+budget_release(struct cq *q, struct user *u, uint64_t bytes)
+{
+	if (bytes == 0)
+		return;
+	atomic_fetch_sub(&q->charged, bytes);
+	atomic_fetch_sub(&u->charged, bytes);
+	uint64_t t = atomic_fetch_sub(&total_charged, bytes) - bytes;
+	uint64_t hw = atomic_load(&high_water);
+	if (hw < TRIM_MIN || t > hw / 2 || atomic_exchange(&trimming, true))
+		return;
+	atomic_store(&high_water, t);
+	pthread_t th;
+	pthread_attr_t a;
+	pthread_attr_init(&a);
+	pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&th, &a, trim, NULL) != 0)
+		atomic_store(&trimming, false);
+	pthread_attr_destroy(&a);
+}

@@ -1,0 +1,710 @@
+/*
+ * The transfer engine.  Every accepted transfer becomes a job on one path (host<->host here;
+ * the GPU back end adds its own).  A path keeps a round-robin list of the uids that have work
+ * there, each uid a round-robin list of its connections with work, and each connection a
+ * round-robin list of its jobs; workers take one chunk (at most chunk_size bytes, possibly
+ * spanning many small segments) at a time from the next job of the next connection of the
+ * next uid.  So a 4 KiB copy never waits behind more than one chunk of each other uid with
+ * work (and of each worker's chunk in progress), however many connections and copies that
+ * uid keeps busy; two saturating uids share a path evenly whatever their numbers of
+ * connections, as the limits are per uid too; and within a uid its connections share evenly.
+ *
+ * A job ends when every byte was handed out and every handed-out chunk came back; the worker
+ * that returns the last chunk posts the completion record itself.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine/engine.h"
+#include "daemon/fabric/fabric.h"
+#include "daemon/gpu/gpu.h"
+#include "daemon/host/host.h"
+
+struct epath {
+	TAILQ_HEAD(, uqueue) active; /* uids with work on the path */
+	atomic_int nactive;          /* uids in `active`: a lock-free hint for spinning workers */
+	atomic_int nqueues;          /* connections with work on the path (a hint too) */
+	atomic_int nsmall;           /* jobs of ENGINE_SMALL_JOB bytes or less not yet handed out */
+	pthread_cond_t cond;
+	atomic_uint_fast64_t transfers, bytes, errors;
+};
+
+static pthread_mutex_t elock = PTHREAD_MUTEX_INITIALIZER;
+static struct epath paths[NPATHS];
+static TAILQ_HEAD(, job) live = TAILQ_HEAD_INITIALIZER(live);
+static uint32_t nlive;
+static uint64_t chunk_size = 2 << 20;
+static bool quit;
+static int cancel_status = GPX__STATUS__ECANCELED;
+static pthread_t *workers;
+static int nworkers;
+static void (*done_hook)(const struct job *, int status);   /* the metrics' (levent.c sets it) */
+
+/* The stage clocks: per stage a count, a sum in ns and a histogram, lock-free. */
+const double engine_stage_bounds[STAGE_BUCKETS] = {
+	1e-6, 2.5e-6, 5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 10e-3, 100e-3, 1,
+};
+static const char *stage_names[NSTAGES] = { "check", "queue", "launch", "gpu_wait", "copy", "post" };
+static struct {
+	atomic_uint_fast64_t count, ns;
+	atomic_uint_fast64_t buckets[STAGE_BUCKETS + 1];
+} stages[NSTAGES];
+
+static const char *path_names[NPATHS] = {
+	"host", "gpu0", "gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6", "gpu7",
+	"gpu8", "gpu9", "gpu10", "gpu11", "gpu12", "gpu13", "gpu14", "gpu15",
+	"fabric",
+};
+
+const char *
+engine_path_name(enum path_kind p)
+{
+	return path_names[p];
+}
+
+/* Host to host runs on memcpy workers; anything touching a GPU on the source GPU's worker,
+ * or the destination GPU's when the source is host memory. */
+enum path_kind
+engine_path_for(const struct region *src, const struct region *dst)
+{
+	/* fabric: anything with another node's region on one side (daemon/fabric/) */
+	if (src->kind == GPX__MEM_KIND__MEM_REMOTE || dst->kind == GPX__MEM_KIND__MEM_REMOTE)
+		return PATH_FABRIC;
+	if (src->dev != DEV_HOST)
+		return PATH_GPU0 + src->dev;
+	if (dst->dev != DEV_HOST)
+		return PATH_GPU0 + dst->dev;
+	return PATH_HOST;
+}
+
+/* The pair that job segment (or page item) seg belongs to. */
+uint32_t
+engine_pair_of(const struct job *j, uint32_t seg)
+{
+	uint32_t lo = 0, hi = j->npairs - 1;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (j->pairs[mid].seg_end <= seg)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+bool
+engine_has_work(enum path_kind p)
+{
+	return atomic_load_explicit(&paths[p].nactive, memory_order_relaxed) > 0;
+}
+
+int
+engine_queues(enum path_kind p)
+{
+	return atomic_load_explicit(&paths[p].nqueues, memory_order_relaxed);
+}
+
+/*
+ * The pieces (segments or pages) a host worker copies in one chunk: with one-byte pieces a
+ * chunk of chunk_size bytes is millions of memcpy calls (2 MiB of them: about 3 ms on one
+ * core here) that another client's small copy may wait for; 16,384 take some 30 us.
+ */
+#define HOST_CHUNK_PIECES 16384
+
+/* A chunk of a page job whose list is read in place: item i is page plist[i % npages] of pair i / npages. */
+static void
+host_pages(const struct chunk *c)
+{
+	const struct job *j = c->job;
+	const uint64_t ps = j->page_size;
+	uint64_t left = c->bytes, off = c->off;
+	uint32_t p = c->seg / j->npages, q = c->seg % j->npages;
+
+	for (; left > 0; off = 0) {
+		const struct jpair *pr = &j->pairs[p];
+		const struct gpx_wire_page w = j->plist[q];
+		uint64_t n = ps - off < left ? ps - off : left;
+		mem_host_copy((char *)pr->dst->host + pr->dst_base + w.dst * ps + off,
+		    (const char *)pr->src->host + pr->src_base + w.src * ps + off, n, j->total);
+		left -= n;
+		if (++q == j->npages) {
+			q = 0;
+			p++;
+		}
+	}
+}
+
+/* Host path: the copy itself.  Regions are mapped for as long as the job holds them. */
+static void *
+host_worker(void *unused)
+{
+	struct chunk c;
+
+	(void)unused;
+	while (engine_next_chunk(PATH_HOST, &c, true, chunk_size, HOST_CHUNK_PIECES)) {
+		struct job *j = c.job;
+		uint64_t left = c.bytes, off = c.off;
+		if (j->plist != NULL) {
+			host_pages(&c);
+			engine_chunk_done(&c, true);
+			continue;
+		}
+		uint32_t p = engine_pair_of(j, c.seg);
+		for (uint32_t s = c.seg; left > 0; s++, off = 0) {
+			const struct gpx_wire_seg *g = &j->segs[s];
+			uint64_t n = g->length - off < left ? g->length - off : left;
+			while (s >= j->pairs[p].seg_end)
+				p++;
+			mem_host_copy((char *)j->pairs[p].dst->host + g->dst_offset + off,
+			    (const char *)j->pairs[p].src->host + g->src_offset + off, n, j->total);
+			left -= n;
+		}
+		engine_chunk_done(&c, true);
+	}
+	return NULL;
+}
+
+void
+engine_on_done(void (*fn)(const struct job *, int status))
+{
+	done_hook = fn;
+}
+
+int
+engine_init(int nthreads, uint64_t chunk)
+{
+	static const struct chunk_source source = {
+		.next = engine_next_chunk,
+		.next_small = engine_next_small_chunk,
+		.has_work = engine_has_work,
+		.done = engine_chunk_done,
+		.pair_of = engine_pair_of,
+	};
+
+	/* The back ends take their chunks through this table, never by calling up here. */
+	gpu_chunks_from(&source);
+	fabric_chunks_from(&source);
+	chunk_size = chunk;
+	quit = false;
+	for (int p = 0; p < NPATHS; p++) {
+		TAILQ_INIT(&paths[p].active);
+		pthread_cond_init(&paths[p].cond, NULL);
+	}
+	workers = calloc(nthreads, sizeof(*workers));
+	for (int i = 0; i < nthreads; i++) {
+		if (pthread_create(&workers[i], NULL, host_worker, NULL) != 0)
+			return -EAGAIN;
+		nworkers++;
+	}
+	return 0;
+}
+
+/* Stops the workers once nothing is queued; callers cancel what should not finish first. */
+void
+engine_shutdown(void)
+{
+	pthread_mutex_lock(&elock);
+	quit = true;
+	for (int p = 0; p < NPATHS; p++)
+		pthread_cond_broadcast(&paths[p].cond);
+	pthread_mutex_unlock(&elock);
+	for (int i = 0; i < nworkers; i++)
+		pthread_join(workers[i], NULL);
+	free(workers);
+	workers = NULL;
+	nworkers = 0;
+}
+
+/* Under the lock: connection queue q of uid queue u has work on path p. */
+static void
+queue_link(struct epath *p, struct uqueue *u, struct equeue *q)
+{
+	if (!q->active) {
+		q->active = true;
+		atomic_fetch_add(&p->nqueues, 1);
+		TAILQ_INSERT_TAIL(&u->conns, q, rr);
+	}
+	if (!u->active) {
+		u->active = true;
+		atomic_fetch_add(&p->nactive, 1);
+		TAILQ_INSERT_TAIL(&p->active, u, rr);
+		pthread_cond_signal(&p->cond);
+	}
+}
+
+/* Under the lock: q has no job left; out of its uid's list, and the uid out of the path's if idle. */
+static void
+queue_unlink(struct epath *p, struct uqueue *u, struct equeue *q)
+{
+	if (q->active) {
+		q->active = false;
+		atomic_fetch_sub(&p->nqueues, 1);
+		TAILQ_REMOVE(&u->conns, q, rr);
+	}
+	if (u->active && TAILQ_EMPTY(&u->conns)) {
+		u->active = false;
+		atomic_fetch_sub(&p->nactive, 1);
+		TAILQ_REMOVE(&p->active, u, rr);
+	}
+}
+
+void
+engine_submit(struct job *j)
+{
+	struct equeue *q = &j->cq->eq[j->path];
+	struct uqueue *u = &j->user->uq[j->path];
+
+	/* The loop read this request's message last (or one after it: never before submission);
+	 * the caller says when (t_recv), or the submission stands for it. */
+	j->t_recv = j->t_recv > 0 && j->t_recv <= j->t_submit ? j->t_recv : j->t_submit;
+	pthread_mutex_lock(&elock);
+	TAILQ_INSERT_TAIL(&live, j, ae);
+	nlive++;
+	if (j->total == 0) {
+		/* Nothing to move: complete it at once through the normal path. */
+		struct chunk c = { .job = j, .bytes = 0 };
+		j->handed_out = true;
+		j->chunks_out = 1;
+		pthread_mutex_unlock(&elock);
+		engine_chunk_done(&c, true);
+		return;
+	}
+	enum path_kind path = j->path;     /* j may be finished by a worker once we unlock */
+	TAILQ_INSERT_TAIL(&q->jobs, j, qe);
+	queue_link(&paths[path], u, q);
+	if (j->total <= ENGINE_SMALL_JOB)
+		atomic_fetch_add(&paths[path].nsmall, 1);
+	pthread_mutex_unlock(&elock);
+	if (path == PATH_FABRIC && fabric != NULL)
+		fabric->kick();     /* the fabric takes chunks on the loop thread, not a worker */
+}
+
+/*
+ * Bytes of j's segments before segment i, knowing those before segment `from` (from <= i): from
+ * the nearer of `from` and the start of i's block, so at most SEG_BLOCK - 1 lengths are added.
+ */
+static uint64_t
+seg_start(const struct job *j, uint32_t i, uint32_t from, uint64_t at)
+{
+	uint32_t b = i / SEG_BLOCK;
+
+	if (b * SEG_BLOCK > from) {
+		from = b * SEG_BLOCK;
+		at = j->blocks[b - 1];
+	}
+	for (; from < i; from++)
+		at += j->segs[from].length;
+	return at;
+}
+
+/*
+ * Pages are all alike: a chunk is a byte range of at most max_bytes (no list is staged).  A
+ * kernel's takes any number of pages; a host worker's (plist) at most max_segs pieces.
+ */
+static void
+cut_pages(struct job *j, struct chunk *c, uint64_t max_bytes, uint32_t max_segs)
+{
+	uint64_t start = j->handed, end = j->total - start > max_bytes ? start + max_bytes : j->total;
+
+	if (j->plist != NULL && (end - 1) / j->page_size - start / j->page_size >= max_segs)
+		end = (start / j->page_size + max_segs) * j->page_size;
+
+	c->seg = (uint32_t)(start / j->page_size);
+	c->off = start % j->page_size;
+	c->bytes = end - start;
+	c->pieces = (uint32_t)((end - 1) / j->page_size) - c->seg + 1;
+	j->handed = end;
+}
+
+/*
+ * Cuts up to max_bytes from at most max_segs segments.  The running byte counts of every
+ * SEG_BLOCK segments (blocks[]) make this a binary search plus a walk through one block, so
+ * a request of 65,536 segments costs nothing per segment here.
+ */
+static void
+cut_segs(struct job *j, struct chunk *c, uint64_t max_bytes, uint32_t max_segs)
+{
+	/* A chunk starts on a byte: zero-length segments are passed over (a queued job has bytes left). */
+	while (j->cur_off == 0 && j->segs[j->cur_seg].length == 0)
+		j->cur_seg++;
+	c->seg = j->cur_seg;
+	c->off = j->cur_off;
+	uint64_t start = j->handed, base = start - j->cur_off;   /* base: bytes before cur_seg */
+	uint32_t last = j->nseg - j->cur_seg > max_segs ? j->cur_seg + max_segs : j->nseg;
+	uint64_t end = last == j->nseg ? j->total : seg_start(j, last, j->cur_seg, base);
+	if (end - start > max_bytes)
+		end = start + max_bytes;
+	uint32_t lo = j->cur_seg / SEG_BLOCK, hi = (last - 1) / SEG_BLOCK;   /* first block reaching end */
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (j->blocks[mid] < end)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	uint32_t s = lo * SEG_BLOCK > j->cur_seg ? lo * SEG_BLOCK : j->cur_seg;
+	uint64_t at = seg_start(j, s, j->cur_seg, base);    /* then the segment in it where end falls */
+	while (at + j->segs[s].length < end)
+		at += j->segs[s++].length;
+	c->bytes = end - start;
+	j->handed = end;
+	c->pieces = s - j->cur_seg + 1;
+	if (end == at + j->segs[s].length) {
+		j->cur_seg = s + 1;
+		j->cur_off = 0;
+	} else {
+		j->cur_seg = s;
+		j->cur_off = end - at;
+	}
+}
+
+/*
+ * The next chunk of path pk: of the first job in round-robin order (between uids, a uid's
+ * connections, a connection's jobs) of at most max_job bytes; with max_job UINT64_MAX simply
+ * the first.  The queues it came from go to the back.
+ */
+static bool
+next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, uint32_t max_segs, uint64_t max_job)
+{
+	struct epath *p = &paths[pk];
+	struct uqueue *u;
+	struct equeue *q = NULL;
+	struct job *j = NULL;
+
+	pthread_mutex_lock(&elock);
+	while (TAILQ_FIRST(&p->active) == NULL) {
+		if (quit || !wait) {
+			pthread_mutex_unlock(&elock);
+			return false;
+		}
+		pthread_cond_wait(&p->cond, &elock);
+	}
+	TAILQ_FOREACH(u, &p->active, rr) {
+		TAILQ_FOREACH(q, &u->conns, rr) {
+			TAILQ_FOREACH(j, &q->jobs, qe)
+				if (j->total <= max_job)
+					break;
+			if (j != NULL)
+				break;
+		}
+		if (q != NULL)
+			break;
+	}
+	if (u == NULL) {
+		pthread_mutex_unlock(&elock);
+		return false;      /* no job small enough */
+	}
+	if (j->t_start == 0)
+		j->t_start = now_s();
+	c->job = j;
+	if (j->pages != NULL || j->plist != NULL)
+		cut_pages(j, c, max_bytes, max_segs);
+	else
+		cut_segs(j, c, max_bytes, max_segs);
+	j->chunks_out++;
+	TAILQ_REMOVE(&q->jobs, j, qe);
+	if (j->handed == j->total) {
+		j->handed_out = true;
+		if (j->total <= ENGINE_SMALL_JOB)
+			atomic_fetch_sub(&p->nsmall, 1);
+	} else
+		TAILQ_INSERT_TAIL(&q->jobs, j, qe);     /* round-robin between a connection's jobs, */
+	TAILQ_REMOVE(&u->conns, q, rr);
+	if (TAILQ_EMPTY(&q->jobs)) {
+		q->active = false;
+		atomic_fetch_sub(&p->nqueues, 1);
+	} else
+		TAILQ_INSERT_TAIL(&u->conns, q, rr);    /* between a uid's connections, */
+	TAILQ_REMOVE(&p->active, u, rr);
+	if (TAILQ_EMPTY(&u->conns)) {
+		u->active = false;
+		atomic_fetch_sub(&p->nactive, 1);
+	} else
+		TAILQ_INSERT_TAIL(&p->active, u, rr);   /* and between uids */
+	if (!TAILQ_EMPTY(&p->active))
+		pthread_cond_signal(&p->cond);
+	pthread_mutex_unlock(&elock);
+	return true;
+}
+
+bool
+engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, uint32_t max_segs)
+{
+	return next_chunk(pk, c, wait, max_bytes, max_segs, UINT64_MAX);
+}
+
+bool
+engine_next_small_chunk(enum path_kind pk, struct chunk *c, uint32_t max_segs)
+{
+	return atomic_load_explicit(&paths[pk].nsmall, memory_order_relaxed) > 0 &&
+	    next_chunk(pk, c, false, ENGINE_SMALL_JOB, max_segs, ENGINE_SMALL_JOB);
+}
+
+void
+engine_free_job(struct job *j)
+{
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		struct jpair *p = &j->pairs[k];
+		if (p->src != NULL) {
+			region_unuse(p->src);
+			region_unref(p->src);
+		}
+		if (p->dst != NULL) {
+			region_unuse(p->dst);
+			region_unref(p->dst);
+		}
+	}
+	if (j->pairs != &j->one)
+		free(j->pairs);
+	gpu_pages_free(j->pages);
+	free(j->plist);
+	free(j->segs);
+	if (j->charged > 0)
+		budget_release(j->cq, j->user, j->charged);
+	free(j);
+}
+
+/*
+ * The owners of the job's destinations that asked to hear of copies into them: one
+ * notification per pair (a run of pairs into one region counts once, with their bytes).
+ */
+static void
+job_notify(const struct job *j)
+{
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		const struct region *d = j->pairs[k].dst;
+		uint64_t bytes = j->npairs == 1 ? j->done : j->pairs[k].bytes;
+		while (k + 1 < j->npairs && j->pairs[k + 1].dst == d)
+			bytes += j->pairs[++k].bytes;
+		if (atomic_load(&d->notify_on) && d->notify_cq != NULL && d->owner != j->client)
+			cq_notify(d->notify_cq, d->notify_tag, 0, bytes);
+	}
+}
+
+const char *
+engine_stage_name(enum engine_stage s)
+{
+	return stage_names[s];
+}
+
+void
+engine_stage_stats(enum engine_stage s, uint64_t *count, double *seconds, uint64_t buckets[STAGE_BUCKETS + 1])
+{
+	*count = atomic_load(&stages[s].count);
+	*seconds = atomic_load(&stages[s].ns) / 1e9;
+	for (int b = 0; b <= STAGE_BUCKETS; b++)
+		buckets[b] = atomic_load(&stages[s].buckets[b]);
+}
+
+static void
+stage_add(enum engine_stage s, double from, double to)
+{
+	double dt = to - from;
+	int b = 0;
+
+	if (from <= 0 || dt < 0)
+		return;          /* a stage this job did not pass through */
+	while (b < STAGE_BUCKETS && dt > engine_stage_bounds[b])
+		b++;
+	atomic_fetch_add_explicit(&stages[s].count, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&stages[s].ns, (uint64_t)(dt * 1e9), memory_order_relaxed);
+	atomic_fetch_add_explicit(&stages[s].buckets[b], 1, memory_order_relaxed);
+}
+
+/* A finished job's stages up to the end of its last byte (t_done); the post is added after. */
+static void
+stages_add(const struct job *j, double t_done)
+{
+	stage_add(STAGE_CHECK, j->t_recv, j->t_submit);
+	stage_add(STAGE_QUEUE, j->t_submit, j->t_start);
+	stage_add(STAGE_LAUNCH, j->t_start, j->t_launched);
+	stage_add(STAGE_GPU_WAIT, j->t_launched, j->t_gpu_start);
+	stage_add(STAGE_COPY, j->t_gpu_start ? j->t_gpu_start : j->t_launched ? j->t_launched : j->t_start, t_done);
+}
+
+/*
+ * Runs without the engine lock: posts the record, notifies the targets' owners, lets go.  A
+ * job of a group posts nothing but its share; the group's last job posts the whole.
+ */
+static void
+job_finish(struct job *j)
+{
+	int status = j->failed ? GPX__STATUS__EIO : j->cancelled ? cancel_status : 0;
+	struct epath *p = &paths[j->path];
+	struct jgroup *g = j->group;
+	bool post = true;
+	uint64_t bytes = j->done;
+	double t_done = now_s();
+
+	if (status == 0)
+		stages_add(j, t_done);
+	if (log_level_debug()) {
+		double t = t_done;
+		log_debug("engine", "client %llu tag %llu: %u segments, %llu bytes on %s, status %d; "
+		    "checked %.1f us, queued %.1f us, ran %.1f us", (unsigned long long)j->client,
+		    (unsigned long long)j->tag, j->nseg, (unsigned long long)j->done, path_names[j->path],
+		    status, j->t_build ? (j->t_submit - j->t_build) * 1e6 : 0,
+		    j->t_start ? (j->t_start - j->t_submit) * 1e6 : 0, j->t_start ? (t - j->t_start) * 1e6 : 0);
+	}
+	atomic_fetch_add(&p->transfers, 1);
+	atomic_fetch_add(&p->bytes, j->done);
+	atomic_fetch_add(&j->cq->transfers, 1);
+	atomic_fetch_add(&j->cq->bytes, j->done);
+	if (status != 0) {
+		atomic_fetch_add(&p->errors, 1);
+		atomic_fetch_add(&j->cq->errors, 1);
+	}
+	if (done_hook != NULL)
+		done_hook(j, status);
+	if (status == 0)
+		job_notify(j);
+	if (g != NULL) {
+		if (j->failed)
+			atomic_store(&g->failed, true);
+		if (j->cancelled)
+			atomic_store(&g->cancelled, true);
+		bytes = atomic_fetch_add(&g->done, j->done) + j->done;
+		if ((post = atomic_fetch_sub(&g->left, 1) == 1)) {
+			status = atomic_load(&g->failed) ? GPX__STATUS__EIO : atomic_load(&g->cancelled) ?
+			    cancel_status : 0;
+			free(g);
+		}
+	}
+	/*
+	 * Its budgets are given back before the completion is posted, so that a client refused
+	 * as busy may retry as soon as it hears of a transfer's end (the lists go just after).
+	 */
+	budget_release(j->cq, j->user, j->charged);
+	j->charged = 0;
+	if (post) {
+		cq_post(j->cq, j->tag, status, bytes);
+		atomic_fetch_sub(&j->user->inflight, 1);
+		if (status == 0)
+			stage_add(STAGE_POST, t_done, now_s());
+	}
+	struct cq *q = j->cq;
+	engine_free_job(j);         /* gives back its budgets, which name q: then q may go */
+	cq_unref(q);
+}
+
+void
+engine_chunk_done(struct chunk *c, bool ok)
+{
+	struct job *j = c->job;
+	bool end;
+
+	pthread_mutex_lock(&elock);
+	j->chunks_out--;
+	if (ok)
+		j->done += c->bytes;
+	else
+		j->failed = true;
+	end = j->handed_out && j->chunks_out == 0;
+	if (end) {
+		TAILQ_REMOVE(&live, j, ae);
+		nlive--;
+	}
+	pthread_mutex_unlock(&elock);
+	if (end)
+		job_finish(j);
+}
+
+/* Under the lock: stop handing out chunks of j; true if it can be finished now. */
+static bool
+job_cancel_locked(struct job *j)
+{
+	/*
+	 * Every byte is already with a worker: nothing can be stopped any more, so the job ends
+	 * as it runs, complete (a cancelled status with every byte moved would say both).
+	 */
+	if (j->handed_out)
+		return false;
+	if (j->total <= ENGINE_SMALL_JOB)
+		atomic_fetch_sub(&paths[j->path].nsmall, 1);
+	j->cancelled = true;
+	j->handed_out = true;
+	struct equeue *q = &j->cq->eq[j->path];
+	TAILQ_REMOVE(&q->jobs, j, qe);
+	if (TAILQ_EMPTY(&q->jobs))
+		queue_unlink(&paths[j->path], &j->user->uq[j->path], q);
+	if (j->chunks_out == 0) {
+		TAILQ_REMOVE(&live, j, ae);
+		nlive--;
+		return true;
+	}
+	return false;
+}
+
+static int
+cancel_matching(uint64_t client, bool all, uint64_t tag, bool every_client)
+{
+	TAILQ_HEAD(, job) done = TAILQ_HEAD_INITIALIZER(done);
+	struct job *j, *t;
+	int n = 0;
+
+	pthread_mutex_lock(&elock);
+	TAILQ_FOREACH_SAFE(j, &live, ae, t) {
+		if (!every_client && (j->client != client || (!all && j->tag != tag)))
+			continue;
+		n++;
+		if (job_cancel_locked(j))
+			TAILQ_INSERT_TAIL(&done, j, ae);
+	}
+	pthread_mutex_unlock(&elock);
+	TAILQ_FOREACH_SAFE(j, &done, ae, t)
+		job_finish(j);
+	return n;
+}
+
+int
+engine_cancel(uint64_t client, uint64_t tag)
+{
+	return cancel_matching(client, false, tag, false);
+}
+
+void
+engine_cancel_client(uint64_t client)
+{
+	cancel_matching(client, true, 0, false);
+}
+
+void
+engine_cancel_all(int status)
+{
+	pthread_mutex_lock(&elock);
+	cancel_status = status;
+	pthread_mutex_unlock(&elock);
+	cancel_matching(0, true, 0, true);
+}
+
+uint32_t
+engine_inflight(void)
+{
+	pthread_mutex_lock(&elock);
+	uint32_t n = nlive;
+	pthread_mutex_unlock(&elock);
+	return n;
+}
+
+void
+engine_visit(engine_visit_fn fn, void *arg)
+{
+	struct job *j;
+
+	pthread_mutex_lock(&elock);
+	TAILQ_FOREACH(j, &live, ae)
+		fn(j, arg);
+	pthread_mutex_unlock(&elock);
+}
+
+void
+engine_path_stats(enum path_kind p, uint64_t *xfers, uint64_t *bytes, uint64_t *errors)
+{
+	*xfers = atomic_load(&paths[p].transfers);
+	*bytes = atomic_load(&paths[p].bytes);
+	*errors = atomic_load(&paths[p].errors);
+}

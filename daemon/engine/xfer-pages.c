@@ -1,0 +1,227 @@
+/*
+ * Page lists (protocol 2): a transfer of n pages names, for each, a page of the source and a
+ * page of the destination, page_size bytes each from a base.  The list is copied out of the
+ * client's memory and checked in one pass (two records per vector, a second core for long
+ * lists), then handed to a GPU's page kernel as it is or turned into plain segments.
+ */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/engine/xfer-private.h"
+
+/*
+ * Page transfers (protocol 2).  Record i of the list copies page_size bytes from page src of
+ * the source (at src_base + src * page_size) to page dst of the destination.  page_size is at
+ * most 2^31 and bases below 2^62, so no page's place wraps; a side of L whole pages takes page
+ * numbers below L.
+ */
+#define PAGE_SIZE_MAX (1ull << 31)
+
+typedef uint32_t page_quad __attribute__((vector_size(16), aligned(4)));   /* two records */
+
+/*
+ * The one pass over the records at `in`: each loaded once, stored into the private copy `out`,
+ * and checked with the segments' trick (SEG_LIMIT above) in 32 bits: with lim = L - 1 below
+ * 2^31, p | (lim - p) has its top bit set exactly when p > lim.  Two records per vector, no
+ * branch; true when some page may be out of its region (exactly so when both L <= 2^31).
+ */
+static bool
+pages_copy(struct gpx_wire_page *out, const unsigned char *in, uint32_t n, uint32_t lim_s, uint32_t lim_d)
+{
+	const page_quad lim = { lim_s, lim_d, lim_s, lim_d };
+	page_quad bad = { 0, 0, 0, 0 };
+	uint32_t i = 0, b;
+
+	for (; i + 2 <= n; i += 2) {
+		const page_quad v = *(const volatile page_quad *)(in + (size_t)i * sizeof(*out));
+		memcpy(&out[i], &v, sizeof(v));
+		bad |= v | (lim - v);
+	}
+	b = bad[0] | bad[1] | bad[2] | bad[3];
+	if (i < n) {
+		memcpy(&out[i], in + (size_t)i * sizeof(*out), sizeof(*out));
+		b |= out[i].src | (lim_s - out[i].src) | out[i].dst | (lim_d - out[i].dst);
+	}
+	return b >> 31;
+}
+
+/*
+ * A second core for long page lists.  The pass above runs at the speed one core reads lines
+ * the client's core has just written (65,536 pages: ~30 us); two cores take ~19.  The loop
+ * thread posts the list's second half here, and an idle GPU worker, spinning between jobs
+ * anyway, may claim it (xfer_help).  If none has claimed it once the loop thread's own half
+ * is done, the loop thread takes it back: never slower than one core, and never waiting on
+ * a thread that is not already working on it.
+ */
+#define HELP_MIN 16384
+enum { HELP_FREE, HELP_POSTED, HELP_CLAIMED, HELP_DONE };
+static struct {
+	_Atomic int state;
+	struct gpx_wire_page *out;
+	const unsigned char *in;
+	uint32_t n, lim_s, lim_d;
+	bool bad;
+} help;
+
+void
+xfer_help(void)
+{
+	int posted = HELP_POSTED;
+
+	if (atomic_load_explicit(&help.state, memory_order_relaxed) != HELP_POSTED ||
+	    !atomic_compare_exchange_strong(&help.state, &posted, HELP_CLAIMED))
+		return;
+	help.bad = pages_copy(help.out, help.in, help.n, help.lim_s, help.lim_d);
+	atomic_store_explicit(&help.state, HELP_DONE, memory_order_release);
+}
+
+/* pages_copy of n records, the second half offered to a helper.  Loop thread only. */
+static bool
+pages_copy2(struct gpx_wire_page *out, const unsigned char *in, uint32_t n, uint32_t lim_s, uint32_t lim_d)
+{
+	const uint32_t h = n / 2 & ~1u;
+	int posted = HELP_POSTED;
+	bool bad;
+
+	if (n < HELP_MIN)
+		return pages_copy(out, in, n, lim_s, lim_d);
+	help.out = out + h;
+	help.in = in + (size_t)h * sizeof(*out);
+	help.n = n - h;
+	help.lim_s = lim_s;
+	help.lim_d = lim_d;
+	atomic_store_explicit(&help.state, HELP_POSTED, memory_order_release);
+	bad = pages_copy(out, in, h, lim_s, lim_d);
+	if (atomic_compare_exchange_strong(&help.state, &posted, HELP_FREE))
+		return pages_copy(help.out, help.in, help.n, lim_s, lim_d) || bad;
+	while (atomic_load_explicit(&help.state, memory_order_acquire) != HELP_DONE)
+		cpu_pause();
+	bad |= help.bad;
+	atomic_store_explicit(&help.state, HELP_FREE, memory_order_relaxed);
+	return bad;
+}
+
+/* Whole pages of a side from its base on. */
+static uint64_t
+pages_in(const struct region *r, uint64_t base, uint64_t ps)
+{
+	return r->length > base ? (r->length - base) / ps : 0;
+}
+
+/* The largest page number every pair allows on each side, below 2^31, and 0 when some side has none. */
+static bool
+pages_limits(const struct job *j, uint64_t ps, uint64_t *ls, uint64_t *ld)
+{
+	*ls = *ld = 1ull << 31;
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		const uint64_t s = pages_in(j->pairs[k].src, j->pairs[k].src_base, ps);
+		const uint64_t d = pages_in(j->pairs[k].dst, j->pairs[k].dst_base, ps);
+		*ls = s < *ls ? s : *ls;
+		*ld = d < *ld ? d : *ld;
+	}
+	return *ls > 0 && *ld > 0;
+}
+
+/* The refusal of a page list with a page out of some pair's region: which, from the copy. */
+static int
+pages_refused(const struct job *j, const struct gpx_wire_page *pg, uint32_t n, uint64_t ps, const struct xfer_from *c,
+    char *err, size_t errlen)
+{
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		const struct jpair *p = &j->pairs[k];
+		const uint64_t ls = pages_in(p->src, p->src_base, ps), ld = pages_in(p->dst, p->dst_base, ps);
+		for (uint32_t i = 0; i < n; i++)
+			if (ls == 0 || ld == 0 || pg[i].src >= ls || pg[i].dst >= ld) {
+				snprintf(err, errlen, "page %u (%u -> %u, %llu bytes each from %llu -> %llu) of pair "
+				    "%u leaves its region (source %llu bytes, destination %llu bytes)", i,
+				    ls == 0 || ld == 0 ? 0 : pg[i].src, ls == 0 || ld == 0 ? 0 : pg[i].dst,
+				    (unsigned long long)ps, (unsigned long long)p->src_base,
+				    (unsigned long long)p->dst_base, k, (unsigned long long)p->src->length,
+				    (unsigned long long)p->dst->length);
+				xfer_audit(c, "%s", err);
+				return -GPX__STATUS__ERANGE;
+			}
+	}
+	return 0;
+}
+
+/*
+ * Takes the n page records at `in` (the segment area, or a batch's private copy) into private
+ * memory and checks them from that copy only against every pair of j (j->pairs with their
+ * bases are set).  The copy is the kernel's pinned list when a GPU runs the job as pages; on
+ * the host path a list of its own (j->plist) that the workers read in place, so a job of
+ * 16,384 pairs x 4,096 pages holds 32 KiB of pages, not 67 million segments; else a scratch
+ * array that becomes plain segments.
+ */
+int
+xfer_take_pages(struct job *j, const unsigned char *in, uint32_t n, uint64_t ps, const struct xfer_from *c,
+    struct charge *ch, char *err, size_t errlen)
+{
+	const uint64_t items = (uint64_t)j->npairs * n;
+	struct gpx_wire_page *pg;
+	uint64_t ls, ld;
+	int r, dev;
+
+	for (uint32_t k = 0; k < j->npairs; k++)
+		if (j->pairs[k].src_base >= SEG_LIMIT || j->pairs[k].dst_base >= SEG_LIMIT)
+			ps = 0;      /* refused just below */
+	if (ps == 0 || ps > PAGE_SIZE_MAX || items > UINT32_MAX || items * ps >= SEG_LIMIT) {
+		snprintf(err, errlen, "%u pages of %llu bytes for %u pairs: pages are 1..2^31 bytes, "
+		    "bases and the whole below 2^62, at most 2^32 pages in all", n, (unsigned long long)ps,
+		    j->npairs);
+		return -GPX__STATUS__ERANGE;
+	}
+	j->page_size = ps;
+	j->npages = n;
+	j->nseg = (uint32_t)items;
+	j->total = items * ps;
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		j->pairs[k].seg_end = (k + 1) * n;
+		j->pairs[k].bytes = n * ps;
+	}
+	/* (the kernel's list lies in an arena of fixed size, allocated at start: not charged) */
+	if ((j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, n, &dev)) != NULL) {
+		pg = j->pages;
+		j->path = (enum path_kind)(PATH_GPU0 + dev);      /* that GPU's kernel runs it */
+	} else if (engine_path_for(j->pairs[0].src, j->pairs[0].dst) == PATH_HOST) {
+		if ((r = xfer_charge(ch, (uint64_t)n * sizeof(*pg), c, err, errlen)) < 0)
+			return r;
+		if ((j->plist = malloc((size_t)n * sizeof(*pg))) == NULL) {
+			snprintf(err, errlen, "out of memory for %u pages", n);
+			return -GPX__STATUS__ENOMEM;
+		}
+		pg = j->plist;
+	} else if ((r = xfer_segs_alloc(j, ch, c, err, errlen)) < 0)
+		return r;
+	else
+		pg = (struct gpx_wire_page *)(j->segs + j->nseg) - n;    /* the array's tail */
+	if (!pages_limits(j, ps, &ls, &ld) ||
+	    pages_copy2(pg, in, n, (uint32_t)(ls - 1), (uint32_t)(ld - 1))) {
+		/* Some page may be out (or a side of more than 2^31 pages): exactly, from the copy. */
+		if ((r = pages_refused(j, pg, n, ps, c, err, errlen)) < 0)
+			return r;
+	}
+	if (j->pages != NULL || j->plist != NULL)
+		return 0;
+	/*
+	 * Plain segments, written over the scratch copy from the front, pair after pair.  The
+	 * scratch is the array's last n * 8 bytes: no segment of a pair but the last reaches it,
+	 * and the last pair's segment q ends before record q + 1 (24 (N - n + q + 1) <= 24 N - 8 n
+	 * + 8 (q + 1) for q < n, N = pairs x n).  Each record is read by memcpy before the segment
+	 * over it is stored, so no compiler moves that store ahead of the read.
+	 */
+	for (uint32_t k = 0, i = 0; k < j->npairs; k++) {
+		const struct jpair *p = &j->pairs[k];
+		for (uint32_t q = 0; q < n; q++, i++) {
+			struct gpx_wire_page w;
+			memcpy(&w, &pg[q], sizeof(w));
+			j->segs[i] = (struct gpx_wire_seg){ p->src_base + w.src * ps, p->dst_base + w.dst * ps, ps };
+			if ((i + 1) % SEG_BLOCK == 0 || i + 1 == j->nseg)
+				j->blocks[i / SEG_BLOCK] = (uint64_t)(i + 1) * ps;
+		}
+	}
+	return 0;
+}

@@ -1,0 +1,44 @@
+/*
+ * What xfer.c (segments, batches, the segment area, jobs) and xfer-pages.c (page lists)
+ * share; nothing else includes it.
+ */
+#ifndef GPX_XFER_PRIVATE_H
+#define GPX_XFER_PRIVATE_H
+
+#include "daemon/engine/engine.h"
+#include "daemon/fabric/fabric.h"
+#include "daemon/gpu/gpu.h"
+#include "daemon/host/host.h"
+
+/*
+ * No region, segment or request reaches 2^62 bytes (4 EiB).  That bound lets the checking pass
+ * use plain 64-bit arithmetic without a compare per segment.  Every offset, length and running
+ * total goes into one OR: any of them at 2^62 or above sets one of its top two bits.  Below
+ * that nothing can wrap (the total is caught before it could), and limit - offset - length,
+ * with the limit below 2^62 too, has its top bit set exactly when offset + length passes the
+ * limit; it goes into the OR as well.  One test of the top two bits at the end says whether
+ * any segment is bad; then a second pass over the private copy finds which.
+ */
+#define SEG_LIMIT (1ull << 62)
+#define SEG_BAD (~(SEG_LIMIT - 1))
+
+/* A refusal in the log, within the asker's share. */
+void xfer_audit(const struct xfer_from *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/*
+ * Charges bytes to the request's budgets before they are allocated; a refusal is logged.  A
+ * connection without a completion ring (the unit tests' fake one) runs no transfer and is not
+ * charged.
+ */
+int xfer_charge(struct charge *, uint64_t bytes, const struct xfer_from *, char *err, size_t errlen);
+
+/* Bytes of a private segment array of n segments with its blocks[]. */
+uint64_t xfer_segs_bytes(uint32_t n);
+/* The job's private segment array (j->nseg of them), with room for blocks[] after it, charged. */
+int xfer_segs_alloc(struct job *, struct charge *, const struct xfer_from *, char *err, size_t errlen);
+
+/* Takes and checks the n page records at `in` for every pair of j (xfer-pages.c). */
+int xfer_take_pages(struct job *, const unsigned char *in, uint32_t n, uint64_t page_size, const struct xfer_from *,
+    struct charge *, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,700 @@
+/*
+ * From a Transfer message to a job the engine can run.  Everything a client says is checked
+ * here, before a single byte moves: both regions belong to (or were imported by) this
+ * connection, the destination is writable, and every segment lies inside both regions, with
+ * offset + length overflow caught.  Large segment lists come in the connection's segment area
+ * (or a memfd) and are copied out as they are checked, one read of each value, so the client
+ * cannot change them afterwards.  For a request of 65,536 pages this pass is most of the
+ * daemon's work before the first byte may move, so it is kept to one load, a few additions and
+ * ORs, and one store per segment.
+ *
+ * A batch (Transfer.pair_count) names many (source, destination) pairs.  Every pair is
+ * resolved and checked like a single transfer before any job exists, and its pairs are
+ * grouped by the path they run on: one job per path, and a group (struct jgroup) that posts
+ * the one completion when the last of them ends.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "daemon/engine/xfer-private.h"
+#include "daemon/fabric/fabric.h"
+
+/* A refusal in the log, within the asker's share (its struct logwho came with the request). */
+void
+xfer_audit(const struct xfer_from *c, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vrefused(&c->who, fmt, ap);
+	va_end(ap);
+}
+
+static int
+resolve(const struct xfer_from *c, uint64_t id, const char *which, struct region **out, bool *read_only,
+    char *err, size_t errlen)
+{
+	struct region *h = c->region(c->arg, id, read_only);
+
+	if (h == NULL) {
+		if ((uint32_t)(id >> 32) != c->epoch && id != 0) {
+			snprintf(err, errlen, "%s region %#llx is not this connection's", which,
+			    (unsigned long long)id);
+			xfer_audit(c, "%s", err);
+			return -GPX__STATUS__EACCES;
+		}
+		snprintf(err, errlen, "no %s region %#llx", which, (unsigned long long)id);
+		return -GPX__STATUS__ENOENT;
+	}
+	if (atomic_load(&h->revoked)) {
+		snprintf(err, errlen, "%s region %#llx was withdrawn by its owner", which,
+		    (unsigned long long)id);
+		return -GPX__STATUS__EREVOKED;
+	}
+	*out = h;
+	return 0;
+}
+
+/* Both regions of a pair for this connection, the destination writable, local or remote. */
+static int
+resolve_pair(const struct xfer_from *c, uint64_t src, uint64_t dst, struct region **sh, struct region **dh,
+    char *err, size_t errlen)
+{
+	bool src_ro, dst_ro;
+	int r;
+
+	if ((r = resolve(c, src, "source", sh, &src_ro, err, errlen)) < 0 ||
+	    (r = resolve(c, dst, "destination", dh, &dst_ro, err, errlen)) < 0)
+		return r;
+	if (dst_ro || (*dh)->read_only) {
+		snprintf(err, errlen, "destination region %#llx is read-only", (unsigned long long)dst);
+		xfer_audit(c, "%s", err);
+		return -GPX__STATUS__EACCES;
+	}
+	/* fabric: another node's region on one side (without the fabric, no region is remote) */
+	return fabric != NULL ? fabric->xfer_check(*sh, *dh, err, errlen) : 0;
+}
+
+static int
+segs_fd_ok(int fd, uint32_t count, char *err, size_t errlen)
+{
+	size_t want = (size_t)count * sizeof(struct gpx_wire_seg);
+	struct stat st;
+
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || fcntl(fd, F_GET_SEALS) < 0) {
+		snprintf(err, errlen, "the segment table fd is not a memfd");
+		return -GPX__STATUS__EBADFD;
+	}
+	if ((uint64_t)st.st_size < want) {
+		snprintf(err, errlen, "the segment table holds %lld bytes, %u segments need %zu",
+		    (long long)st.st_size, count, want);
+		return -GPX__STATUS__EINVAL;
+	}
+	return 0;
+}
+
+static bool
+inside(uint64_t off, uint64_t len, uint64_t size)
+{
+	return off <= size && len <= size - off;
+}
+
+static int
+seg_refused(const struct xfer_from *c, uint32_t i, const struct gpx_wire_seg *g, const struct region *src,
+    const struct region *dst, char *err, size_t errlen)
+{
+	snprintf(err, errlen, "segment %u (%llu+%llu -> %llu+%llu) leaves its region "
+	    "(source %llu bytes, destination %llu bytes)", i,
+	    (unsigned long long)g->src_offset, (unsigned long long)g->length,
+	    (unsigned long long)g->dst_offset, (unsigned long long)g->length,
+	    (unsigned long long)src->length, (unsigned long long)dst->length);
+	xfer_audit(c, "%s", err);
+	return -GPX__STATUS__ERANGE;
+}
+
+
+/* Source and destination offsets side by side: one subtraction checks both (GCC and Clang). */
+typedef uint64_t seg_pair __attribute__((vector_size(16), aligned(8)));
+
+/* The slow path of a refused request: which segment, from the private copy, for the message. */
+static int
+segs_refused(const struct job *j, const struct region *src, const struct region *dst,
+    const struct xfer_from *c, char *err, size_t errlen)
+{
+	const uint64_t slen = src->length < SEG_LIMIT ? src->length : SEG_LIMIT - 1;
+	const uint64_t dlen = dst->length < SEG_LIMIT ? dst->length : SEG_LIMIT - 1;
+	uint64_t total = 0;
+
+	for (uint32_t i = 0; i < j->nseg; i++) {
+		const struct gpx_wire_seg *g = &j->segs[i];
+		if (!inside(g->src_offset, g->length, slen) || !inside(g->dst_offset, g->length, dlen))
+			return seg_refused(c, i, g, src, dst, err, errlen);
+		total += g->length;
+		if (total >= SEG_LIMIT)
+			break;
+	}
+	snprintf(err, errlen, "the %u segments add up to 2^62 bytes or more", j->nseg);
+	xfer_audit(c, "%s", err);
+	return -GPX__STATUS__ERANGE;
+}
+
+/*
+ * The one pass over the n segment records at `in`: each is loaded once (volatile: the compiler
+ * may not load it again later in place of the value), checked against both regions, and stored
+ * into the job's private array, which is all that is used from then on.  `in` is the shared
+ * segment area, so that nothing the client writes there later can change what was checked, or
+ * the job's own array already filled from a memfd or the message.  Every SEG_BLOCK segments the
+ * running byte count goes into blocks[] for the engine's chunking.  No branch depends on the
+ * values: one test at the end (SEG_LIMIT above).
+ */
+static int
+check_segs(struct job *j, const struct gpx_wire_seg *in, const struct region *src,
+    const struct region *dst, const struct xfer_from *c, char *err, size_t errlen)
+{
+	const seg_pair lim = { src->length < SEG_LIMIT ? src->length : SEG_LIMIT - 1,
+	    dst->length < SEG_LIMIT ? dst->length : SEG_LIMIT - 1 };
+	seg_pair bad2 = { 0, 0 };
+	uint64_t total = 0, bad = 0;
+	const uint32_t n = j->nseg;
+
+	for (uint32_t b = 0; b < n; b += SEG_BLOCK) {
+		const uint32_t e = n - b > SEG_BLOCK ? b + SEG_BLOCK : n;
+		for (uint32_t i = b; i < e; i++) {
+			/*
+			 * The list is mostly still in the client's core's caches: asking for it 2 KiB
+			 * ahead keeps more of those transfers in flight (a prefetch never faults).
+			 */
+			__builtin_prefetch((const void *)((uintptr_t)&in[i] + 2048));
+			const seg_pair off = *(const volatile seg_pair *)&in[i];
+			const uint64_t len = *(const volatile uint64_t *)&in[i].length;
+			total += len;
+			bad2 |= off | (lim - off - len);
+			bad |= len | total;
+			memcpy(&j->segs[i], &off, sizeof(off));
+			j->segs[i].length = len;
+		}
+		j->blocks[b / SEG_BLOCK] = total;
+	}
+	if ((bad | bad2[0] | bad2[1]) & SEG_BAD)
+		return segs_refused(j, src, dst, c, err, errlen);
+	j->total = total;
+	return 0;
+}
+
+/*
+ * A batch's version of check_segs: the n records of one pair's run at `in`, each loaded once,
+ * rebased by the pair's bases, checked against its regions and stored at j->segs[at..]; the
+ * running byte count of the job in *total and blocks[].  True when some segment may be bad
+ * (the raw offsets go into the test too, so a base cannot wrap a huge one into range).
+ */
+static bool
+check_run(struct job *j, uint32_t at, const struct gpx_wire_seg *in, uint32_t n, const struct jpair *p,
+    uint64_t *total)
+{
+	const seg_pair lim = { p->src->length < SEG_LIMIT ? p->src->length : SEG_LIMIT - 1,
+	    p->dst->length < SEG_LIMIT ? p->dst->length : SEG_LIMIT - 1 };
+	const seg_pair base = { p->src_base, p->dst_base };
+	seg_pair bad2 = { 0, 0 };
+	uint64_t t = *total, bad = p->src_base | p->dst_base;
+
+	for (uint32_t i = 0; i < n; i++) {
+		const seg_pair raw = *(const volatile seg_pair *)&in[i];
+		const uint64_t len = *(const volatile uint64_t *)&in[i].length;
+		const seg_pair off = raw + base;
+		t += len;
+		bad2 |= raw | off | (lim - off - len);
+		bad |= len | t;
+		memcpy(&j->segs[at + i], &off, sizeof(off));
+		j->segs[at + i].length = len;
+		if ((at + i + 1) % SEG_BLOCK == 0)
+			j->blocks[(at + i) / SEG_BLOCK] = t;
+	}
+	*total = t;
+	return ((bad | bad2[0] | bad2[1]) & SEG_BAD) != 0;
+}
+
+/* Takes n segments in from the segment area, a memfd or the message, and checks them. */
+static int
+take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int fd,
+    const struct region *src, const struct region *dst, const struct xfer_from *c, char *err, size_t errlen)
+{
+	uint32_t n = j->nseg;
+
+	if (table != NULL)
+		return check_segs(j, (const struct gpx_wire_seg *)table, src, dst, c, err, errlen);
+	if (fd >= 0) {
+		size_t want = (size_t)n * sizeof(*j->segs);
+		for (size_t got = 0; got < want;) {
+			ssize_t k = pread(fd, (char *)j->segs + got, want - got, got);
+			if (k <= 0) {
+				snprintf(err, errlen, "reading the segment table: %s", k < 0 ? strerror(errno) : "short");
+				return -GPX__STATUS__EINVAL;
+			}
+			got += k;
+		}
+	} else
+		for (uint32_t i = 0; i < n; i++) {
+			j->segs[i].src_offset = t->segments[i]->src_offset;
+			j->segs[i].dst_offset = t->segments[i]->dst_offset;
+			j->segs[i].length = t->segments[i]->length;
+		}
+	return check_segs(j, j->segs, src, dst, c, err, errlen);
+}
+
+int
+xfer_charge(struct charge *ch, uint64_t bytes, const struct xfer_from *c, char *err, size_t errlen)
+{
+	int r;
+
+	if (ch->cq == NULL)
+		return 0;
+	if ((r = budget_charge(ch, bytes, err, errlen)) < 0)
+		xfer_audit(c, "%s", err);
+	return r;
+}
+
+uint64_t
+xfer_segs_bytes(uint32_t n)
+{
+	return (uint64_t)n * sizeof(struct gpx_wire_seg) + (n + SEG_BLOCK - 1) / SEG_BLOCK * sizeof(uint64_t);
+}
+
+int
+xfer_segs_alloc(struct job *j, struct charge *ch, const struct xfer_from *c, char *err, size_t errlen)
+{
+	int r;
+
+	if ((r = xfer_charge(ch, xfer_segs_bytes(j->nseg), c, err, errlen)) < 0)
+		return r;
+	j->segs = malloc(xfer_segs_bytes(j->nseg));
+	if (j->segs == NULL) {
+		snprintf(err, errlen, "out of memory for %u segments", j->nseg);
+		return -GPX__STATUS__ENOMEM;
+	}
+	j->blocks = (uint64_t *)(j->segs + j->nseg);
+	return 0;
+}
+
+/* Maps a client's segment area read-only into *area, replacing the previous one. */
+int
+xfer_set_area(const unsigned char **area, size_t *area_len, int fd, uint64_t length, char *err, size_t errlen)
+{
+	struct stat st;
+	void *p;
+
+	if (!mem_host_fd_ok(fd, err, errlen))
+		return -GPX__STATUS__EBADFD;
+	if (length == 0 || length > GPX_AREA_MAX || fstat(fd, &st) < 0 || (uint64_t)st.st_size < length) {
+		snprintf(err, errlen, "segment area of %llu bytes: 1..%u bytes of the memfd",
+		    (unsigned long long)length, GPX_AREA_MAX);
+		return -GPX__STATUS__EINVAL;
+	}
+	if ((p = mmap(NULL, length, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		snprintf(err, errlen, "mapping the segment area: %s", strerror(errno));
+		return -GPX__STATUS__ENOMEM;
+	}
+	xfer_drop_area(area, area_len);
+	*area = p;
+	*area_len = length;
+	return 0;
+}
+
+void
+xfer_drop_area(const unsigned char **area, size_t *area_len)
+{
+	if (*area != NULL)
+		munmap((void *)*area, *area_len);
+	*area = NULL;
+	*area_len = 0;
+}
+
+const unsigned char *
+xfer_area(const unsigned char *area, size_t area_len, uint64_t off, uint64_t bytes)
+{
+	if (area == NULL || off % 8 != 0 || !inside(off, bytes, area_len))
+		return NULL;
+	return area + off;
+}
+
+/* What a job of npairs pairs is, without its lists. */
+static uint64_t
+job_bytes(uint32_t npairs)
+{
+	return sizeof(struct job) + (npairs > 1 ? (uint64_t)npairs * sizeof(struct jpair) : 0);
+}
+
+/* What a built job holds: itself, its pairs and its list. */
+static uint64_t
+job_footprint(const struct job *j)
+{
+	return job_bytes(j->npairs) + (j->segs != NULL ? xfer_segs_bytes(j->nseg) : 0) +
+	    (j->plist != NULL ? (uint64_t)j->npages * sizeof(*j->plist) : 0);
+}
+
+/* A job with one pair slot, or npairs of its own, charged first; NULL with err set. */
+static struct job *
+job_new(uint32_t npairs, struct charge *ch, const struct xfer_from *c, int *r, char *err, size_t errlen)
+{
+	struct job *j;
+
+	if ((*r = xfer_charge(ch, job_bytes(npairs), c, err, errlen)) < 0)
+		return NULL;
+	*r = -GPX__STATUS__ENOMEM;
+	snprintf(err, errlen, "out of memory for a transfer");
+	if ((j = calloc(1, sizeof(*j))) == NULL)
+		return NULL;
+	j->pairs = &j->one;
+	if (npairs > 1 && (j->pairs = calloc(npairs, sizeof(*j->pairs))) == NULL) {
+		free(j);
+		return NULL;
+	}
+	j->npairs = npairs;
+	*r = 0;
+	err[0] = '\0';
+	return j;
+}
+
+/*
+ * A request built: each job keeps the charge of what it holds until it is freed (the group,
+ * shared by all, on the first); the scratch of building it is given back.
+ */
+static void
+charge_keep(struct charge *ch, struct job *head)
+{
+	uint64_t kept = 0;
+
+	if (ch->cq == NULL)
+		return;
+	for (struct job *j = head; j != NULL; j = j->gnext) {
+		j->charged = job_footprint(j) + (j == head && j->group != NULL ? sizeof(struct jgroup) : 0);
+		kept += j->charged;
+	}
+	budget_release(ch->cq, ch->user, ch->bytes - kept);
+}
+
+/*
+ * Takes a mapping user and a reference on both regions of every pair of the checked job, or
+ * none at all; the job then names its first pair's regions too.
+ */
+static int
+job_hold(struct job *j, char *err, size_t errlen)
+{
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		struct jpair *p = &j->pairs[k];
+		struct region *side[2] = { p->src, p->dst };
+		for (int i = 0; i < 2; i++)
+			if (!region_use(side[i])) {
+				snprintf(err, errlen, "%s region was withdrawn by its owner", i ? "destination" : "source");
+				if (i == 1)
+					region_unuse(p->src);
+				while (k-- > 0) {
+					region_unuse(j->pairs[k].src);
+					region_unuse(j->pairs[k].dst);
+				}
+				return -GPX__STATUS__EREVOKED;
+			}
+	}
+	for (uint32_t k = 0; k < j->npairs; k++) {
+		region_ref(j->pairs[k].src);
+		region_ref(j->pairs[k].dst);
+	}
+	j->src = j->pairs[0].src;
+	j->dst = j->pairs[0].dst;
+	return 0;
+}
+
+/* Frees a job that holds no region yet: its lists, its pairs and itself. */
+static void
+job_drop(struct job *j)
+{
+	for (uint32_t k = 0; k < j->npairs; k++)
+		j->pairs[k].src = j->pairs[k].dst = NULL;
+	engine_free_job(j);
+}
+
+/* What every job of a transfer carries; its path, unless the page kernel chose one. */
+static void
+job_finish_build(struct job *j, const Gpx__Transfer *t, const struct xfer_from *c, double t_build)
+{
+	j->tag = t->tag;
+	j->flags = t->flags;
+	j->client = c->client;
+	j->t_build = t_build;
+	if (j->pages == NULL)
+		j->path = engine_path_for(j->src, j->dst);
+	j->t_submit = now_s();
+}
+
+/*
+ * A batch (protocol 3): the pairs copied out of the segment area and resolved, grouped by
+ * path; then per group one job whose segments (each pair's run, rebased) or page list are
+ * copied and checked.  Any refusal refuses the whole batch, before any job is handed over.
+ */
+static int
+build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct job **out, struct charge *ch, char *err,
+    size_t errlen, double t_build)
+{
+	const bool pages = t->page_size > 0;
+	const uint32_t np = t->pair_count, n = t->seg_count;
+	const unsigned char *wp, *list;
+	struct gpx_wire_pair *pr = NULL;
+	struct jpair *jp = NULL;
+	enum path_kind *path = NULL;
+	uint32_t *idx = NULL;
+	struct job *head = NULL, **tail = &head;
+	unsigned char *plist = NULL;
+	int r = 0, ngroups = 0;
+
+	if (c->version < 3 || np > GPX_PAIRS_MAX || segfd >= 0 || t->n_segments > 0 || n == 0 ||
+	    t->src_region != 0 || t->dst_region != 0 || t->src_offset != 0 || t->dst_offset != 0) {
+		snprintf(err, errlen, "a batch (protocol 3) is 1..%u pairs and its list, both in the segment "
+		    "area, and nothing else", GPX_PAIRS_MAX);
+		return -GPX__STATUS__EPROTO;
+	}
+	if (n > cfg->max_segs || (wp = xfer_area(c->area, c->area_len, t->pair_offset, (uint64_t)np * sizeof(*pr))) == NULL ||
+	    (list = xfer_area(c->area, c->area_len, t->area_offset, (uint64_t)n * (pages ? sizeof(struct gpx_wire_page) :
+	    sizeof(struct gpx_wire_seg)))) == NULL) {
+		snprintf(err, errlen, "%u pairs at %llu and %u %s at %llu: at most %u, inside the segment "
+		    "area (%zu bytes)", np, (unsigned long long)t->pair_offset, n, pages ? "pages" : "segments",
+		    (unsigned long long)t->area_offset, cfg->max_segs, c->area_len);
+		return -GPX__STATUS__EINVAL;
+	}
+	if ((r = xfer_charge(ch, (uint64_t)np * (sizeof(*pr) + sizeof(*jp) + sizeof(*path) + sizeof(*idx)),
+	    c, err, errlen)) < 0)
+		return r;
+	pr = malloc(np * sizeof(*pr));
+	jp = calloc(np, sizeof(*jp));
+	path = malloc(np * sizeof(*path));
+	idx = malloc(np * sizeof(*idx));
+	if (pr == NULL || jp == NULL || path == NULL || idx == NULL) {
+		snprintf(err, errlen, "out of memory for %u pairs", np);
+		r = -GPX__STATUS__ENOMEM;
+		goto out;
+	}
+	/* The pairs, read once; every one resolved before anything else. */
+	memcpy(pr, (const void *)wp, np * sizeof(*pr));
+	uint64_t nsegs = 0;
+	for (uint32_t k = 0; k < np && r == 0; k++) {
+		struct region *sh, *dh;
+		if ((r = resolve_pair(c, pr[k].src_region, pr[k].dst_region, &sh, &dh, err, errlen)) < 0)
+			break;
+		if (sh->kind == GPX__MEM_KIND__MEM_REMOTE || dh->kind == GPX__MEM_KIND__MEM_REMOTE) {
+			snprintf(err, errlen, "pair %u: a batch moves memory of this node; copy to or from another "
+			    "node's region one transfer at a time", k);
+			r = -GPX__STATUS__ENOTSUP;
+			break;
+		}
+		jp[k] = (struct jpair){ .src = sh, .dst = dh, .src_base = pr[k].src_offset,
+		    .dst_base = pr[k].dst_offset };
+		path[k] = engine_path_for(sh, dh);
+		if (!pages && ((uint64_t)pr[k].seg_first + pr[k].seg_count > n || pr[k].seg_count == 0)) {
+			snprintf(err, errlen, "pair %u names segments %u..%u of a list of %u", k, pr[k].seg_first,
+			    pr[k].seg_first + pr[k].seg_count, n);
+			r = -GPX__STATUS__EINVAL;
+		}
+		nsegs += pages ? 0 : pr[k].seg_count;
+	}
+	if (r == 0 && nsegs > cfg->max_segs) {
+		snprintf(err, errlen, "the pairs name %llu segments in all (at most %u)", (unsigned long long)nsegs,
+		    cfg->max_segs);
+		r = -GPX__STATUS__EINVAL;
+	}
+	/* One job per path, its pairs in the batch's order. */
+	for (uint32_t k = 0; k < np && r == 0; k++) {
+		const enum path_kind pk = path[k];
+		uint32_t cnt = 0;
+		uint64_t segs = 0;
+		if (pk == NPATHS)
+			continue;       /* in an earlier group */
+		for (uint32_t q = k; q < np; q++)
+			if (path[q] == pk) {
+				idx[cnt++] = q;
+				segs += pages ? 0 : pr[q].seg_count;
+				path[q] = NPATHS;
+			}
+		struct job *j = job_new(cnt, ch, c, &r, err, errlen);
+		if (j == NULL)
+			break;
+		*tail = j;
+		tail = &j->gnext;
+		ngroups++;
+		for (uint32_t i = 0; i < cnt; i++)
+			j->pairs[i] = jp[idx[i]];
+		if (pages)
+			continue;       /* the page list is taken once the groups are known */
+		j->nseg = (uint32_t)segs;
+		if ((r = xfer_segs_alloc(j, ch, c, err, errlen)) < 0)
+			break;
+		uint64_t total = 0;
+		bool bad = false;
+		for (uint32_t i = 0, at = 0; i < cnt; i++) {
+			const struct gpx_wire_pair *w = &pr[idx[i]];
+			struct jpair *p = &j->pairs[i];
+			uint64_t before = total;
+			bad |= check_run(j, at, (const struct gpx_wire_seg *)list + w->seg_first, w->seg_count, p, &total);
+			at += w->seg_count;
+			p->seg_end = at;
+			p->bytes = total - before;
+		}
+		if (j->nseg % SEG_BLOCK != 0)
+			j->blocks[j->nseg / SEG_BLOCK] = total;
+		if (bad) {
+			snprintf(err, errlen, "a segment of the batch leaves its pair's region, or the segments "
+			    "add up to 2^62 bytes or more");
+			xfer_audit(c, "%s", err);
+			r = -GPX__STATUS__ERANGE;
+			break;
+		}
+		j->total = total;
+	}
+	if (r == 0 && pages) {
+		/* Several groups read one private copy; one group reads the area itself. */
+		const unsigned char *in = list;
+		if (ngroups > 1 && (r = xfer_charge(ch, (uint64_t)n * sizeof(struct gpx_wire_page), c, err,
+		    errlen)) == 0) {
+			if ((plist = malloc((size_t)n * sizeof(struct gpx_wire_page))) == NULL) {
+				snprintf(err, errlen, "out of memory for %u pages", n);
+				r = -GPX__STATUS__ENOMEM;
+			} else {
+				memcpy(plist, (const void *)list, (size_t)n * sizeof(struct gpx_wire_page));
+				in = plist;
+			}
+		}
+		for (struct job *j = head; j != NULL && r == 0; j = j->gnext)
+			r = xfer_take_pages(j, in, n, t->page_size, c, ch, err, errlen);
+	}
+	for (struct job *j = head; j != NULL && r == 0; j = j->gnext)
+		if ((r = job_hold(j, err, errlen)) < 0)
+			for (struct job *h = head; h != j; h = h->gnext) {
+				/* the groups before let go of what they took */
+				for (uint32_t k = 0; k < h->npairs; k++) {
+					region_unuse(h->pairs[k].src);
+					region_unref(h->pairs[k].src);
+					region_unuse(h->pairs[k].dst);
+					region_unref(h->pairs[k].dst);
+				}
+			}
+out:
+	if (r < 0) {
+		while (head != NULL) {
+			struct job *nx = head->gnext;
+			job_drop(head);
+			head = nx;
+		}
+	} else {
+		struct jgroup *g = NULL;
+		if (ngroups > 1 && (r = xfer_charge(ch, sizeof(*g), c, err, errlen)) == 0 &&
+		    (g = calloc(1, sizeof(*g))) == NULL) {
+			snprintf(err, errlen, "out of memory for a transfer");
+			r = -GPX__STATUS__ENOMEM;
+		}
+		if (r < 0) {
+			/* (over a budget, or out of memory: refused whole) */
+			while (head != NULL) {
+				struct job *nx = head->gnext;
+				engine_free_job(head);
+				head = nx;
+			}
+		} else {
+			if (g != NULL)
+				atomic_init(&g->left, ngroups);
+			for (struct job *j = head; j != NULL; j = j->gnext) {
+				j->group = g;
+				job_finish_build(j, t, c, t_build);
+			}
+			*out = head;
+		}
+	}
+	free(plist);
+	free(idx);
+	free(path);
+	free(jp);
+	free(pr);
+	return r;
+}
+
+static int
+build_one(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct job **out, struct charge *ch, char *err,
+    size_t errlen, double t_build)
+{
+	struct region *sh, *dh;
+	const unsigned char *table = NULL;
+	uint32_t n;
+	int r;
+
+	if ((r = resolve_pair(c, t->src_region, t->dst_region, &sh, &dh, err, errlen)) < 0)
+		return r;
+	if (t->page_size > 0 && (c->version < 2 || t->seg_count == 0 || segfd >= 0)) {
+		snprintf(err, errlen, c->version < 2 ? "page transfers need protocol 2 (this connection speaks %u)"
+		    : "a page list comes as seg_count records in the segment area", c->version);
+		return -GPX__STATUS__EPROTO;
+	}
+	if ((segfd >= 0 && t->seg_count == 0) || (t->seg_count > 0 && t->n_segments > 0)) {
+		snprintf(err, errlen, "segments come inline, or as seg_count in the segment area or one memfd");
+		return -GPX__STATUS__EPROTO;
+	}
+	n = t->seg_count > 0 ? t->seg_count : (uint32_t)t->n_segments;
+	if (n == 0 || n > cfg->max_segs) {
+		snprintf(err, errlen, "%u segments (1..%u allowed)", n, cfg->max_segs);
+		return -GPX__STATUS__EINVAL;
+	}
+	/* The claimed count is checked against the area or memfd before anything is allocated. */
+	if (t->seg_count > 0 && segfd < 0 &&
+	    (table = xfer_area(c->area, c->area_len, t->area_offset, (uint64_t)n * (t->page_size > 0 ?
+	    sizeof(struct gpx_wire_page) : sizeof(struct gpx_wire_seg)))) == NULL) {
+		snprintf(err, errlen, "%u segments at %llu leave the segment area (%zu bytes)", n,
+		    (unsigned long long)t->area_offset, c->area_len);
+		return -GPX__STATUS__EINVAL;
+	}
+	if (segfd >= 0 && (r = segs_fd_ok(segfd, n, err, errlen)) < 0)
+		return r;
+
+	struct job *j = job_new(1, ch, c, &r, err, errlen);
+	if (j == NULL)
+		return r;
+	j->one = (struct jpair){ .src = sh, .dst = dh, .src_base = t->src_offset,
+	    .dst_base = t->dst_offset, .seg_end = n };
+	if (t->page_size > 0)
+		r = xfer_take_pages(j, table, n, t->page_size, c, ch, err, errlen);
+	else {
+		j->nseg = n;
+		if ((r = xfer_segs_alloc(j, ch, c, err, errlen)) == 0)
+			r = take_segs(j, t, table, segfd, sh, dh, c, err, errlen);
+		j->one.bytes = j->total;
+	}
+	if (r == 0)
+		r = job_hold(j, err, errlen);
+	if (r < 0) {
+		job_drop(j);     /* no regions held: its lists and itself */
+		return r;
+	}
+	job_finish_build(j, t, c, t_build);
+	*out = j;
+	return 0;
+}
+
+int
+xfer_build(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct job **out, char *err, size_t errlen)
+{
+	struct charge ch = { .cq = c->cq, .user = c->user };
+	double t_build = log_level_debug() ? now_s() : 0;    /* for the engine's debug line */
+	int r;
+
+	r = t->pair_count > 0 ? build_batch(c, t, segfd, out, &ch, err, errlen, t_build) :
+	    build_one(c, t, segfd, out, &ch, err, errlen, t_build);
+	if (r < 0) {
+		if (ch.cq != NULL)
+			budget_release(ch.cq, ch.user, ch.bytes);
+		return r;
+	}
+	charge_keep(&ch, *out);
+	return 0;
+}

@@ -1,0 +1,592 @@
+/*
+ * The copy workers: one thread per GPU.  The worker of GPU d runs every transfer whose source
+ * (or, from host memory, destination) is on d.  It takes chunks from the engine (round-robin
+ * between uids, then clients), puts large ones on two "bulk" streams in turn and small ones on
+ * a "quick" stream of the greatest priority, so that a 4 KiB copy never queues behind a 1 GiB
+ * one.  Copy engines run the copies of streams of equal priority one whole copy after another,
+ * and honour priority within a copy: on an H100, within the GPU, a 4 KiB copy waited 712 us
+ * for a 1 GiB copy on a stream of equal priority, and 23 us on a greater one, the long copy no
+ * slower.  (Cutting long copies into pieces of ~20 us instead let the small one in after 44 us
+ * but cost large copies 5-15% and lengthened the small copies' tail; with the quick stream's
+ * priority it only costs.)  Two bulk streams let two clients' long chunks run side by side
+ * at the speed of one.  When the bulk streams are full, small copies (of anyone) still go onto
+ * the quick stream, a few at a time: one client keeping them full cannot hold another's small
+ * copy back.
+ * After each chunk it has the stream write a sequence number into pinned host memory.  The
+ * worker polls those words (spinning while work is due soon, sleeping in proportion
+ * otherwise): no host callbacks, no driver lock taken per completion.  Contiguous pieces go
+ * to copy engines; chunks of many small segments go to one launch of the SM copy kernel
+ * (copy-kernel.cu), with a bounded grid.  A page transfer (gpx_copy_pages) keeps its checked
+ * page list in pinned memory (the page arena), which the kernel reads in place: no list is
+ * built or staged per chunk, and a chunk is a byte range of up to BULK_CHUNK.
+ *
+ * The workers pull their work from the engine, through the chunk source engine_init hands
+ * down (gpu_chunks_from): a pull is the simplest way for a back end that decides for itself
+ * when it has room, and through the table it calls nothing of the layer above.
+ */
+#include "config.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/prctl.h>
+
+#include "daemon/gpxd.h"
+#include "daemon/gpu/internal.h"
+
+#define QUICK_MAX ENGINE_SMALL_JOB      /* chunks up to this go to the quick stream */
+#define BULK_CHUNK (1ull << 30)       /* largest chunk a GPU worker takes */
+#define KSEG_MAX 8192                 /* segments per kernel launch: a long list is cut into
+                                         * launches so preparing one overlaps running another */
+#define PEND_MAX 16                   /* chunks in flight per GPU */
+#define QUICK_SHARE 2                 /* quick chunks in flight while the bulk stream is full */
+#define KERNEL_MIN_SEGS 8
+#define KERNEL_MAX_AVG (256u << 10)
+#define IDLE_SPIN_NS 200000           /* spin at least this long for new work before sleeping */
+#define SPIN_NS 5000000               /* spin this long for a completion before sleeping */
+
+enum { S_BULK, S_BULK2, S_QUICK, NSTREAMS };     /* bulk chunks alternate between the two */
+
+struct pend {
+	struct chunk c;
+	uint64_t seq;
+	int stream;
+	int slot;
+	bool marked;                  /* the stream writes started[stream] = seq before it */
+};
+
+/* One GPU's worker: its streams, the chunks it has in flight, its kernel staging. */
+struct gdev {
+	int index;
+	void *stream[NSTREAMS];
+	volatile uint64_t *done;            /* pinned: one word per stream */
+	volatile uint64_t *started;         /* pinned: the GPU start marks of the stage clocks */
+	uint64_t issued[NSTREAMS];
+	struct pend pend[NSTREAMS][PEND_MAX];
+	int npend[NSTREAMS], phead[NSTREAMS];
+	struct gpu_kseg *kstage[PEND_MAX];  /* pinned staging of kernel segment lists */
+	uint64_t kdev[PEND_MAX];            /* their device copies */
+	bool slot_busy[PEND_MAX];
+	bool kernel_ok;
+	pthread_t thread;
+};
+
+static struct gdev *gpus;              /* one per device, allocated at start */
+static int ngpus;                       /* workers started */
+/*
+ * Fault injection for the test suite: GPXD_FAULT_INJECT=sticky makes the first copy launch a
+ * kernel on an invalid address, which leaves the context with a sticky error, so that the
+ * daemon's handling of one (a clear log line and a non-zero exit) can be tested for real.
+ */
+static atomic_bool fault_sticky;
+/*
+ * GPXD_STAGE_CLOCKS=1: before a job's first chunk the stream writes a start mark, which the
+ * worker notices as it polls, so the stage clocks split the wait for the GPU from the copy.
+ * Off by default: it costs a stream write per transfer.
+ */
+static bool start_marks;
+static volatile bool gpu_quit;
+static void (*idle_hook)(void);
+static const struct chunk_source *chunks;
+
+void
+gpu_on_idle(void (*fn)(void))
+{
+	idle_hook = fn;
+}
+
+void
+gpu_chunks_from(const struct chunk_source *s)
+{
+	chunks = s;
+}
+
+/* ---- the page arena: pinned page lists the kernel reads in place ---- */
+
+#define ARENA_SIZE (16u << 20)        /* 2M pages in flight */
+#define ARENA_GRAIN (64u << 10)
+#define ARENA_GRAINS (ARENA_SIZE / ARENA_GRAIN)
+
+static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned char *arena;                     /* NULL: none (no kernel) */
+static uint16_t arena_len[ARENA_GRAINS];        /* at a list's first grain: its grains; 0: free */
+static bool arena_used[ARENA_GRAINS];
+
+static bool kernel_takes(int dev, const struct region *src, const struct region *dst, uint64_t avg);
+
+/*
+ * The configuration a GPU worker reads: its own snapshot, refreshed once per round of its
+ * loop, so that a reload never frees what a chunk in progress reads.  On the loop thread
+ * (gpu_pages_alloc), cfg itself.
+ */
+static _Thread_local const struct conf *wcfg;
+
+static const struct conf *
+gcfg(void)
+{
+	return wcfg != NULL ? wcfg : cfg;
+}
+static uint64_t addr_on(const struct region *r, int dev);
+
+/* Where a page list of n records ends and the pairs' addresses begin, 16-byte aligned. */
+static size_t
+kpairs_at(uint32_t n)
+{
+	return ((size_t)n * sizeof(struct gpx_wire_page) + 15) & ~(size_t)15;
+}
+
+struct gpx_wire_page *
+gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size, uint32_t n, int *devp)
+{
+	/*
+	 * Between two GPUs the destination's kernel runs it, loading over the link and storing
+	 * locally: on two H200 that pulls 65,536 scattered pages 1-2% faster than pushing them.
+	 * Every pair of the job must be one that kernel runs.
+	 */
+	const int dev = pairs[0].dst->dev != DEV_HOST ? pairs[0].dst->dev : pairs[0].src->dev;
+	const uint64_t bytes = kpairs_at(n) + (uint64_t)npairs * sizeof(struct gpu_kpair);
+	const uint64_t need = (bytes + ARENA_GRAIN - 1) / ARENA_GRAIN;
+	struct gpx_wire_page *p = NULL;
+
+	if (arena == NULL || dev == DEV_HOST || dev >= ngpus || need > ARENA_GRAINS)
+		return NULL;
+	for (uint32_t k = 0; k < npairs; k++)
+		if ((pairs[k].dst->dev != DEV_HOST ? pairs[k].dst->dev : pairs[k].src->dev) != dev ||
+		    !kernel_takes(dev, pairs[k].src, pairs[k].dst, page_size))
+			return NULL;
+	pthread_mutex_lock(&arena_lock);
+	for (uint32_t i = 0, run = 0; i < ARENA_GRAINS; i++) {
+		run = arena_used[i] ? 0 : run + 1;
+		if (run == need) {
+			uint32_t first = i + 1 - (uint32_t)need;
+			memset(&arena_used[first], 1, need);
+			arena_len[first] = (uint16_t)need;
+			p = (struct gpx_wire_page *)(arena + (size_t)first * ARENA_GRAIN);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&arena_lock);
+	if (p != NULL) {
+		struct gpu_kpair *kp = (struct gpu_kpair *)((unsigned char *)p + kpairs_at(n));
+		for (uint32_t k = 0; k < npairs; k++)
+			kp[k] = (struct gpu_kpair){ addr_on(pairs[k].src, dev) + pairs[k].src_base,
+			    addr_on(pairs[k].dst, dev) + pairs[k].dst_base };
+	}
+	*devp = dev;
+	return p;
+}
+
+void
+gpu_pages_free(struct gpx_wire_page *p)
+{
+	if (p == NULL)
+		return;
+	uint32_t first = (uint32_t)(((unsigned char *)p - arena) / ARENA_GRAIN);
+	pthread_mutex_lock(&arena_lock);
+	memset(&arena_used[first], 0, arena_len[first]);
+	arena_len[first] = 0;
+	pthread_mutex_unlock(&arena_lock);
+}
+
+/* ---- copy workers ---- */
+
+/* The address of r in GPU dev's context, or 0 if r is not mapped there. */
+static uint64_t
+addr_on(const struct region *r, int dev)
+{
+	if (r->dev == DEV_HOST)
+		return (uint64_t)(uintptr_t)r->host;
+	if (r->kind == GPX__MEM_KIND__MEM_CUDA_IPC)
+		return gpu_map_addr_on(r, dev);
+	return r->dptr;    /* VMM and pool: one address, access granted to every peer */
+}
+
+/*
+ * What a kernel on GPU `dev` can address: pinned (mapped) host memory, VMM mappings (access
+ * is granted to every peer), and IPC allocations opened in its own context; never another
+ * node's region (its priv is the fabric's, not a mark of pinning).
+ */
+static bool
+kernel_reach(const struct region *r, int dev)
+{
+	if (r->kind == GPX__MEM_KIND__MEM_REMOTE)
+		return false;
+	if (r->dev == DEV_HOST)
+		return r->priv != NULL;
+	return addr_on(r, dev) != 0;
+}
+
+/* Whether GPU dev's copy kernel runs copies of pieces of avg bytes between src and dst. */
+static bool
+kernel_takes(int dev, const struct region *src, const struct region *dst, uint64_t avg)
+{
+	return gpus[dev].kernel_ok && gcfg()->sm_copy && avg <= KERNEL_MAX_AVG && kernel_reach(src, dev) &&
+	    kernel_reach(dst, dev);
+}
+
+static int
+free_slot(struct gdev *g)
+{
+	for (int i = 0; i < PEND_MAX; i++)
+		if (!g->slot_busy[i])
+			return i;
+	return -1;
+}
+
+/* Where a pair's sides are for GPU dev's copies; *peer when one is not mapped in its context. */
+static void
+pair_addrs(const struct jpair *p, int dev, uint64_t *src, uint64_t *dst, bool *peer)
+{
+	*src = addr_on(p->src, dev);
+	*dst = addr_on(p->dst, dev);
+	*peer = *src == 0 || *dst == 0;
+	if (*peer) {
+		/* A peer's IPC memory it could not open: the copy names the owners' contexts. */
+		*src = p->src->dev == DEV_HOST ? *src : p->src->dptr;
+		*dst = p->dst->dev == DEV_HOST ? *dst : p->dst->dptr;
+	}
+}
+
+/*
+ * The chunk's segments whole, then trimmed to the chunk, into one launch of the copy kernel:
+ * it starts c->off into the first and ends in the last (the engine counts the pieces up to the
+ * one holding the chunk's last byte).  No per-segment branch; for the first chunk of a request
+ * this loop stands between the daemon's check and the first byte moving.  One pair only.
+ */
+static int
+issue_kernel(struct gdev *g, struct chunk *c, int slot, int s)
+{
+	struct job *j = c->job;
+	const uint32_t pieces = c->pieces;
+	uint64_t src = addr_on(j->src, g->index), dst = addr_on(j->dst, g->index), whole = 0;
+	struct gpu_kseg *k = g->kstage[slot];
+	const struct gpx_wire_seg *w = &j->segs[c->seg];
+	int r;
+
+	for (uint32_t i = 0; i < pieces; i++) {
+		/* j->segs was just written by the loop thread's core: ask for it ahead */
+		__builtin_prefetch((const void *)((uintptr_t)&w[i] + 2048));
+		k[i] = (struct gpu_kseg){ src + w[i].src_offset, dst + w[i].dst_offset, w[i].length };
+		whole += w[i].length;
+	}
+	k[0].src += c->off;
+	k[0].dst += c->off;
+	k[0].len -= c->off;
+	k[pieces - 1].len -= whole - c->off - c->bytes;
+	r = cuda_htod(g->stream[s], g->kdev[slot], k, pieces * sizeof(*k));
+	if (r == 0)
+		r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], pieces, gcfg()->sm_copy_blocks);
+	return r;
+}
+
+/*
+ * Any other chunk, of one pair or of a batch's many: segments the kernel reaches and that are
+ * small (all of them, when the chunk is mostly small ones) go to one launch of the copy
+ * kernel, the rest each to a copy engine.  A weight push thus pays one launch for its hundred
+ * norms and biases and one copy per large tensor.
+ * A chunk of the quick stream sends every segment the kernel reaches to it, up to
+ * GPU_KFEW_MAX of them by value (gpx_copy_few): such a copy uses no copy engine.  The stream's
+ * priority orders copies within gpxd's copy engines only; under MPS the engines are shared
+ * with every other process on the GPU, and a 4 KiB copy waited there behind others' 1 GiB
+ * copies (p99 5.7 ms, against 263 us without MPS, on an H100).  Segments it cannot reach
+ * (memory not mapped in this context) keep the copy engine.
+ */
+static int
+issue_segs(struct gdev *g, struct chunk *c, int slot, int s)
+{
+	struct job *j = c->job;
+	const uint32_t pieces = c->pieces ? c->pieces : 1;
+	const bool quick = s == S_QUICK;
+	const bool all = quick || (pieces >= KERNEL_MIN_SEGS && c->bytes / pieces <= KERNEL_MAX_AVG);
+	struct gpu_kseg *k = g->kstage[slot];
+	uint32_t nk = 0, p = chunks->pair_of(j, c->seg), cur = UINT32_MAX;
+	uint64_t src = 0, dst = 0, left = c->bytes, off = c->off, kbytes = 0;
+	bool peer = false, reach = false;
+	int r = 0;
+
+	for (uint32_t i = c->seg; left > 0 && r == 0; i++, off = 0) {
+		const struct gpx_wire_seg *w = &j->segs[i];
+		const uint64_t len = w->length - off < left ? w->length - off : left;
+		while (i >= j->pairs[p].seg_end)
+			p++;
+		if (p != cur) {
+			const struct jpair *jp = &j->pairs[p];
+			cur = p;
+			pair_addrs(jp, g->index, &src, &dst, &peer);
+			reach = g->kernel_ok && gcfg()->sm_copy && kernel_reach(jp->src, g->index) &&
+			    kernel_reach(jp->dst, g->index);
+		}
+		left -= len;
+		if (len == 0)
+			continue;
+		if (reach && (all || len <= KERNEL_MAX_AVG)) {
+			k[nk++] = (struct gpu_kseg){ src + w->src_offset + off, dst + w->dst_offset + off, len };
+			kbytes += len;
+		}
+		else if (peer)
+			r = cuda_copy_peer(g->stream[s], dst + w->dst_offset + off,
+			    j->pairs[p].dst->dev == DEV_HOST ? g->index : j->pairs[p].dst->dev, src + w->src_offset + off,
+			    j->pairs[p].src->dev == DEV_HOST ? g->index : j->pairs[p].src->dev, len);
+		else
+			r = cuda_copy(g->stream[s], dst + w->dst_offset + off, src + w->src_offset + off, len);
+	}
+	if (r == 0 && quick && nk > 0 && nk <= GPU_KFEW_MAX)
+		r = cuda_kernel_copy_few(g->index, g->stream[s], k, nk, kbytes, gcfg()->sm_copy_blocks);
+	else if (r == 0 && nk == 1 && !all)
+		r = cuda_copy(g->stream[s], k[0].dst, k[0].src, k[0].len);     /* a launch buys nothing */
+	else if (r == 0 && nk > 0) {
+		r = cuda_htod(g->stream[s], g->kdev[slot], k, nk * sizeof(*k));
+		if (r == 0)
+			r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], nk, gcfg()->sm_copy_blocks);
+	}
+	return r;
+}
+
+static int
+issue(struct gdev *g, struct chunk *c)
+{
+	struct job *j = c->job;
+	const uint32_t pieces = c->pieces ? c->pieces : 1;
+	int s = c->bytes <= QUICK_MAX ? S_QUICK : g->npend[S_BULK] <= g->npend[S_BULK2] ? S_BULK : S_BULK2;
+	int slot = free_slot(g), r;
+	bool mark = start_marks && j->t_launched == 0;
+
+	if (atomic_exchange(&fault_sticky, false)) {
+		log_warnx("GPU%d: injecting a sticky fault (GPXD_FAULT_INJECT=sticky)", g->index);
+		cuda_kernel_copy(g->index, g->stream[s], 16, 1, 1);
+	}
+	if (mark && cuda_signal(g->stream[s], (uint64_t)(uintptr_t)&g->started[s], g->issued[s] + 1) < 0)
+		mark = false;
+	if (j->pages != NULL)
+		/* Only taken where the kernel runs (gpu_pages_alloc): the list is read in place. */
+		r = cuda_kernel_pages(g->index, g->stream[s], j->pages, j->npages,
+		    (const unsigned char *)j->pages + kpairs_at(j->npages), c->seg, pieces, j->page_size, c->off,
+		    c->bytes, gcfg()->sm_copy_blocks);
+	else if (j->npairs == 1 && pieces >= KERNEL_MIN_SEGS && (s != S_QUICK || pieces > GPU_KFEW_MAX) &&
+	    kernel_takes(g->index, j->src, j->dst, c->bytes / pieces))
+		r = issue_kernel(g, c, slot, s);
+	else
+		r = issue_segs(g, c, slot, s);
+	if (r == 0)
+		r = cuda_signal(g->stream[s], (uint64_t)(uintptr_t)&g->done[s], g->issued[s] + 1);
+	if (r < 0) {
+		/* Nothing queued for this chunk can be trusted: wait for the stream, then fail it. */
+		cuda_stream_sync(g->stream[s]);
+		chunks->done(c, false);
+		return r;
+	}
+	int at = (g->phead[s] + g->npend[s]) % PEND_MAX;
+	g->pend[s][at] = (struct pend){ .c = *c, .seq = ++g->issued[s], .stream = s, .slot = slot, .marked = mark };
+	g->npend[s]++;
+	g->slot_busy[slot] = true;
+	if (j->t_launched == 0)
+		j->t_launched = now_s();     /* the stage clocks: queued on the GPU */
+	return 0;
+}
+
+/* The stage clocks: jobs whose start mark the GPU wrote since the last look. */
+static void
+reap_starts(struct gdev *g, int s)
+{
+	uint64_t started = __atomic_load_n(&g->started[s], __ATOMIC_ACQUIRE);
+
+	for (int i = 0; i < g->npend[s]; i++) {
+		struct pend *p = &g->pend[s][(g->phead[s] + i) % PEND_MAX];
+		if (p->seq > started)
+			break;
+		if (p->marked) {
+			p->c.job->t_gpu_start = now_s();
+			p->marked = false;
+		}
+	}
+}
+
+static int
+reap(struct gdev *g)
+{
+	int n = 0;
+
+	for (int s = 0; s < NSTREAMS; s++) {
+		if (start_marks)
+			reap_starts(g, s);
+		uint64_t done = __atomic_load_n(&g->done[s], __ATOMIC_ACQUIRE);
+		while (g->npend[s] > 0 && g->pend[s][g->phead[s]].seq <= done) {
+			struct pend *p = &g->pend[s][g->phead[s]];
+			g->slot_busy[p->slot] = false;
+			g->phead[s] = (g->phead[s] + 1) % PEND_MAX;
+			g->npend[s]--;
+			chunks->done(&p->c, true);
+			n++;
+		}
+	}
+	return n;
+}
+
+static uint64_t
+mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+static void *
+gpu_worker(void *arg)
+{
+	struct gdev *g = arg;
+	enum path_kind path = PATH_GPU0 + g->index;
+	uint64_t idle_since = mono_ns(), stuck_since = 0;
+
+	cuda_use(g->index);
+	prctl(PR_SET_TIMERSLACK, 1000UL);   /* sleeps of 20 us must not become 70 */
+	while (!gpu_quit) {
+		wcfg = conf_refresh(wcfg);
+		int progress = reap(g);
+		int pending = g->npend[S_BULK] + g->npend[S_BULK2] + g->npend[S_QUICK];
+		struct chunk c;
+		/*
+		 * How long an idle worker keeps looking for work before it blocks: as long as the
+		 * event loop polls after a client's last message (daemon.busy_poll_us), so that a
+		 * client that submits between its own GPU work, a millisecond apart say, never waits
+		 * for this thread to be woken (on virtual machines 100 us and more).  Once nothing
+		 * has come for that long both sleep, and an idle daemon costs no CPU.
+		 */
+		const uint64_t spin_ns = gcfg()->busy_poll_us * 1000ull > IDLE_SPIN_NS ? gcfg()->busy_poll_us * 1000ull :
+		    IDLE_SPIN_NS;
+
+		/*
+		 * A completion counts as activity: a long job just ended, and its client's next
+		 * request is likely on its way; blocking now (the last issue may be long past) would
+		 * make it pay a wake-up.
+		 */
+		if (progress)
+			idle_since = mono_ns();
+
+		/*
+		 * With the bulk stream full, small copies (of anyone) still go onto the quick
+		 * stream, a few at a time: a 4 KiB copy never waits for a 1 GiB chunk, and no
+		 * piece of a large copy is put in its way there.
+		 */
+		bool bulk_room;
+		while (pending < PEND_MAX && ((bulk_room = g->npend[S_BULK] + g->npend[S_BULK2] < PEND_MAX / 2) ||
+		    g->npend[S_QUICK] < QUICK_SHARE) &&
+		    (chunks->has_work(path) || (pending == 0 && mono_ns() - idle_since > spin_ns))) {
+			/* Block only when idle for a while: the spin keeps small-copy latency low. */
+			bool wait = pending == 0 && !chunks->has_work(path);
+			if (!(bulk_room ? chunks->next(path, &c, wait, BULK_CHUNK, KSEG_MAX) :
+			    chunks->next_small(path, &c, KSEG_MAX)))
+				break;
+			issue(g, &c);
+			pending = g->npend[S_BULK] + g->npend[S_BULK2] + g->npend[S_QUICK];
+			progress++;
+			idle_since = mono_ns();
+		}
+		if (progress) {
+			stuck_since = 0;
+			continue;
+		}
+		if (pending == 0) {
+			if (idle_hook != NULL)
+				idle_hook();       /* idle: lend this core (xfer_help: a long page list's check) */
+			sched_yield();
+			continue;
+		}
+		/* Work is on the GPU: spin (a completion is seen within ~100 ns), and only after a
+		 * few milliseconds without progress fall back to short sleeps. */
+		uint64_t now = mono_ns();
+		if (stuck_since == 0)
+			stuck_since = now;
+		if (now - stuck_since > SPIN_NS) {
+			struct timespec ts = { 0, 20000 };
+			nanosleep(&ts, NULL);
+		} else
+			cpu_pause();
+		if (now - stuck_since > 1000000000ull) {
+			for (int s = 0; s < NSTREAMS; s++)
+				cuda_stream_busy(g->stream[s]);   /* exits the daemon on a sticky error */
+			stuck_since = now;
+		}
+	}
+	conf_drop(wcfg);
+	wcfg = NULL;
+	return NULL;
+}
+
+/* ---- setup ---- */
+
+static int
+gdev_start(struct gdev *g)
+{
+	void *words;
+
+	if (cuda_use(g->index) < 0 || cuda_host_alloc(&words, 64 * NSTREAMS) < 0)
+		return -1;
+	memset(words, 0, 64 * NSTREAMS);
+	g->done = words;
+	g->started = g->done + NSTREAMS;       /* the same pinned block, after the done words */
+	for (int s = 0; s < NSTREAMS; s++)
+		if ((s == S_QUICK ? cuda_stream_new_urgent(&g->stream[s]) : cuda_stream_new(&g->stream[s])) < 0)
+			return -1;
+	g->kernel_ok = cuda_load_kernel(g->index) == 0;
+	for (int i = 0; g->kernel_ok && i < PEND_MAX; i++) {
+		void *h;
+		if (cuda_host_alloc(&h, KSEG_MAX * sizeof(struct gpu_kseg)) < 0 ||
+		    cuda_alloc(&g->kdev[i], KSEG_MAX * sizeof(struct gpu_kseg)) < 0) {
+			g->kernel_ok = false;
+			break;
+		}
+		g->kstage[i] = h;
+	}
+	if (!g->kernel_ok)
+		log_warnx("GPU%d: SM copy kernel unavailable; vectored copies use copy engines", g->index);
+	return pthread_create(&g->thread, NULL, gpu_worker, g) == 0 ? 0 : -1;
+}
+
+/*
+ * Starts the copy workers of GPUs 0..n-1 (their streams, completion words, kernel staging),
+ * and the page arena.  0, or -1 with why.
+ */
+int
+gpu_workers_start(int n, char *why, size_t whylen)
+{
+	const char *fault = getenv("GPXD_FAULT_INJECT"), *clocks = getenv("GPXD_STAGE_CLOCKS");
+
+	if (fault != NULL && strcmp(fault, "sticky") == 0)
+		atomic_store(&fault_sticky, true);
+	start_marks = clocks != NULL && strcmp(clocks, "1") == 0;
+	if ((gpus = calloc(n, sizeof(*gpus))) == NULL) {
+		snprintf(why, whylen, "out of memory for %d copy workers", n);
+		return -1;
+	}
+	for (int i = 0; i < n; i++) {
+		gpus[i].index = i;
+		if (gdev_start(&gpus[i]) < 0) {
+			snprintf(why, whylen, "cannot start the copy worker of GPU%d", i);
+			gpu_workers_stop();
+			return -1;
+		}
+		ngpus = i + 1;
+	}
+	void *p;
+	if (gpus[0].kernel_ok && cuda_host_alloc(&p, ARENA_SIZE) == 0)
+		arena = p;
+	return 0;
+}
+
+void
+gpu_workers_stop(void)
+{
+	gpu_quit = true;
+	for (int i = 0; i < ngpus; i++) {
+		pthread_join(gpus[i].thread, NULL);
+		for (int s = 0; s < NSTREAMS; s++)
+			cuda_stream_sync(gpus[i].stream[s]);
+	}
+	ngpus = 0;
+	free(gpus);
+	gpus = NULL;
+}
