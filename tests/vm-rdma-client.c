@@ -9,7 +9,9 @@
  *     half: "K<ms>" kills this node's gpxd (SIGKILL, pid from PIDFILE) that many ms later,
  *     restarts it with the command RESTART and exports again; "Q" ends.
  *   vm-rdma-client user SOCK NODE                (node B; TAP on stdout)
- *     Imports NODE:kv and NODE:ctl and copies across: RDMA READ and WRITE whole, at odd
+ *     Imports NODE:kv and NODE:ctl, then kv by its bare name (the nodes are in one cluster:
+ *     the name's node comes from etcd) and reads it whole; VM_CONNECTED, a shell command, runs
+ *     then, the connection to NODE being up.  Copies across: RDMA READ and WRITE whole, at odd
  *     offsets, vectored, past the end; has A's gpxd killed in the middle of a stream of
  *     copies (every copy must end within FABRIC_BOUND s, default 8), then imports again.
  *     Prints "# rate read|write MiB/s" lines for the record, and "# owner-expect notify kv
@@ -204,6 +206,16 @@ user(const char *sock, const char *peer)
 		printf("1..%d\n", tap_count);
 		return 1;
 	}
+	/* The bare name: which node holds it, only the cluster's names say. */
+	gpx_region rbare;
+	fill(pd, SZ, 1);
+	memset(pb, 0, SZ);
+	e = import_retry(c, "kv", &rbare, &len, 10);
+	ok(e == 0 && len == SZ && gpx_copy_sync(c, rbare, 0, rb, 0, SZ) == 0 && fnv(pb, SZ) == fnv(pd, SZ),
+	    "imports kv by its bare name and reads it whole: checksum %016llx (%s)", (unsigned long long)fnv(pb, SZ),
+	    e ? gpx_last_error(c) : "ok");
+	if (getenv("VM_CONNECTED") != NULL && system(getenv("VM_CONNECTED")) != 0)
+		diag("VM_CONNECTED failed");
 
 	/* What kv holds after each of our writes, for the notifications A's owner prints. */
 	char *shadow = malloc(SZ);

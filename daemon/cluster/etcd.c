@@ -8,12 +8,21 @@
  *
  * Endpoints: [cluster] etcd lists one or more; calls go to one, and a call that cannot reach
  * it moves the next calls to the following one.
+ *
+ * etcd's own authentication ([cluster] auth_file): a token from /v3/auth/authenticate goes
+ * with every call.  etcd forgets a token (a simple token after --auth-token-ttl seconds
+ * without use, every token when it restarts; lease keep-alives do not count as use): a call
+ * answered "invalid auth token" waits while a new token is asked for, then goes again, once.
+ * TLS ([cluster] cacert, cert, key) is curl's; a handshake that fails is said in words that
+ * name the file to look at.
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <curl/curl.h>
 #include <event2/event.h>
 
@@ -37,6 +46,9 @@ struct etcd_call {
 	char err[CURL_ERROR_SIZE];
 	bool failed_parse;
 	bool cancelled;              /* cancelled inside curl's callbacks: freed once curl returns */
+	bool no_token;               /* the authentication itself */
+	bool again;                  /* sent again with a new token already */
+	bool waiting;                /* out of curl, waiting for a new token */
 };
 
 static TAILQ_HEAD(, etcd_call) calls = TAILQ_HEAD_INITIALIZER(calls);
@@ -49,6 +61,8 @@ static char **urls;
 static size_t nurls, cur;
 static char *token;
 static char *cacert, *cert, *key;
+static char *auth_user, *auth_pass;      /* [cluster] auth_file; NULL: etcd's auth is off */
+static struct etcd_call *reauth_call;    /* a new token asked for, calls waiting for it */
 struct etcd_stats etcd_stats;
 
 /* ---- base64 and JSON helpers ---- */
@@ -295,12 +309,63 @@ reply_error(struct json_object *o)
 	return NULL;
 }
 
+/*
+ * Why a call got no HTTP answer, in words an operator can act on: a TLS connection that
+ * failed names the [cluster] file to look at.  curl says which side refused: its own
+ * verification of etcd's certificate, its reading of our files, or etcd.  etcd refuses a
+ * client certificate (or its absence) with an alert; under TLS 1.3 that comes after our side
+ * of the handshake is done, so curl may see only the connection closed under its request.
+ */
+static void
+unreached_why(const struct etcd_call *k, CURLcode rc, char *why, size_t len)
+{
+	const char *e = k->err[0] ? k->err : curl_easy_strerror(rc);
+	bool alert = strstr(e, "alert") != NULL && (strstr(e, "certificate") != NULL || strstr(e, "unknown ca") != NULL);
+	curl_off_t tls_done = 0;
+
+	curl_easy_getinfo(k->h, CURLINFO_APPCONNECT_TIME_T, &tls_done);
+	bool closed = tls_done > 0 && (rc == CURLE_SEND_ERROR || rc == CURLE_RECV_ERROR || rc == CURLE_GOT_NOTHING);
+	if (rc == CURLE_PEER_FAILED_VERIFICATION)
+		snprintf(why, len, "%s: TLS verification of etcd's certificate failed (cacert %s): %s", urls[cur],
+		    cacert ? cacert : "unset: the system's CAs", e);
+	else if (rc == CURLE_SSL_CACERT_BADFILE)
+		snprintf(why, len, "%s: TLS: cacert %s cannot be used: %s", urls[cur], cacert ? cacert : "(system)", e);
+	else if (rc == CURLE_SSL_CERTPROBLEM)
+		snprintf(why, len, "%s: TLS: client certificate %s (key %s) cannot be used: %s", urls[cur],
+		    cert ? cert : "-", key ? key : cert ? cert : "-", e);
+	else if ((alert || closed) && cert == NULL)
+		snprintf(why, len, "%s: etcd refused the TLS connection: it asks for a client certificate, "
+		    "and [cluster] cert is not set (%s)", urls[cur], e);
+	else if (alert || closed)
+		snprintf(why, len, "%s: etcd refused the TLS connection with client certificate %s (%s)", urls[cur],
+		    cert, e);
+	else
+		snprintf(why, len, "%s: %s", urls[cur], e);
+}
+
+static void reauth(void);
+static void auth_answer(int *err, struct json_object *r, char *why, size_t len);
+
+/* A reply that is no JSON of etcd's (a proxy's page, a plain-text refusal), printable. */
+static const char *
+body_text(const struct etcd_call *k, char *out, size_t len)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; k->buf != NULL && i < k->len && n + 1 < len; i++)
+		out[n++] = k->buf[i] >= ' ' && k->buf[i] <= '~' ? k->buf[i] : ' ';
+	while (n > 0 && out[n - 1] == ' ')
+		n--;
+	out[n] = '\0';
+	return n > 0 ? out : "no text";
+}
+
 static void
 finish(struct etcd_call *k, CURLcode rc)
 {
 	long status = 0;
 	struct json_object *o = NULL;
-	char why[300];
+	char why[400];
 	int err = 0;
 
 	if (k->cancelled) {
@@ -308,9 +373,21 @@ finish(struct etcd_call *k, CURLcode rc)
 		return;
 	}
 	curl_easy_getinfo(k->h, CURLINFO_RESPONSE_CODE, &status);
+	/* 401: etcd no longer knows our token (grpc Unauthenticated): a new one, and again. */
+	if (status == 401 && k->msg == NULL && auth_user != NULL && !k->no_token && !k->again) {
+		curl_multi_remove_handle(multi, k->h);
+		k->again = k->waiting = true;
+		k->len = 0;
+		reauth();
+		return;
+	}
 	if (rc != CURLE_OK && (k->msg == NULL || status == 0 || k->failed_parse)) {
-		snprintf(why, sizeof(why), "%s: %s", urls[cur], k->failed_parse ? "malformed stream" :
-		    k->err[0] ? k->err : curl_easy_strerror(rc));
+		if (k->failed_parse)
+			snprintf(why, sizeof(why), "%s: malformed stream", urls[cur]);
+		else if (status == 0)
+			unreached_why(k, rc, why, sizeof(why));
+		else
+			snprintf(why, sizeof(why), "%s: %s", urls[cur], k->err[0] ? k->err : curl_easy_strerror(rc));
 		err = status != 0 ? ETCD_REFUSED : rc == CURLE_OPERATION_TIMEDOUT ? ETCD_TIMEDOUT : ETCD_UNREACHABLE;
 		if (status == 0) {
 			etcd_stats.failures++;
@@ -328,11 +405,17 @@ finish(struct etcd_call *k, CURLcode rc)
 		o = k->buf ? json_tokener_parse(k->buf) : NULL;
 		if (status != 200 || o == NULL) {
 			const char *m = o ? reply_error(o) : NULL;
-			snprintf(why, sizeof(why), "etcd answered %ld: %s", status, m ? m : "not JSON");
+			char text[160];
+			/* etcd's auth is on, and we have no credentials for it */
+			bool anon = auth_user == NULL && m != NULL && strstr(m, "user name is empty") != NULL;
+			snprintf(why, sizeof(why), "etcd answered %ld: %s%s", status, m ? m : body_text(k, text, sizeof(text)),
+			    anon ? " (etcd's authentication is on: [cluster] auth_file names a user)" : "");
 			err = -2;
 		} else
 			why[0] = '\0';
 	}
+	if (k->no_token)
+		auth_answer(&err, o, why, sizeof(why));
 	etcd_fn done = k->done;
 	void *arg = k->arg;
 	call_free(k);
@@ -356,11 +439,26 @@ check_done(void)
 	}
 }
 
+/* The call's headers, with the token now held. */
+static void
+call_headers(struct etcd_call *k)
+{
+	char auth[600];
+
+	curl_slist_free_all(k->hdrs);
+	k->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+	if (token != NULL && !k->no_token) {
+		snprintf(auth, sizeof(auth), "Authorization: %s", token);
+		k->hdrs = curl_slist_append(k->hdrs, auth);
+	}
+	curl_easy_setopt(k->h, CURLOPT_HTTPHEADER, k->hdrs);
+}
+
 static struct etcd_call *
 call_new(const char *path, struct json_object *body, double timeout, etcd_fn done, void *arg)
 {
 	struct etcd_call *k = calloc(1, sizeof(*k));
-	char url[512], auth[600];
+	char url[512];
 
 	if (k == NULL || (k->h = curl_easy_init()) == NULL) {
 		free(k);
@@ -373,14 +471,9 @@ call_new(const char *path, struct json_object *body, double timeout, etcd_fn don
 	k->arg = arg;
 	k->t0 = now_s();
 	snprintf(url, sizeof(url), "%s%s", urls[cur], path);
-	k->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
-	if (token != NULL) {
-		snprintf(auth, sizeof(auth), "Authorization: %s", token);
-		k->hdrs = curl_slist_append(k->hdrs, auth);
-	}
+	call_headers(k);
 	curl_easy_setopt(k->h, CURLOPT_URL, url);
 	curl_easy_setopt(k->h, CURLOPT_POSTFIELDS, k->body ? k->body : "{}");
-	curl_easy_setopt(k->h, CURLOPT_HTTPHEADER, k->hdrs);
 	curl_easy_setopt(k->h, CURLOPT_WRITEFUNCTION, on_data);
 	curl_easy_setopt(k->h, CURLOPT_WRITEDATA, k);
 	curl_easy_setopt(k->h, CURLOPT_PRIVATE, k);
@@ -388,6 +481,8 @@ call_new(const char *path, struct json_object *body, double timeout, etcd_fn don
 	curl_easy_setopt(k->h, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(k->h, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
 	curl_easy_setopt(k->h, CURLOPT_PROTOCOLS_STR, "http,https");
+	/* HTTP/1.1 over https as over http (ALPN would pick HTTP/2 of etcd's Go server) */
+	curl_easy_setopt(k->h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
 	if (timeout > 0)
 		curl_easy_setopt(k->h, CURLOPT_TIMEOUT_MS, (long)(timeout * 1000));
 	if (cacert != NULL)
@@ -443,6 +538,140 @@ etcd_stream(const char *path, struct json_object *body, etcd_msg_fn msg, etcd_fn
 	return call_go(k);
 }
 
+/* ---- etcd's own authentication ---- */
+
+/* etcd's auth token for the calls from now on. */
+static void
+token_set(const char *t)
+{
+	free(token);
+	token = t ? strdup(t) : NULL;
+}
+
+/* The answer to /v3/auth/authenticate: its token held from now on, or why not, naming the user. */
+static void
+auth_answer(int *err, struct json_object *r, char *why, size_t len)
+{
+	const char *t = *err == 0 ? js_str(r, "token") : NULL;
+	char was[400];
+
+	if (*err == 0 && (t == NULL || t[0] == '\0' || strlen(t) > 512 ||
+	    strspn(t, "!#$%&'*+-./0123456789:=?@ABCDEFGHIJKLMNOPQRSTUVWXYZ^_`abcdefghijklmnopqrstuvwxyz|~") != strlen(t))) {
+		*err = ETCD_REFUSED;
+		snprintf(why, len, "no token, or a token that is no header value, in the answer");
+	}
+	if (*err == 0) {
+		token_set(t);
+		return;
+	}
+	snprintf(was, sizeof(was), "%s", why);
+	snprintf(why, len, "etcd authentication as %.64s failed: %.300s", auth_user, was);
+}
+
+struct etcd_call *
+etcd_authenticate(etcd_fn done, void *arg)
+{
+	struct json_object *b = json_object_new_object();
+	struct etcd_call *k;
+
+	json_object_object_add(b, "name", json_object_new_string(auth_user ? auth_user : ""));
+	json_object_object_add(b, "password", json_object_new_string(auth_pass ? auth_pass : ""));
+	if ((k = call_new("/v3/auth/authenticate", b, 5, done, arg)) == NULL)
+		return NULL;
+	k->no_token = true;            /* etcd refuses a stale token even here */
+	call_headers(k);
+	return call_go(k);
+}
+
+/* The new token came (the calls that waited for it go again) or did not (they fail). */
+static void
+on_reauth(void *arg, int err, struct json_object *r, const char *why)
+{
+	struct etcd_call *k;
+
+	(void)arg;
+	(void)r;
+	reauth_call = NULL;
+	if (err == 0) {
+		bool stuck = false;
+		TAILQ_FOREACH(k, &calls, entry) {
+			if (!k->waiting)
+				continue;
+			k->t0 = now_s();
+			k->err[0] = '\0';
+			call_headers(k);
+			if (curl_multi_add_handle(multi, k->h) == CURLM_OK)
+				k->waiting = false;
+			else
+				stuck = true;   /* failed below */
+		}
+		if (!stuck)
+			return;
+		why = "out of memory";
+		err = ETCD_UNREACHABLE;
+	}
+	log_warnx("cluster: %s", why);
+	/* each done may cancel other calls: look for the next one from the start each time */
+	for (;;) {
+		TAILQ_FOREACH(k, &calls, entry)
+			if (k->waiting)
+				break;
+		if (k == NULL)
+			return;
+		etcd_fn done = k->done;
+		void *darg = k->arg;
+		call_free(k);
+		done(darg, err, NULL, why);
+	}
+}
+
+static void
+reauth(void)
+{
+	if (reauth_call != NULL)
+		return;
+	log_info("cluster: etcd no longer knows this node's auth token: authenticating again as %s", auth_user);
+	if ((reauth_call = etcd_authenticate(on_reauth, NULL)) == NULL)
+		on_reauth(NULL, ETCD_UNREACHABLE, NULL, "out of memory");
+}
+
+const char *
+etcd_auth_user(void)
+{
+	return auth_user;
+}
+
+/* "user:password" from [cluster] auth_file, which others must not read. */
+static int
+auth_load(const char *path, char *why, size_t whylen)
+{
+	char buf[512], *colon;
+	FILE *f = fopen(path, "re");
+	struct stat st;
+
+	if (f == NULL) {
+		snprintf(why, whylen, "auth_file %s: %s", path, strerror(errno));
+		return -1;
+	}
+	if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077) != 0) {
+		snprintf(why, whylen, "auth_file %s may be read by others: chmod 600 it", path);
+		fclose(f);
+		return -1;
+	}
+	if (fgets(buf, sizeof(buf), f) == NULL || (colon = strchr(buf, ':')) == NULL || colon == buf) {
+		snprintf(why, whylen, "auth_file %s: one line, USER:PASSWORD", path);
+		fclose(f);
+		return -1;
+	}
+	fclose(f);
+	buf[strcspn(buf, "\r\n")] = '\0';
+	*colon = '\0';
+	auth_user = strdup(buf);
+	auth_pass = strdup(colon + 1);
+	explicit_bzero(buf, sizeof(buf));
+	return auth_user != NULL && auth_pass != NULL ? 0 : -1;
+}
+
 void
 etcd_cancel(struct etcd_call *k)
 {
@@ -470,13 +699,6 @@ reap_cb(evutil_socket_t fd, short what, void *arg)
 			call_free(k);
 }
 
-void
-etcd_set_token(const char *t)
-{
-	free(token);
-	token = t ? strdup(t) : NULL;
-}
-
 const char *
 etcd_endpoint(void)
 {
@@ -493,6 +715,8 @@ int
 etcd_init(struct event_base *b, const struct cluster_conf *cc, char *why, size_t whylen)
 {
 	base = b;
+	if (cc->auth_file != NULL && auth_load(cc->auth_file, why, whylen) < 0)
+		return -1;
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0 || (multi = curl_multi_init()) == NULL) {
 		snprintf(why, whylen, "libcurl cannot start");
 		return -1;
@@ -545,5 +769,11 @@ etcd_shutdown(void)
 	free(cert);
 	free(key);
 	token = cacert = cert = key = NULL;
+	reauth_call = NULL;
+	free(auth_user);
+	if (auth_pass != NULL)
+		explicit_bzero(auth_pass, strlen(auth_pass));
+	free(auth_pass);
+	auth_user = auth_pass = NULL;
 	curl_global_cleanup();
 }

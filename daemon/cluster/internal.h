@@ -51,7 +51,11 @@ struct etcd_call *etcd_post(const char *path, struct json_object *body, double t
 /* A streaming POST: msg for each object, then done when the stream ends. */
 struct etcd_call *etcd_stream(const char *path, struct json_object *body, etcd_msg_fn msg, etcd_fn done, void *arg);
 void etcd_cancel(struct etcd_call *);        /* done is not called */
-void etcd_set_token(const char *token);     /* etcd's auth token for the calls from now on */
+/* [cluster] auth_file's user (NULL: none); a token for it, held for the calls from now on
+ * (done: 0, or why, naming the user).  A call answered "invalid auth token" asks for a new
+ * one by itself. */
+const char *etcd_auth_user(void);
+struct etcd_call *etcd_authenticate(etcd_fn done, void *arg);
 const char *etcd_endpoint(void);            /* the URL now in use */
 /* base64 of etcd's JSON: a fresh string; decoding NULL-terminates, NULL when malformed. */
 char *b64_enc(const void *, size_t);

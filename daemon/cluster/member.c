@@ -21,7 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <sys/stat.h>
 #include <event2/event.h>
 
 #include "daemon/cluster/internal.h"
@@ -34,7 +33,6 @@ static struct event_base *base;
 static struct event *tick_ev;
 static struct etcd_call *step_call, *ka_call, *watch_call;
 static char *node_value;                 /* our node key's JSON */
-static char *auth_user, *auth_pass;
 static double backoff = 0.5, t_retry, t_keepalive;
 static bool starting;                    /* cluster_start waits for the first answer */
 static int start_result;
@@ -44,7 +42,7 @@ static bool running;
 #define BACKOFF_MAX 5.0
 
 static void join(void);
-static void go_down(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void go_down(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Keys written by others are logged, but at most ten lines every ten seconds. */
 static void
@@ -218,7 +216,7 @@ key_seen(const char *key, const char *v, size_t len, int64_t lease)
 			free(n);
 		}
 		if (mb.state == M_UP)
-			go_down("this node's key was deleted");
+			go_down(0, "this node's key was deleted");
 		return;
 	}
 	if (n != NULL)
@@ -254,8 +252,9 @@ kv_seen(struct json_object *kv, bool deleted)
 
 /* ---- the session ---- */
 
+/* The session is lost (err: the ETCD_* of the call that lost it, or 0): retry later. */
 static void
-go_down(const char *fmt, ...)
+go_down(int err, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -275,11 +274,13 @@ go_down(const char *fmt, ...)
 	names_fail_waiting(mb.why);
 	t_retry = now_s() + backoff;
 	backoff = backoff * 2 > BACKOFF_MAX ? BACKOFF_MAX : backoff * 2;
-	if (starting) {
+	if (starting && (err == ETCD_UNREACHABLE || err == ETCD_TIMEDOUT))
 		log_warnx("cluster: etcd at %s not reached: %s; serving local clients, joining when it answers",
 		    etcd_endpoint(), mb.why);
-		starting = false;
-	}
+	else if (starting)
+		log_warnx("cluster: cannot join through etcd at %s: %s; serving local clients, trying again",
+		    etcd_endpoint(), mb.why);
+	starting = false;
 }
 
 static void
@@ -290,12 +291,13 @@ on_watch_msg(void *arg, struct json_object *m)
 	(void)arg;
 	if (!json_object_object_get_ex(m, "result", &r)) {
 		const char *e = js_str(m, "error");
-		go_down("the watch failed: %s", e ? e : "an answer without a result");
+		go_down(0, "the watch failed: %s", e ? e : "an answer without a result");
 		return;
 	}
 	struct json_object *t;
 	if ((json_object_object_get_ex(r, "canceled", &t) && json_object_get_boolean(t))) {
-		go_down("etcd cancelled the watch");
+		const char *cr = js_str(r, "cancel_reason");
+		go_down(0, "etcd cancelled the watch%s%s", cr ? ": " : "", cr ? cr : "");
 		return;
 	}
 	if (!json_object_object_get_ex(r, "events", &evs) || !json_object_is_type(evs, json_type_array))
@@ -319,7 +321,7 @@ on_watch_end(void *arg, int err, struct json_object *r, const char *why)
 	(void)err;
 	(void)r;
 	watch_call = NULL;
-	go_down("the watch ended: %s", why);
+	go_down(err, "the watch ended: %s", why);
 }
 
 static void
@@ -331,7 +333,7 @@ on_range(void *arg, int err, struct json_object *r, const char *why)
 	(void)arg;
 	step_call = NULL;
 	if (err < 0) {
-		go_down("%s", why);
+		go_down(err, "%s", why);
 		return;
 	}
 	TAILQ_FOREACH(n, &cnodes, entry)
@@ -355,7 +357,7 @@ on_range(void *arg, int err, struct json_object *r, const char *why)
 	free(k0);
 	free(k1);
 	if ((watch_call = etcd_stream("/v3/watch", body, on_watch_msg, on_watch_end, NULL)) == NULL) {
-		go_down("cannot start the watch");
+		go_down(0, "cannot start the watch");
 		return;
 	}
 	mb.state = M_UP;
@@ -382,7 +384,7 @@ sync_all(void)
 	free(k0);
 	free(k1);
 	if ((step_call = etcd_post("/v3/kv/range", b, 10, on_range, NULL)) == NULL)
-		go_down("out of memory");
+		go_down(0, "out of memory");
 }
 
 struct claim {
@@ -495,7 +497,7 @@ on_node_claim(void *arg, int err, struct json_object *r, const char *why)
 	(void)r;
 	step_call = NULL;
 	if (err < 0 && err != CLAIM_HELD) {
-		go_down("%s", why);
+		go_down(err, "%s", why);
 		return;
 	}
 	if (err < 0) {
@@ -536,7 +538,7 @@ on_grant(void *arg, int err, struct json_object *r, const char *why)
 	(void)arg;
 	step_call = NULL;
 	if (err < 0 || js_int(r, "ID") == 0) {
-		go_down("lease grant: %s", err < 0 ? why : "no lease in the answer");
+		go_down(err < 0 ? err : ETCD_REFUSED, "lease grant: %s", err < 0 ? why : "no lease in the answer");
 		return;
 	}
 	mb.lease = js_int(r, "ID");
@@ -553,7 +555,7 @@ grant(void)
 
 	json_object_object_add(b, "TTL", json_object_new_int64(mb.ttl));
 	if ((step_call = etcd_post("/v3/lease/grant", b, 5, on_grant, NULL)) == NULL)
-		go_down("out of memory");
+		go_down(0, "out of memory");
 }
 
 /* A keep-alive's answer: {"result":{"ID","TTL"}}; TTL absent or 0: the lease is gone. */
@@ -573,7 +575,7 @@ on_probe(void *arg, int err, struct json_object *r, const char *why)
 	(void)arg;
 	step_call = NULL;
 	if (err == ETCD_UNREACHABLE || err == ETCD_TIMEDOUT) {
-		go_down("%s", why);
+		go_down(err, "%s", why);
 		return;
 	}
 	if (err == 0 && ka_ttl(r) > 0) {
@@ -605,12 +607,12 @@ static void
 on_auth(void *arg, int err, struct json_object *r, const char *why)
 {
 	(void)arg;
+	(void)r;
 	step_call = NULL;
-	if (err < 0 || js_str(r, "token") == NULL) {
-		go_down("etcd authentication as %s: %s", auth_user, err < 0 ? why : "no token");
+	if (err < 0) {
+		go_down(err, "%s", why);
 		return;
 	}
-	etcd_set_token(js_str(r, "token"));
 	if (mb.lease != 0)
 		keepalive_call(mb.lease, on_probe, &step_call);
 	else
@@ -621,12 +623,9 @@ static void
 join(void)
 {
 	mb.state = M_JOINING;
-	if (auth_user != NULL) {
-		struct json_object *b = json_object_new_object();
-		json_object_object_add(b, "name", json_object_new_string(auth_user));
-		json_object_object_add(b, "password", json_object_new_string(auth_pass));
-		etcd_set_token(NULL);
-		step_call = etcd_post("/v3/auth/authenticate", b, 5, on_auth, NULL);
+	if (etcd_auth_user() != NULL) {
+		if ((step_call = etcd_authenticate(on_auth, NULL)) == NULL)
+			go_down(ETCD_UNREACHABLE, "out of memory");
 	} else if (mb.lease != 0)
 		keepalive_call(mb.lease, on_probe, &step_call);
 	else
@@ -646,14 +645,14 @@ on_keepalive(void *arg, int err, struct json_object *r, const char *why)
 		return;
 	}
 	if (err == ETCD_UNREACHABLE || err == ETCD_TIMEDOUT) {
-		go_down("lease keep-alive: %s", why);
+		go_down(err, "lease keep-alive: %s", why);
 		return;
 	}
 	if (err < 0 || ka_ttl(r) <= 0) {
 		log_warnx("cluster: lease %lld is gone (%s): joining again with a new one", (long long)mb.lease,
 		    err < 0 ? why : "etcd no longer knows it");
 		mb.lease = 0;
-		go_down("the lease ended");
+		go_down(0, "the lease ended");
 		t_retry = now_s();
 		return;
 	}
@@ -717,37 +716,6 @@ node_json(void)
 	return s;
 }
 
-/* "user:password" from [cluster] auth_file, which others must not read. */
-static int
-auth_load(const char *path)
-{
-	char buf[512], *colon;
-	FILE *f = fopen(path, "re");
-	struct stat st;
-
-	if (f == NULL) {
-		log_warn("cluster: auth_file %s", path);
-		return -1;
-	}
-	if (fstat(fileno(f), &st) == 0 && (st.st_mode & 077) != 0) {
-		log_warnx("cluster: auth_file %s may be read by others: chmod 600 it", path);
-		fclose(f);
-		return -1;
-	}
-	if (fgets(buf, sizeof(buf), f) == NULL || (colon = strchr(buf, ':')) == NULL || colon == buf) {
-		log_warnx("cluster: auth_file %s: one line, USER:PASSWORD", path);
-		fclose(f);
-		return -1;
-	}
-	fclose(f);
-	buf[strcspn(buf, "\r\n")] = '\0';
-	*colon = '\0';
-	auth_user = strdup(buf);
-	auth_pass = strdup(colon + 1);
-	explicit_bzero(buf, sizeof(buf));
-	return 0;
-}
-
 int
 cluster_start(struct event_base *b)
 {
@@ -768,8 +736,6 @@ cluster_start(struct event_base *b)
 	}
 	snprintf(mb.prefix, sizeof(mb.prefix), "%s", cc->prefix ? cc->prefix : "/gpx");
 	mb.ttl = cc->lease_ttl ? cc->lease_ttl : 10;
-	if (cc->auth_file != NULL && auth_load(cc->auth_file) < 0)
-		return -1;
 	if (etcd_init(b, cc, why, sizeof(why)) < 0) {
 		log_warnx("cluster: %s", why);
 		return -1;
@@ -837,9 +803,5 @@ cluster_stop(void)
 		free(n);
 	}
 	free(node_value);
-	free(auth_user);
-	if (auth_pass != NULL)
-		explicit_bzero(auth_pass, strlen(auth_pass));
-	free(auth_pass);
-	node_value = auth_user = auth_pass = NULL;
+	node_value = NULL;
 }
