@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpxd.h"
 
@@ -42,6 +43,8 @@ int vmm_import(uint64_t o, int d, uint64_t res, uint64_t rs, const struct gpx_wi
     char *err, size_t errlen)
 { (void)o; (void)d; (void)res; (void)rs; (void)p; (void)fds; (void)n; snprintf(err, errlen, "no GPU support"); return -GPX__STATUS__ENOTSUP; }
 void vmm_sweep(uint64_t owner) { (void)owner; }
+/* (Pieces are refused without a GPU before their fds are taken: none should come here) */
+void vmm_park(uint64_t owner, const int *fds, uint32_t n) { (void)owner; for (uint32_t i = 0; i < n; i++) close(fds[i]); }
 uint64_t vmm_stats(uint64_t *hits, uint32_t *pieces) { *hits = 0; *pieces = 0; return 0; }
 int gpu_dev_by_uuid(const uint8_t uuid[16]) { (void)uuid; return -1; }
 void gpu_on_idle(void (*fn)(void)) { (void)fn; }
