@@ -519,10 +519,11 @@ conn_input(struct conn *c)
 {
 	int fds[GPX_MAX_FDS], nfds;
 
-	for (int i = 0; i < MSGS_PER_WAKE && c->state != CONN_DEAD; i++) {
+	/* (a transfer whose lists a task thread checks holds the rest back: conn-xfer.c) */
+	for (int i = 0; i < MSGS_PER_WAKE && c->state != CONN_DEAD && c->checking == NULL; i++) {
 		/* Submissions queued before this message was sent come first. */
 		conn_poll_sq(c);
-		if (c->state == CONN_DEAD)
+		if (c->state == CONN_DEAD || c->checking != NULL)
 			return;
 		ssize_t n = wire_recv(c->fd, msgbuf, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
 		if (n == -EAGAIN)

@@ -64,6 +64,9 @@ q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
 		s->budget_refused_busy += budget_refused(b, true);
 		s->budget_refused_large += budget_refused(b, false);
 	}
+	s->loop_max_s = levent_turn_max();
+	s->loop_list_max = levent_turn_list_max();
+	s->loop_cpu_max_s = levent_turn_cpu_max();
 	for (int p = 0; p < NPATHS; p++) {
 		uint64_t x, b, e;
 		engine_path_stats(p, &x, &b, &e);

@@ -34,6 +34,7 @@ struct event_base;
 struct conn;
 struct region;
 struct job;
+struct xfer_check;
 
 #define GPXD_VERSION PACKAGE_VERSION
 
@@ -550,6 +551,8 @@ struct conn {
 	uint32_t version;            /* the protocol it speaks (Hello) */
 	const unsigned char *area;   /* the segment area, mapped read-only */
 	size_t area_len;
+	struct xfer_check *checking; /* a transfer whose lists a task thread checks: its further
+	                              * messages and submissions wait (xfer.c) */
 };
 TAILQ_HEAD(conn_list, conn);
 extern struct conn_list conns;
@@ -613,7 +616,20 @@ uint32_t export_count(void);
 
 /* ---- xfer.c: turning a Transfer message into a checked job ---- */
 void xfer_help(void);
-int xfer_build(struct conn *, const Gpx__Transfer *, int segfd, struct job **out, char *err, size_t errlen);
+/*
+ * Loop thread: a Transfer's jobs in *out (several for a batch over several paths, linked by
+ * gnext), or a refusal (<0, err set).  When later is not NULL and the request's lists are long,
+ * they are checked on a task thread instead: then 0, *out NULL, *later set and c->checking
+ * with it; the caller runs xfer_check_run(*later) on a task thread and xfer_check_end back on
+ * the loop thread, which says what xfer_build would have.  A memfd of segments (*segfd) is
+ * then the check's, and *segfd -1.
+ */
+int xfer_build(struct conn *, const Gpx__Transfer *, int *segfd, struct job **out, struct xfer_check **later,
+    char *err, size_t errlen);
+void xfer_check_run(struct xfer_check *);        /* any thread */
+int xfer_check_end(struct xfer_check *, struct job **out, char *err, size_t errlen);
+/* Loop thread, at the end of each turn: the bytes of lists the loop checked in it. */
+uint64_t xfer_turn_end(void);
 int xfer_set_area(struct conn *, int fd, uint64_t length, char *err, size_t errlen);
 /* bytes at off of the connection's segment area, 8-byte aligned and inside it, or NULL. */
 const unsigned char *xfer_area(const struct conn *, uint64_t off, uint64_t bytes);
@@ -646,11 +662,22 @@ struct gpxd_args {
 int levent_run(const struct gpxd_args *);
 void levent_conn_watch(struct conn *);
 void levent_conn_unwatch(struct conn *);
+void levent_conn_pause(struct conn *, bool pause);   /* stops (or resumes) reading its socket */
 void levent_request_reap(void);
 void levent_stop(int status);
 /* Rereads the file: 0 with the report (what changed, live or at restart) in msg, or -1 with why. */
 int levent_reload(char *msg, size_t msglen);
 double now_s(void);
+/*
+ * Loop thread: a callback begins (now_s is returned) and ends.  The longest such turn, the most
+ * bytes of request lists one turn checked (xfer.c bounds that), and with GPXD_LOOP_CLOCKS=1 the
+ * most CPU time of the loop thread one turn took (else -1).
+ */
+double levent_turn_begin(void);
+void levent_turn(double since);
+double levent_turn_max(void);
+uint64_t levent_turn_list_max(void);
+double levent_turn_cpu_max(void);
 
 /* ---- gpu.c: the GPU back end (CUDA driver API, loaded at run time) ---- */
 int gpu_init(char *why, size_t whylen);

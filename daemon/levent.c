@@ -74,6 +74,75 @@ now_s(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/*
+ * The loop's longest turn: the most time one of its callbacks took (a connection's messages,
+ * a pass over the submission queues, the ends of finished tasks, a timer, a signal), since
+ * start; and the most bytes of request lists one turn copied and checked, which xfer.c keeps
+ * within a constant, however long the lists clients send (longer ones go to a task thread).
+ * gpxctl status and the metrics show both.  The time is wall time: on a busy machine it also
+ * holds what the scheduler gave other threads during a turn, and the waits for locks that
+ * such threads held.  With GPXD_LOOP_CLOCKS=1 the loop thread's own CPU time in each turn is
+ * measured too (two reads of the thread's CPU clock a turn, a system call each), which tells
+ * the loop's work from the machine's load.
+ */
+static double turn_max, turn_cpu_max;
+static uint64_t turn_list_max;
+static int loop_clocks = -1;         /* GPXD_LOOP_CLOCKS, read at the first turn */
+static double turn_cpu0;
+
+static double
+thread_cpu_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+double
+levent_turn_begin(void)
+{
+	if (loop_clocks < 0) {
+		const char *e = getenv("GPXD_LOOP_CLOCKS");
+		loop_clocks = e != NULL && strcmp(e, "1") == 0;
+	}
+	if (loop_clocks)
+		turn_cpu0 = thread_cpu_s();
+	return now_s();
+}
+
+void
+levent_turn(double since)
+{
+	double d = now_s() - since;
+	uint64_t b = xfer_turn_end();
+
+	if (d > turn_max)
+		turn_max = d;
+	if (b > turn_list_max)
+		turn_list_max = b;
+	if (loop_clocks > 0 && (d = thread_cpu_s() - turn_cpu0) > turn_cpu_max)
+		turn_cpu_max = d;
+}
+
+double
+levent_turn_cpu_max(void)
+{
+	return loop_clocks > 0 ? turn_cpu_max : -1;
+}
+
+double
+levent_turn_max(void)
+{
+	return turn_max;
+}
+
+uint64_t
+levent_turn_list_max(void)
+{
+	return turn_list_max;
+}
+
 struct event_base *
 levent_base(void)
 {
@@ -83,17 +152,23 @@ levent_base(void)
 static void
 conn_cb(evutil_socket_t fd, short what, void *arg)
 {
+	double t0 = levent_turn_begin();
+
 	(void)fd;
 	(void)what;
 	conn_input(arg);
+	levent_turn(t0);
 }
 
 static void
 pidfd_cb(evutil_socket_t fd, short what, void *arg)
 {
+	double t0 = levent_turn_begin();
+
 	(void)fd;
 	(void)what;
 	conn_kill(arg, "client process exited");
+	levent_turn(t0);
 }
 
 void
@@ -105,6 +180,17 @@ levent_conn_watch(struct conn *c)
 		c->pidev = event_new(base, c->pidfd, EV_READ, pidfd_cb, c);
 		event_add(c->pidev, NULL);
 	}
+}
+
+void
+levent_conn_pause(struct conn *c, bool pause)
+{
+	if (c->ev == NULL)
+		return;
+	if (pause)
+		event_del(c->ev);
+	else
+		event_add(c->ev, NULL);
 }
 
 void
@@ -123,7 +209,9 @@ reap_cb(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	(void)arg;
+	double t0 = levent_turn_begin();
 	conn_reap();
+	levent_turn(t0);
 }
 
 /* Thread-safe: copy workers call it (through cq.c) when a client misused its queue. */
@@ -260,6 +348,8 @@ accept_pause(int err)
 static void
 accept_cb(evutil_socket_t lfd, short what, void *arg)
 {
+	double t0 = levent_turn_begin();
+
 	(void)what;
 	(void)arg;
 	for (int i = 0; i < 64; i++) {
@@ -273,7 +363,7 @@ accept_cb(evutil_socket_t lfd, short what, void *arg)
 				accept_pause(errno);
 			else if (errno == ECONNABORTED || errno == EINTR)
 				continue;
-			return;
+			break;
 		}
 		pause_s = 0;
 		struct conn *c = conn_accept(fd, fd_short);
@@ -283,6 +373,7 @@ accept_cb(evutil_socket_t lfd, short what, void *arg)
 		}
 		levent_conn_watch(c);
 	}
+	levent_turn(t0);
 }
 
 /* A stale socket file (no one listening) is replaced; a live one means another gpxd runs. */
@@ -358,6 +449,7 @@ wd_cb(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	(void)arg;
+	double t0 = levent_turn_begin();
 	sdn_watchdog();
 	spares_fill();
 	user_log_tick(false);
@@ -373,6 +465,7 @@ wd_cb(evutil_socket_t fd, short what, void *arg)
 		else if (cfg->idle_timeout_s > 0 && now - c->t_last > cfg->idle_timeout_s)
 			conn_kill(c, "idle timeout");
 	}
+	levent_turn(t0);
 }
 
 /*
@@ -466,10 +559,12 @@ signal_cb(evutil_socket_t sig, short what, void *arg)
 
 	(void)what;
 	(void)arg;
+	double t0 = levent_turn_begin();
 	if (sig == SIGHUP)
 		levent_reload(msg, sizeof(msg));
 	else
 		levent_stop(0);
+	levent_turn(t0);
 }
 
 /*
@@ -484,8 +579,10 @@ levent_dispatch(void)
 	bool polling = false;
 
 	while (!event_base_got_exit(base) && !event_base_got_break(base)) {
-		if (now_s() - conn_last_input < cfg->busy_poll_us / 1e6) {
+		double t0 = levent_turn_begin();
+			if (t0 - conn_last_input < cfg->busy_poll_us / 1e6) {
 			conn_poll_all(polling ? SQ_POLL : SQ_POLLING);
+			levent_turn(t0);
 			polling = true;
 			event_base_loop(base, EVLOOP_NONBLOCK);
 			continue;
@@ -493,7 +590,9 @@ levent_dispatch(void)
 		/* About to sleep: ask for kicks, then look once more (conn_poll_all). */
 		if (polling) {
 			polling = false;
-			if (conn_poll_all(SQ_SLEEPING) > 0)
+			int n = conn_poll_all(SQ_SLEEPING);
+			levent_turn(t0);
+			if (n > 0)
 				continue;
 		}
 		event_base_loop(base, EVLOOP_ONCE);

@@ -353,6 +353,17 @@ render(struct evbuffer *b, struct snapshot *sn)
 	evbuffer_add_printf(b, "gpx_exports %u\n", export_count());
 	head(b, "gpx_transfers_in_flight", "gauge", "Transfers accepted and not yet completed.");
 	evbuffer_add_printf(b, "gpx_transfers_in_flight %u\n", engine_inflight());
+	head(b, "gpx_event_loop_max_seconds", "gauge", "The event loop's longest turn since start: the most "
+	    "one of its callbacks took.");
+	evbuffer_add_printf(b, "gpx_event_loop_max_seconds %.6f\n", levent_turn_max());
+	head(b, "gpx_event_loop_max_list_bytes", "gauge", "The most bytes of request lists the event loop "
+	    "copied and checked in one turn since start.");
+	evbuffer_add_printf(b, "gpx_event_loop_max_list_bytes %llu\n", (unsigned long long)levent_turn_list_max());
+	if (levent_turn_cpu_max() >= 0) {
+		head(b, "gpx_event_loop_max_cpu_seconds", "gauge", "The most CPU time of the event loop's thread "
+		    "one turn took since start (with GPXD_LOOP_CLOCKS=1).");
+		evbuffer_add_printf(b, "gpx_event_loop_max_cpu_seconds %.6f\n", levent_turn_cpu_max());
+	}
 	render_budgets(b);
 
 	struct fabric_gpu_stats st = { 0 };
