@@ -144,6 +144,7 @@ do_status(int argc, char **argv)
 		J_ADD(o, "handle_cache", hc);
 		json_object *b = json_object_new_object();
 		J_ADD(b, "used", J_U64(s->budget_used));
+		J_ADD(b, "entries", J_U64(s->budget_entries));
 		J_ADD(b, "total", J_U64(s->budget_total));
 		J_ADD(b, "uid", J_U64(s->budget_uid));
 		J_ADD(b, "connection", J_U64(s->budget_connection));
@@ -174,8 +175,10 @@ do_status(int argc, char **argv)
 		    s->cache_pool, s->cache_vmm, (unsigned long long)s->cache_opens,
 		    (unsigned long long)s->cache_hits);
 		char b2[32], b3[32], b4[32], b5[32];
-		printf("budgets:    %s of %s held; %s per uid, %s per connection, %s per request\n",
-		    human(s->budget_used, b1, sizeof(b1)), human(s->budget_total, b2, sizeof(b2)),
+		char b6[32];
+		printf("budgets:    %s of %s held (%s by regions, imports and exports); %s per uid, %s per "
+		    "connection, %s per request\n", human(s->budget_used, b1, sizeof(b1)),
+		    human(s->budget_total, b2, sizeof(b2)), human(s->budget_entries, b6, sizeof(b6)),
 		    human(s->budget_uid, b3, sizeof(b3)), human(s->budget_connection, b4, sizeof(b4)),
 		    human(s->budget_request, b5, sizeof(b5)));
 		printf("refused:    %llu busy, %llu too large (budgets)\n", (unsigned long long)s->budget_refused_busy,

@@ -319,6 +319,25 @@ log_client(struct conn *c, int level, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* ---- entries against the budgets ---- */
+
+int
+conn_charge(struct conn *c, uint64_t bytes, const char *what, char *err, size_t errlen)
+{
+	struct charge ch = { .cq = c->cq, .entries = &c->entries, .user = c->user, .entry = true, .what = what };
+	int r;
+
+	if ((r = budget_charge(&ch, bytes, err, errlen)) < 0)
+		log_audit(c, "%s", err);
+	return r;
+}
+
+void
+conn_uncharge(struct conn *c, uint64_t bytes)
+{
+	budget_entry_release(&c->entries, c->user, bytes);
+}
+
 /* ---- replies ---- */
 
 int

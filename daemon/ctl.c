@@ -56,6 +56,7 @@ q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
 	s->cache_opens = gc.opens;
 	s->cache_hits = gc.hits;
 	s->budget_used = budget_used();
+	s->budget_entries = budget_entries();
 	s->budget_total = cfg->budget_total;
 	s->budget_uid = cfg->budget_uid;
 	s->budget_connection = cfg->budget_connection;

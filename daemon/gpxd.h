@@ -233,7 +233,7 @@ struct user {
 	uint64_t region_bytes;
 	uint32_t exports;
 	atomic_uint inflight;
-	atomic_uint_fast64_t charged;   /* bytes of its budget its transfers hold */
+	atomic_uint_fast64_t charged;   /* bytes of its budget its transfers and entries hold */
 	struct logrl log;            /* its share of the log (log.c) */
 	struct uqueue *uq;           /* its queues, one per path (engine.c, engine lock) */
 	TAILQ_ENTRY(user) entry;
@@ -257,26 +257,38 @@ struct user *user_most_hello(void);
 /*
  * Budgets.  Every allocation a transfer makes in gpxd (its job, pairs, segment or page list,
  * the scratch of a batch) is charged before it is made against the request's budget, its
- * connection's (cq->charged), its uid's (user->charged) and the daemon's total; it is given
- * back when the job is freed.  Charging is the loop thread's; giving back, any thread's.
+ * connection's, its uid's and the daemon's total; it is given back when the job is freed.  So
+ * is every entry a client makes gpxd keep in its tables (a registered region with its handle,
+ * an import, an export with its peer list, a request waiting for its reply, the growth of its
+ * handle table): charged to the connection, the uid and the total before it is allocated,
+ * given back when the entry or the client goes.  A connection's transfers are counted in its
+ * completion queue (cq->charged, which copy workers give back to), its entries in the
+ * connection itself (conn.entries, loop thread); its budget holds both.  Charging is the loop
+ * thread's; giving back, any thread's for transfers, the loop thread's for entries.
  */
 enum budget_scope { BUDGET_REQUEST, BUDGET_CONNECTION, BUDGET_UID, BUDGET_TOTAL, NBUDGETS };
 struct cq;
 struct charge {
-	struct cq *cq;
+	struct cq *cq;               /* the connection's transfers' count, or NULL */
+	uint64_t *entries;           /* the connection's entries' count, or NULL */
 	struct user *user;
 	uint64_t bytes;              /* charged so far for the request */
+	bool entry;                  /* charging entries (to *entries), not a transfer (to cq) */
+	const char *what;            /* the request, for the refusal: "transfer" when NULL */
 };
 /*
  * Charges bytes more to the request; 0, or (the bytes not charged) a refusal naming the budget:
- * -GPX__STATUS__EBUSY when it would fit once transfers in flight end, -GPX__STATUS__ENOMEM
- * when it never fits.  What a refused request had charged is the caller's to give back.
+ * -GPX__STATUS__EBUSY when it would fit once transfers in flight end or entries go,
+ * -GPX__STATUS__ENOMEM when it never fits.  What a refused request had charged is the caller's
+ * to give back.
  */
 int budget_charge(struct charge *, uint64_t bytes, char *err, size_t errlen);
 void budget_release(struct cq *, struct user *, uint64_t bytes);
+void budget_entry_release(uint64_t *entries, struct user *, uint64_t bytes);
 const char *budget_name(enum budget_scope);
 uint64_t budget_limit(enum budget_scope);
 uint64_t budget_used(void);              /* the daemon's total */
+uint64_t budget_entries(void);           /* of it, what entries hold */
 uint64_t budget_refused(enum budget_scope, bool busy);
 
 /* ---- mem-*.c: memory kinds behind one interface ---- */
@@ -346,6 +358,7 @@ struct rhandle {
 	bool imported;
 	bool read_only;              /* this handle may only be a source */
 	struct rhandle *next;        /* hash chain */
+	uint64_t charged;            /* bytes of its connection's budgets it holds (conn_charge) */
 };
 struct region *region_new(void);
 void region_ref(struct region *);
@@ -553,6 +566,7 @@ struct conn {
 	size_t area_len;
 	struct xfer_check *checking; /* a transfer whose lists a task thread checks: its further
 	                              * messages and submissions wait (xfer.c) */
+	uint64_t entries;            /* bytes its table entries hold against its budgets (user.c) */
 };
 TAILQ_HEAD(conn_list, conn);
 extern struct conn_list conns;
@@ -573,6 +587,14 @@ void conn_admin_check(void);
 /* The log's lines about a client, within its share and its uid's (log.c): a refusal, or any line. */
 void log_audit(struct conn *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void log_client(struct conn *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/*
+ * A table entry of c's (a region, an import, an export, a request waiting for its reply) of
+ * bytes, charged before it is allocated to its connection's, uid's and the daemon's budgets:
+ * 0, or the refusal naming the budget (logged), what naming the request.  Given back with
+ * conn_uncharge when the entry goes.  Loop thread.
+ */
+int conn_charge(struct conn *, uint64_t bytes, const char *what, char *err, size_t errlen);
+void conn_uncharge(struct conn *, uint64_t bytes);
 /* A deferred operation of the connection ended (c->pending--); a dead one is reaped after its last. */
 void conn_settle(struct conn *);
 int conn_poll_sq(struct conn *);      /* takes queued submissions; returns how many */
@@ -598,6 +620,8 @@ struct export {
 	uint32_t importers;
 	bool remote;                 /* other nodes' daemons may import it (daemon/fabric/) */
 	char *peers;                 /* "a,b": only these peer nodes; NULL = any authenticated peer */
+	uint64_t *charged_to;        /* its owner connection's entries (conn.entries), */
+	uint64_t charged;            /* and what it holds there, given back when it goes */
 };
 TAILQ_HEAD(export_list, export);
 extern struct export_list exports;

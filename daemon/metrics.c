@@ -320,17 +320,21 @@ uid_budget(struct user *u, void *arg)
 static void
 render_budgets(struct evbuffer *b)
 {
-	head(b, "gpx_budget_bytes", "gauge", "Bytes of gpxd's memory that transfers in flight hold, in all.");
+	head(b, "gpx_budget_bytes", "gauge", "Bytes of gpxd's memory that transfers in flight and clients' "
+	    "table entries hold, in all.");
 	evbuffer_add_printf(b, "gpx_budget_bytes %llu\n", (unsigned long long)budget_used());
-	head(b, "gpx_budget_uid_bytes", "gauge", "Bytes of gpxd's memory that a uid's transfers hold.");
+	head(b, "gpx_budget_entry_bytes", "gauge", "Of them, what table entries hold: regions, imports, exports, "
+	    "requests waiting for their reply.");
+	evbuffer_add_printf(b, "gpx_budget_entry_bytes %llu\n", (unsigned long long)budget_entries());
+	head(b, "gpx_budget_uid_bytes", "gauge", "Bytes of gpxd's memory that a uid's transfers and entries hold.");
 	user_visit(uid_budget, b);
 	head(b, "gpx_budget_limit_bytes", "gauge", "The budgets ([limits] request_budget, connection_budget, "
 	    "uid_budget, total_budget).");
 	for (int i = 0; i < NBUDGETS; i++)
 		evbuffer_add_printf(b, "gpx_budget_limit_bytes{budget=\"%s\"} %llu\n", budget_name(i),
 		    (unsigned long long)budget_limit(i));
-	head(b, "gpx_budget_refused_total", "counter", "Transfers refused by a budget: busy (would fit once "
-	    "transfers end) or too_large (never fits).");
+	head(b, "gpx_budget_refused_total", "counter", "Requests refused by a budget: busy (would fit once "
+	    "transfers end or entries go) or too_large (never fits).");
 	for (int i = 0; i < NBUDGETS; i++)
 		for (int busy = 1; busy >= 0; busy--)
 			evbuffer_add_printf(b, "gpx_budget_refused_total{budget=\"%s\",reason=\"%s\"} %llu\n",

@@ -842,8 +842,8 @@ int
 xfer_build(struct conn *c, const Gpx__Transfer *t, int *segfd, struct job **out, struct xfer_check **later,
     char *err, size_t errlen)
 {
-	struct xfer_check k = { .c = c, .ch = { .cq = c->cq, .user = c->user }, .tag = t->tag, .flags = t->flags,
-	    .batch = t->pair_count > 0, .pages = t->page_size > 0, .fd = -1 };
+	struct xfer_check k = { .c = c, .ch = { .cq = c->cq, .entries = &c->entries, .user = c->user },
+	    .tag = t->tag, .flags = t->flags, .batch = t->pair_count > 0, .pages = t->page_size > 0, .fd = -1 };
 	const int fd = segfd != NULL ? *segfd : -1;
 	int r;
 

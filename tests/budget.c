@@ -10,7 +10,7 @@
  *    about 10 ms); gpxd's resident memory, sampled all along, never passes its total budget nor
  *    idle + 2 request budgets + 64 MiB, and is back within 64 MiB of idle 1 s after the client
  *    left; a bystander (root) copies 4 KiB all along with a p99 under 10 ms; nothing is held
- *    against the budgets once everything has ended.
+ *    against the budgets once everything has ended but the bystander's two regions.
  *  - turns: as nobody, the largest vectored list the protocol and the request budget allow
  *    (max_segments at 16M: 2.78 million segments within 4 KiB of the 64 MiB request budget),
  *    six of them two in flight at a time, then a burst of lists just under 1 MiB each, while a
@@ -18,6 +18,11 @@
  *    bystander's p99 under 10 ms, and no turn of gpxd's event loop copied and checked more than
  *    1 MiB of lists or took 2 ms of its CPU time (GPXD_LOOP_CLOCKS=1; checked whole on the
  *    loop, such a list takes some 30 ms of it).
+ *  - entries: a connection budget of 64 KiB; as nobody, regions registered, exports with
+ *    64-byte names and peer lists of 4 KB, and imports, each on a connection of its own, until
+ *    refused: each refusal is busy naming the connection budget and the request, far below the
+ *    count caps; each entry holds what it costs; gpxctl status and the metrics count it; all of
+ *    it is given back when the client goes.
  *  - each: small budgets, and requests that stay in flight (page batches of millions of one-byte
  *    pages): a request larger than the request budget is refused as too large and names it,
  *    one connection filled past its budget is told busy naming the connection budget, a second
@@ -117,7 +122,7 @@ rss_anon(void)
 
 /* What gpxd's status says of its budgets. */
 struct budgets {
-	uint64_t used, total, uid, connection, request, busy, large;
+	uint64_t used, total, uid, connection, request, busy, large, entries;
 };
 
 static int
@@ -137,7 +142,7 @@ budgets(gpx_conn *c, struct budgets *b)
 	}
 	*b = (struct budgets){ q->status->budget_used, q->status->budget_total, q->status->budget_uid,
 		q->status->budget_connection, q->status->budget_request, q->status->budget_refused_busy,
-		q->status->budget_refused_large };
+		q->status->budget_refused_large, q->status->budget_entries };
 	gpx__query_reply__free_unpacked(q, NULL);
 	return 0;
 }
@@ -496,9 +501,9 @@ test_largest(void)
 	ok_rss(after <= idle + 64 * MIB, "1 s after it left gpxd's resident memory is within 64 MiB of idle "
 	    "(%.1f MiB, idle %.1f, peak %.1f)", after / (double)MIB, idle / (double)MIB, peak / (double)MIB);
 	int q1 = budgets(c, &b1);
-	ok(q1 == 0 && b1.used == 0 && b1.busy == 0 && b1.large == 0,
-	    "nothing is held against the budgets any more, nothing was refused (%llu bytes held)",
-	    (unsigned long long)b1.used);
+	ok(q1 == 0 && b1.used == b0.used && b1.entries == b0.entries && b1.busy == 0 && b1.large == 0,
+	    "nothing is held against the budgets any more but the bystander's two regions, nothing was refused "
+	    "(%llu bytes held, %llu before the child came)", (unsigned long long)b1.used, (unsigned long long)b0.used);
 	gpx_close(c);
 	buf_free(&bs);
 	buf_free(&bd);
@@ -936,6 +941,147 @@ test_each(void)
 	stop();
 }
 
+/* ---- entries: regions, exports and imports against the budgets ---- */
+
+/*
+ * A connection budget of 64 KiB (its least) and a uid budget that three of them fit: as
+ * nobody, one connection registers one buffer until refused, a second exports one region under
+ * 64-byte names with a list of 63 peers of 64 bytes each (the most libgpxclient sends: 4.2 KB an
+ * export) until refused, a third imports the first of those exports until refused.  Each
+ * refusal is the connection budget's, by bytes, far below the count caps (regions_per_uid
+ * 65,536, exports_per_uid 4,096).
+ */
+#define N_CONF "[daemon]\nmetrics = 127.0.0.1:0\n[limits]\nconnection_budget = 64K\nuid_budget = 1M\n"
+#define N_TRIES 5000
+
+struct entries_res {
+	int setup;
+	int n[3], refused[3];        /* registrations, exports, imports: accepted, the refusal */
+	char why[3][256];
+	uint64_t bytes[3];           /* the connection's share after each, as the status shows it */
+};
+
+/* The uid's bytes of the budgets as the metrics show them, or -1. */
+static double
+uid_bytes(uid_t uid)
+{
+	char key[64], *page = scrape();
+	double v;
+
+	snprintf(key, sizeof(key), "gpx_budget_uid_bytes{uid=\"%u\"}", (unsigned)uid);
+	v = page ? sample_of(page, key) : -1;
+	free(page);
+	return v;
+}
+
+static void
+entries_child(void *unused, int out, int stop)
+{
+	struct entries_res res = { 0 };
+	gpx_conn *c[3] = { NULL, NULL, NULL };
+	struct buf b;
+	struct budgets bs;
+	char peers[63 * 65], name[80];
+	const char *what[3] = { "registration", "export", "import" };
+	struct gpx_export_opts eo = { .rule = GPX_EXPORT_UID };
+
+	(void)unused;
+	for (int k = 0; k < 3; k++)
+		if (gpx_connect(H.sock, "budget-entries", &c[k]) < 0)
+			goto out;
+	if (buf_new(&b, 4096) < 0)
+		goto out;
+	/* peers: 63 names of 64 bytes */
+	peers[0] = '\0';
+	for (int i = 0; i < 63; i++)
+		snprintf(peers + strlen(peers), sizeof(peers) - strlen(peers), "%s%063d", i ? "," : "", i);
+	res.setup = 1;
+	for (int k = 0; k < 3; k++) {
+		gpx_region er = 0;
+		if (k == 1 && gpx_register_host(c[1], b.fd, 0, b.len, 0, &er) < 0)
+			goto out;
+		for (int i = 0; i < N_TRIES && res.refused[k] == 0; i++) {
+			gpx_region r;
+			uint64_t len;
+			int e;
+			snprintf(name, sizeof(name), "budget-entries-%048d", i);
+			if (k == 0)
+				e = gpx_register_host(c[0], b.fd, 0, b.len, 0, &r);
+			else if (k == 1)
+				e = gpx_export_remote(c[1], er, name, &eo, peers);
+			else
+				e = gpx_import(c[2], "budget-entries-000000000000000000000000000000000000000000000000",
+				    &r, &len);
+			if (e == 0)
+				res.n[k]++;
+			else {
+				res.refused[k] = e;
+				snprintf(res.why[k], sizeof(res.why[k]), "%s", gpx_last_error(c[k]));
+			}
+		}
+		if (budgets(c[0], &bs) == 0)
+			res.bytes[k] = bs.entries;
+		(void)what;
+	}
+out:
+	put(out, &res, sizeof(res));
+	wait_stop(stop);
+}
+
+static void
+test_entries(void)
+{
+	struct entries_res res;
+	struct child ch;
+	struct budgets b0 = { 0 }, b1 = { 0 }, b2 = { 0 };
+	const char *what[3] = { "registrations", "exports", "imports" };
+	const char *req[3] = { "registration", "export", "import" };
+
+	start(N_CONF);
+	gpx_conn *q = client("watcher");
+	budgets(q, &b0);
+	child_start(&ch, UID_NOBODY, entries_child, NULL);
+	bool got = child_result(&ch, &res, sizeof(res), 60000) && res.setup;
+	ok(got, "nobody opens three connections");
+	for (int k = 0; k < 3; k++)
+		ok(got && res.n[k] > 0 && res.n[k] < N_TRIES && res.refused[k] == -GPX_EBUSY &&
+		    strstr(res.why[k], "connection budget") != NULL && strstr(res.why[k], req[k]) != NULL,
+		    "connection %d: %d %s, then busy naming the connection budget and the request (%s)", k + 1, res.n[k],
+		    what[k], res.why[k]);
+	/*
+	 * Bytes, not counts: what each connection holds is within the 64 KiB it may, and each entry
+	 * is charged what it costs, at least its region (some 400 bytes) for a registration, its
+	 * peer list for an export, its handle for an import.
+	 */
+	uint64_t held[3] = { res.bytes[0], res.bytes[1] - res.bytes[0], res.bytes[2] - res.bytes[1] };
+	ok(got && held[0] <= 64 * 1024 && held[1] <= 64 * 1024 && held[2] <= 64 * 1024 && res.n[0] > 0 &&
+	    res.n[1] > 0 && res.n[2] > 0 && held[0] / res.n[0] >= 256 && held[1] / res.n[1] >= 4096 &&
+	    held[2] / res.n[2] >= 32,
+	    "what each holds stays within its connection budget: %llu, %llu and %llu bytes (%llu, %llu and %llu an "
+	    "entry)", (unsigned long long)held[0], (unsigned long long)held[1], (unsigned long long)held[2],
+	    (unsigned long long)(res.n[0] ? held[0] / res.n[0] : 0), (unsigned long long)(res.n[1] ? held[1] / res.n[1] : 0),
+	    (unsigned long long)(res.n[2] ? held[2] / res.n[2] : 0));
+	int q1 = budgets(q, &b1);
+	double ub = uid_bytes(UID_NOBODY);
+	char *page = scrape();
+	double eb = page ? sample_of(page, "gpx_budget_entry_bytes") : -1;
+	double busy = page ? sample_of(page, "gpx_budget_refused_total{budget=\"connection\",reason=\"busy\"}") : -1;
+	free(page);
+	ok(q1 == 0 && b1.entries == res.bytes[2] + b0.entries && b1.used == b1.entries && eb == (double)b1.entries &&
+	    ub == (double)res.bytes[2] && busy == 3 && b1.busy == 3,
+	    "gpxctl status and the metrics say it: %llu bytes held by entries, %.0f of them by nobody, 3 refused "
+	    "as busy by the connection budget", (unsigned long long)b1.entries, ub);
+	child_end(&ch);
+	for (int i = 0; i < 500 && (budgets(q, &b2) < 0 || b2.used > b0.used); i++)
+		usleep(10000);
+	int q2 = budgets(q, &b2);
+	ok(q2 == 0 && b2.used == b0.used && b2.entries == b0.entries && uid_bytes(UID_NOBODY) == -1,
+	    "once it is gone every byte is given back: %llu held, %llu of entries (%llu before)",
+	    (unsigned long long)b2.used, (unsigned long long)b2.entries, (unsigned long long)b0.used);
+	gpx_close(q);
+	stop();
+}
+
 /* ---- many: 256 connections each at its budget ---- */
 
 #define M_PAIRS 1024
@@ -1035,7 +1181,7 @@ main(int argc, char **argv)
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
-	/* Run one part by name: budget largest|turns|leave|each|many */
+	/* Run one part by name: budget largest|turns|leave|entries|each|many */
 	const char *only = argc > 1 ? argv[1] : NULL;
 	if (only == NULL || strcmp(only, "largest") == 0)
 		test_largest();
@@ -1043,6 +1189,8 @@ main(int argc, char **argv)
 		test_turns();
 	if (only == NULL || strcmp(only, "leave") == 0)
 		test_leave();
+	if (only == NULL || strcmp(only, "entries") == 0)
+		test_entries();
 	if (only == NULL || strcmp(only, "each") == 0)
 		test_each();
 	if (only == NULL || strcmp(only, "many") == 0)
