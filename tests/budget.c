@@ -17,7 +17,8 @@
  *    bystander copies 4 KiB: all served, one more segment's worth refused as too large, the
  *    bystander's p99 under 10 ms, and no turn of gpxd's event loop copied and checked more than
  *    1 MiB of lists or took 2 ms of its CPU time (GPXD_LOOP_CLOCKS=1; checked whole on the
- *    loop, such a list takes some 30 ms of it).
+ *    loop, such a list takes some 30 ms of it).  Then a client that goes while such a list is
+ *    being checked: everything it held is given back, and gpxd lives on.
  *  - entries: a connection budget of 64 KiB; as nobody, regions registered, exports with
  *    64-byte names and peer lists of 4 KB, and imports, each on a connection of its own, until
  *    refused: each refusal is busy naming the connection budget and the request, far below the
@@ -591,11 +592,45 @@ turns_child(void *unused, int out, int stop)
 		res.over = e.status;
 	snprintf(res.over_why, sizeof(res.over_why), "%s", gpx_last_error(c));
 out:
-	res.secs = now() - t0;
-	free(sg);
 	free(perm);
+	free(sg);
+	res.secs = now() - t0;
 	put(out, &res, sizeof(res));
 	wait_stop(stop);
+}
+
+/*
+ * A client that goes while its list is checked: the process that connected is a small one
+ * that exits as soon as its child, which shares the connection and made the segment area,
+ * has sent the largest list, so gpxd sees it go (its pidfd) while a task thread reads the
+ * list from the area.  The child stays until told to end: the socket's end is not what tells.
+ */
+static void
+gone_child(void *unused, int out, int stop)
+{
+	struct buf src, dst;
+	gpx_conn *c = NULL;
+	int sent[2], r = -1;
+
+	(void)unused;
+	if (pipe(sent) < 0 || gpx_connect(H.sock, "budget-gone", &c) < 0 || buf_new(&src, L_REGION) < 0 ||
+	    buf_new(&dst, L_REGION) < 0 || buf_reg(c, &src, 0) < 0 || buf_reg(c, &dst, 0) < 0) {
+		put(out, &r, sizeof(r));
+		return;
+	}
+	if (fork() == 0) {
+		struct gpx_seg *sg = malloc((size_t)T_SEGS * sizeof(*sg));
+		for (uint32_t i = 0; sg != NULL && i < T_SEGS; i++)
+			sg[i] = (struct gpx_seg){ i % L_REGION, i % L_REGION, 1 };
+		r = sg != NULL ? gpx_copyv(c, src.r, dst.r, sg, T_SEGS, 1) : -1;
+		(void)!write(sent[1], &r, sizeof(r));
+		wait_stop(stop);
+		_exit(0);
+	}
+	if (read(sent[0], &r, sizeof(r)) != sizeof(r))
+		r = -1;
+	put(out, &r, sizeof(r));
+	_exit(0);
 }
 
 /* What gpxd's status says of its loop's longest turns; -1 if it did not answer. */
@@ -642,7 +677,9 @@ test_turns(void)
 	    buf_reg(c, &bd, 0) < 0)
 		tap_bail("bystander");
 	struct turns tu0 = { -1, -1, 0 }, tu = { -1, -1, UINT64_MAX };
+	struct budgets b0 = { 0 };
 	loop_max(c, &tu0);
+	budgets(c, &b0);
 	child_start(&ch, UID_NOBODY, turns_child, NULL);
 	struct pollfd p = { .fd = ch.rd, .events = POLLIN };
 	while (poll(&p, 1, 0) == 0 && n < cap) {
@@ -680,6 +717,18 @@ test_turns(void)
 	    "before the child came; the metric says %.3f), %.3f ms of wall time", tu.cpu * 1e3, T_TURN_CPU * 1e3,
 	    tu0.cpu * 1e3, mcpu * 1e3, tu.wall * 1e3);
 	child_end(&ch);
+	/* One that goes while its list is checked (gpxd unmaps its segment area once the check ends). */
+	struct child gone;
+	struct budgets b = { 0 };
+	int sent = -1;
+	child_start(&gone, UID_NOBODY, gone_child, NULL);
+	bool gsent = child_result(&gone, &sent, sizeof(sent), 60000) && sent == 0;
+	for (int i = 0; i < 500 && (budgets(c, &b) < 0 || b.used > b0.used); i++)
+		usleep(10000);
+	ok(gsent && budgets(c, &b) == 0 && b.used == b0.used && harness_clients(&H) >= 1,
+	    "a client that went while its list was being checked: everything it held is given back (%llu bytes "
+	    "held, %llu before), gpxd answers", (unsigned long long)b.used, (unsigned long long)b0.used);
+	child_end(&gone);
 	gpx_close(c);
 	buf_free(&bs);
 	buf_free(&bd);
