@@ -129,6 +129,12 @@ do_status(int argc, char **argv)
 		J_ADD(o, "cuda", J_STR(s->cuda));
 		J_ADD(o, "trust_legacy_ipc", J_BOOL(s->trust_legacy));
 		J_ADD(o, "fabric", J_STR(s->fabric));
+		json_object *lp = json_object_new_object();
+		J_ADD(lp, "max_s", J_DBL(s->loop_max_s));
+		J_ADD(lp, "max_list_bytes", J_U64(s->loop_list_max));
+		if (s->loop_cpu_max_s >= 0)
+			J_ADD(lp, "max_cpu_s", J_DBL(s->loop_cpu_max_s));
+		J_ADD(o, "event_loop", lp);
 		json_object *hc = json_object_new_object();
 		J_ADD(hc, "ipc", J_U64(s->cache_ipc));
 		J_ADD(hc, "pool", J_U64(s->cache_pool));
@@ -138,6 +144,7 @@ do_status(int argc, char **argv)
 		J_ADD(o, "handle_cache", hc);
 		json_object *b = json_object_new_object();
 		J_ADD(b, "used", J_U64(s->budget_used));
+		J_ADD(b, "entries", J_U64(s->budget_entries));
 		J_ADD(b, "total", J_U64(s->budget_total));
 		J_ADD(b, "uid", J_U64(s->budget_uid));
 		J_ADD(b, "connection", J_U64(s->budget_connection));
@@ -161,13 +168,17 @@ do_status(int argc, char **argv)
 		printf("cuda:       %s\n", s->cuda);
 		printf("legacy IPC: %s\n", s->trust_legacy ? "accepted (one trust domain)" : "refused (multi-tenant)");
 		printf("fabric:     %s\n", s->fabric[0] ? s->fabric : "off");
+		printf("event loop: longest turn %.3f ms; most lists checked in one turn %s\n", s->loop_max_s * 1e3,
+		    human(s->loop_list_max, b1, sizeof(b1)));
 		printf("handles:    %u entries (%u cuda-ipc, %u cuda-pool, %u cuda-vmm pieces), "
 		    "%llu driver opens, %llu hits\n", s->cache_ipc + s->cache_pool + s->cache_vmm, s->cache_ipc,
 		    s->cache_pool, s->cache_vmm, (unsigned long long)s->cache_opens,
 		    (unsigned long long)s->cache_hits);
 		char b2[32], b3[32], b4[32], b5[32];
-		printf("budgets:    %s of %s held; %s per uid, %s per connection, %s per request\n",
-		    human(s->budget_used, b1, sizeof(b1)), human(s->budget_total, b2, sizeof(b2)),
+		char b6[32];
+		printf("budgets:    %s of %s held (%s by regions, imports and exports); %s per uid, %s per "
+		    "connection, %s per request\n", human(s->budget_used, b1, sizeof(b1)),
+		    human(s->budget_total, b2, sizeof(b2)), human(s->budget_entries, b6, sizeof(b6)),
 		    human(s->budget_uid, b3, sizeof(b3)), human(s->budget_connection, b4, sizeof(b4)),
 		    human(s->budget_request, b5, sizeof(b5)));
 		printf("refused:    %llu busy, %llu too large (budgets)\n", (unsigned long long)s->budget_refused_busy,

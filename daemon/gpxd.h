@@ -2,11 +2,11 @@
  * gpxd internals: what every layer of the daemon shares, and the face of the lowest one, the
  * core (daemon/core/): the log, gpxd.conf, systemd, task threads, uids and their budgets, the
  * memory kinds' interface and struct region, completion queues, the paths and the jobs and
- * chunks the engine hands its back ends, the names of exports and nodes, the clock.  Each
- * block below belongs to one file of core/, whose name is the functions' prefix (log_* in
- * log.c, cq_* in cq.c, ...).  The core calls nothing of the layers above it; what it must
- * tell them goes through the callbacks they register (region_on_gone, cq_set_broken_hook,
- * conf_add_section, conf_metrics_check).
+ * chunks the engine hands its back ends, the names of exports and nodes, the clock and the
+ * loop's turns.  Each block below belongs to one file of core/, whose name is the functions'
+ * prefix (log_* in log.c, cq_* in cq.c, ...; the loop's turns, loop_turn_* in gpxd.c).  The
+ * core calls nothing of the layers above it; what it must tell them goes through the callbacks
+ * they register (region_on_gone, cq_set_broken_hook, conf_add_section, conf_metrics_check).
  *
  * The layers, top down, each with one header that is its face (the README's Layout draws
  * them): levent.c and main.c (levent.h); client/ (client.h); engine/ (engine.h); cluster/
@@ -260,7 +260,7 @@ struct user {
 	uint64_t region_bytes;
 	uint32_t exports;
 	atomic_uint inflight;
-	atomic_uint_fast64_t charged;   /* bytes of its budget its transfers hold */
+	atomic_uint_fast64_t charged;   /* bytes of its budget its transfers and entries hold */
 	struct logrl log;            /* its share of the log (log.c) */
 	struct uqueue *uq;           /* its queues, one per path (engine.c, engine lock) */
 	TAILQ_ENTRY(user) entry;
@@ -284,26 +284,38 @@ struct user *user_most_hello(void);
 /*
  * Budgets.  Every allocation a transfer makes in gpxd (its job, pairs, segment or page list,
  * the scratch of a batch) is charged before it is made against the request's budget, its
- * connection's (cq->charged), its uid's (user->charged) and the daemon's total; it is given
- * back when the job is freed.  Charging is the loop thread's; giving back, any thread's.
+ * connection's, its uid's and the daemon's total; it is given back when the job is freed.  So
+ * is every entry a client makes gpxd keep in its tables (a registered region with its handle,
+ * an import, an export with its peer list, a request waiting for its reply, the growth of its
+ * handle table): charged to the connection, the uid and the total before it is allocated,
+ * given back when the entry or the client goes.  A connection's transfers are counted in its
+ * completion queue (cq->charged, which copy workers give back to), its entries in the
+ * connection itself (conn.entries, loop thread); its budget holds both.  Charging is the loop
+ * thread's; giving back, any thread's for transfers, the loop thread's for entries.
  */
 enum budget_scope { BUDGET_REQUEST, BUDGET_CONNECTION, BUDGET_UID, BUDGET_TOTAL, NBUDGETS };
 struct cq;
 struct charge {
-	struct cq *cq;
+	struct cq *cq;               /* the connection's transfers' count, or NULL */
+	uint64_t *entries;           /* the connection's entries' count, or NULL */
 	struct user *user;
 	uint64_t bytes;              /* charged so far for the request */
+	bool entry;                  /* charging entries (to *entries), not a transfer (to cq) */
+	const char *what;            /* the request, for the refusal: "transfer" when NULL */
 };
 /*
  * Charges bytes more to the request; 0, or (the bytes not charged) a refusal naming the budget:
- * -GPX__STATUS__EBUSY when it would fit once transfers in flight end, -GPX__STATUS__ENOMEM
- * when it never fits.  What a refused request had charged is the caller's to give back.
+ * -GPX__STATUS__EBUSY when it would fit once transfers in flight end or entries go,
+ * -GPX__STATUS__ENOMEM when it never fits.  What a refused request had charged is the caller's
+ * to give back.
  */
 int budget_charge(struct charge *, uint64_t bytes, char *err, size_t errlen);
 void budget_release(struct cq *, struct user *, uint64_t bytes);
+void budget_entry_release(uint64_t *entries, struct user *, uint64_t bytes);
 const char *budget_name(enum budget_scope);
 uint64_t budget_limit(enum budget_scope);
 uint64_t budget_used(void);              /* the daemon's total */
+uint64_t budget_entries(void);           /* of it, what entries hold */
 uint64_t budget_refused(enum budget_scope, bool busy);
 
 /* ---- mem-*.c: memory kinds behind one interface ---- */
@@ -522,5 +534,20 @@ bool export_node_name_ok(const char *name);
 double now_s(void);                 /* CLOCK_MONOTONIC, in seconds */
 extern double gpxd_start_time;
 extern const char *gpxd_socket_path;
+/*
+ * The loop's turns, loop thread only: a callback begins (now_s is returned) and ends
+ * (levent.c's callbacks, defer.c's ends of tasks).  In between, the engine adds the bytes of
+ * request lists it checks on the loop (loop_turn_checked) and reads what the turn has checked
+ * so far (loop_turn_list), to keep it within a bound.  Kept: the longest turn, the most bytes
+ * of lists one turn checked, and with GPXD_LOOP_CLOCKS=1 the most CPU time of the loop thread
+ * one turn took (else -1).
+ */
+double loop_turn_begin(void);
+void loop_turn_end(double since);
+void loop_turn_checked(uint64_t bytes);
+uint64_t loop_turn_list(void);
+double loop_turn_max(void);
+uint64_t loop_turn_list_max(void);
+double loop_turn_cpu_max(void);
 
 #endif

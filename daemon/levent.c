@@ -69,17 +69,23 @@ static double pause_said;
 static void
 conn_cb(evutil_socket_t fd, short what, void *arg)
 {
+	double t0 = loop_turn_begin();
+
 	(void)fd;
 	(void)what;
 	conn_input(arg);
+	loop_turn_end(t0);
 }
 
 static void
 pidfd_cb(evutil_socket_t fd, short what, void *arg)
 {
+	double t0 = loop_turn_begin();
+
 	(void)fd;
 	(void)what;
 	conn_kill(arg, "client process exited");
+	loop_turn_end(t0);
 }
 
 static void
@@ -91,6 +97,18 @@ levent_conn_watch(struct conn *c)
 		c->pidev = event_new(base, c->pidfd, EV_READ, pidfd_cb, c);
 		event_add(c->pidev, NULL);
 	}
+}
+
+/* A connection whose transfer a task thread checks: its socket is not read meanwhile. */
+static void
+levent_conn_pause(struct conn *c, bool pause)
+{
+	if (c->ev == NULL)
+		return;
+	if (pause)
+		event_del(c->ev);
+	else
+		event_add(c->ev, NULL);
 }
 
 static void
@@ -109,7 +127,9 @@ reap_cb(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	(void)arg;
+	double t0 = loop_turn_begin();
 	conn_reap();
+	loop_turn_end(t0);
 }
 
 /* Thread-safe: copy workers call it (through cq.c) when a client misused its queue. */
@@ -246,6 +266,8 @@ accept_pause(int err)
 static void
 accept_cb(evutil_socket_t lfd, short what, void *arg)
 {
+	double t0 = loop_turn_begin();
+
 	(void)what;
 	(void)arg;
 	for (int i = 0; i < 64; i++) {
@@ -259,7 +281,7 @@ accept_cb(evutil_socket_t lfd, short what, void *arg)
 				accept_pause(errno);
 			else if (errno == ECONNABORTED || errno == EINTR)
 				continue;
-			return;
+			break;
 		}
 		pause_s = 0;
 		struct conn *c = conn_accept(fd, fd_short);
@@ -269,6 +291,7 @@ accept_cb(evutil_socket_t lfd, short what, void *arg)
 		}
 		levent_conn_watch(c);
 	}
+	loop_turn_end(t0);
 }
 
 /* A stale socket file (no one listening) is replaced; a live one means another gpxd runs. */
@@ -344,6 +367,7 @@ wd_cb(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	(void)arg;
+	double t0 = loop_turn_begin();
 	sdn_watchdog();
 	spares_fill();
 	user_log_tick(false);
@@ -359,6 +383,7 @@ wd_cb(evutil_socket_t fd, short what, void *arg)
 		else if (cfg->idle_timeout_s > 0 && now - c->t_last > cfg->idle_timeout_s)
 			conn_kill(c, "idle timeout");
 	}
+	loop_turn_end(t0);
 }
 
 /*
@@ -452,10 +477,12 @@ signal_cb(evutil_socket_t sig, short what, void *arg)
 
 	(void)what;
 	(void)arg;
+	double t0 = loop_turn_begin();
 	if (sig == SIGHUP)
 		levent_reload(msg, sizeof(msg));
 	else
 		levent_stop(0);
+	loop_turn_end(t0);
 }
 
 /*
@@ -470,8 +497,10 @@ levent_dispatch(void)
 	bool polling = false;
 
 	while (!event_base_got_exit(base) && !event_base_got_break(base)) {
-		if (now_s() - conn_last_input < cfg->busy_poll_us / 1e6) {
+		double t0 = loop_turn_begin();
+		if (t0 - conn_last_input < cfg->busy_poll_us / 1e6) {
 			conn_poll_all(polling ? SQ_POLL : SQ_POLLING);
+			loop_turn_end(t0);
 			polling = true;
 			event_base_loop(base, EVLOOP_NONBLOCK);
 			continue;
@@ -479,7 +508,9 @@ levent_dispatch(void)
 		/* About to sleep: ask for kicks, then look once more (conn_poll_all). */
 		if (polling) {
 			polling = false;
-			if (conn_poll_all(SQ_SLEEPING) > 0)
+			int n = conn_poll_all(SQ_SLEEPING);
+			loop_turn_end(t0);
+			if (n > 0)
 				continue;
 		}
 		event_base_loop(base, EVLOOP_ONCE);
@@ -528,6 +559,7 @@ levent_run(const struct gpxd_args *a)
 	 */
 	static struct conn_loop loop = {
 		.unwatch = levent_conn_unwatch,
+		.pause = levent_conn_pause,
 		.request_reap = levent_request_reap,
 		.reload = levent_reload,
 	};

@@ -85,7 +85,7 @@ fake_build(struct fake_conn *f, const struct gpx_wire_seg *segs, uint32_t n, str
 	t.dst_region = f->hd.id;
 	t.seg_count = n;
 	t.area_offset = 8;
-	return xfer_build(&f->c, &t, -1, j, err, sizeof(err));
+	return xfer_build(&f->c, &t, NULL, j, NULL, err, sizeof(err));
 }
 
 /* What the rules say, one segment at a time: inside both regions, no sum reaching 2^62. */

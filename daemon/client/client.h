@@ -17,6 +17,7 @@
 
 /* ---- conn.c: connections, the Hello state machine and the message dispatcher ---- */
 enum conn_state { CONN_HELLO, CONN_READY, CONN_DRAINING, CONN_DEAD };
+struct xfer_check;                   /* engine.h */
 
 struct conn {
 	TAILQ_ENTRY(conn) entry;
@@ -48,6 +49,9 @@ struct conn {
 	uint32_t version;            /* the protocol it speaks (Hello) */
 	const unsigned char *area;   /* the segment area, mapped read-only */
 	size_t area_len;
+	struct xfer_check *checking; /* a transfer whose lists a task thread checks: its further
+	                              * messages and submissions wait (conn-xfer.c) */
+	uint64_t entries;            /* bytes its table entries hold against its budgets (user.c) */
 };
 TAILQ_HEAD(conn_list, conn);
 extern struct conn_list conns;
@@ -59,6 +63,7 @@ extern double conn_last_input;      /* when any client last sent something (now_
 struct conn_loop {
 	struct event_base *base;     /* for the connections' own timers */
 	void (*unwatch)(struct conn *);              /* its socket and pidfd are no longer watched */
+	void (*pause)(struct conn *, bool pause);    /* stops (or resumes) reading its socket */
 	void (*request_reap)(void);                  /* any thread: dead connections are freed soon */
 	int (*reload)(char *msg, size_t msglen);     /* Admin's reload: gpxd.conf read again */
 };
@@ -80,6 +85,14 @@ void conn_admin_check(void);
 /* The log's lines about a client, within its share and its uid's (log.c): a refusal, or any line. */
 void log_audit(struct conn *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void log_client(struct conn *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/*
+ * A table entry of c's (a region, an import, an export, a request waiting for its reply) of
+ * bytes, charged before it is allocated to its connection's, uid's and the daemon's budgets:
+ * 0, or the refusal naming the budget (logged), what naming the request.  Given back with
+ * conn_uncharge when the entry goes.  Loop thread.
+ */
+int conn_charge(struct conn *, uint64_t bytes, const char *what, char *err, size_t errlen);
+void conn_uncharge(struct conn *, uint64_t bytes);
 /* A deferred operation of the connection ended (c->pending--); a dead one is reaped after its last. */
 void conn_settle(struct conn *);
 int conn_poll_sq(struct conn *);      /* takes queued submissions; returns how many */
@@ -97,6 +110,7 @@ struct rhandle {
 	bool imported;
 	bool read_only;              /* this handle may only be a source */
 	struct rhandle *next;        /* hash chain */
+	uint64_t charged;            /* bytes of its connection's budgets it holds (conn_charge) */
 };
 
 /* ---- export.c: names under which regions are shared ---- */
@@ -114,6 +128,8 @@ struct export {
 	uint32_t importers;
 	bool remote;                 /* other nodes' daemons may import it (daemon/fabric/) */
 	char *peers;                 /* "a,b": only these peer nodes; NULL = any authenticated peer */
+	uint64_t *charged_to;        /* its owner connection's entries (conn.entries), */
+	uint64_t charged;            /* and what it holds there, given back when it goes */
 };
 TAILQ_HEAD(export_list, export);
 extern struct export_list exports;

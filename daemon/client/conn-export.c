@@ -32,6 +32,7 @@ export_claimed(void *arg, int status, const char *msg)
 	struct export *e = export_find(ce->name);
 
 	conn_settle(c);
+	conn_uncharge(c, sizeof(*ce));
 	if (status != 0 && e == ce->e && e->owner == c->id)
 		export_remove(e);
 	if (c->state != CONN_DEAD)
@@ -75,7 +76,21 @@ req_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 		reply_err(c, seq, GPX__STATUS__EINVAL, "notifications need a completion ring");
 		return;
 	}
+	/*
+	 * The export with its list of peers, and for a cluster name the wait for etcd, against the
+	 * budgets (the list's length is its claim; export_remote_opts checks its names).
+	 */
+	char err[256];
+	uint64_t cost = sizeof(*e) + (m->remote && cluster_running() ? sizeof(struct cexport) : 0);
+	int r;
+	for (size_t i = 0; i < m->n_peers && i <= 256; i++)
+		cost += strnlen(m->peers[i], 65) + 1;
+	if ((r = conn_charge(c, cost, "export", err, sizeof(err))) < 0) {
+		reply_err(c, seq, -r, err);
+		return;
+	}
 	if ((e = calloc(1, sizeof(*e))) == NULL) {
+		conn_uncharge(c, cost);
 		reply_err(c, seq, GPX__STATUS__ENOMEM, "out of memory");
 		return;
 	}
@@ -95,9 +110,13 @@ req_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 	if (fe < 0) {
 		region_unref(h->r);
 		free(e);
+		conn_uncharge(c, cost);
 		reply_err(c, seq, -fe, ferr);
 		return;
 	}
+	/* Given back when it goes (export_remove); the wait for etcd, when that ends. */
+	e->charged_to = &c->entries;
+	e->charged = cost - (m->remote && cluster_running() ? sizeof(struct cexport) : 0);
 	if (m->notify) {
 		h->r->notify_tag = m->notify_tag;
 		if (h->r->notify_cq == NULL) {
@@ -127,6 +146,7 @@ req_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 		cluster_name_add(e->name, e->uid, export_claimed, ce);
 		return;
 	}
+	conn_uncharge(c, cost - e->charged);    /* (a wait for etcd charged and not needed) */
 	reply_err(c, seq, 0, NULL);
 }
 
@@ -156,6 +176,9 @@ struct rimport {
 
 static void import_answered(void *arg, int status, const char *msg, struct region *r, bool read_only);
 
+/* What an import of another node's export holds: its wait for the answer, then its handle and region. */
+#define RIMPORT_BYTES (sizeof(struct rimport) + HANDLE_BYTES + REGION_BYTES(0))
+
 /* fabric: hands an import of a name no local export has to the fabric; false: not its kind. */
 static bool
 import_remote(struct conn *c, uint32_t seq, const char *name)
@@ -163,6 +186,8 @@ import_remote(struct conn *c, uint32_t seq, const char *name)
 	struct logwho who = conn_who(c);
 	struct fabric_import rq = { .name = name, .uid = c->uid, .log_as = &who, .done = import_answered };
 	struct rimport *ri;
+	char err[256];
+	int r;
 
 	if (fabric == NULL) {
 		if (name[0] != '@')
@@ -171,7 +196,13 @@ import_remote(struct conn *c, uint32_t seq, const char *name)
 		    "[fabric] dial_on_demand = yes in gpxd.conf");
 		return true;
 	}
+	/* (charged for the region the answer brings too: it is made before the answer comes back) */
+	if ((r = conn_charge(c, RIMPORT_BYTES, "import", err, sizeof(err))) < 0) {
+		reply_err(c, seq, -r, err);
+		return true;
+	}
 	if ((ri = malloc(sizeof(*ri))) == NULL) {
+		conn_uncharge(c, RIMPORT_BYTES);
 		reply_err(c, seq, GPX__STATUS__ENOMEM, "out of memory");
 		return true;
 	}
@@ -184,6 +215,7 @@ import_remote(struct conn *c, uint32_t seq, const char *name)
 		return true;
 	c->pending--;
 	free(ri);
+	conn_uncharge(c, RIMPORT_BYTES);
 	return false;
 }
 
@@ -211,8 +243,15 @@ req_import(struct conn *c, uint32_t seq, const Gpx__Import *m)
 		reply_err(c, seq, GPX__STATUS__EQUOTA, "uid is at its region limit");
 		return;
 	}
-	if ((h = handle_add(c, e->r, true, e->read_only)) == NULL) {
-		reply_err(c, seq, GPX__STATUS__ENOMEM, "out of memory");
+	char err[256];
+	int r;
+	if ((r = conn_charge(c, HANDLE_BYTES, "import", err, sizeof(err))) < 0) {
+		reply_err(c, seq, -r, err);
+		return;
+	}
+	if ((h = handle_add(c, e->r, true, e->read_only, HANDLE_BYTES, "import", err, sizeof(err))) == NULL) {
+		conn_uncharge(c, HANDLE_BYTES);
+		reply_err(c, seq, strncmp(err, "busy", 4) == 0 ? GPX__STATUS__EBUSY : GPX__STATUS__ENOMEM, err);
 		return;
 	}
 	region_ref(e->r);
@@ -232,23 +271,31 @@ import_answered(void *arg, int status, const char *msg, struct region *r, bool r
 	struct conn *c = ri->c;
 	uint32_t seq = ri->seq;
 	struct rhandle *h = NULL;
+	char err[256];
 
 	free(ri);
 	conn_settle(c);
-	if (c->state == CONN_DEAD) {
+	/* The wait is over; the handle and its region keep the rest. */
+	conn_uncharge(c, sizeof(*ri));
+	if (c->state == CONN_DEAD || status != 0) {
+		conn_uncharge(c, RIMPORT_BYTES - sizeof(*ri));
 		if (r != NULL) {
 			region_revoke(r);      /* its closing tells the peer */
 			region_unref(r);
 		}
+		if (c->state != CONN_DEAD)
+			reply_err(c, seq, status, msg);
 		return;
 	}
-	if (status != 0) {
-		reply_err(c, seq, status, msg);
-		return;
-	}
-	if (c->user->regions >= cfg->max_regions_per_uid || (h = handle_add(c, r, true, read_only)) == NULL) {
+	if (c->user->regions >= cfg->max_regions_per_uid) {
+		snprintf(err, sizeof(err), "uid is at its region limit");
+		h = NULL;
+	} else
+		h = handle_add(c, r, true, read_only, RIMPORT_BYTES - sizeof(*ri), "import", err, sizeof(err));
+	if (h == NULL) {
 		reply_err(c, seq, c->user->regions >= cfg->max_regions_per_uid ? GPX__STATUS__EQUOTA :
-		    GPX__STATUS__ENOMEM, "uid is at its region limit, or out of memory");
+		    strncmp(err, "busy", 4) == 0 ? GPX__STATUS__EBUSY : GPX__STATUS__ENOMEM, err);
+		conn_uncharge(c, RIMPORT_BYTES - sizeof(*ri));
 		region_revoke(r);
 		region_unref(r);
 		return;

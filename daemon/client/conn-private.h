@@ -24,7 +24,15 @@ reply_err(struct conn *c, uint32_t seq, int status, const char *msg)
 struct logwho conn_who(struct conn *);
 
 /* conn-region.c */
-struct rhandle *handle_add(struct conn *, struct region *, bool imported, bool read_only);
+/*
+ * A handle on r in c's table, holding charged bytes of c's budgets (already charged); the
+ * table's growth is charged here, to the request what.  NULL with err set (a budget, or memory).
+ */
+struct rhandle *handle_add(struct conn *, struct region *, bool imported, bool read_only, uint64_t charged,
+    const char *what, char *err, size_t errlen);
+/* What a handle costs: an import's; a registration's adds its region and its pieces. */
+#define HANDLE_BYTES sizeof(struct rhandle)
+#define REGION_BYTES(npieces) (sizeof(struct region) + (uint64_t)(npieces) * sizeof(struct gpx_wire_piece))
 void handles_release(struct conn *);
 void reply_registered(struct conn *, uint32_t seq, const struct rhandle *);
 void req_register(struct conn *, uint32_t seq, const Gpx__Register *, int *fds, int nfds);

@@ -34,15 +34,22 @@ conn_handle(struct conn *c, uint64_t id)
 }
 
 struct rhandle *
-handle_add(struct conn *c, struct region *r, bool imported, bool read_only)
+handle_add(struct conn *c, struct region *r, bool imported, bool read_only, uint64_t charged,
+    const char *what, char *err, size_t errlen)
 {
 	struct rhandle *h;
 
 	if (c->nhandles + 1 > c->hcap / 2) {
 		uint32_t ncap = c->hcap ? c->hcap * 2 : 16;
-		struct rhandle **nt = calloc(ncap, sizeof(*nt));
-		if (nt == NULL)
+		/* The larger table is charged whole; the smaller one given back once it is gone. */
+		if (conn_charge(c, (uint64_t)ncap * sizeof(*c->htab), what, err, errlen) < 0)
 			return NULL;
+		struct rhandle **nt = calloc(ncap, sizeof(*nt));
+		if (nt == NULL) {
+			conn_uncharge(c, (uint64_t)ncap * sizeof(*c->htab));
+			snprintf(err, errlen, "out of memory");
+			return NULL;
+		}
 		uint32_t ocap = c->hcap;
 		struct rhandle **ot = c->htab;
 		c->htab = nt;
@@ -56,13 +63,17 @@ handle_add(struct conn *c, struct region *r, bool imported, bool read_only)
 				nt[s] = m;
 			}
 		free(ot);
+		conn_uncharge(c, (uint64_t)ocap * sizeof(*c->htab));
 	}
-	if ((h = calloc(1, sizeof(*h))) == NULL)
+	if ((h = calloc(1, sizeof(*h))) == NULL) {
+		snprintf(err, errlen, "out of memory");
 		return NULL;
+	}
 	h->id = (uint64_t)c->epoch << 32 | ++c->next_serial;
 	h->r = r;
 	h->imported = imported;
 	h->read_only = read_only;
+	h->charged = charged;
 	uint32_t s = hslot(c, h->id);
 	h->next = c->htab[s];
 	c->htab[s] = h;
@@ -104,6 +115,7 @@ handle_release(struct conn *c, struct rhandle *h)
 			region_revoke(r);
 	}
 	region_unref(r);
+	conn_uncharge(c, h->charged);
 	free(h);
 }
 
@@ -134,6 +146,7 @@ handles_release(struct conn *c)
 			handle_release(c, h);
 		}
 	free(c->htab);
+	conn_uncharge(c, (uint64_t)c->hcap * sizeof(*c->htab));
 	c->htab = NULL;
 	c->hcap = c->nhandles = 0;
 }
@@ -148,6 +161,7 @@ struct reg_op {
 	char err[256];
 	uint32_t *missing;           /* cuda-vmm: pieces the daemon lacks (with ENOENT) */
 	uint32_t nmissing;
+	uint64_t charged;            /* the handle's bytes and this op's, of c's budgets */
 };
 
 static void
@@ -167,8 +181,10 @@ reg_done(void *arg)
 
 	conn_settle(c);
 	if (op->status == 0 && c->state != CONN_DEAD) {
-		struct rhandle *h = handle_add(c, r, false, r->read_only);
+		struct rhandle *h = handle_add(c, r, false, r->read_only, op->charged - sizeof(*op), "registration",
+		    op->err, sizeof(op->err));
 		if (h != NULL) {
+			conn_uncharge(c, sizeof(*op));      /* the handle keeps the rest */
 			log_debug("region", "client %llu: %s region %#llx, %llu bytes",
 			    (unsigned long long)c->id, r->ops->name, (unsigned long long)h->id,
 			    (unsigned long long)r->length);
@@ -179,8 +195,8 @@ reg_done(void *arg)
 			free(op);
 			return;
 		}
-		op->status = -GPX__STATUS__ENOMEM;
-		snprintf(op->err, sizeof(op->err), "out of memory");
+		/* (over a budget for its table's growth, or out of memory) */
+		op->status = strncmp(op->err, "busy", 4) == 0 ? -GPX__STATUS__EBUSY : -GPX__STATUS__ENOMEM;
 	}
 	if (op->status < 0 && op->nmissing > 0) {
 		Gpx__Reply rep = GPX__REPLY__INIT;
@@ -192,6 +208,7 @@ reg_done(void *arg)
 	/* Failed, or the client left meanwhile: give back what was opened and accounted. */
 	c->user->regions--;
 	c->user->region_bytes -= r->length;
+	conn_uncharge(c, op->charged);
 	if (op->status == 0)
 		region_revoke(r);
 	else if (r->fd >= 0)
@@ -292,15 +309,25 @@ req_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int
 		reply_err(c, seq, GPX__STATUS__EQUOTA, err);
 		return;
 	}
+	/* Its region, pieces and handle, and this request until it is answered, against the budgets. */
+	const uint64_t cost = sizeof(struct reg_op) + HANDLE_BYTES + REGION_BYTES(m->kind == GPX__MEM_KIND__MEM_CUDA_VMM ?
+	    (pieces != NULL ? m->piece_count : 1) : 0);
+	int e;
+	if ((e = conn_charge(c, cost, "registration", err, sizeof(err))) < 0) {
+		reply_err(c, seq, -e, err);
+		return;
+	}
 
 	struct reg_op *op = calloc(1, sizeof(*op));
 	struct region *r = region_new();
 	if (op == NULL || r == NULL) {
 		free(op);
 		free(r);
+		conn_uncharge(c, cost);
 		reply_err(c, seq, GPX__STATUS__ENOMEM, "out of memory");
 		return;
 	}
+	op->charged = cost;
 	r->ops = ops;
 	r->kind = m->kind;
 	r->offset = m->offset;
@@ -321,7 +348,6 @@ req_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int
 	if (m->kind == GPX__MEM_KIND__MEM_CUDA_VMM) {
 		/* Its pieces, read once; before protocol 3, the one allocation (= the reservation). */
 		uint32_t n = pieces != NULL ? m->piece_count : 1;
-		int e;
 		if ((r->pieces = malloc(n * sizeof(*r->pieces))) == NULL) {
 			e = -GPX__STATUS__ENOMEM;
 			snprintf(err, sizeof(err), "out of memory for %u pieces", n);
@@ -338,6 +364,7 @@ req_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int
 				close(r->fd);
 			region_unref(r);
 			free(op);
+			conn_uncharge(c, cost);
 			reply_err(c, seq, -e, err);
 			return;
 		}
@@ -405,6 +432,7 @@ pieces_done(void *arg)
 	log_debug("gpu", "Pieces: %.1f us to a task thread, %.1f us back to the loop",
 	    (op->started - op->queued) * 1e6, (now_s() - op->worked) * 1e6);
 	conn_settle(op->c);
+	conn_uncharge(op->c, sizeof(*op));
 	if (op->c->state != CONN_DEAD)
 		reply_err(op->c, op->seq, -op->status, op->status < 0 ? op->err : NULL);
 	/* Closed after the client closes its copies: their teardown is then not on its path. */
@@ -452,7 +480,14 @@ req_pieces(struct conn *c, uint32_t seq, const Gpx__Pieces *m, int *fds, int nfd
 			return;
 		}
 	}
+	/* The request, with its pieces and fds, until it is answered, against the budgets. */
+	int e;
+	if ((e = conn_charge(c, sizeof(*op), "Pieces message", err, sizeof(err))) < 0) {
+		reply_err(c, seq, -e, err);
+		return;
+	}
 	if ((op = calloc(1, sizeof(*op))) == NULL) {
+		conn_uncharge(c, sizeof(*op));
 		reply_err(c, seq, GPX__STATUS__ENOMEM, "out of memory");
 		return;
 	}

@@ -5,6 +5,7 @@
  */
 #include "config.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "daemon/client/conn-private.h"
@@ -33,39 +34,18 @@ handle_region(void *arg, uint64_t id, bool *read_only)
 	return h->r;
 }
 
-/* Handles a Transfer; returns once its segments have been copied in or it was refused. */
+/*
+ * The end of a transfer's building, now or once a task thread has checked its lists; t_recv:
+ * when its message or submission came.
+ */
 static void
-transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfds)
+transfer_end(struct conn *c, uint32_t seq, uint64_t tag, double t_recv, int r, struct job *j, const char *err)
 {
-	struct job *j;
-	char err[512];
-	int r;
-
-	if (nfds > 1) {
-		refuse(c, seq, m->tag, GPX__STATUS__EPROTO, "Transfer takes at most one fd");
-		return;
-	}
-	if (c->state == CONN_DRAINING) {
-		refuse(c, seq, m->tag, GPX__STATUS__EDRAINING, "this client is being drained");
-		return;
-	}
-	if (atomic_load(&c->user->inflight) >= cfg->max_inflight_per_uid) {
-		refuse(c, seq, m->tag, GPX__STATUS__EBUSY, "uid has its limit of outstanding transfers");
-		return;
-	}
-	if ((r = cq_reserve(c->cq)) < 0) {
-		refuse(c, seq, m->tag, -r, r == -GPX__STATUS__EBUSY ? "no credit: completion ring would overflow" :
-		    "completion ring broken");
-		return;
-	}
-	struct xfer_from from = { .client = c->id, .epoch = c->epoch, .version = c->version, .cq = c->cq,
-		.user = c->user, .area = c->area, .area_len = c->area_len, .who = conn_who(c),
-		.region = handle_region, .arg = c };
-	if ((r = xfer_build(&from, m, nfds ? fds[0] : -1, &j, err, sizeof(err))) < 0) {
+	if (r < 0) {
 		cq_unreserve(c->cq);
 		atomic_fetch_add(&c->cq->errors, 1);
 		metrics_refused(c, -r);
-		refuse(c, seq, m->tag, -r, err);
+		refuse(c, seq, tag, -r, err);
 		return;
 	}
 	/* One transfer, one credit; a batch over several paths is one job per path. */
@@ -76,10 +56,112 @@ transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfd
 		cq_ref(c->cq);
 		j->cq = c->cq;
 		j->user = c->user;
-		j->t_recv = conn_last_input;
+		j->t_recv = t_recv;
 		engine_submit(j);
 		j = next;
 	}
+}
+
+/*
+ * A transfer whose lists a task thread checks (xfer.c): the connection's socket and queue wait
+ * meanwhile (conn_input, conn_poll_sq), so that its requests keep their order, and what the
+ * loop does for the request in any one turn stays short however long its list.
+ */
+struct tcheck {
+	struct conn *c;
+	struct cq *cq;               /* a reference: the credit was taken on it */
+	struct xfer_check *k;
+	uint32_t seq;
+	uint64_t tag;
+	double t_recv;
+	bool area;                   /* its list lay in the segment area: consumed at its end */
+};
+
+static void
+tcheck_work(void *arg)
+{
+	struct tcheck *tc = arg;
+
+	xfer_check_run(tc->k);
+}
+
+static void
+tcheck_done(void *arg)
+{
+	struct tcheck *tc = arg;
+	struct conn *c = tc->c;
+	struct job *j;
+	char err[512];
+	int r;
+
+	c->checking = NULL;
+	r = xfer_check_end(tc->k, c->state == CONN_DEAD, &j, err, sizeof(err));
+	conn_settle(c);
+	if (c->state == CONN_DEAD)
+		cq_unreserve(tc->cq);        /* (refused: its jobs are gone) */
+	else {
+		conn_loop->pause(c, false);
+		transfer_end(c, tc->seq, tc->tag, tc->t_recv, r, j, err);
+		if (tc->area && c->state != CONN_DEAD)
+			__atomic_fetch_add(&c->cq->ring->segs_consumed, 1, __ATOMIC_RELEASE);
+		conn_poll_sq(c);             /* what was queued meanwhile */
+	}
+	cq_unref(tc->cq);
+	free(tc);
+}
+
+/*
+ * Handles a Transfer: built and handed to the engine, refused, or (true) left to a task
+ * thread to check, which ends it later.
+ */
+static bool
+transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfds)
+{
+	struct xfer_check *later;
+	struct tcheck *tc;
+	struct job *j;
+	char err[512];
+	int r;
+
+	if (nfds > 1) {
+		refuse(c, seq, m->tag, GPX__STATUS__EPROTO, "Transfer takes at most one fd");
+		return false;
+	}
+	if (c->state == CONN_DRAINING) {
+		refuse(c, seq, m->tag, GPX__STATUS__EDRAINING, "this client is being drained");
+		return false;
+	}
+	if (atomic_load(&c->user->inflight) >= cfg->max_inflight_per_uid) {
+		refuse(c, seq, m->tag, GPX__STATUS__EBUSY, "uid has its limit of outstanding transfers");
+		return false;
+	}
+	if ((r = cq_reserve(c->cq)) < 0) {
+		refuse(c, seq, m->tag, -r, r == -GPX__STATUS__EBUSY ? "no credit: completion ring would overflow" :
+		    "completion ring broken");
+		return false;
+	}
+	struct xfer_from from = { .client = c->id, .epoch = c->epoch, .version = c->version, .cq = c->cq,
+		.entries = &c->entries, .user = c->user, .area = c->area, .area_len = c->area_len,
+		.who = conn_who(c), .region = handle_region, .arg = c };
+	r = xfer_build(&from, m, nfds ? &fds[0] : NULL, &j, &later, err, sizeof(err));
+	if (later != NULL && (tc = malloc(sizeof(*tc))) == NULL) {
+		/* (no memory to hand it over: checked here and now) */
+		xfer_check_run(later);
+		r = xfer_check_end(later, false, &j, err, sizeof(err));
+		later = NULL;
+	}
+	if (later == NULL) {
+		transfer_end(c, seq, m->tag, conn_last_input, r, j, err);
+		return false;
+	}
+	*tc = (struct tcheck){ .c = c, .cq = c->cq, .k = later, .seq = seq, .tag = m->tag,
+	    .t_recv = conn_last_input, .area = (m->seg_count > 0 || m->pair_count > 0) && nfds == 0 };
+	cq_ref(c->cq);
+	c->pending++;
+	c->checking = later;
+	conn_loop->pause(c, true);
+	defer_run(tcheck_work, tcheck_done, tc);
+	return true;
 }
 
 void
@@ -89,9 +171,9 @@ req_transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int
 		refuse(c, seq, m->tag, GPX__STATUS__EINVAL, "transfers need a completion ring");
 		return;
 	}
-	transfer(c, seq, m, fds, nfds);
-	/* Whatever became of it, its part of the segment area may be written again. */
-	if ((m->seg_count > 0 || m->pair_count > 0) && nfds == 0 && c->state != CONN_DEAD)
+	/* Whatever became of it, its part of the segment area may be written again (now, or at its end). */
+	if (!transfer(c, seq, m, fds, nfds) && (m->seg_count > 0 || m->pair_count > 0) && nfds == 0 &&
+	    c->state != CONN_DEAD)
 		__atomic_fetch_add(&c->cq->ring->segs_consumed, 1, __ATOMIC_RELEASE);
 }
 
@@ -105,7 +187,7 @@ conn_poll_sq(struct conn *c)
 	uint64_t head, tail;
 	int n = 0;
 
-	if (c->cq == NULL || c->state == CONN_DEAD || c->state == CONN_HELLO)
+	if (c->cq == NULL || c->state == CONN_DEAD || c->state == CONN_HELLO || c->checking != NULL)
 		return 0;
 	h = c->cq->ring;
 	head = c->sq_head;
@@ -119,7 +201,8 @@ conn_poll_sq(struct conn *c)
 		return 0;
 	}
 	c->t_last = conn_last_input = now_s();
-	while (head != tail && c->state != CONN_DEAD) {
+	/* (one whose list goes to a task thread holds back those after it, as in conn_input) */
+	while (head != tail && c->state != CONN_DEAD && c->checking == NULL) {
 		struct gpx_sqe e;
 		Gpx__Transfer t = GPX__TRANSFER__INIT;
 		Gpx__Segment seg = GPX__SEGMENT__INIT, *sp = &seg;

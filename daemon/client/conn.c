@@ -45,9 +45,10 @@ static struct conn_list dead = TAILQ_HEAD_INITIALIZER(dead);
 
 /* Without a loop (tests that drive connections directly): no events, and the caller reaps. */
 static void no_unwatch(struct conn *c) { (void)c; }
+static void no_pause(struct conn *c, bool pause) { (void)c; (void)pause; }
 static void no_reap(void) { }
 static int no_reload(char *msg, size_t len) { snprintf(msg, len, "no event loop"); return -1; }
-static const struct conn_loop no_loop = { NULL, no_unwatch, no_reap, no_reload };
+static const struct conn_loop no_loop = { NULL, no_unwatch, no_pause, no_reap, no_reload };
 const struct conn_loop *conn_loop = &no_loop;
 
 /* At start, before the first connection: the loop's services, our exports to the fabric. */
@@ -335,6 +336,25 @@ log_client(struct conn *c, int level, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* ---- entries against the budgets ---- */
+
+int
+conn_charge(struct conn *c, uint64_t bytes, const char *what, char *err, size_t errlen)
+{
+	struct charge ch = { .cq = c->cq, .entries = &c->entries, .user = c->user, .entry = true, .what = what };
+	int r;
+
+	if ((r = budget_charge(&ch, bytes, err, errlen)) < 0)
+		log_audit(c, "%s", err);
+	return r;
+}
+
+void
+conn_uncharge(struct conn *c, uint64_t bytes)
+{
+	budget_entry_release(&c->entries, c->user, bytes);
+}
+
 /* ---- replies ---- */
 
 int
@@ -535,10 +555,11 @@ conn_input(struct conn *c)
 {
 	int fds[GPX_MAX_FDS], nfds;
 
-	for (int i = 0; i < MSGS_PER_WAKE && c->state != CONN_DEAD; i++) {
+	/* (a transfer whose lists a task thread checks holds the rest back: conn-xfer.c) */
+	for (int i = 0; i < MSGS_PER_WAKE && c->state != CONN_DEAD && c->checking == NULL; i++) {
 		/* Submissions queued before this message was sent come first. */
 		conn_poll_sq(c);
-		if (c->state == CONN_DEAD)
+		if (c->state == CONN_DEAD || c->checking != NULL)
 			return;
 		ssize_t n = wire_recv(c->fd, msgbuf, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
 		if (n == -EAGAIN)
@@ -611,7 +632,7 @@ conn_kill(struct conn *c, const char *why)
 			export_remove(e);
 	handles_release(c);
 	vmm_sweep(c->id);      /* pieces sent and never taken up by a region */
-	xfer_drop_area(&c->area, &c->area_len);
+	xfer_drop_area(&c->area, &c->area_len, c->checking);
 	if (c->cq != NULL) {
 		cq_unref(c->cq);
 		c->cq = NULL;

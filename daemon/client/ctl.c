@@ -59,6 +59,7 @@ q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
 	s->cache_opens = gc.opens;
 	s->cache_hits = gc.hits;
 	s->budget_used = budget_used();
+	s->budget_entries = budget_entries();
 	s->budget_total = cfg->budget_total;
 	s->budget_uid = cfg->budget_uid;
 	s->budget_connection = cfg->budget_connection;
@@ -67,6 +68,9 @@ q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
 		s->budget_refused_busy += budget_refused(b, true);
 		s->budget_refused_large += budget_refused(b, false);
 	}
+	s->loop_max_s = loop_turn_max();
+	s->loop_list_max = loop_turn_list_max();
+	s->loop_cpu_max_s = loop_turn_cpu_max();
 	for (int p = 0; p < NPATHS; p++) {
 		uint64_t x, b, e;
 		engine_path_stats(p, &x, &b, &e);

@@ -111,6 +111,8 @@ export_remove(struct export *e)
 		atomic_store(&e->r->notify_on, false);     /* the queue itself goes with the mapping */
 	struct user *u = user_get(e->uid);
 	u->exports--;
+	if (e->charged_to != NULL)
+		budget_entry_release(e->charged_to, u, e->charged);
 	region_unref(e->r);
 	free(e->peers);
 	free(e);

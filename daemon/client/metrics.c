@@ -323,17 +323,21 @@ uid_budget(struct user *u, void *arg)
 static void
 render_budgets(struct evbuffer *b)
 {
-	head(b, "gpx_budget_bytes", "gauge", "Bytes of gpxd's memory that transfers in flight hold, in all.");
+	head(b, "gpx_budget_bytes", "gauge", "Bytes of gpxd's memory that transfers in flight and clients' "
+	    "table entries hold, in all.");
 	evbuffer_add_printf(b, "gpx_budget_bytes %llu\n", (unsigned long long)budget_used());
-	head(b, "gpx_budget_uid_bytes", "gauge", "Bytes of gpxd's memory that a uid's transfers hold.");
+	head(b, "gpx_budget_entry_bytes", "gauge", "Of them, what table entries hold: regions, imports, exports, "
+	    "requests waiting for their reply.");
+	evbuffer_add_printf(b, "gpx_budget_entry_bytes %llu\n", (unsigned long long)budget_entries());
+	head(b, "gpx_budget_uid_bytes", "gauge", "Bytes of gpxd's memory that a uid's transfers and entries hold.");
 	user_visit(uid_budget, b);
 	head(b, "gpx_budget_limit_bytes", "gauge", "The budgets ([limits] request_budget, connection_budget, "
 	    "uid_budget, total_budget).");
 	for (int i = 0; i < NBUDGETS; i++)
 		evbuffer_add_printf(b, "gpx_budget_limit_bytes{budget=\"%s\"} %llu\n", budget_name(i),
 		    (unsigned long long)budget_limit(i));
-	head(b, "gpx_budget_refused_total", "counter", "Transfers refused by a budget: busy (would fit once "
-	    "transfers end) or too_large (never fits).");
+	head(b, "gpx_budget_refused_total", "counter", "Requests refused by a budget: busy (would fit once "
+	    "transfers end or entries go) or too_large (never fits).");
 	for (int i = 0; i < NBUDGETS; i++)
 		for (int busy = 1; busy >= 0; busy--)
 			evbuffer_add_printf(b, "gpx_budget_refused_total{budget=\"%s\",reason=\"%s\"} %llu\n",
@@ -356,6 +360,17 @@ render(struct evbuffer *b, struct snapshot *sn)
 	evbuffer_add_printf(b, "gpx_exports %u\n", export_count());
 	head(b, "gpx_transfers_in_flight", "gauge", "Transfers accepted and not yet completed.");
 	evbuffer_add_printf(b, "gpx_transfers_in_flight %u\n", engine_inflight());
+	head(b, "gpx_event_loop_max_seconds", "gauge", "The event loop's longest turn since start: the most "
+	    "one of its callbacks took.");
+	evbuffer_add_printf(b, "gpx_event_loop_max_seconds %.6f\n", loop_turn_max());
+	head(b, "gpx_event_loop_max_list_bytes", "gauge", "The most bytes of request lists the event loop "
+	    "copied and checked in one turn since start.");
+	evbuffer_add_printf(b, "gpx_event_loop_max_list_bytes %llu\n", (unsigned long long)loop_turn_list_max());
+	if (loop_turn_cpu_max() >= 0) {
+		head(b, "gpx_event_loop_max_cpu_seconds", "gauge", "The most CPU time of the event loop's thread "
+		    "one turn took since start (with GPXD_LOOP_CLOCKS=1).");
+		evbuffer_add_printf(b, "gpx_event_loop_max_cpu_seconds %.6f\n", loop_turn_cpu_max());
+	}
 	render_budgets(b);
 
 	struct fabric_gpu_stats st = { 0 };

@@ -16,6 +16,7 @@
 
 struct task {
 	STAILQ_ENTRY(task) entry;
+	struct task *next_done;
 	defer_fn work, done;
 	void *arg;
 };
@@ -24,7 +25,12 @@ STAILQ_HEAD(task_list, task);
 static pthread_mutex_t defer_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t defer_cond = PTHREAD_COND_INITIALIZER;
 static struct task_list defer_todo = STAILQ_HEAD_INITIALIZER(defer_todo);
-static struct task_list defer_done = STAILQ_HEAD_INITIALIZER(defer_done);
+/*
+ * Finished tasks, newest first: pushed by the task threads, taken all at once by the loop
+ * thread, without a lock, so that the loop never waits for a task thread the scheduler has
+ * set aside while it held one.
+ */
+static _Atomic(struct task *) defer_done;
 static pthread_t *defer_threads;
 static int defer_nthreads;
 static bool defer_quit;
@@ -47,13 +53,16 @@ defer_main(void *unused)
 
 		t->work(t->arg);
 
-		pthread_mutex_lock(&defer_lock);
-		bool wake = STAILQ_EMPTY(&defer_done);
-		STAILQ_INSERT_TAIL(&defer_done, t, entry);
-		if (wake) {
+		/* The first of a batch wakes the loop; it takes whatever is there by then. */
+		struct task *head = atomic_load(&defer_done);
+		do
+			t->next_done = head;
+		while (!atomic_compare_exchange_weak(&defer_done, &head, t));
+		if (head == NULL) {
 			uint64_t one = 1;
 			(void)!write(defer_efd, &one, sizeof(one));
 		}
+		pthread_mutex_lock(&defer_lock);
 	}
 	pthread_mutex_unlock(&defer_lock);
 	return NULL;
@@ -63,21 +72,27 @@ defer_main(void *unused)
 static void
 defer_reap(evutil_socket_t fd, short what, void *unused)
 {
-	struct task_list done = STAILQ_HEAD_INITIALIZER(done);
+	struct task *t, *fifo = NULL;
 	uint64_t v;
+
+	double t0 = loop_turn_begin();
 
 	(void)what;
 	(void)unused;
 	(void)!read(fd, &v, sizeof(v));
-	pthread_mutex_lock(&defer_lock);
-	STAILQ_CONCAT(&done, &defer_done);
-	pthread_mutex_unlock(&defer_lock);
-	while (!STAILQ_EMPTY(&done)) {
-		struct task *t = STAILQ_FIRST(&done);
-		STAILQ_REMOVE_HEAD(&done, entry);
+	/* Newest first: reversed, so that done functions run in the order their work ended. */
+	for (t = atomic_exchange(&defer_done, NULL); t != NULL;) {
+		struct task *nx = t->next_done;
+		t->next_done = fifo;
+		fifo = t;
+		t = nx;
+	}
+	while ((t = fifo) != NULL) {
+		fifo = t->next_done;
 		t->done(t->arg);
 		free(t);
 	}
+	loop_turn_end(t0);
 }
 
 int

@@ -1,9 +1,12 @@
 /*
  * What every layer may read of the daemon itself: its clock, when it started, the socket it
- * serves.  levent.c sets the last two at start, before any client is admitted.
+ * serves, and how long the event loop's turns take.  levent.c sets the start and the socket at
+ * start, before any client is admitted.
  */
 #include "config.h"
 
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "daemon/gpxd.h"
@@ -18,4 +21,85 @@ now_s(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/*
+ * The loop's longest turn: the most time one of its callbacks took (a connection's messages,
+ * a pass over the submission queues, the ends of finished tasks, a timer, a signal), since
+ * start; and the most bytes of request lists one turn copied and checked, which the engine
+ * (xfer.c) keeps within a constant, however long the lists clients send (longer ones go to a
+ * task thread).  gpxctl status and the metrics show both.  The time is wall time: on a busy
+ * machine it also holds what the scheduler gave other threads during a turn, and the waits for
+ * locks that such threads held.  With GPXD_LOOP_CLOCKS=1 the loop thread's own CPU time in
+ * each turn is measured too (two reads of the thread's CPU clock a turn, a system call each),
+ * which tells the loop's work from the machine's load.
+ */
+static double turn_max, turn_cpu_max;
+static uint64_t turn_list, turn_list_max;    /* bytes of lists checked in this turn; the most */
+static int loop_clocks = -1;                 /* GPXD_LOOP_CLOCKS, read at the first turn */
+static double turn_cpu0;
+
+static double
+thread_cpu_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+double
+loop_turn_begin(void)
+{
+	if (loop_clocks < 0) {
+		const char *e = getenv("GPXD_LOOP_CLOCKS");
+		loop_clocks = e != NULL && strcmp(e, "1") == 0;
+	}
+	if (loop_clocks)
+		turn_cpu0 = thread_cpu_s();
+	return now_s();
+}
+
+void
+loop_turn_end(double since)
+{
+	double d = now_s() - since;
+
+	if (d > turn_max)
+		turn_max = d;
+	if (turn_list > turn_list_max)
+		turn_list_max = turn_list;
+	turn_list = 0;
+	if (loop_clocks > 0 && (d = thread_cpu_s() - turn_cpu0) > turn_cpu_max)
+		turn_cpu_max = d;
+}
+
+void
+loop_turn_checked(uint64_t bytes)
+{
+	turn_list += bytes;
+}
+
+uint64_t
+loop_turn_list(void)
+{
+	return turn_list;
+}
+
+double
+loop_turn_max(void)
+{
+	return turn_max;
+}
+
+uint64_t
+loop_turn_list_max(void)
+{
+	return turn_list_max;
+}
+
+double
+loop_turn_cpu_max(void)
+{
+	return loop_clocks > 0 ? turn_cpu_max : -1;
 }

@@ -14,24 +14,84 @@
 
 #include "daemon/gpxd.h"
 
-static int log_level = LOG_L_INFO;
-static char log_subsys[256];        /* comma-separated; empty = all */
-static bool log_journal;
-static char log_level_text[300] = "info";
+/*
+ * The level and the debug filter, which a reload changes (log_set_level, on the loop thread)
+ * while copy workers, host workers and fabric threads log.  The level alone decides whether a
+ * line is wanted at all, so it is one atomic integer that every line reads once, relaxed.  The
+ * filter and the level's text are strings: each setting is written whole into a view no one
+ * reads, then published by one atomic pointer, so that a reader sees one setting or the
+ * other, never a string half rewritten.  A reader announces itself on the view it took
+ * (readers) and checks that the view is still the current one before it reads; the writer
+ * only rewrites a view that is not current and has no reader.  With three views a writer
+ * always finds one, unless threads are in the middle of a line on both old ones, which it
+ * waits out.  No lock on any path.
+ */
+static atomic_int log_level = LOG_L_INFO;
+static bool log_journal;            /* set once, before any thread */
+
+struct log_view {
+	atomic_uint readers;
+	char subsys[256];               /* comma-separated; empty = all */
+	char text[300];                 /* "debug conn,engine", as log_get_level says it */
+};
+static struct log_view views[3] = { [0].text = "info" };
+static _Atomic(struct log_view *) view = &views[0];
 
 static const char *level_names[] = { "error", "warning", "info", "debug" };
 
+/* The current view, held against being rewritten until view_drop. */
+static struct log_view *
+view_hold(void)
+{
+	for (;;) {
+		struct log_view *v = atomic_load(&view);
+		atomic_fetch_add(&v->readers, 1);
+		if (atomic_load(&view) == v)
+			return v;
+		atomic_fetch_sub(&v->readers, 1);
+	}
+}
+
+static void
+view_drop(struct log_view *v)
+{
+	atomic_fetch_sub(&v->readers, 1);
+}
+
+/* Writes the setting into a view that is neither current nor read, then makes it current. */
+static void
+view_publish(int level, const char *subsys)
+{
+	struct log_view *cur = atomic_load(&view), *v = NULL;
+
+	while (v == NULL) {
+		for (size_t i = 0; i < sizeof(views) / sizeof(views[0]) && v == NULL; i++)
+			if (&views[i] != cur && atomic_load(&views[i].readers) == 0)
+				v = &views[i];
+		if (v == NULL)
+			cpu_pause();
+	}
+	snprintf(v->subsys, sizeof(v->subsys), "%s", subsys);
+	snprintf(v->text, sizeof(v->text), "%s%s%s", level_names[level], subsys[0] ? " " : "", subsys);
+	atomic_store(&view, v);
+	atomic_store_explicit(&log_level, level, memory_order_relaxed);
+}
+
+static int
+level_now(void)
+{
+	return atomic_load_explicit(&log_level, memory_order_relaxed);
+}
+
+/* At start, before any other thread. */
 void
 log_init(int level, const char *debug_subsys, bool to_journal)
 {
-	log_level = level;
 	log_journal = to_journal;
-	snprintf(log_subsys, sizeof(log_subsys), "%s", debug_subsys ? debug_subsys : "");
-	snprintf(log_level_text, sizeof(log_level_text), "%s%s%s", level_names[level],
-	    log_subsys[0] ? " " : "", log_subsys);
+	view_publish(level, debug_subsys ? debug_subsys : "");
 }
 
-/* "error|warning|info|debug [sub,sub]" */
+/* "error|warning|info|debug [sub,sub]"; the loop thread (a reload, an Admin request). */
 int
 log_set_level(const char *spec)
 {
@@ -41,7 +101,7 @@ log_set_level(const char *spec)
 		return -1;
 	for (int i = 0; i <= LOG_L_DEBUG; i++)
 		if (strcmp(word, level_names[i]) == 0) {
-			log_init(i, subs, log_journal);
+			view_publish(i, subs);
 			return 0;
 		}
 	return -1;
@@ -50,13 +110,32 @@ log_set_level(const char *spec)
 bool
 log_level_debug(void)
 {
-	return log_level >= LOG_L_DEBUG;
+	return level_now() >= LOG_L_DEBUG;
 }
 
+/* The loop thread's: only it rewrites views, so the text stays until its next change. */
 const char *
 log_get_level(void)
 {
-	return log_level_text;
+	return atomic_load(&view)->text;
+}
+
+/* Whether the debug filter lets lines of subsystem sub through. */
+static bool
+subsys_wanted(const char *sub)
+{
+	struct log_view *v = view_hold();
+	const char *p = v->subsys;
+	size_t l = strlen(sub);
+	bool hit = v->subsys[0] == '\0';
+
+	while (!hit && (p = strstr(p, sub)) != NULL) {
+		if ((p == v->subsys || p[-1] == ',') && (p[l] == '\0' || p[l] == ','))
+			hit = true;
+		p += l;
+	}
+	view_drop(v);
+	return hit;
 }
 
 static void
@@ -65,7 +144,7 @@ vlog(int level, const char *sub, int err, const char *fmt, va_list ap)
 	char msg[1024];
 	int n;
 
-	if (level > log_level)
+	if (level > level_now())
 		return;
 	n = vsnprintf(msg, sizeof(msg), fmt, ap);
 	if (n < 0)
@@ -131,22 +210,8 @@ log_debug(const char *sub, const char *fmt, ...)
 {
 	va_list ap;
 
-	if (log_level < LOG_L_DEBUG)
+	if (level_now() < LOG_L_DEBUG || !subsys_wanted(sub))
 		return;
-	if (log_subsys[0] != '\0') {
-		size_t l = strlen(sub);
-		const char *p = log_subsys;
-		bool hit = false;
-		while ((p = strstr(p, sub)) != NULL) {
-			if ((p == log_subsys || p[-1] == ',') && (p[l] == '\0' || p[l] == ',')) {
-				hit = true;
-				break;
-			}
-			p += l;
-		}
-		if (!hit)
-			return;
-	}
 	va_start(ap, fmt);
 	vlog(LOG_L_DEBUG, sub, 0, fmt, ap);
 	va_end(ap);
@@ -220,7 +285,7 @@ log_other(struct logrl *rl, int level, const char *fmt, ...)
 	va_list ap;
 	double now = now_s();
 
-	if (level > log_level)
+	if (level > level_now())
 		return;
 	if (now - rl->start >= LOG_WINDOW_S) {
 		rl->start = now;
@@ -247,7 +312,7 @@ log_vrefused(const struct logwho *w, const char *fmt, va_list ap)
 {
 	char why[512];
 
-	if (log_level < LOG_L_WARN || !log_take(w))
+	if (level_now() < LOG_L_WARN || !log_take(w))
 		return;
 	vsnprintf(why, sizeof(why), fmt, ap);
 	log_warnx("refused client %llu (uid %u pid %d %s): %s", (unsigned long long)w->client, (unsigned)w->uid,
@@ -257,7 +322,7 @@ log_vrefused(const struct logwho *w, const char *fmt, va_list ap)
 void
 log_vwho(const struct logwho *w, int level, const char *fmt, va_list ap)
 {
-	if (level > log_level || !log_take(w))
+	if (level > level_now() || !log_take(w))
 		return;
 	vlog(level, NULL, 0, fmt, ap);
 }

@@ -89,6 +89,7 @@ creds_in_group(const struct creds *c, gid_t g)
 /* ---- budgets ---- */
 
 static atomic_uint_fast64_t total_charged;
+static atomic_uint_fast64_t entries_charged;    /* of the total, what table entries hold */
 static atomic_uint_fast64_t high_water;         /* the total's most since the heap was last trimmed */
 static atomic_bool trimming;
 static atomic_uint_fast64_t refusals[NBUDGETS][2];    /* [scope][busy] */
@@ -118,14 +119,23 @@ budget_used(void)
 }
 
 uint64_t
+budget_entries(void)
+{
+	return atomic_load(&entries_charged);
+}
+
+uint64_t
 budget_refused(enum budget_scope s, bool busy)
 {
 	return atomic_load(&refusals[s][busy]);
 }
 
-/* want: what the request needs so far, held: what other requests hold against the budget. */
+/*
+ * want: what the request needs so far, held: what other requests and entries hold against the
+ * budget, what: the request.
+ */
 static int
-refuse(enum budget_scope s, uint64_t want, uint64_t held, char *err, size_t errlen)
+refuse(enum budget_scope s, uint64_t want, uint64_t held, const char *what, char *err, size_t errlen)
 {
 	const uint64_t lim = budget_limit(s);
 	const bool busy = want <= lim;
@@ -133,11 +143,12 @@ refuse(enum budget_scope s, uint64_t want, uint64_t held, char *err, size_t errl
 	atomic_fetch_add(&refusals[s][busy], 1);
 	if (busy)
 		snprintf(err, errlen, "busy: the %s budget (limits.%s_budget, %llu bytes) has %llu bytes held by "
-		    "transfers in flight; this one needs %llu or more: retry when some have ended", names[s], names[s],
-		    (unsigned long long)lim, (unsigned long long)held, (unsigned long long)want);
+		    "transfers in flight and by regions, imports and exports; this %s needs %llu or more: retry "
+		    "when some have ended", names[s], names[s], (unsigned long long)lim, (unsigned long long)held,
+		    what, (unsigned long long)want);
 	else
-		snprintf(err, errlen, "too large: this transfer needs %llu bytes of gpxd's memory, more than the "
-		    "%s budget (limits.%s_budget, %llu bytes) allows", (unsigned long long)want, names[s],
+		snprintf(err, errlen, "too large: this %s needs %llu bytes of gpxd's memory, more than the "
+		    "%s budget (limits.%s_budget, %llu bytes) allows", what, (unsigned long long)want, names[s],
 		    names[s], (unsigned long long)lim);
 	return busy ? -GPX__STATUS__EBUSY : -GPX__STATUS__ENOMEM;
 }
@@ -146,21 +157,28 @@ refuse(enum budget_scope s, uint64_t want, uint64_t held, char *err, size_t errl
  * Only the loop thread charges, and other threads only give back: a budget seen with room
  * here still has it when the bytes are added.  The request's own bytes are part of the
  * connection's, uid's and total's, so a request that never fits its budget is told so at
- * the narrowest one.
+ * the narrowest one.  A connection's budget holds its transfers' bytes and its entries'.
  */
 int
 budget_charge(struct charge *ch, uint64_t bytes, char *err, size_t errlen)
 {
 	const uint64_t req = ch->bytes + bytes;
-	const uint64_t held[NBUDGETS] = { 0, atomic_load(&ch->cq->charged) - ch->bytes,
-	    atomic_load(&ch->user->charged) - ch->bytes, atomic_load(&total_charged) - ch->bytes };
+	const uint64_t conn = (ch->cq != NULL ? atomic_load(&ch->cq->charged) : 0) +
+	    (ch->entries != NULL ? *ch->entries : 0);
+	const uint64_t held[NBUDGETS] = { 0, conn - ch->bytes, atomic_load(&ch->user->charged) - ch->bytes,
+	    atomic_load(&total_charged) - ch->bytes };
+	const char *what = ch->what != NULL ? ch->what : "transfer";
 
 	if (req > cfg->budget_request)
-		return refuse(BUDGET_REQUEST, req, 0, err, errlen);
+		return refuse(BUDGET_REQUEST, req, 0, what, err, errlen);
 	for (int s = BUDGET_CONNECTION; s < NBUDGETS; s++)
 		if (req > budget_limit(s) || held[s] + req > budget_limit(s))
-			return refuse(s, req, held[s], err, errlen);
-	atomic_fetch_add(&ch->cq->charged, bytes);
+			return refuse(s, req, held[s], what, err, errlen);
+	if (ch->entry) {
+		*ch->entries += bytes;
+		atomic_fetch_add(&entries_charged, bytes);
+	} else
+		atomic_fetch_add(&ch->cq->charged, bytes);
 	atomic_fetch_add(&ch->user->charged, bytes);
 	uint64_t t = atomic_fetch_add(&total_charged, bytes) + bytes;
 	uint64_t hw = atomic_load(&high_water);
@@ -168,6 +186,18 @@ budget_charge(struct charge *ch, uint64_t bytes, char *err, size_t errlen)
 		;
 	ch->bytes = req;
 	return 0;
+}
+
+/* Entries go on the loop thread, and are small: no trimming for them. */
+void
+budget_entry_release(uint64_t *entries, struct user *u, uint64_t bytes)
+{
+	if (bytes == 0)
+		return;
+	*entries -= bytes;
+	atomic_fetch_sub(&entries_charged, bytes);
+	atomic_fetch_sub(&u->charged, bytes);
+	atomic_fetch_sub(&total_charged, bytes);
 }
 
 static void *

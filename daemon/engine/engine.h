@@ -66,6 +66,7 @@ struct xfer_from {
 	uint32_t epoch;              /* of its region ids: another's are refused as not its own */
 	uint32_t version;            /* the protocol it speaks */
 	struct cq *cq;
+	uint64_t *entries;           /* the bytes its table entries hold, of its connection's budget */
 	struct user *user;
 	const unsigned char *area;   /* its segment area (xfer_set_area), or NULL */
 	size_t area_len;
@@ -74,12 +75,26 @@ struct xfer_from {
 	struct region *(*region)(void *arg, uint64_t id, bool *read_only);
 	void *arg;
 };
-int xfer_build(const struct xfer_from *, const Gpx__Transfer *, int segfd, struct job **out, char *err,
-    size_t errlen);
+/*
+ * Loop thread: a Transfer's jobs in *out (several for a batch over several paths, linked by
+ * gnext), or a refusal (<0, err set).  When later is not NULL and the request's lists are long
+ * (past what the loop checks in one turn), they are checked on a task thread instead: then 0,
+ * *out NULL and *later set; the caller runs xfer_check_run(*later) on a task thread and
+ * xfer_check_end back on the loop thread, which says what xfer_build would have (gone: the
+ * asker has left meanwhile; its jobs are dropped).  Until then the caller holds the asker's
+ * further requests back, keeps what its struct logwho and entries point to alive, and passes
+ * the check to xfer_drop_area.  A memfd of segments (*segfd) is then the check's, and *segfd -1.
+ */
+struct xfer_check;
+int xfer_build(const struct xfer_from *, const Gpx__Transfer *, int *segfd, struct job **out,
+    struct xfer_check **later, char *err, size_t errlen);
+void xfer_check_run(struct xfer_check *);        /* any thread */
+int xfer_check_end(struct xfer_check *, bool gone, struct job **out, char *err, size_t errlen);
 /* A client's segment area: its memfd of length bytes mapped read-only, replacing the last one. */
 int xfer_set_area(const unsigned char **area, size_t *area_len, int fd, uint64_t length, char *err,
     size_t errlen);
-void xfer_drop_area(const unsigned char **area, size_t *area_len);
+/* Unmapped on a task thread; one that checking still reads, once that check ends. */
+void xfer_drop_area(const unsigned char **area, size_t *area_len, struct xfer_check *checking);
 /* bytes at off of a segment area, 8-byte aligned and inside it, or NULL. */
 const unsigned char *xfer_area(const unsigned char *area, size_t area_len, uint64_t off, uint64_t bytes);
 

@@ -1,8 +1,9 @@
 /*
  * Page lists (protocol 2): a transfer of n pages names, for each, a page of the source and a
  * page of the destination, page_size bytes each from a base.  The list is copied out of the
- * client's memory and checked in one pass (two records per vector, a second core for long
- * lists), then handed to a GPU's page kernel as it is or turned into plain segments.
+ * client's memory and checked in one pass (two records per vector; on the loop thread, a
+ * second core for long lists; a list longer than xfer.c lets the loop check, on a task
+ * thread), then handed to a GPU's page kernel as it is or turned into plain segments.
  */
 #include "config.h"
 
@@ -125,14 +126,26 @@ pages_limits(const struct job *j, uint64_t ps, uint64_t *ls, uint64_t *ld)
 	return *ls > 0 && *ld > 0;
 }
 
-/* The refusal of a page list with a page out of some pair's region: which, from the copy. */
+/*
+ * The refusal of a page list with a page out of some pair's region, from the copy: the first
+ * pair that has such a page, and its first.  The largest page numbers of the list tell which
+ * pairs have one, so this reads the list twice at most, however many pairs there are.
+ */
 static int
-pages_refused(const struct job *j, const struct gpx_wire_page *pg, uint32_t n, uint64_t ps, const struct xfer_from *c,
-    char *err, size_t errlen)
+pages_refused(const struct job *j, const struct gpx_wire_page *pg, uint32_t n, uint64_t ps, char *err,
+    size_t errlen)
 {
+	uint32_t ms = 0, md = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		ms = pg[i].src > ms ? pg[i].src : ms;
+		md = pg[i].dst > md ? pg[i].dst : md;
+	}
 	for (uint32_t k = 0; k < j->npairs; k++) {
 		const struct jpair *p = &j->pairs[k];
 		const uint64_t ls = pages_in(p->src, p->src_base, ps), ld = pages_in(p->dst, p->dst_base, ps);
+		if (ls > ms && ld > md)
+			continue;
 		for (uint32_t i = 0; i < n; i++)
 			if (ls == 0 || ld == 0 || pg[i].src >= ls || pg[i].dst >= ld) {
 				snprintf(err, errlen, "page %u (%u -> %u, %llu bytes each from %llu -> %llu) of pair "
@@ -141,30 +154,40 @@ pages_refused(const struct job *j, const struct gpx_wire_page *pg, uint32_t n, u
 				    (unsigned long long)ps, (unsigned long long)p->src_base,
 				    (unsigned long long)p->dst_base, k, (unsigned long long)p->src->length,
 				    (unsigned long long)p->dst->length);
-				xfer_audit(c, "%s", err);
 				return -GPX__STATUS__ERANGE;
 			}
 	}
 	return 0;
 }
 
+/* Where the job's private copy of its page list lies (xfer_pages_prepare chose). */
+static struct gpx_wire_page *
+pages_copy_of(const struct job *j)
+{
+	if (j->pages != NULL)
+		return j->pages;
+	if (j->plist != NULL)
+		return j->plist;
+	return (struct gpx_wire_page *)(j->segs + j->nseg) - j->npages;    /* the array's tail */
+}
+
 /*
- * Takes the n page records at `in` (the segment area, or a batch's private copy) into private
- * memory and checks them from that copy only against every pair of j (j->pairs with their
- * bases are set).  The copy is the kernel's pinned list when a GPU runs the job as pages; on
+ * Sets j up for a list of n pages of ps bytes for every pair of j (j->pairs with their bases
+ * are set), and charges the private memory its records go to (*want: what the check
+ * allocates): the kernel's pinned list when a GPU runs the job as pages (allocated here); on
  * the host path a list of its own (j->plist) that the workers read in place, so a job of
- * 16,384 pairs x 4,096 pages holds 32 KiB of pages, not 67 million segments; else a scratch
- * array that becomes plain segments.
+ * 16,384 pairs x 4,096 pages holds 32 KiB of pages, not 67 million segments; else a segment
+ * array whose tail takes the records before they become plain segments.  *work grows by the
+ * bytes xfer_pages_check will write.
  */
 int
-xfer_take_pages(struct job *j, const unsigned char *in, uint32_t n, uint64_t ps, const struct xfer_from *c,
-    struct charge *ch, char *err, size_t errlen)
+xfer_pages_prepare(struct job *j, uint32_t n, uint64_t ps, const struct xfer_from *c, struct charge *ch,
+    uint64_t *work, enum xfer_list *want, char *err, size_t errlen)
 {
 	const uint64_t items = (uint64_t)j->npairs * n;
-	struct gpx_wire_page *pg;
-	uint64_t ls, ld;
-	int r, dev;
+	int dev;
 
+	*want = LIST_NONE;
 	for (uint32_t k = 0; k < j->npairs; k++)
 		if (j->pairs[k].src_base >= SEG_LIMIT || j->pairs[k].dst_base >= SEG_LIMIT)
 			ps = 0;      /* refused just below */
@@ -182,28 +205,43 @@ xfer_take_pages(struct job *j, const unsigned char *in, uint32_t n, uint64_t ps,
 		j->pairs[k].seg_end = (k + 1) * n;
 		j->pairs[k].bytes = n * ps;
 	}
+	*work += (uint64_t)n * sizeof(struct gpx_wire_page);
 	/* (the kernel's list lies in an arena of fixed size, allocated at start: not charged) */
 	if ((j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, n, &dev)) != NULL) {
-		pg = j->pages;
 		j->path = (enum path_kind)(PATH_GPU0 + dev);      /* that GPU's kernel runs it */
-	} else if (engine_path_for(j->pairs[0].src, j->pairs[0].dst) == PATH_HOST) {
-		if ((r = xfer_charge(ch, (uint64_t)n * sizeof(*pg), c, err, errlen)) < 0)
-			return r;
-		if ((j->plist = malloc((size_t)n * sizeof(*pg))) == NULL) {
-			snprintf(err, errlen, "out of memory for %u pages", n);
-			return -GPX__STATUS__ENOMEM;
-		}
-		pg = j->plist;
-	} else if ((r = xfer_segs_alloc(j, ch, c, err, errlen)) < 0)
-		return r;
-	else
-		pg = (struct gpx_wire_page *)(j->segs + j->nseg) - n;    /* the array's tail */
-	if (!pages_limits(j, ps, &ls, &ld) ||
-	    pages_copy2(pg, in, n, (uint32_t)(ls - 1), (uint32_t)(ld - 1))) {
-		/* Some page may be out (or a side of more than 2^31 pages): exactly, from the copy. */
-		if ((r = pages_refused(j, pg, n, ps, c, err, errlen)) < 0)
-			return r;
+		return 0;
 	}
+	if (engine_path_for(j->pairs[0].src, j->pairs[0].dst) == PATH_HOST) {
+		*want = LIST_PAGES;
+		return xfer_charge(ch, (uint64_t)n * sizeof(*j->plist), c, err, errlen);
+	}
+	*want = LIST_SEGS;
+	*work += xfer_segs_bytes(j->nseg);
+	return xfer_segs_charge(j, ch, c, err, errlen);
+}
+
+/*
+ * Copies the page records at `in` (the segment area, or a batch's private copy) into the
+ * job's private list and checks them from that copy only against every pair of j; then, when
+ * the job runs as plain segments, writes them.  Any thread; on the loop thread (on_loop) half
+ * of a long list may go to an idle GPU worker (pages_copy2).  A refusal is the caller's to log.
+ */
+int
+xfer_pages_check(struct job *j, const unsigned char *in, bool on_loop, char *err, size_t errlen)
+{
+	struct gpx_wire_page *pg = pages_copy_of(j);
+	const uint32_t n = j->npages;
+	const uint64_t ps = j->page_size;
+	uint64_t ls, ld;
+	bool bad;
+	int r;
+
+	/* (copied whole even when some side has no page, so that the refusal reads a copy) */
+	bad = !pages_limits(j, ps, &ls, &ld);
+	bad |= (on_loop ? pages_copy2 : pages_copy)(pg, in, n, (uint32_t)(ls - 1), (uint32_t)(ld - 1));
+	/* Some page may be out (or a side of more than 2^31 pages): exactly, from the copy. */
+	if (bad && (r = pages_refused(j, pg, n, ps, err, errlen)) < 0)
+		return r;
 	if (j->pages != NULL || j->plist != NULL)
 		return 0;
 	/*

@@ -34,11 +34,25 @@ int xfer_charge(struct charge *, uint64_t bytes, const struct xfer_from *, char 
 
 /* Bytes of a private segment array of n segments with its blocks[]. */
 uint64_t xfer_segs_bytes(uint32_t n);
-/* The job's private segment array (j->nseg of them), with room for blocks[] after it, charged. */
-int xfer_segs_alloc(struct job *, struct charge *, const struct xfer_from *, char *err, size_t errlen);
+/*
+ * The job's private segment array (j->nseg of them), with room for blocks[] after it: charged
+ * on the loop thread, then allocated by whichever thread copies the list in (a long list's on
+ * a task thread, so that the loop never waits for the allocator on its account).
+ */
+int xfer_segs_charge(struct job *, struct charge *, const struct xfer_from *, char *err, size_t errlen);
+int xfer_segs_alloc(struct job *);
+/* The private list a job's check still has to allocate. */
+enum xfer_list { LIST_NONE, LIST_SEGS, LIST_PAGES };
 
-/* Takes and checks the n page records at `in` for every pair of j (xfer-pages.c). */
-int xfer_take_pages(struct job *, const unsigned char *in, uint32_t n, uint64_t page_size, const struct xfer_from *,
-    struct charge *, char *err, size_t errlen);
+/*
+ * Page lists (xfer-pages.c): on the loop thread, j set up for n pages of page_size bytes for
+ * each of its pairs, its private list charged (*want: the list to allocate before the check,
+ * *work grows by what the check writes); then, on any thread, the records at `in` copied in and
+ * checked (on_loop: the loop thread's, which may lend half of a long list to an idle GPU
+ * worker).
+ */
+int xfer_pages_prepare(struct job *, uint32_t n, uint64_t page_size, const struct xfer_from *, struct charge *,
+    uint64_t *work, enum xfer_list *want, char *err, size_t errlen);
+int xfer_pages_check(struct job *, const unsigned char *in, bool on_loop, char *err, size_t errlen);
 
 #endif

@@ -6,7 +6,8 @@
  * (or a memfd) and are copied out as they are checked, one read of each value, so the client
  * cannot change them afterwards.  For a request of 65,536 pages this pass is most of the
  * daemon's work before the first byte may move, so it is kept to one load, a few additions and
- * ORs, and one store per segment.
+ * ORs, and one store per segment.  The loop thread does it for at most XFER_LOOP_BYTES of
+ * lists a turn; a longer request is checked on a task thread (struct xfer_check below).
  *
  * A batch (Transfer.pair_count) names many (source, destination) pairs.  Every pair is
  * resolved and checked like a single transfer before any job exists, and its pairs are
@@ -26,6 +27,52 @@
 
 #include "daemon/engine/xfer-private.h"
 #include "daemon/fabric/fabric.h"
+
+/*
+ * A request being built.  Everything that needs the connection's tables or the budgets is
+ * done on the loop thread first: both regions of every pair resolved and held, every job,
+ * pair and private list charged (and the kernel's page list taken from its arena).  What
+ * remains is the check: each private list allocated, copied in from where the client wrote
+ * it (the segment area, a memfd; the message's own few were copied already) and checked from
+ * the copy.  Its cost grows with the list (about 10 ms per million segments), so the loop
+ * checks at most XFER_LOOP_BYTES of private lists in one turn (one callback: a connection's
+ * messages, a pass over the submission queues): a request that would take it past that is
+ * checked on a task thread (xfer_check_run) while the connection's further requests wait
+ * (client/conn-xfer.c holds them back), and allocates its lists there too, so that the loop
+ * never waits on the allocator for them.  Either way xfer_check_end, on the loop thread, hands
+ * the jobs over or refuses the request.  What requests make the loop do in one turn is thus
+ * bounded, however long their lists; the core counts what each turn checked
+ * (loop_turn_checked) and keeps the most.
+ */
+#define XFER_LOOP_BYTES (1u << 20)
+
+struct xfer_check {
+	uint64_t client;             /* who asked (struct xfer_from) */
+	struct logwho who;           /* its share of the log, while its connection lives */
+	struct charge ch;            /* (with a reference on ch.cq while a task thread checks) */
+	struct job *head;            /* its jobs, each holding its pairs' regions */
+	int ngroups;
+	uint64_t tag;
+	uint32_t flags;
+	double t_build;
+	bool batch, pages;
+	const unsigned char *in;     /* the list in the segment area, or NULL */
+	int fd;                      /* or the memfd a single transfer's segments are read from, or -1 */
+	bool own_fd;                 /* (then closed at the end) */
+	uint32_t n;                  /* records in the list */
+	uint64_t work;               /* bytes of private lists the check fills */
+	unsigned char *plist;        /* a page batch of several groups: the list, copied once for all */
+	struct gpx_wire_pair *pr;    /* a batch's pairs as sent */
+	uint32_t *idx;               /* their indexes, group after group in the order of the jobs */
+	uint32_t gfirst[NPATHS];     /* where each group's indexes begin */
+	unsigned char want[NPATHS];  /* each job's private list, to allocate when checking (enum xfer_list) */
+	bool want_plist;             /* and plist */
+	bool later;                  /* checked by a task thread: this is on the heap */
+	int status;
+	char err[256];
+	void *area;                  /* the segment area, when its connection ended during the check */
+	size_t area_len;
+};
 
 /* A refusal in the log, within the asker's share (its struct logwho came with the request). */
 void
@@ -108,15 +155,14 @@ inside(uint64_t off, uint64_t len, uint64_t size)
 }
 
 static int
-seg_refused(const struct xfer_from *c, uint32_t i, const struct gpx_wire_seg *g, const struct region *src,
-    const struct region *dst, char *err, size_t errlen)
+seg_refused(uint32_t i, const struct gpx_wire_seg *g, const struct region *src, const struct region *dst,
+    char *err, size_t errlen)
 {
 	snprintf(err, errlen, "segment %u (%llu+%llu -> %llu+%llu) leaves its region "
 	    "(source %llu bytes, destination %llu bytes)", i,
 	    (unsigned long long)g->src_offset, (unsigned long long)g->length,
 	    (unsigned long long)g->dst_offset, (unsigned long long)g->length,
 	    (unsigned long long)src->length, (unsigned long long)dst->length);
-	xfer_audit(c, "%s", err);
 	return -GPX__STATUS__ERANGE;
 }
 
@@ -126,8 +172,7 @@ typedef uint64_t seg_pair __attribute__((vector_size(16), aligned(8)));
 
 /* The slow path of a refused request: which segment, from the private copy, for the message. */
 static int
-segs_refused(const struct job *j, const struct region *src, const struct region *dst,
-    const struct xfer_from *c, char *err, size_t errlen)
+segs_refused(const struct job *j, const struct region *src, const struct region *dst, char *err, size_t errlen)
 {
 	const uint64_t slen = src->length < SEG_LIMIT ? src->length : SEG_LIMIT - 1;
 	const uint64_t dlen = dst->length < SEG_LIMIT ? dst->length : SEG_LIMIT - 1;
@@ -136,13 +181,12 @@ segs_refused(const struct job *j, const struct region *src, const struct region 
 	for (uint32_t i = 0; i < j->nseg; i++) {
 		const struct gpx_wire_seg *g = &j->segs[i];
 		if (!inside(g->src_offset, g->length, slen) || !inside(g->dst_offset, g->length, dlen))
-			return seg_refused(c, i, g, src, dst, err, errlen);
+			return seg_refused(i, g, src, dst, err, errlen);
 		total += g->length;
 		if (total >= SEG_LIMIT)
 			break;
 	}
 	snprintf(err, errlen, "the %u segments add up to 2^62 bytes or more", j->nseg);
-	xfer_audit(c, "%s", err);
 	return -GPX__STATUS__ERANGE;
 }
 
@@ -157,7 +201,7 @@ segs_refused(const struct job *j, const struct region *src, const struct region 
  */
 static int
 check_segs(struct job *j, const struct gpx_wire_seg *in, const struct region *src,
-    const struct region *dst, const struct xfer_from *c, char *err, size_t errlen)
+    const struct region *dst, char *err, size_t errlen)
 {
 	const seg_pair lim = { src->length < SEG_LIMIT ? src->length : SEG_LIMIT - 1,
 	    dst->length < SEG_LIMIT ? dst->length : SEG_LIMIT - 1 };
@@ -184,7 +228,7 @@ check_segs(struct job *j, const struct gpx_wire_seg *in, const struct region *sr
 		j->blocks[b / SEG_BLOCK] = total;
 	}
 	if ((bad | bad2[0] | bad2[1]) & SEG_BAD)
-		return segs_refused(j, src, dst, c, err, errlen);
+		return segs_refused(j, src, dst, err, errlen);
 	j->total = total;
 	return 0;
 }
@@ -221,32 +265,21 @@ check_run(struct job *j, uint32_t at, const struct gpx_wire_seg *in, uint32_t n,
 	return ((bad | bad2[0] | bad2[1]) & SEG_BAD) != 0;
 }
 
-/* Takes n segments in from the segment area, a memfd or the message, and checks them. */
+/* Reads the job's n segments from the memfd the client sent them in. */
 static int
-take_segs(struct job *j, const Gpx__Transfer *t, const unsigned char *table, int fd,
-    const struct region *src, const struct region *dst, const struct xfer_from *c, char *err, size_t errlen)
+read_segs(struct job *j, int fd, char *err, size_t errlen)
 {
-	uint32_t n = j->nseg;
+	size_t want = (size_t)j->nseg * sizeof(*j->segs);
 
-	if (table != NULL)
-		return check_segs(j, (const struct gpx_wire_seg *)table, src, dst, c, err, errlen);
-	if (fd >= 0) {
-		size_t want = (size_t)n * sizeof(*j->segs);
-		for (size_t got = 0; got < want;) {
-			ssize_t k = pread(fd, (char *)j->segs + got, want - got, got);
-			if (k <= 0) {
-				snprintf(err, errlen, "reading the segment table: %s", k < 0 ? strerror(errno) : "short");
-				return -GPX__STATUS__EINVAL;
-			}
-			got += k;
+	for (size_t got = 0; got < want;) {
+		ssize_t k = pread(fd, (char *)j->segs + got, want - got, got);
+		if (k <= 0) {
+			snprintf(err, errlen, "reading the segment table: %s", k < 0 ? strerror(errno) : "short");
+			return -GPX__STATUS__EINVAL;
 		}
-	} else
-		for (uint32_t i = 0; i < n; i++) {
-			j->segs[i].src_offset = t->segments[i]->src_offset;
-			j->segs[i].dst_offset = t->segments[i]->dst_offset;
-			j->segs[i].length = t->segments[i]->length;
-		}
-	return check_segs(j, j->segs, src, dst, c, err, errlen);
+		got += k;
+	}
+	return 0;
 }
 
 int
@@ -268,22 +301,24 @@ xfer_segs_bytes(uint32_t n)
 }
 
 int
-xfer_segs_alloc(struct job *j, struct charge *ch, const struct xfer_from *c, char *err, size_t errlen)
+xfer_segs_charge(struct job *j, struct charge *ch, const struct xfer_from *c, char *err, size_t errlen)
 {
-	int r;
+	return xfer_charge(ch, xfer_segs_bytes(j->nseg), c, err, errlen);
+}
 
-	if ((r = xfer_charge(ch, xfer_segs_bytes(j->nseg), c, err, errlen)) < 0)
-		return r;
-	j->segs = malloc(xfer_segs_bytes(j->nseg));
-	if (j->segs == NULL) {
-		snprintf(err, errlen, "out of memory for %u segments", j->nseg);
+int
+xfer_segs_alloc(struct job *j)
+{
+	if ((j->segs = malloc(xfer_segs_bytes(j->nseg))) == NULL)
 		return -GPX__STATUS__ENOMEM;
-	}
 	j->blocks = (uint64_t *)(j->segs + j->nseg);
 	return 0;
 }
 
-/* Maps a client's segment area read-only into *area, replacing the previous one. */
+/*
+ * Maps a client's segment area read-only into *area, replacing the previous one.  (No check
+ * of its lists runs meanwhile: a connection's further messages wait while one does.)
+ */
 int
 xfer_set_area(const unsigned char **area, size_t *area_len, int fd, uint64_t length, char *err, size_t errlen)
 {
@@ -301,17 +336,57 @@ xfer_set_area(const unsigned char **area, size_t *area_len, int fd, uint64_t len
 		snprintf(err, errlen, "mapping the segment area: %s", strerror(errno));
 		return -GPX__STATUS__ENOMEM;
 	}
-	xfer_drop_area(area, area_len);
+	xfer_drop_area(area, area_len, NULL);
 	*area = p;
 	*area_len = length;
 	return 0;
 }
 
-void
-xfer_drop_area(const unsigned char **area, size_t *area_len)
+/*
+ * Unmapping what the loop has read of a large area costs it milliseconds (32 ms for 128 MiB of
+ * lists): a task thread does it.
+ */
+struct unmap {
+	void *p;
+	size_t len;
+};
+
+static void
+unmap_work(void *arg)
 {
-	if (*area != NULL)
-		munmap((void *)*area, *area_len);
+	struct unmap *u = arg;
+
+	munmap(u->p, u->len);
+}
+
+static void
+unmap_done(void *arg)
+{
+	free(arg);
+}
+
+static void
+area_unmap(void *p, size_t len)
+{
+	struct unmap *u;
+
+	if ((u = malloc(sizeof(*u))) == NULL) {
+		munmap(p, len);
+		return;
+	}
+	*u = (struct unmap){ p, len };
+	defer_run(unmap_work, unmap_done, u);
+}
+
+/* Lets go of a segment area; one that checking (a task thread) still reads goes when it ends. */
+void
+xfer_drop_area(const unsigned char **area, size_t *area_len, struct xfer_check *checking)
+{
+	if (*area != NULL && checking != NULL && checking->in != NULL) {
+		checking->area = (void *)*area;
+		checking->area_len = *area_len;
+	} else if (*area != NULL)
+		area_unmap((void *)*area, *area_len);
 	*area = NULL;
 	*area_len = 0;
 }
@@ -422,12 +497,12 @@ job_drop(struct job *j)
 
 /* What every job of a transfer carries; its path, unless the page kernel chose one. */
 static void
-job_finish_build(struct job *j, const Gpx__Transfer *t, const struct xfer_from *c, double t_build)
+job_finish_build(struct job *j, const struct xfer_check *k)
 {
-	j->tag = t->tag;
-	j->flags = t->flags;
-	j->client = c->client;
-	j->t_build = t_build;
+	j->tag = k->tag;
+	j->flags = k->flags;
+	j->client = k->client;
+	j->t_build = k->t_build;
 	if (j->pages == NULL)
 		j->path = engine_path_for(j->src, j->dst);
 	j->t_submit = now_s();
@@ -435,23 +510,22 @@ job_finish_build(struct job *j, const Gpx__Transfer *t, const struct xfer_from *
 
 /*
  * A batch (protocol 3): the pairs copied out of the segment area and resolved, grouped by
- * path; then per group one job whose segments (each pair's run, rebased) or page list are
- * copied and checked.  Any refusal refuses the whole batch, before any job is handed over.
+ * path; then per group one job, with its segment array (each pair's run, rebased) or its page
+ * list allocated.  Any refusal refuses the whole batch, before any job is handed over.
  */
 static int
-build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct job **out, struct charge *ch, char *err,
-    size_t errlen, double t_build)
+build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct xfer_check *k, char *err,
+    size_t errlen)
 {
 	const bool pages = t->page_size > 0;
 	const uint32_t np = t->pair_count, n = t->seg_count;
 	const unsigned char *wp, *list;
-	struct gpx_wire_pair *pr = NULL;
+	struct gpx_wire_pair *pr;
 	struct jpair *jp = NULL;
 	enum path_kind *path = NULL;
-	uint32_t *idx = NULL;
-	struct job *head = NULL, **tail = &head;
-	unsigned char *plist = NULL;
-	int r = 0, ngroups = 0;
+	struct job **tail = &k->head;
+	uint32_t used = 0;
+	int r = 0;
 
 	if (c->version < 3 || np > GPX_PAIRS_MAX || segfd >= 0 || t->n_segments > 0 || n == 0 ||
 	    t->src_region != 0 || t->dst_region != 0 || t->src_offset != 0 || t->dst_offset != 0) {
@@ -467,40 +541,42 @@ build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct
 		    (unsigned long long)t->area_offset, cfg->max_segs, c->area_len);
 		return -GPX__STATUS__EINVAL;
 	}
-	if ((r = xfer_charge(ch, (uint64_t)np * (sizeof(*pr) + sizeof(*jp) + sizeof(*path) + sizeof(*idx)),
+	if ((r = xfer_charge(&k->ch, (uint64_t)np * (sizeof(*pr) + sizeof(*jp) + sizeof(*path) + sizeof(*k->idx)),
 	    c, err, errlen)) < 0)
 		return r;
-	pr = malloc(np * sizeof(*pr));
+	k->pr = pr = malloc(np * sizeof(*pr));
 	jp = calloc(np, sizeof(*jp));
 	path = malloc(np * sizeof(*path));
-	idx = malloc(np * sizeof(*idx));
-	if (pr == NULL || jp == NULL || path == NULL || idx == NULL) {
+	k->idx = malloc(np * sizeof(*k->idx));
+	if (pr == NULL || jp == NULL || path == NULL || k->idx == NULL) {
 		snprintf(err, errlen, "out of memory for %u pairs", np);
 		r = -GPX__STATUS__ENOMEM;
 		goto out;
 	}
+	k->in = list;
+	k->n = n;
 	/* The pairs, read once; every one resolved before anything else. */
 	memcpy(pr, (const void *)wp, np * sizeof(*pr));
 	uint64_t nsegs = 0;
-	for (uint32_t k = 0; k < np && r == 0; k++) {
+	for (uint32_t q = 0; q < np && r == 0; q++) {
 		struct region *sh, *dh;
-		if ((r = resolve_pair(c, pr[k].src_region, pr[k].dst_region, &sh, &dh, err, errlen)) < 0)
+		if ((r = resolve_pair(c, pr[q].src_region, pr[q].dst_region, &sh, &dh, err, errlen)) < 0)
 			break;
 		if (sh->kind == GPX__MEM_KIND__MEM_REMOTE || dh->kind == GPX__MEM_KIND__MEM_REMOTE) {
 			snprintf(err, errlen, "pair %u: a batch moves memory of this node; copy to or from another "
-			    "node's region one transfer at a time", k);
+			    "node's region one transfer at a time", q);
 			r = -GPX__STATUS__ENOTSUP;
 			break;
 		}
-		jp[k] = (struct jpair){ .src = sh, .dst = dh, .src_base = pr[k].src_offset,
-		    .dst_base = pr[k].dst_offset };
-		path[k] = engine_path_for(sh, dh);
-		if (!pages && ((uint64_t)pr[k].seg_first + pr[k].seg_count > n || pr[k].seg_count == 0)) {
-			snprintf(err, errlen, "pair %u names segments %u..%u of a list of %u", k, pr[k].seg_first,
-			    pr[k].seg_first + pr[k].seg_count, n);
+		jp[q] = (struct jpair){ .src = sh, .dst = dh, .src_base = pr[q].src_offset,
+		    .dst_base = pr[q].dst_offset };
+		path[q] = engine_path_for(sh, dh);
+		if (!pages && ((uint64_t)pr[q].seg_first + pr[q].seg_count > n || pr[q].seg_count == 0)) {
+			snprintf(err, errlen, "pair %u names segments %u..%u of a list of %u", q, pr[q].seg_first,
+			    pr[q].seg_first + pr[q].seg_count, n);
 			r = -GPX__STATUS__EINVAL;
 		}
-		nsegs += pages ? 0 : pr[k].seg_count;
+		nsegs += pages ? 0 : pr[q].seg_count;
 	}
 	if (r == 0 && nsegs > cfg->max_segs) {
 		snprintf(err, errlen, "the pairs name %llu segments in all (at most %u)", (unsigned long long)nsegs,
@@ -508,38 +584,79 @@ build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct
 		r = -GPX__STATUS__EINVAL;
 	}
 	/* One job per path, its pairs in the batch's order. */
-	for (uint32_t k = 0; k < np && r == 0; k++) {
-		const enum path_kind pk = path[k];
-		uint32_t cnt = 0;
+	for (uint32_t q0 = 0; q0 < np && r == 0; q0++) {
+		const enum path_kind pk = path[q0];
+		uint32_t cnt = 0, *ix = k->idx + used;
 		uint64_t segs = 0;
 		if (pk == NPATHS)
 			continue;       /* in an earlier group */
-		for (uint32_t q = k; q < np; q++)
+		for (uint32_t q = q0; q < np; q++)
 			if (path[q] == pk) {
-				idx[cnt++] = q;
+				ix[cnt++] = q;
 				segs += pages ? 0 : pr[q].seg_count;
 				path[q] = NPATHS;
 			}
-		struct job *j = job_new(cnt, ch, c, &r, err, errlen);
+		struct job *j = job_new(cnt, &k->ch, c, &r, err, errlen);
 		if (j == NULL)
 			break;
 		*tail = j;
 		tail = &j->gnext;
-		ngroups++;
+		k->gfirst[k->ngroups++] = used;
+		used += cnt;
 		for (uint32_t i = 0; i < cnt; i++)
-			j->pairs[i] = jp[idx[i]];
+			j->pairs[i] = jp[ix[i]];
 		if (pages)
 			continue;       /* the page list is taken once the groups are known */
 		j->nseg = (uint32_t)segs;
-		if ((r = xfer_segs_alloc(j, ch, c, err, errlen)) < 0)
+		k->work += xfer_segs_bytes(j->nseg);
+		k->want[k->ngroups - 1] = LIST_SEGS;
+		if ((r = xfer_segs_charge(j, &k->ch, c, err, errlen)) < 0)
 			break;
+	}
+	if (r == 0 && pages && k->ngroups > 1) {
+		/* Several groups read one private copy; one group reads the area itself. */
+		k->work += (uint64_t)n * sizeof(struct gpx_wire_page);
+		k->want_plist = true;
+		r = xfer_charge(&k->ch, (uint64_t)n * sizeof(struct gpx_wire_page), c, err, errlen);
+	}
+	int g = 0;
+	for (struct job *j = k->head; j != NULL && r == 0 && pages; j = j->gnext, g++) {
+		enum xfer_list want;
+		r = xfer_pages_prepare(j, n, t->page_size, c, &k->ch, &k->work, &want, err, errlen);
+		k->want[g] = want;
+	}
+	for (struct job *j = k->head; j != NULL && r == 0; j = j->gnext)
+		if ((r = job_hold(j, err, errlen)) < 0)
+			for (struct job *h = k->head; h != j; h = h->gnext) {
+				/* the groups before let go of what they took */
+				for (uint32_t q = 0; q < h->npairs; q++) {
+					region_unuse(h->pairs[q].src);
+					region_unref(h->pairs[q].src);
+					region_unuse(h->pairs[q].dst);
+					region_unref(h->pairs[q].dst);
+				}
+			}
+out:
+	free(path);
+	free(jp);
+	return r;
+}
+
+/* A batch's segments, group after group: each pair's run rebased and checked, into its job's array. */
+static int
+check_batch_segs(struct xfer_check *k, char *err, size_t errlen)
+{
+	int g = 0;
+
+	for (struct job *j = k->head; j != NULL; j = j->gnext, g++) {
+		const uint32_t *ix = k->idx + k->gfirst[g];
 		uint64_t total = 0;
 		bool bad = false;
-		for (uint32_t i = 0, at = 0; i < cnt; i++) {
-			const struct gpx_wire_pair *w = &pr[idx[i]];
+		for (uint32_t i = 0, at = 0; i < j->npairs; i++) {
+			const struct gpx_wire_pair *w = &k->pr[ix[i]];
 			struct jpair *p = &j->pairs[i];
 			uint64_t before = total;
-			bad |= check_run(j, at, (const struct gpx_wire_seg *)list + w->seg_first, w->seg_count, p, &total);
+			bad |= check_run(j, at, (const struct gpx_wire_seg *)k->in + w->seg_first, w->seg_count, p, &total);
 			at += w->seg_count;
 			p->seg_end = at;
 			p->bytes = total - before;
@@ -549,81 +666,17 @@ build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct
 		if (bad) {
 			snprintf(err, errlen, "a segment of the batch leaves its pair's region, or the segments "
 			    "add up to 2^62 bytes or more");
-			xfer_audit(c, "%s", err);
-			r = -GPX__STATUS__ERANGE;
-			break;
+			return -GPX__STATUS__ERANGE;
 		}
 		j->total = total;
 	}
-	if (r == 0 && pages) {
-		/* Several groups read one private copy; one group reads the area itself. */
-		const unsigned char *in = list;
-		if (ngroups > 1 && (r = xfer_charge(ch, (uint64_t)n * sizeof(struct gpx_wire_page), c, err,
-		    errlen)) == 0) {
-			if ((plist = malloc((size_t)n * sizeof(struct gpx_wire_page))) == NULL) {
-				snprintf(err, errlen, "out of memory for %u pages", n);
-				r = -GPX__STATUS__ENOMEM;
-			} else {
-				memcpy(plist, (const void *)list, (size_t)n * sizeof(struct gpx_wire_page));
-				in = plist;
-			}
-		}
-		for (struct job *j = head; j != NULL && r == 0; j = j->gnext)
-			r = xfer_take_pages(j, in, n, t->page_size, c, ch, err, errlen);
-	}
-	for (struct job *j = head; j != NULL && r == 0; j = j->gnext)
-		if ((r = job_hold(j, err, errlen)) < 0)
-			for (struct job *h = head; h != j; h = h->gnext) {
-				/* the groups before let go of what they took */
-				for (uint32_t k = 0; k < h->npairs; k++) {
-					region_unuse(h->pairs[k].src);
-					region_unref(h->pairs[k].src);
-					region_unuse(h->pairs[k].dst);
-					region_unref(h->pairs[k].dst);
-				}
-			}
-out:
-	if (r < 0) {
-		while (head != NULL) {
-			struct job *nx = head->gnext;
-			job_drop(head);
-			head = nx;
-		}
-	} else {
-		struct jgroup *g = NULL;
-		if (ngroups > 1 && (r = xfer_charge(ch, sizeof(*g), c, err, errlen)) == 0 &&
-		    (g = calloc(1, sizeof(*g))) == NULL) {
-			snprintf(err, errlen, "out of memory for a transfer");
-			r = -GPX__STATUS__ENOMEM;
-		}
-		if (r < 0) {
-			/* (over a budget, or out of memory: refused whole) */
-			while (head != NULL) {
-				struct job *nx = head->gnext;
-				engine_free_job(head);
-				head = nx;
-			}
-		} else {
-			if (g != NULL)
-				atomic_init(&g->left, ngroups);
-			for (struct job *j = head; j != NULL; j = j->gnext) {
-				j->group = g;
-				job_finish_build(j, t, c, t_build);
-			}
-			*out = head;
-		}
-	}
-	free(plist);
-	free(idx);
-	free(path);
-	free(jp);
-	free(pr);
-	return r;
+	return 0;
 }
 
+/* A single transfer: its regions resolved and held, its job and private list allocated. */
 static int
-build_one(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct job **out, struct charge *ch, char *err,
-    size_t errlen, double t_build)
+build_one(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct xfer_check *k, char *err,
+    size_t errlen)
 {
 	struct region *sh, *dh;
 	const unsigned char *table = NULL;
@@ -657,44 +710,202 @@ build_one(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct j
 	if (segfd >= 0 && (r = segs_fd_ok(segfd, n, err, errlen)) < 0)
 		return r;
 
-	struct job *j = job_new(1, ch, c, &r, err, errlen);
+	struct job *j = job_new(1, &k->ch, c, &r, err, errlen);
 	if (j == NULL)
 		return r;
+	k->head = j;
+	k->in = table;
+	k->n = n;
 	j->one = (struct jpair){ .src = sh, .dst = dh, .src_base = t->src_offset,
 	    .dst_base = t->dst_offset, .seg_end = n };
-	if (t->page_size > 0)
-		r = xfer_take_pages(j, table, n, t->page_size, c, ch, err, errlen);
-	else {
+	if (t->page_size > 0) {
+		enum xfer_list want;
+		r = xfer_pages_prepare(j, n, t->page_size, c, &k->ch, &k->work, &want, err, errlen);
+		k->want[0] = want;
+	} else {
 		j->nseg = n;
-		if ((r = xfer_segs_alloc(j, ch, c, err, errlen)) == 0)
-			r = take_segs(j, t, table, segfd, sh, dh, c, err, errlen);
-		j->one.bytes = j->total;
+		k->work += xfer_segs_bytes(n);
+		k->want[0] = LIST_SEGS;
+		k->fd = segfd;
+		r = xfer_segs_charge(j, &k->ch, c, err, errlen);
+	}
+	if (r == 0 && t->n_segments > 0) {
+		/* inline: what one message holds, copied now (the message is gone after this turn) */
+		k->want[0] = LIST_NONE;
+		if ((r = xfer_segs_alloc(j)) < 0)
+			snprintf(err, errlen, "out of memory for %u segments", n);
+		for (uint32_t i = 0; i < n && r == 0; i++) {
+			j->segs[i].src_offset = t->segments[i]->src_offset;
+			j->segs[i].dst_offset = t->segments[i]->dst_offset;
+			j->segs[i].length = t->segments[i]->length;
+		}
 	}
 	if (r == 0)
 		r = job_hold(j, err, errlen);
-	if (r < 0) {
-		job_drop(j);     /* no regions held: its lists and itself */
+	return r;
+}
+
+/* The check: every list copied in and checked from the copy.  Any thread; a refusal in k->err. */
+static int
+check_all(struct xfer_check *k, bool on_loop)
+{
+	struct job *j = k->head;
+	int g = 0, r;
+
+	/* The private lists first, by the thread that fills them (charged already). */
+	for (struct job *h = k->head; h != NULL; h = h->gnext, g++)
+		if ((k->want[g] == LIST_SEGS && xfer_segs_alloc(h) < 0) || (k->want[g] == LIST_PAGES &&
+		    (h->plist = malloc((size_t)h->npages * sizeof(*h->plist))) == NULL)) {
+			snprintf(k->err, sizeof(k->err), "out of memory for a list of %u records", k->n);
+			return -GPX__STATUS__ENOMEM;
+		}
+	if (k->want_plist && (k->plist = malloc((size_t)k->n * sizeof(struct gpx_wire_page))) == NULL) {
+		snprintf(k->err, sizeof(k->err), "out of memory for %u pages", k->n);
+		return -GPX__STATUS__ENOMEM;
+	}
+	if (!k->batch && k->pages)
+		return xfer_pages_check(j, k->in, on_loop, k->err, sizeof(k->err));
+	if (!k->batch) {
+		if (k->fd >= 0 && (r = read_segs(j, k->fd, k->err, sizeof(k->err))) < 0)
+			return r;
+		r = check_segs(j, k->in != NULL ? (const struct gpx_wire_seg *)k->in : j->segs, j->src, j->dst,
+		    k->err, sizeof(k->err));
+		j->one.bytes = j->total;
 		return r;
 	}
-	job_finish_build(j, t, c, t_build);
-	*out = j;
+	if (!k->pages)
+		return check_batch_segs(k, k->err, sizeof(k->err));
+	const unsigned char *in = k->in;
+	if (k->plist != NULL) {
+		memcpy(k->plist, (const void *)k->in, (size_t)k->n * sizeof(struct gpx_wire_page));
+		in = k->plist;
+	}
+	for (; j != NULL; j = j->gnext)
+		if ((r = xfer_pages_check(j, in, on_loop, k->err, sizeof(k->err))) < 0)
+			return r;
 	return 0;
 }
 
-int
-xfer_build(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct job **out, char *err, size_t errlen)
+void
+xfer_check_run(struct xfer_check *k)
 {
-	struct charge ch = { .cq = c->cq, .user = c->user };
-	double t_build = log_level_debug() ? now_s() : 0;    /* for the engine's debug line */
+	k->status = check_all(k, false);
+}
+
+/* Lets go of what building needed and no job keeps. */
+static void
+check_free(struct xfer_check *k)
+{
+	free(k->plist);
+	free(k->idx);
+	free(k->pr);
+	if (k->own_fd)
+		close(k->fd);
+	if (k->area != NULL)
+		area_unmap(k->area, k->area_len);
+	if (k->later) {
+		if (k->ch.cq != NULL)
+			cq_unref(k->ch.cq);
+		free(k);
+	}
+}
+
+/* A refusal at the end of a check, in the log within the asker's share (its connection lives). */
+static void check_audit(const struct xfer_check *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+check_audit(const struct xfer_check *k, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vrefused(&k->who, fmt, ap);
+	va_end(ap);
+}
+
+int
+xfer_check_end(struct xfer_check *k, bool gone, struct job **out, char *err, size_t errlen)
+{
+	struct jgroup *g = NULL;
+	int r = k->status;
+
+	*out = NULL;
+	if (r < 0) {
+		snprintf(err, errlen, "%s", k->err);
+		if (r == -GPX__STATUS__ERANGE && !gone)
+			check_audit(k, "%s", err);
+	} else if (gone) {
+		snprintf(err, errlen, "the client left while its list was checked");
+		r = -GPX__STATUS__ECANCELED;
+	} else if (k->ngroups > 1 && k->ch.cq != NULL && (r = budget_charge(&k->ch, sizeof(*g), err, errlen)) < 0)
+		check_audit(k, "%s", err);
+	else if (k->ngroups > 1 && (g = calloc(1, sizeof(*g))) == NULL) {
+		snprintf(err, errlen, "out of memory for a transfer");
+		r = -GPX__STATUS__ENOMEM;
+	}
+	if (r < 0) {
+		/* (over a budget, out of memory, or a list that does not pass: refused whole) */
+		while (k->head != NULL) {
+			struct job *nx = k->head->gnext;
+			engine_free_job(k->head);
+			k->head = nx;
+		}
+		if (k->ch.cq != NULL)
+			budget_release(k->ch.cq, k->ch.user, k->ch.bytes);
+	} else {
+		if (g != NULL)
+			atomic_init(&g->left, k->ngroups);
+		for (struct job *j = k->head; j != NULL; j = j->gnext) {
+			j->group = g;
+			job_finish_build(j, k);
+		}
+		charge_keep(&k->ch, k->head);
+		*out = k->head;
+	}
+	check_free(k);
+	return r;
+}
+
+int
+xfer_build(const struct xfer_from *c, const Gpx__Transfer *t, int *segfd, struct job **out,
+    struct xfer_check **later, char *err, size_t errlen)
+{
+	struct xfer_check k = { .client = c->client, .who = c->who,
+	    .ch = { .cq = c->cq, .entries = c->entries, .user = c->user }, .tag = t->tag, .flags = t->flags, .batch = t->pair_count > 0, .pages = t->page_size > 0, .fd = -1 };
+	const int fd = segfd != NULL ? *segfd : -1;
 	int r;
 
-	r = t->pair_count > 0 ? build_batch(c, t, segfd, out, &ch, err, errlen, t_build) :
-	    build_one(c, t, segfd, out, &ch, err, errlen, t_build);
+	k.t_build = log_level_debug() ? now_s() : 0;    /* for the engine's debug line */
+	*out = NULL;
+	if (later != NULL)
+		*later = NULL;
+	r = k.batch ? build_batch(c, t, fd, &k, err, errlen) : build_one(c, t, fd, &k, err, errlen);
 	if (r < 0) {
-		if (ch.cq != NULL)
-			budget_release(ch.cq, ch.user, ch.bytes);
+		while (k.head != NULL) {
+			struct job *nx = k.head->gnext;
+			job_drop(k.head);      /* no regions held: its lists and itself */
+			k.head = nx;
+		}
+		if (k.ch.cq != NULL)
+			budget_release(k.ch.cq, k.ch.user, k.ch.bytes);
+		check_free(&k);
 		return r;
 	}
-	charge_keep(&ch, *out);
-	return 0;
+	struct xfer_check *h;
+	if (later != NULL && loop_turn_list() + k.work > XFER_LOOP_BYTES && (h = malloc(sizeof(*h))) != NULL) {
+		*h = k;
+		h->later = true;
+		if (h->fd >= 0) {
+			h->own_fd = true;       /* the check's from now on */
+			*segfd = -1;
+		}
+		if (h->ch.cq != NULL)
+			cq_ref(h->ch.cq);
+		*later = h;
+		return 0;
+	}
+	/* (short enough for the loop, or no memory to hand it over: checked here and now) */
+	loop_turn_checked(k.work);
+	k.status = check_all(&k, true);
+	return xfer_check_end(&k, false, out, err, errlen);
 }
