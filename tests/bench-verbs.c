@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <netdb.h>
 #include <rdma/rdma_cma.h>
@@ -121,7 +122,9 @@ server_request(struct verbs_server *s, struct rdma_cm_event *ev)
 	struct sconn *c = NULL;
 	struct reg *r;
 	struct offer o;
-	struct rdma_conn_param p = { .responder_resources = ev->param.conn.initiator_depth,
+	/* The request's figures are given from our side: its responder_resources are the READs
+	 * the other side wants to have in flight to us (its initiator depth). */
+	struct rdma_conn_param p = { .responder_resources = ev->param.conn.responder_resources,
 	    .initiator_depth = 0, .rnr_retry_count = 7 };
 
 	for (int i = 0; i < MAX_QPS && c == NULL; i++)      /* a slot a connection that went left */
@@ -374,12 +377,24 @@ verbs_copy(struct verbs_client *c, bool read, size_t len, size_t chunk)
 {
 	size_t pieces = (len + chunk - 1) / chunk, next[MAX_QPS], done = 0;
 	int out[MAX_QPS] = { 0 };
+	struct timespec t0, t;
+	unsigned spins = 0;
 
 	if (len > c->len || len > c->rlen || chunk == 0)
 		return -1;
 	for (int q = 0; q < c->nqps; q++)
 		next[q] = (size_t)q;             /* queue pair q carries pieces q, q + n, q + 2n, ... */
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	while (done < pieces) {
+		/* A request the other side never completes: an error, not a hang (5 s of nothing). */
+		if (++spins % 4096 == 0) {
+			clock_gettime(CLOCK_MONOTONIC, &t);
+			if (t.tv_sec - t0.tv_sec > 5) {
+				fprintf(stderr, "bench-verbs: %zu of %zu %s requests not completed in 5 s\n", pieces - done,
+				    pieces, read ? "READ" : "WRITE");
+				return -1;
+			}
+		}
 		for (int q = 0; q < c->nqps; q++) {
 			struct cqp *p = &c->qps[q];
 			while (out[q] < p->depth && next[q] < pieces) {
@@ -405,6 +420,8 @@ verbs_copy(struct verbs_client *c, bool read, size_t len, size_t chunk)
 				}
 			out[q] -= n;
 			done += (size_t)n;
+			if (n > 0)
+				clock_gettime(CLOCK_MONOTONIC, &t0);
 		}
 	}
 	return 0;
