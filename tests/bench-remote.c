@@ -339,7 +339,8 @@ verbs_anchor(struct bench_ctx *b, struct remote_arg *a, char *note, size_t len)
 		return;
 	}
 	snprintf(note, len, "direct: raw verbs in this process (librdmacm + libibverbs), %d queue pairs on %d rail%s "
-	    "(%s), each copy in %llu KiB chunks posted round robin over them, every request signalled and its "
+	    "(%s), each copy in %llu KiB chunks posted round robin over them (READs in 64 KiB requests, two in "
+	    "flight a queue pair, ack timeout 67 ms, as gpxd paces them), every request signalled and its "
 	    "completion polled, as ib_read_bw / ib_write_bw do; gpx: client -> gpxd -> RDMA to the exporting node's "
 	    "memory -> completion", verbs_queue_pairs(a->verbs), verbs_rails(a->verbs),
 	    verbs_rails(a->verbs) == 1 ? "" : "s", spec, (unsigned long long)(chunk / KiB));

@@ -22,6 +22,15 @@
 
 #define DEPTH 16                     /* work requests in flight on a queue pair */
 #define MAX_QPS 64
+/*
+ * READs paced as a program must pace them on RoCE, where a read's responses have no flow
+ * control and a lost packet waits for the requester's ack timer: 64 KiB a request, two in
+ * flight a queue pair (ib_read_bw -s 64K -o 2), and an ack timeout of 4.096 us << 14 (67 ms)
+ * instead of rdma_cm's seconds.  gpxd paces its own READs the same way (daemon/fabric/rdma.h).
+ */
+#define READ_PIECE (64u << 10)
+#define READ_DEPTH 2
+#define ACK_TIMEOUT 14
 
 /* What the server gives each connection in the accept's private data (big endian). */
 struct offer {
@@ -293,6 +302,8 @@ connect_one(struct verbs_client *c, struct sockaddr *addr, char *why, size_t why
 		return -1;
 	}
 	c->nqps++;               /* from here on, verbs_close takes it apart */
+	uint8_t t = ACK_TIMEOUT;
+	(void)rdma_set_option(q->id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t));
 	if (rdma_resolve_addr(q->id, NULL, addr, 2000) < 0 || expect(c, RDMA_CM_EVENT_ADDR_RESOLVED, NULL, why, whylen) < 0 ||
 	    rdma_resolve_route(q->id, 2000) < 0 || expect(c, RDMA_CM_EVENT_ROUTE_RESOLVED, NULL, why, whylen) < 0) {
 		if (!why[0])
@@ -375,6 +386,8 @@ fail:
 int
 verbs_copy(struct verbs_client *c, bool read, size_t len, size_t chunk)
 {
+	if (read && chunk > READ_PIECE)
+		chunk = READ_PIECE;
 	size_t pieces = (len + chunk - 1) / chunk, next[MAX_QPS], done = 0;
 	int out[MAX_QPS] = { 0 };
 	struct timespec t0, t;
@@ -397,7 +410,8 @@ verbs_copy(struct verbs_client *c, bool read, size_t len, size_t chunk)
 		}
 		for (int q = 0; q < c->nqps; q++) {
 			struct cqp *p = &c->qps[q];
-			while (out[q] < p->depth && next[q] < pieces) {
+			int depth = read && p->depth > READ_DEPTH ? READ_DEPTH : p->depth;
+			while (out[q] < depth && next[q] < pieces) {
 				size_t off = next[q] * chunk, n = len - off < chunk ? len - off : chunk;
 				struct ibv_sge sge = { .addr = (uintptr_t)c->local + off, .length = (uint32_t)n,
 				    .lkey = p->lkey };

@@ -5,7 +5,8 @@
  * connections through librdmacm on a port of all addresses and gives each its buffer's address
  * and rkey in the accept's private data.  The other side (gpx-bench) connects QPS queue pairs
  * to each address of a list (one address a rail) and moves bytes with one-sided RDMA READ and
- * WRITE, a copy cut into chunks posted round robin over every queue pair, as gpxd cuts it.
+ * WRITE, a copy cut into chunks posted round robin over every queue pair, as gpxd cuts it
+ * (READs in 64 KiB requests, two in flight a queue pair: the pacing RoCE needs).
  */
 #ifndef GPX_BENCH_VERBS_H
 #define GPX_BENCH_VERBS_H
@@ -27,7 +28,8 @@ void verbs_server_stop(struct verbs_server *s);
  */
 struct verbs_client *verbs_connect(const char *spec, int qps, void *local, size_t len, char *why,
     size_t whylen);
-/* One copy of len bytes (READ from or WRITE to the server's buffer at 0), in chunks; 0 or -1. */
+/* One copy of len bytes (READ from or WRITE to the server's buffer at 0), in chunks; 0 or -1
+ * (also when its requests do not complete within 5 s). */
 int verbs_copy(struct verbs_client *c, bool read, size_t len, size_t chunk);
 /* The queue pairs and rails connected, for the printout. */
 int verbs_queue_pairs(const struct verbs_client *c);
