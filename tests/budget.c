@@ -1237,18 +1237,10 @@ main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
 	/* Run one part by name: budget largest|turns|leave|entries|each|many */
-	const char *only = argc > 1 ? argv[1] : NULL;
-	if (only == NULL || strcmp(only, "largest") == 0)
-		test_largest();
-	if (only == NULL || strcmp(only, "turns") == 0)
-		test_turns();
-	if (only == NULL || strcmp(only, "leave") == 0)
-		test_leave();
-	if (only == NULL || strcmp(only, "entries") == 0)
-		test_entries();
-	if (only == NULL || strcmp(only, "each") == 0)
-		test_each();
-	if (only == NULL || strcmp(only, "many") == 0)
-		test_many();
+	static const struct test_part parts[] = {
+		{ "largest", test_largest }, { "turns", test_turns }, { "leave", test_leave },
+		{ "entries", test_entries }, { "each", test_each }, { "many", test_many },
+	};
+	run_parts(argc, argv, parts, sizeof(parts) / sizeof(parts[0]));
 	return tap_done();
 }

@@ -42,6 +42,7 @@
 #include "tests/harness.h"
 #include "tests/tap.h"
 #include "tests/tenants.h"
+#include "tests/util.h"
 
 void
 msleep(int ms)
@@ -278,16 +279,10 @@ main(int argc, char **argv)
 	}
 	signal(SIGPIPE, SIG_IGN);
 	/* Run one part by name: tenants flood|hello|reserve|introspection|fairness */
-	const char *only = argc > 1 ? argv[1] : NULL;
-	if (only == NULL || strcmp(only, "introspection") == 0)
-		test_introspection();
-	if (only == NULL || strcmp(only, "flood") == 0)
-		test_flood();
-	if (only == NULL || strcmp(only, "hello") == 0)
-		test_hello_max();
-	if (only == NULL || strcmp(only, "reserve") == 0)
-		test_reserve();
-	if (only == NULL || strcmp(only, "fairness") == 0)
-		test_fairness();
+	static const struct test_part parts[] = {
+		{ "introspection", test_introspection }, { "flood", test_flood }, { "hello", test_hello_max },
+		{ "reserve", test_reserve }, { "fairness", test_fairness },
+	};
+	run_parts(argc, argv, parts, sizeof(parts) / sizeof(parts[0]));
 	return tap_done();
 }

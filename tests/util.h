@@ -115,4 +115,18 @@ send_fds(int sock, const void *buf, size_t len, const int *fds, int nfds)
 	return n;
 }
 
+/* A test program's parts: the one argv[1] names, or all of them in order. */
+struct test_part {
+	const char *name;
+	void (*run)(void);
+};
+
+static inline void
+run_parts(int argc, char **argv, const struct test_part *parts, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (argc < 2 || strcmp(argv[1], parts[i].name) == 0)
+			parts[i].run();
+}
+
 #endif
