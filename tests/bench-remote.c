@@ -310,7 +310,7 @@ direct_op(void *p)
  * 256K): set them to what the daemons under test use.  Without it the rows hold gpx alone.
  */
 static void
-verbs_anchor(struct bench_ctx *b, struct remote_arg *a, char *note, size_t len)
+verbs_anchor(struct remote_arg *a, char *note, size_t len)
 {
 	const char *spec = getenv("GPX_BENCH_VERBS");
 
@@ -345,7 +345,6 @@ verbs_anchor(struct bench_ctx *b, struct remote_arg *a, char *note, size_t len)
 	    "memory -> completion", verbs_queue_pairs(a->verbs), verbs_rails(a->verbs),
 	    verbs_rails(a->verbs) == 1 ? "" : "s", spec, (unsigned long long)(chunk / KiB));
 #else
-	(void)b;
 	(void)a;
 	if (spec != NULL)
 		snprintf(note, len, "direct: not measured: gpx-bench was built without rdma-core");
@@ -376,7 +375,7 @@ mode_remote_import(struct bench_ctx *b)
 	if ((r = bench_buf_new(b, a.cap, &a.local)) < 0)
 		return r;
 	bench_fill(a.local.ptr, a.cap, 7);
-	verbs_anchor(b, &a, note, sizeof(note));
+	verbs_anchor(&a, note, sizeof(note));
 	bench_table_begin(b, "remote-import", "copies to and from another node's export: raw verbs vs gpx");
 	for (int dir = 0; dir < 2; dir++)
 		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]) && sizes[i] <= a.cap; i++) {
