@@ -520,6 +520,8 @@ struct chunk_source {
 	/* The chunk is copied (ok) or failed; the job's last one finishes it. */
 	void (*done)(struct chunk *, bool ok);
 	uint32_t (*pair_of)(const struct job *, uint32_t seg);
+	/* Waits up to ns, or until a new job comes for the path: a worker whose chunks are due later. */
+	void (*nap)(enum path_kind, uint64_t ns);
 };
 /* What a back end whose large copies fill its queues may still take (next_small), so that
  * small copies pass them. */
@@ -544,6 +546,14 @@ extern const char *gpxd_socket_path;
  */
 double loop_turn_begin(void);
 void loop_turn_end(double since);
+/*
+ * The loop naps in epoll while clients only wait for copies in flight; loop_wake (any thread,
+ * after posting a completion) writes the eventfd it watches (loop_nap_init) if it naps.
+ */
+void loop_nap_init(int efd);
+void loop_nap(bool on);
+void loop_wake(void);
+void loop_nap_counts(uint64_t *naps, uint64_t *wakes);   /* since start: naps; ended by loop_wake */
 void loop_turn_checked(uint64_t bytes);
 uint64_t loop_turn_list(void);
 double loop_turn_max(void);

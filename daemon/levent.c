@@ -26,6 +26,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -47,7 +48,7 @@ static bool own_socket;
 static bool activated;               /* systemd's socket: its unit decides path and mode */
 static struct gpxd_args args;
 static char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-static struct event *listen_ev, *reap_ev, *wd_ev, *status_ev, *stop_ev, *resume_ev;
+static struct event *listen_ev, *reap_ev, *wd_ev, *status_ev, *stop_ev, *resume_ev, *wake_ev;
 static struct event *sig_ev[4];
 static bool stopping;
 
@@ -489,8 +490,29 @@ signal_cb(evutil_socket_t sig, short what, void *arg)
  * The loop.  While requests keep arriving (the last one less than daemon.busy_poll_us ago) it
  * polls without sleeping, so that a client submitting back to back never pays for waking this
  * thread (on virtual machines that costs 100 us and more, which showed as 15% of the bandwidth
- * of 256 MiB GPU copies); once traffic pauses it blocks in epoll as usual.
+ * of 256 MiB GPU copies); once traffic pauses it blocks in epoll as usual.  In between, while
+ * transfers are in flight and no client has sent anything for NAP_AFTER_S, it naps: clients
+ * that only wait for their copies send nothing until one ends, and the end of each wakes the
+ * loop (loop_wake) to poll again for the request it brings.  Polling through a long copy cost
+ * a core per client for nothing (2.0 cores of gpxd's with one GPU's copy worker).
  */
+#define NAP_AFTER_S 200e-6
+
+static double woken_at;     /* when the end of a transfer last woke the loop */
+
+static void
+wake_cb(evutil_socket_t fd, short what, void *arg)
+{
+	uint64_t n;
+
+	(void)what;
+	(void)arg;
+	if (read(fd, &n, sizeof(n)) < 0) {
+		/* EAGAIN: a second wake-up found the counter drained */
+	}
+	woken_at = now_s();
+}
+
 static void
 levent_dispatch(void)
 {
@@ -498,20 +520,30 @@ levent_dispatch(void)
 
 	while (!event_base_got_exit(base) && !event_base_got_break(base)) {
 		double t0 = loop_turn_begin();
-		if (t0 - conn_last_input < cfg->busy_poll_us / 1e6) {
+		double active = conn_last_input > woken_at ? conn_last_input : woken_at;
+		bool busy = t0 - active < cfg->busy_poll_us / 1e6;
+		if (busy && (t0 - active < NAP_AFTER_S || engine_inflight() == 0)) {
 			conn_poll_all(polling ? SQ_POLL : SQ_POLLING);
 			loop_turn_end(t0);
 			polling = true;
 			event_base_loop(base, EVLOOP_NONBLOCK);
 			continue;
 		}
-		/* About to sleep: ask for kicks, then look once more (conn_poll_all). */
+		/* About to sleep or nap: ask for kicks, then look once more (conn_poll_all). */
 		if (polling) {
 			polling = false;
 			int n = conn_poll_all(SQ_SLEEPING);
 			loop_turn_end(t0);
 			if (n > 0)
 				continue;
+		}
+		if (busy) {
+			/* A nap: the end of a transfer (or a client's kick, or a timer) wakes it. */
+			loop_nap(true);
+			if (engine_inflight() > 0)
+				event_base_loop(base, EVLOOP_ONCE);
+			loop_nap(false);
+			continue;
 		}
 		event_base_loop(base, EVLOOP_ONCE);
 	}
@@ -599,6 +631,12 @@ levent_run(const struct gpxd_args *a)
 	tv.tv_sec = period / 1000000;
 	tv.tv_usec = period % 1000000;
 	event_add(wd_ev, &tv);
+	int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (wake_fd < 0)
+		fatal("eventfd");
+	loop_nap_init(wake_fd);
+	wake_ev = event_new(base, wake_fd, EV_READ | EV_PERSIST, wake_cb, NULL);
+	event_add(wake_ev, NULL);
 	status_ev = event_new(base, -1, EV_PERSIST, status_cb, NULL);
 	tv.tv_sec = 10;
 	tv.tv_usec = 0;
@@ -629,6 +667,8 @@ levent_run(const struct gpxd_args *a)
 	event_free(stop_ev);
 	event_free(wd_ev);
 	event_free(status_ev);
+	close(event_get_fd(wake_ev));
+	event_free(wake_ev);
 	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
 		event_free(sig_ev[i]);
 	metrics_stop();

@@ -366,6 +366,17 @@ render(struct evbuffer *b, struct snapshot *sn)
 	head(b, "gpx_event_loop_max_list_bytes", "gauge", "The most bytes of request lists the event loop "
 	    "copied and checked in one turn since start.");
 	evbuffer_add_printf(b, "gpx_event_loop_max_list_bytes %llu\n", (unsigned long long)loop_turn_list_max());
+	uint64_t naps, wakes;
+	loop_nap_counts(&naps, &wakes);
+	head(b, "gpx_event_loop_naps_total", "counter", "Times the event loop napped instead of polling "
+	    "(daemon.busy_poll_us) while clients only waited for transfers in flight.");
+	evbuffer_add_printf(b, "gpx_event_loop_naps_total %llu\n", (unsigned long long)naps);
+	head(b, "gpx_event_loop_nap_wakes_total", "counter", "Naps of the event loop that the end of a "
+	    "transfer ended.");
+	evbuffer_add_printf(b, "gpx_event_loop_nap_wakes_total %llu\n", (unsigned long long)wakes);
+	head(b, "gpx_gpu_naps_total", "counter", "Times a GPU's copy worker napped through copies it "
+	    "predicted to run long, instead of polling for their end.");
+	evbuffer_add_printf(b, "gpx_gpu_naps_total %llu\n", (unsigned long long)gpu_naps());
 	if (loop_turn_cpu_max() >= 0) {
 		head(b, "gpx_event_loop_max_cpu_seconds", "gauge", "The most CPU time of the event loop's thread "
 		    "one turn took since start (with GPXD_LOOP_CLOCKS=1).");

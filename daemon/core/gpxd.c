@@ -8,11 +8,56 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "daemon/gpxd.h"
 
 double gpxd_start_time;
 const char *gpxd_socket_path = "";
+
+/*
+ * The loop's naps.  While clients keep sending, the loop polls without sleeping (daemon.
+ * busy_poll_us); while they only wait for copies in flight, it naps in epoll, and the end of
+ * a transfer wakes it (loop_wake, from whichever thread posts the completion), so that it is
+ * polling again by the time the client, woken by the same completion, sends its next request.
+ */
+static atomic_bool loop_napping;
+static int loop_wake_fd = -1;
+static atomic_uint_fast64_t naps, nap_wakes;
+
+void
+loop_nap_init(int efd)
+{
+	loop_wake_fd = efd;
+}
+
+void
+loop_nap(bool on)
+{
+	if (on)
+		atomic_fetch_add_explicit(&naps, 1, memory_order_relaxed);
+	atomic_store(&loop_napping, on);
+}
+
+void
+loop_nap_counts(uint64_t *n, uint64_t *wakes)
+{
+	*n = atomic_load_explicit(&naps, memory_order_relaxed);
+	*wakes = atomic_load_explicit(&nap_wakes, memory_order_relaxed);
+}
+
+void
+loop_wake(void)
+{
+	static const uint64_t one = 1;
+
+	if (atomic_load_explicit(&loop_napping, memory_order_relaxed) && atomic_exchange(&loop_napping, false)) {
+		atomic_fetch_add_explicit(&nap_wakes, 1, memory_order_relaxed);
+		if (write(loop_wake_fd, &one, sizeof(one)) < 0) {
+			/* the counter is full: the loop has been woken already */
+		}
+	}
+}
 
 double
 now_s(void)

@@ -28,6 +28,7 @@ struct epath {
 	atomic_int nactive;          /* uids in `active`: a lock-free hint for spinning workers */
 	atomic_int nqueues;          /* connections with work on the path (a hint too) */
 	atomic_int nsmall;           /* jobs of ENGINE_SMALL_JOB bytes or less not yet handed out */
+	atomic_int napping;          /* workers in engine_nap: every new job wakes them */
 	pthread_cond_t cond;
 	atomic_uint_fast64_t transfers, bytes, errors;
 };
@@ -35,7 +36,7 @@ struct epath {
 static pthread_mutex_t elock = PTHREAD_MUTEX_INITIALIZER;
 static struct epath paths[NPATHS];
 static TAILQ_HEAD(, job) live = TAILQ_HEAD_INITIALIZER(live);
-static uint32_t nlive;
+static atomic_uint nlive;            /* jobs in `live`: changed under elock, read without */
 static uint64_t chunk_size = 2 << 20;
 static bool quit;
 static int cancel_status = GPX__STATUS__ECANCELED;
@@ -100,6 +101,31 @@ bool
 engine_has_work(enum path_kind p)
 {
 	return atomic_load_explicit(&paths[p].nactive, memory_order_relaxed) > 0;
+}
+
+/*
+ * A worker whose chunks are on the device, due in about ns, waits that long, or until a new
+ * job comes for its path (a small copy must not wait for a long one's end to be issued).
+ */
+void
+engine_nap(enum path_kind pk, uint64_t ns)
+{
+	struct epath *p = &paths[pk];
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	t.tv_sec += (time_t)(ns / 1000000000u);
+	t.tv_nsec += (long)(ns % 1000000000u);
+	if (t.tv_nsec >= 1000000000) {
+		t.tv_sec++;
+		t.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&elock);
+	atomic_fetch_add(&p->napping, 1);
+	if (!quit)
+		pthread_cond_timedwait(&p->cond, &elock, &t);
+	atomic_fetch_sub(&p->napping, 1);
+	pthread_mutex_unlock(&elock);
 }
 
 int
@@ -183,17 +209,22 @@ engine_init(int nthreads, uint64_t chunk)
 		.has_work = engine_has_work,
 		.done = engine_chunk_done,
 		.pair_of = engine_pair_of,
+		.nap = engine_nap,
 	};
+	pthread_condattr_t ca;
 
 	/* The back ends take their chunks through this table, never by calling up here. */
 	gpu_chunks_from(&source);
 	fabric_chunks_from(&source);
 	chunk_size = chunk;
 	quit = false;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);     /* engine_nap's deadlines */
 	for (int p = 0; p < NPATHS; p++) {
 		TAILQ_INIT(&paths[p].active);
-		pthread_cond_init(&paths[p].cond, NULL);
+		pthread_cond_init(&paths[p].cond, &ca);
 	}
+	pthread_condattr_destroy(&ca);
 	workers = calloc(nthreads, sizeof(*workers));
 	for (int i = 0; i < nthreads; i++) {
 		if (pthread_create(&workers[i], NULL, host_worker, NULL) != 0)
@@ -278,6 +309,8 @@ engine_submit(struct job *j)
 	queue_link(&paths[path], u, q);
 	if (j->total <= ENGINE_SMALL_JOB)
 		atomic_fetch_add(&paths[path].nsmall, 1);
+	if (atomic_load_explicit(&paths[path].napping, memory_order_relaxed) > 0)
+		pthread_cond_broadcast(&paths[path].cond);     /* a worker naps through a long copy */
 	pthread_mutex_unlock(&elock);
 	if (path == PATH_FABRIC && fabric != NULL)
 		fabric->kick();     /* the fabric takes chunks on the loop thread, not a worker */
@@ -582,6 +615,7 @@ job_finish(struct job *j)
 	j->charged = 0;
 	if (post) {
 		cq_post(j->cq, j->tag, status, bytes);
+		loop_wake();                /* its client's next request is on its way */
 		atomic_fetch_sub(&j->user->inflight, 1);
 		if (status == 0)
 			stage_add(STAGE_POST, t_done, now_s());
@@ -684,10 +718,7 @@ engine_cancel_all(int status)
 uint32_t
 engine_inflight(void)
 {
-	pthread_mutex_lock(&elock);
-	uint32_t n = nlive;
-	pthread_mutex_unlock(&elock);
-	return n;
+	return atomic_load_explicit(&nlive, memory_order_relaxed);
 }
 
 void

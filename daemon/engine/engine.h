@@ -35,6 +35,7 @@ bool engine_next_chunk(enum path_kind, struct chunk *, bool wait, uint64_t max_b
 /* The same from the first small job (ENGINE_SMALL_JOB bytes or less), never waiting. */
 bool engine_next_small_chunk(enum path_kind, struct chunk *, uint32_t max_segs);
 bool engine_has_work(enum path_kind);
+void engine_nap(enum path_kind, uint64_t ns);
 uint32_t engine_pair_of(const struct job *, uint32_t seg);
 int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */
 enum path_kind engine_path_for(const struct region *src, const struct region *dst);

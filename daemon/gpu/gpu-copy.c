@@ -47,14 +47,20 @@
 #define KERNEL_MAX_AVG (256u << 10)
 #define IDLE_SPIN_NS 200000           /* spin at least this long for new work before sleeping */
 #define SPIN_NS 5000000               /* spin this long for a completion before sleeping */
+#define TIMED_MIN (1ull << 20)        /* chunks from this size on are timed, and napped through */
+#define NAP_MIN_NS 20000              /* naps shorter than this are spun */
+#define NAP_MARGIN_NS 10000           /* a nap ends this long (and its measured lateness) early */
+#define NCLASSES 16
 
 enum { S_BULK, S_BULK2, S_QUICK, NSTREAMS };     /* bulk chunks alternate between the two */
 
 struct pend {
 	struct chunk c;
 	uint64_t seq;
+	uint64_t t_issue, due;        /* ns: when queued; when it should end (0: not known) */
 	int stream;
 	int slot;
+	uint8_t cls;                  /* its kind of copy, for the rate it is timed at */
 	bool marked;                  /* the stream writes started[stream] = seq before it */
 };
 
@@ -71,10 +77,22 @@ struct gdev {
 	uint64_t kdev[PEND_MAX];            /* their device copies */
 	bool slot_busy[PEND_MAX];
 	bool kernel_ok;
+	/*
+	 * The naps through long copies: per kind of copy the time a byte took (ns, 0: not yet
+	 * seen), learnt from chunks whose end the worker saw while polling; when each stream's
+	 * last chunk should end; when the worker last looked (a look within a few microseconds of
+	 * the one before saw an end when it came); how late naps wake (ns, a running mean).
+	 */
+	double ns_per_byte[NCLASSES];
+	uint64_t tail_due[NSTREAMS], last_end[NSTREAMS];
+	uint64_t last_look;
+	bool napped, nap_full;        /* since the last look: a nap; one that ran its whole length */
+	uint64_t late_ns;
 	pthread_t thread;
 };
 
 static struct gdev *gpus;              /* one per device, allocated at start */
+static atomic_uint_fast64_t naps;       /* gpu_naps */
 static int ngpus;                       /* workers started */
 /*
  * Fault injection for the test suite: GPXD_FAULT_INJECT=sticky makes the first copy launch a
@@ -345,6 +363,19 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s)
 	return r;
 }
 
+static uint64_t mono_ns(void);
+
+/* A chunk's kind of copy: host or GPU at either end, between GPUs, a page list. */
+static uint8_t
+chunk_class(const struct chunk *c)
+{
+	const struct job *j = c->job;
+
+	return (uint8_t)((j->src->dev == DEV_HOST) | (j->dst->dev == DEV_HOST) << 1 |
+	    (j->src->dev != j->dst->dev && j->src->dev != DEV_HOST && j->dst->dev != DEV_HOST) << 2 |
+	    (j->pages != NULL || j->plist != NULL) << 3);
+}
+
 static int
 issue(struct gdev *g, struct chunk *c)
 {
@@ -379,7 +410,17 @@ issue(struct gdev *g, struct chunk *c)
 		return r;
 	}
 	int at = (g->phead[s] + g->npend[s]) % PEND_MAX;
-	g->pend[s][at] = (struct pend){ .c = *c, .seq = ++g->issued[s], .stream = s, .slot = slot, .marked = mark };
+	const uint64_t now = mono_ns();
+	const uint8_t cls = chunk_class(c);
+	const uint64_t base = g->npend[s] == 0 ? now : g->tail_due[s];
+	uint64_t due = 0;
+	if (g->npend[s] == 0)
+		g->last_end[s] = now;       /* the stream was idle: this chunk starts now */
+	if (c->bytes >= TIMED_MIN && g->ns_per_byte[cls] > 0 && base != UINT64_MAX)
+		due = (base > now ? base : now) + (uint64_t)(c->bytes * g->ns_per_byte[cls]);
+	g->tail_due[s] = due ? due : UINT64_MAX;   /* untimed: nor is what queues behind it */
+	g->pend[s][at] = (struct pend){ .c = *c, .seq = ++g->issued[s], .t_issue = now, .due = due, .stream = s,
+	    .slot = slot, .cls = cls, .marked = mark };
 	g->npend[s]++;
 	g->slot_busy[slot] = true;
 	if (j->t_launched == 0)
@@ -404,9 +445,33 @@ reap_starts(struct gdev *g, int s)
 	}
 }
 
+/*
+ * What an ended chunk teaches of its kind of copy's rate.  Its start: when it was queued, or
+ * when the chunk before it on its stream ended.  Its end is only known when the worker was
+ * polling as it came (watching); a nap that ran its full length and found the chunk already
+ * done woke late, so its kind is taken for a little faster.
+ */
+static void
+learn(struct gdev *g, const struct pend *p, uint64_t now, bool watching, bool late)
+{
+	double *r = &g->ns_per_byte[p->cls];
+
+	if (p->c.bytes < TIMED_MIN)
+		return;
+	if (watching) {
+		const uint64_t start = p->t_issue > g->last_end[p->stream] ? p->t_issue : g->last_end[p->stream];
+		const double seen = (double)(now - start) / (double)p->c.bytes;
+		*r = *r > 0 ? 0.75 * *r + 0.25 * seen : seen;
+	} else if (late && p->due != 0)
+		*r *= 0.9;
+}
+
 static int
 reap(struct gdev *g)
 {
+	const uint64_t now = mono_ns();
+	const bool watching = !g->napped && now - g->last_look < 20000;
+	const bool late = g->napped && g->nap_full;
 	int n = 0;
 
 	for (int s = 0; s < NSTREAMS; s++) {
@@ -415,6 +480,8 @@ reap(struct gdev *g)
 		uint64_t done = __atomic_load_n(&g->done[s], __ATOMIC_ACQUIRE);
 		while (g->npend[s] > 0 && g->pend[s][g->phead[s]].seq <= done) {
 			struct pend *p = &g->pend[s][g->phead[s]];
+			learn(g, p, now, watching, late);
+			g->last_end[s] = now;
 			g->slot_busy[p->slot] = false;
 			g->phead[s] = (g->phead[s] + 1) % PEND_MAX;
 			g->npend[s]--;
@@ -422,7 +489,26 @@ reap(struct gdev *g)
 			n++;
 		}
 	}
+	g->last_look = now;
+	g->napped = false;
 	return n;
+}
+
+/* When the first of the chunks on the GPU should end; 0 when one of them is not timed. */
+static uint64_t
+next_due(const struct gdev *g)
+{
+	uint64_t due = UINT64_MAX;
+
+	for (int s = 0; s < NSTREAMS; s++) {
+		if (g->npend[s] == 0)
+			continue;
+		const uint64_t d = g->pend[s][g->phead[s]].due;
+		if (d == 0)
+			return 0;
+		due = d < due ? d : due;
+	}
+	return due == UINT64_MAX ? 0 : due;
 }
 
 static uint64_t
@@ -495,9 +581,26 @@ gpu_worker(void *arg)
 			sched_yield();
 			continue;
 		}
-		/* Work is on the GPU: spin (a completion is seen within ~100 ns), and only after a
-		 * few milliseconds without progress fall back to short sleeps. */
-		uint64_t now = mono_ns();
+		/*
+		 * Work is on the GPU.  When the first chunk should end well after now (its kind's rate
+		 * is known), nap until a little before, or until new work comes: polling through a
+		 * long copy costs a core and gains nothing.  Then spin (a completion is seen within
+		 * ~100 ns), and only after a few milliseconds without progress fall back to short
+		 * sleeps.
+		 */
+		uint64_t now = mono_ns(), due = next_due(g);
+		if (due > now + NAP_MIN_NS + NAP_MARGIN_NS + g->late_ns) {
+			const uint64_t want = due - now - NAP_MARGIN_NS - g->late_ns;
+			chunks->nap(path, want);
+			atomic_fetch_add_explicit(&naps, 1, memory_order_relaxed);
+			const uint64_t woke = mono_ns();
+			g->napped = true;
+			g->nap_full = woke >= now + want;
+			if (g->nap_full)
+				g->late_ns = (3 * g->late_ns + (woke - now - want)) / 4;
+			stuck_since = 0;
+			continue;
+		}
 		if (stuck_since == 0)
 			stuck_since = now;
 		if (now - stuck_since > SPIN_NS) {
@@ -516,6 +619,12 @@ gpu_worker(void *arg)
 	return NULL;
 }
 
+uint64_t
+gpu_naps(void)
+{
+	return atomic_load_explicit(&naps, memory_order_relaxed);
+}
+
 /* ---- setup ---- */
 
 static int
@@ -526,6 +635,7 @@ gdev_start(struct gdev *g)
 	if (cuda_use(g->index) < 0 || cuda_host_alloc(&words, 64 * NSTREAMS) < 0)
 		return -1;
 	memset(words, 0, 64 * NSTREAMS);
+	g->late_ns = 50000;        /* until naps are measured: as late as wake-ups on virtual machines */
 	g->done = words;
 	g->started = g->done + NSTREAMS;       /* the same pinned block, after the done words */
 	for (int s = 0; s < NSTREAMS; s++)
