@@ -93,8 +93,9 @@ loadavg(double l[3])
 }
 
 /*
- * Whether this process's CUDA clients run under MPS: the control daemon's pipe is where the
- * driver will look for it ($CUDA_MPS_PIPE_DIRECTORY, by default /tmp/nvidia-mps).
+ * Whether this process's CUDA clients run under MPS: the control daemon's endpoint (a named
+ * pipe or a socket, by version) is where the driver will look for it ($CUDA_MPS_PIPE_DIRECTORY,
+ * by default /tmp/nvidia-mps).
  */
 bool
 bench_under_mps(char *dir, size_t len)
@@ -105,7 +106,7 @@ bench_under_mps(char *dir, size_t len)
 
 	snprintf(dir, len, "%s", d != NULL && *d ? d : "/tmp/nvidia-mps");
 	snprintf(path, sizeof(path), "%s/control", dir);
-	return stat(path, &st) == 0 && S_ISFIFO(st.st_mode);
+	return stat(path, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
 }
 
 void
