@@ -148,51 +148,6 @@ budgets(gpx_conn *c, struct budgets *b)
 	return 0;
 }
 
-/* The metrics endpoint's page (malloc'ed), from the port gpxd's log announced; NULL if none. */
-static char *
-scrape(void)
-{
-	char line[512], *buf = NULL;
-	unsigned port = 0;
-	FILE *f = fopen(H.log, "re");
-	size_t len = 0, cap = 1 << 20;
-	struct sockaddr_in sa = { .sin_family = AF_INET };
-	int s;
-
-	while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-		char *p = strstr(line, "metrics endpoint on http://127.0.0.1:");
-		if (p != NULL)
-			port = (unsigned)atoi(p + strlen("metrics endpoint on http://127.0.0.1:"));
-	}
-	if (f != NULL)
-		fclose(f);
-	sa.sin_port = htons(port);
-	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (port == 0 || (s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
-		return NULL;
-	if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-	    write(s, "GET /metrics HTTP/1.0\r\n\r\n", 25) == 25 && (buf = malloc(cap)) != NULL) {
-		ssize_t n;
-		while (len < cap - 1 && (n = read(s, buf + len, cap - 1 - len)) > 0)
-			len += n;
-		buf[len] = '\0';
-	}
-	close(s);
-	return buf;
-}
-
-/* The value of the sample whose name and labels are exactly `key` ("name{labels}"), or -1. */
-static double
-sample_of(const char *page, const char *key)
-{
-	size_t kl = strlen(key);
-
-	for (const char *p = page; p != NULL && *p != '\0'; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
-		if (strncmp(p, key, kl) == 0 && p[kl] == ' ')
-			return atof(p + kl + 1);
-	return -1;
-}
-
 /* The most of gpxd's VmRSS seen while sampling runs (every 2 ms). */
 static struct {
 	pthread_t th;
@@ -706,10 +661,10 @@ test_turns(void)
 	ok(bad == 0 && n >= 100 && p99 < 0.010, "a bystander's 4 KiB copies meanwhile: %zu, p99 %.2f ms (bound 10), "
 	    "max %.2f ms, %d failed, over %.1f s", n, p99 * 1e3, lat[n ? n - 1 : 0] * 1e3, bad, res.secs);
 	int q = loop_max(c, &tu);
-	char *page = scrape();
-	double mwall = page ? sample_of(page, "gpx_event_loop_max_seconds") : -1;
-	double mcpu = page ? sample_of(page, "gpx_event_loop_max_cpu_seconds") : -1;
-	double mlist = page ? sample_of(page, "gpx_event_loop_max_list_bytes") : -1;
+	char *page = harness_metrics(&H);
+	double mwall = page ? metrics_sample(page, "gpx_event_loop_max_seconds") : -1;
+	double mcpu = page ? metrics_sample(page, "gpx_event_loop_max_cpu_seconds") : -1;
+	double mlist = page ? metrics_sample(page, "gpx_event_loop_max_list_bytes") : -1;
 	free(page);
 	ok(q == 0 && tu.list > 0 && tu.list <= T_TURN_LIST && mlist == (double)tu.list,
 	    "no turn of the loop copied and checked more than 1 MiB of lists: %llu bytes at most (%llu before the "
@@ -963,21 +918,21 @@ test_each(void)
 	    strstr(r2.large_why, "request budget") != NULL,
 	    "a request larger than the request budget is refused as too large, naming it (%s)", r2.large_why);
 	/* What the metrics say: the same bytes as the status, by uid, and every refusal by budget. */
-	char *page = scrape();
+	char *page = harness_metrics(&H);
 	struct budgets bm = { 0 };
 	int qm = budgets(q, &bm);
-	double held = page ? sample_of(page, "gpx_budget_bytes") : -1;
-	double ua = page ? sample_of(page, "gpx_budget_uid_bytes{uid=\"65534\"}") : -1;
-	double ub = page ? sample_of(page, "gpx_budget_uid_bytes{uid=\"65533\"}") : -1;
+	double held = page ? metrics_sample(page, "gpx_budget_bytes") : -1;
+	double ua = page ? metrics_sample(page, "gpx_budget_uid_bytes{uid=\"65534\"}") : -1;
+	double ub = page ? metrics_sample(page, "gpx_budget_uid_bytes{uid=\"65533\"}") : -1;
 	ok(page != NULL && qm == 0 && held == (double)bm.used && ua > 0 && ub > 0 && ua + ub == held &&
-	    sample_of(page, "gpx_budget_limit_bytes{budget=\"total\"}") == 8 * MIB,
+	    metrics_sample(page, "gpx_budget_limit_bytes{budget=\"total\"}") == 8 * MIB,
 	    "the metrics: %.0f bytes held (the status: %llu), %.0f by nobody and %.0f by uid %d, a total budget of "
 	    "8 MiB", held, (unsigned long long)bm.used, ua, ub, UID_OTHER);
-	ok(page != NULL && sample_of(page, "gpx_budget_refused_total{budget=\"connection\",reason=\"busy\"}") == 1 &&
-	    sample_of(page, "gpx_budget_refused_total{budget=\"uid\",reason=\"busy\"}") == 1 &&
-	    sample_of(page, "gpx_budget_refused_total{budget=\"total\",reason=\"busy\"}") == 1 &&
-	    sample_of(page, "gpx_budget_refused_total{budget=\"request\",reason=\"too_large\"}") == 1 &&
-	    sample_of(page, "gpx_budget_refused_total{budget=\"request\",reason=\"busy\"}") == 0,
+	ok(page != NULL && metrics_sample(page, "gpx_budget_refused_total{budget=\"connection\",reason=\"busy\"}") == 1 &&
+	    metrics_sample(page, "gpx_budget_refused_total{budget=\"uid\",reason=\"busy\"}") == 1 &&
+	    metrics_sample(page, "gpx_budget_refused_total{budget=\"total\",reason=\"busy\"}") == 1 &&
+	    metrics_sample(page, "gpx_budget_refused_total{budget=\"request\",reason=\"too_large\"}") == 1 &&
+	    metrics_sample(page, "gpx_budget_refused_total{budget=\"request\",reason=\"busy\"}") == 0,
 	    "and one refusal of each budget, busy or too large, as they came");
 	free(page);
 	uint64_t now_rss = rss();
@@ -1020,11 +975,11 @@ struct entries_res {
 static double
 uid_bytes(uid_t uid)
 {
-	char key[64], *page = scrape();
+	char key[64], *page = harness_metrics(&H);
 	double v;
 
 	snprintf(key, sizeof(key), "gpx_budget_uid_bytes{uid=\"%u\"}", (unsigned)uid);
-	v = page ? sample_of(page, key) : -1;
+	v = page ? metrics_sample(page, key) : -1;
 	free(page);
 	return v;
 }
@@ -1118,9 +1073,9 @@ test_entries(void)
 	    (unsigned long long)(res.n[2] ? held[2] / res.n[2] : 0));
 	int q1 = budgets(q, &b1);
 	double ub = uid_bytes(UID_NOBODY);
-	char *page = scrape();
-	double eb = page ? sample_of(page, "gpx_budget_entry_bytes") : -1;
-	double busy = page ? sample_of(page, "gpx_budget_refused_total{budget=\"connection\",reason=\"busy\"}") : -1;
+	char *page = harness_metrics(&H);
+	double eb = page ? metrics_sample(page, "gpx_budget_entry_bytes") : -1;
+	double busy = page ? metrics_sample(page, "gpx_budget_refused_total{budget=\"connection\",reason=\"busy\"}") : -1;
 	free(page);
 	ok(q1 == 0 && b1.entries == res.bytes[2] + b0.entries && b1.used == b1.entries && eb == (double)b1.entries &&
 	    ub == (double)res.bytes[2] && busy == 3 && b1.busy == 3,

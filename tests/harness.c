@@ -27,6 +27,7 @@
 #include <sys/mman.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <netinet/in.h>
 
 #include "tests/harness.h"
 #include "tests/util.h"
@@ -574,4 +575,47 @@ harness_cleanup(struct harness *h)
 		}
 	closedir(d);
 	rmdir(h->dir);
+}
+
+char *
+harness_metrics(const struct harness *h)
+{
+	char line[512], *buf = NULL;
+	unsigned port = 0;
+	FILE *f = fopen(h->log, "re");
+	size_t len = 0, cap = 1 << 20;
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	int s;
+
+	while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+		char *p = strstr(line, "metrics endpoint on http://127.0.0.1:");
+		if (p != NULL)
+			port = (unsigned)atoi(p + strlen("metrics endpoint on http://127.0.0.1:"));
+	}
+	if (f != NULL)
+		fclose(f);
+	sa.sin_port = htons(port);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (port == 0 || (s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+		return NULL;
+	if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+	    write(s, "GET /metrics HTTP/1.0\r\n\r\n", 25) == 25 && (buf = malloc(cap)) != NULL) {
+		ssize_t n;
+		while (len < cap - 1 && (n = read(s, buf + len, cap - 1 - len)) > 0)
+			len += n;
+		buf[len] = '\0';
+	}
+	close(s);
+	return buf;
+}
+
+double
+metrics_sample(const char *page, const char *key)
+{
+	size_t kl = strlen(key);
+
+	for (const char *p = page; p != NULL && *p != '\0'; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (strncmp(p, key, kl) == 0 && p[kl] == ' ')
+			return atof(p + kl + 1);
+	return -1;
 }

@@ -46,6 +46,10 @@ int harness_respawn(struct harness *h);
 void harness_cleanup(struct harness *h);
 /* Prints the daemon's log as TAP comments (after a failure). */
 void harness_dump_log(const struct harness *h);
+/* The page of gpxd's metrics endpoint (malloc'ed), from the port its log announced; NULL if none. */
+char *harness_metrics(const struct harness *h);
+/* The value of the sample of `page` whose name and labels are exactly `key` ("name{labels}"), or -1. */
+double metrics_sample(const char *page, const char *key);
 /* A program's last check: stops gpxd, one TAP line for a clean exit (the log shown if not), cleans up. */
 void harness_finish(struct harness *h);
 

@@ -377,6 +377,9 @@ render(struct evbuffer *b, struct snapshot *sn)
 	head(b, "gpx_gpu_naps_total", "counter", "Times a GPU's copy worker napped through copies it "
 	    "predicted to run long, instead of polling for their end.");
 	evbuffer_add_printf(b, "gpx_gpu_naps_total %llu\n", (unsigned long long)gpu_naps());
+	head(b, "gpx_gpu_batched_chunks_total", "counter", "Small copies a GPU's copy worker issued together "
+	    "with others queued behind them, in one launch of its copy kernel.");
+	evbuffer_add_printf(b, "gpx_gpu_batched_chunks_total %llu\n", (unsigned long long)gpu_batched());
 	if (loop_turn_cpu_max() >= 0) {
 		head(b, "gpx_event_loop_max_cpu_seconds", "gauge", "The most CPU time of the event loop's thread "
 		    "one turn took since start (with GPXD_LOOP_CLOCKS=1).");

@@ -213,6 +213,48 @@ test_interior(gpx_conn *c, struct buf *src)
 	free(want);
 }
 
+/*
+ * 4 KiB copies, 64 in flight at a time, from a to distinct places of b: every byte where it
+ * belongs; and the daemon issued some of them together, several in one launch of its copy
+ * kernel (gpx_gpu_batched_chunks_total), which is what keeps many small copies fast.
+ */
+void
+test_small_batched(gpx_conn *c, struct buf *a, struct buf *b)
+{
+	const size_t n = 4096, depth = 64;
+	unsigned char *got = malloc(n * 4096);
+	struct gpx_completion done[64];
+	bool good = true;
+	size_t left = 0;
+	char *page = harness_metrics(the_harness);
+	const double before = page ? metrics_sample(page, "gpx_gpu_batched_chunks_total") : -1;
+
+	free(page);
+	for (size_t i = 0; i < n && good; i++) {
+		size_t so = (rnd() % (BUF / 4096)) * 4096 - (i % 7);
+		so = so > BUF - 4096 ? 0 : so;
+		good = gpx_copy(c, a->region, so, b->region, i * 4096, 4096, i) == 0;
+		memmove(b->mirror + i * 4096, a->mirror + so, 4096);
+		if (++left == depth || i == n - 1)
+			while (left > 0 && good) {
+				int k = gpx_wait(c, done, 64, 10000);
+				good = k > 0;
+				for (int e = 0; e < k; e++)
+					good = good && done[e].status == 0;
+				left -= k > 0 ? (size_t)k : 0;
+			}
+	}
+	buf_read(b, 0, got, n * 4096);
+	ok(good && memcmp(got, b->mirror, n * 4096) == 0, "%zu copies of 4 KiB, %zu in flight, %s -> %s: every byte in place",
+	    n, depth, a->name, b->name);
+	page = harness_metrics(the_harness);
+	const double after = page ? metrics_sample(page, "gpx_gpu_batched_chunks_total") : -1;
+	ok(before >= 0 && after > before, "gpxd issued small copies queued together in one launch (%.0f of them)",
+	    after - before);
+	free(page);
+	free(got);
+}
+
 void
 test_cached_registration(gpx_conn *c, struct buf *b)
 {

@@ -214,7 +214,7 @@ main(int argc, char **argv)
 	if (argc >= 5 && strcmp(argv[1], "hog") == 0)
 		return child_hog(argv[2], atoi(argv[3]), argv[4], argc >= 6 && strcmp(argv[5], "mps") == 0);
 
-	if (harness_start(&h, "[cuda]\ntrust_legacy_ipc = yes\n") < 0)
+	if (harness_start(&h, "[daemon]\nmetrics = 127.0.0.1:0\n[cuda]\ntrust_legacy_ipc = yes\n") < 0)
 		tap_bail("cannot start gpxd");
 	the_harness = &h;
 	init_cuda();
@@ -251,6 +251,9 @@ main(int argc, char **argv)
 	}
 	test_pages_big(c);
 	test_interior(c, &bufs[0]);
+	test_small_batched(c, &bufs[1], &bufs[2]);
+	if (ndev > 1)
+		test_small_batched(c, &bufs[1], &bufs[4]);
 	test_cached_registration(c, &bufs[1]);
 	test_cache_shared(h.sock, &bufs[1], &bufs[2]);
 	/* The other processes are this program again, however it was started (PATH or not). */
