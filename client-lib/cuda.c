@@ -27,7 +27,8 @@
 	X(cuGetErrorName) X(cuPointerGetAttributes) X(cuDeviceGet) \
 	X(cuDeviceGetUuid) X(cuIpcGetMemHandle) X(cuMemRetainAllocationHandle) \
 	X(cuMemExportToShareableHandle) X(cuMemRelease) X(cuMemGetAllocationPropertiesFromHandle) \
-	X(cuMemPoolExportPointer) X(cuMemPoolExportToShareableHandle)
+	X(cuMemPoolExportPointer) X(cuMemPoolExportToShareableHandle) X(cuCtxGetCurrent) \
+	X(cuCtxPushCurrent) X(cuCtxPopCurrent)
 
 #define DECL(f) static __typeof__(&f) p_##f;
 FUNCS(DECL)
@@ -311,11 +312,12 @@ gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags,
 		CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
 		CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
 		CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
-		CU_POINTER_ATTRIBUTE_MAPPING_SIZE, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID,
+		CU_POINTER_ATTRIBUTE_MAPPING_SIZE, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, CU_POINTER_ATTRIBUTE_CONTEXT,
 	};
+	CUcontext ctx = NULL;
 	void *val[] = { &mt, &ordinal, &buffer_id, &legacy, &base, &size, &pool, &piece.base, &piece.size,
-		&piece.id };
-	if ((e = p_cuPointerGetAttributes(10, at, val, p)) != CUDA_SUCCESS)
+		&piece.id, &ctx };
+	if ((e = p_cuPointerGetAttributes(11, at, val, p)) != CUDA_SUCCESS)
 		return cu_fail(c, GPX_EINVAL, "not a CUDA pointer", e);
 	if (mt != CU_MEMORYTYPE_DEVICE)
 		return client_error(c, GPX_EINVAL, "not device memory (register host memory as a memfd)");
@@ -342,8 +344,18 @@ gpx_register_cuda(gpx_conn *c, const void *ptr, uint64_t length, unsigned flags,
 	if (pool != NULL)
 		return register_pool(c, &reg, pool, base, out);
 	if (legacy) {
-		/* cudaMalloc/cuMemAlloc memory: the handle of the allocation base. */
-		if ((e = p_cuIpcGetMemHandle(&ih, base)) != CUDA_SUCCESS)
+		/*
+		 * cudaMalloc/cuMemAlloc memory: the handle of the allocation base, taken in the
+		 * context the memory belongs to: with another GPU's context current (a program
+		 * that registers GPU0's tensor while working on GPU1) the driver refuses it.
+		 */
+		CUcontext cur = NULL;
+		bool push = ctx != NULL && p_cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur != ctx &&
+		    p_cuCtxPushCurrent(ctx) == CUDA_SUCCESS;
+		e = p_cuIpcGetMemHandle(&ih, base);
+		if (push)
+			p_cuCtxPopCurrent(&cur);
+		if (e != CUDA_SUCCESS)
 			return cu_fail(c, GPX_ENOTSUP, "cuIpcGetMemHandle", e);
 		reg.kind = GPX__MEM_KIND__MEM_CUDA_IPC;
 		reg.handle.data = (uint8_t *)ih.reserved;

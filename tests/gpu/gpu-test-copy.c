@@ -261,12 +261,16 @@ test_cached_registration(gpx_conn *c, struct buf *b)
 	struct timespec t0, t1, t2;
 	gpx_region r1, r2;
 
+	/* The last GPU's context current, as in a program working there that registers b. */
+	CK(cuCtxSetCurrent(ctx[ndev - 1]));
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	int e1 = gpx_register_cuda(c, (void *)b->d, BUF, 0, &r1);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	int e2 = gpx_register_cuda(c, (void *)(b->d + 4096), 4096, 0, &r2);
 	clock_gettime(CLOCK_MONOTONIC, &t2);
-	ok(e1 == 0 && e2 == 0 && r1 != r2, "registering %s again gives new region ids", b->name);
+	ok(e1 == 0 && e2 == 0 && r1 != r2, "registering %s again (GPU%d's context current) gives new region ids%s%s",
+	    b->name, ndev - 1, e1 || e2 ? ": " : "", e1 || e2 ? gpx_last_error(c) : "");
+	CK(cuCtxSetCurrent(ctx[0]));
 	diag("re-registration of %s: %.1f us and %.1f us (both served from the mapping cache)", b->name,
 	    (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3,
 	    (t2.tv_sec - t1.tv_sec) * 1e6 + (t2.tv_nsec - t1.tv_nsec) / 1e3);
