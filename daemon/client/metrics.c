@@ -215,6 +215,14 @@ head(struct evbuffer *b, const char *name, const char *type, const char *help)
 	evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A family of one sample, without labels. */
+static void
+single(struct evbuffer *b, const char *name, const char *type, const char *help, uint64_t v)
+{
+	head(b, name, type, help);
+	evbuffer_add_printf(b, "%s %llu\n", name, (unsigned long long)v);
+}
+
 /*
  * The series of one family for one label set.  `labels` is the text inside the braces,
  * already escaped; what is printed depends on `what`.
@@ -368,18 +376,14 @@ render(struct evbuffer *b, struct snapshot *sn)
 	evbuffer_add_printf(b, "gpx_event_loop_max_list_bytes %llu\n", (unsigned long long)loop_turn_list_max());
 	uint64_t naps, wakes;
 	loop_nap_counts(&naps, &wakes);
-	head(b, "gpx_event_loop_naps_total", "counter", "Times the event loop napped instead of polling "
-	    "(daemon.busy_poll_us) while clients only waited for transfers in flight.");
-	evbuffer_add_printf(b, "gpx_event_loop_naps_total %llu\n", (unsigned long long)naps);
-	head(b, "gpx_event_loop_nap_wakes_total", "counter", "Naps of the event loop that the end of a "
-	    "transfer ended.");
-	evbuffer_add_printf(b, "gpx_event_loop_nap_wakes_total %llu\n", (unsigned long long)wakes);
-	head(b, "gpx_gpu_naps_total", "counter", "Times a GPU's copy worker napped through copies it "
-	    "predicted to run long, instead of polling for their end.");
-	evbuffer_add_printf(b, "gpx_gpu_naps_total %llu\n", (unsigned long long)gpu_naps());
-	head(b, "gpx_gpu_batched_chunks_total", "counter", "Small copies a GPU's copy worker issued together "
-	    "with others queued behind them, in one launch of its copy kernel.");
-	evbuffer_add_printf(b, "gpx_gpu_batched_chunks_total %llu\n", (unsigned long long)gpu_batched());
+	single(b, "gpx_event_loop_naps_total", "counter", "Times the event loop napped instead of polling "
+	    "(daemon.busy_poll_us) while clients only waited for transfers in flight.", naps);
+	single(b, "gpx_event_loop_nap_wakes_total", "counter", "Naps of the event loop that the end of a "
+	    "transfer ended.", wakes);
+	single(b, "gpx_gpu_naps_total", "counter", "Times a GPU's copy worker napped through copies it "
+	    "predicted to run long, instead of polling for their end.", gpu_naps());
+	single(b, "gpx_gpu_batched_chunks_total", "counter", "Small copies a GPU's copy worker issued together "
+	    "with others queued behind them, in one launch of its copy kernel.", gpu_batched());
 	if (loop_turn_cpu_max() >= 0) {
 		head(b, "gpx_event_loop_max_cpu_seconds", "gauge", "The most CPU time of the event loop's thread "
 		    "one turn took since start (with GPXD_LOOP_CLOCKS=1).");

@@ -302,6 +302,39 @@ issue_kernel(struct gdev *g, struct chunk *c, int slot, int s)
 }
 
 /*
+ * The pieces of a chunk, segment by segment: each one's segment, where in it the piece
+ * starts, its length (0 for an empty segment) and, in p, its pair.
+ */
+struct walk {
+	const struct job *j;
+	uint32_t i, p;                /* the next segment; the pair of the piece last given */
+	uint64_t left, off;           /* bytes still to give; where the next piece starts in its segment */
+};
+
+static void
+walk_start(struct walk *w, const struct chunk *c)
+{
+	*w = (struct walk){ .j = c->job, .i = c->seg, .p = chunks->pair_of(c->job, c->seg), .left = c->bytes,
+	    .off = c->off };
+}
+
+static bool
+walk_next(struct walk *w, const struct gpx_wire_seg **seg, uint64_t *off, uint64_t *len)
+{
+	if (w->left == 0)
+		return false;
+	*seg = &w->j->segs[w->i];
+	*off = w->off;
+	*len = (*seg)->length - w->off < w->left ? (*seg)->length - w->off : w->left;
+	while (w->i >= w->j->pairs[w->p].seg_end)
+		w->p++;
+	w->left -= *len;
+	w->i++;
+	w->off = 0;
+	return true;
+}
+
+/*
  * Any other chunk, of one pair or of a batch's many: segments the kernel reaches and that are
  * small (all of them, when the chunk is mostly small ones) go to one launch of the copy
  * kernel, the rest each to a copy engine.  A weight push thus pays one launch for its hundred
@@ -321,16 +354,16 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s)
 	const bool quick = s == S_QUICK;
 	const bool all = quick || (pieces >= KERNEL_MIN_SEGS && c->bytes / pieces <= KERNEL_MAX_AVG);
 	struct gpu_kseg *k = g->kstage[slot];
-	uint32_t nk = 0, p = chunks->pair_of(j, c->seg), cur = UINT32_MAX;
-	uint64_t src = 0, dst = 0, left = c->bytes, off = c->off, kbytes = 0;
+	uint32_t nk = 0, cur = UINT32_MAX;
+	uint64_t src = 0, dst = 0, off, len, kbytes = 0;
 	bool peer = false, reach = false;
+	const struct gpx_wire_seg *w;
+	struct walk wk;
 	int r = 0;
 
-	for (uint32_t i = c->seg; left > 0 && r == 0; i++, off = 0) {
-		const struct gpx_wire_seg *w = &j->segs[i];
-		const uint64_t len = w->length - off < left ? w->length - off : left;
-		while (i >= j->pairs[p].seg_end)
-			p++;
+	walk_start(&wk, c);
+	while (r == 0 && walk_next(&wk, &w, &off, &len)) {
+		const uint32_t p = wk.p;
 		if (p != cur) {
 			const struct jpair *jp = &j->pairs[p];
 			cur = p;
@@ -338,7 +371,6 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s)
 			reach = g->kernel_ok && gcfg()->sm_copy && kernel_reach(jp->src, g->index) &&
 			    kernel_reach(jp->dst, g->index);
 		}
-		left -= len;
 		if (len == 0)
 			continue;
 		if (reach && (all || len <= KERNEL_MAX_AVG)) {
@@ -437,25 +469,23 @@ static bool
 few_segs(struct gdev *g, const struct chunk *c, struct gpu_kseg *k, uint32_t *nk)
 {
 	const struct job *j = c->job;
-	uint32_t n = *nk, p = chunks->pair_of(j, c->seg), cur = UINT32_MAX;
-	uint64_t left = c->bytes, off = c->off, src = 0, dst = 0;
+	uint32_t n = *nk, cur = UINT32_MAX;
+	uint64_t src = 0, dst = 0, off, len;
+	const struct gpx_wire_seg *w;
+	struct walk wk;
 
 	if (j->pages != NULL || j->plist != NULL || c->bytes > QUICK_MAX)
 		return false;
-	for (uint32_t i = c->seg; left > 0; i++, off = 0) {
-		const struct gpx_wire_seg *w = &j->segs[i];
-		const uint64_t len = w->length - off < left ? w->length - off : left;
-		while (i >= j->pairs[p].seg_end)
-			p++;
-		if (p != cur) {
-			const struct jpair *jp = &j->pairs[p];
+	walk_start(&wk, c);
+	while (walk_next(&wk, &w, &off, &len)) {
+		if (wk.p != cur) {
+			const struct jpair *jp = &j->pairs[wk.p];
 			if (!kernel_reach(jp->src, g->index) || !kernel_reach(jp->dst, g->index))
 				return false;
-			cur = p;
+			cur = wk.p;
 			src = addr_on(jp->src, g->index);
 			dst = addr_on(jp->dst, g->index);
 		}
-		left -= len;
 		if (len == 0)
 			continue;
 		if (n == GPU_KFEW_MAX)
