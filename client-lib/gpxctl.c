@@ -467,7 +467,7 @@ do_topo(int argc, char **argv)
 						if (strcmp(p->fabric, "nvlink") == 0)
 							snprintf(fab, sizeof(fab), "NV%u/", p->nvlinks);
 						else if (strcmp(p->fabric, "nvswitch") == 0)
-							snprintf(fab, sizeof(fab), "NVS/");
+							snprintf(fab, sizeof(fab), "NVS%u/", q->devices[i]->nvswitch_links);
 						else if (strcmp(p->fabric, "pcie") == 0)
 							snprintf(fab, sizeof(fab), "PCIe/");
 						snprintf(buf, sizeof(buf), "%s%s/r%d%s", fab, p->path, p->rank, p->atomics ? "/a" : "");
@@ -478,10 +478,12 @@ do_topo(int argc, char **argv)
 			}
 			printf("\n");
 		}
-		printf("\nrow to column: what a copy crosses (NVn: n NVLinks straight to the peer, NVS: NVSwitch, PCIe)\n"
-		    "and how gpxd copies: p2p on the row GPU's copy engines (its SM kernel for pages and long\n"
-		    "lists), staged through host memory where the driver gives no peer access; rN: the\n"
-		    "driver's performance rank, a: native atomics\n");
+		printf("\nrow to column: what a copy crosses (NVn: n NVLinks straight to the peer, NVSn: NVSwitches,\n"
+		    "the row GPU's n NVLinks to them, as nvidia-smi topo -m counts them in its NVn; PCIe)\n"
+		    "and how gpxd copies: p2p (contiguous copies on the row GPU's copy engines, lists of small\n"
+		    "segments in its SM kernel, page lists in the column GPU's SM kernel, pulling), staged\n"
+		    "through host memory where the driver gives no peer access; rN: the driver's performance\n"
+		    "rank, a: native atomics\n");
 	}
 	if (q->n_nics > 0)
 		printf("\n");
