@@ -331,12 +331,10 @@ uid_budget(struct user *u, void *arg)
 static void
 render_budgets(struct evbuffer *b)
 {
-	head(b, "gpx_budget_bytes", "gauge", "Bytes of gpxd's memory that transfers in flight and clients' "
-	    "table entries hold, in all.");
-	evbuffer_add_printf(b, "gpx_budget_bytes %llu\n", (unsigned long long)budget_used());
-	head(b, "gpx_budget_entry_bytes", "gauge", "Of them, what table entries hold: regions, imports, exports, "
-	    "requests waiting for their reply.");
-	evbuffer_add_printf(b, "gpx_budget_entry_bytes %llu\n", (unsigned long long)budget_entries());
+	single(b, "gpx_budget_bytes", "gauge", "Bytes of gpxd's memory that transfers in flight and clients' "
+	    "table entries hold, in all.", budget_used());
+	single(b, "gpx_budget_entry_bytes", "gauge", "Of them, what table entries hold: regions, imports, exports, "
+	    "requests waiting for their reply.", budget_entries());
 	head(b, "gpx_budget_uid_bytes", "gauge", "Bytes of gpxd's memory that a uid's transfers and entries hold.");
 	user_visit(uid_budget, b);
 	head(b, "gpx_budget_limit_bytes", "gauge", "The budgets ([limits] request_budget, connection_budget, "
@@ -362,18 +360,14 @@ render(struct evbuffer *b, struct snapshot *sn)
 	    GPX_PROTO_VERSION);
 	head(b, "gpx_uptime_seconds", "gauge", "Seconds since gpxd started.");
 	evbuffer_add_printf(b, "gpx_uptime_seconds %.3f\n", now_s() - gpxd_start_time);
-	head(b, "gpx_clients", "gauge", "Connected clients.");
-	evbuffer_add_printf(b, "gpx_clients %u\n", conn_count());
-	head(b, "gpx_exports", "gauge", "Exported regions.");
-	evbuffer_add_printf(b, "gpx_exports %u\n", export_count());
-	head(b, "gpx_transfers_in_flight", "gauge", "Transfers accepted and not yet completed.");
-	evbuffer_add_printf(b, "gpx_transfers_in_flight %u\n", engine_inflight());
+	single(b, "gpx_clients", "gauge", "Connected clients.", conn_count());
+	single(b, "gpx_exports", "gauge", "Exported regions.", export_count());
+	single(b, "gpx_transfers_in_flight", "gauge", "Transfers accepted and not yet completed.", engine_inflight());
 	head(b, "gpx_event_loop_max_seconds", "gauge", "The event loop's longest turn since start: the most "
 	    "one of its callbacks took.");
 	evbuffer_add_printf(b, "gpx_event_loop_max_seconds %.6f\n", loop_turn_max());
-	head(b, "gpx_event_loop_max_list_bytes", "gauge", "The most bytes of request lists the event loop "
-	    "copied and checked in one turn since start.");
-	evbuffer_add_printf(b, "gpx_event_loop_max_list_bytes %llu\n", (unsigned long long)loop_turn_list_max());
+	single(b, "gpx_event_loop_max_list_bytes", "gauge", "The most bytes of request lists the event loop "
+	    "copied and checked in one turn since start.", loop_turn_list_max());
 	uint64_t naps, wakes;
 	loop_nap_counts(&naps, &wakes);
 	single(b, "gpx_event_loop_naps_total", "counter", "Times the event loop napped instead of polling "
