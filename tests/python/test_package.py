@@ -82,3 +82,24 @@ def test_stub_matches_the_module():
         real = {n for n in dir(getattr(gpx, cls)) if not n.startswith("_")}
         assert real == {n for n in methods[cls] if not n.startswith("_")}, cls
     assert set(gpx.Completion.__match_args__) == methods["Completion"]
+
+
+def test_under_mps_looks_at_the_control_endpoint(tmp_path, monkeypatch):
+    """The benches say MPS where the control daemon's endpoint is, as a named pipe (older
+    drivers) or a socket (newer ones), and not for a plain file or an empty folder."""
+    import socket
+    from gpx import _workloads
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert not _workloads._under_mps()
+    (tmp_path / "control").write_text("")
+    assert not _workloads._under_mps()
+    os.unlink(tmp_path / "control")
+    os.mkfifo(tmp_path / "control")
+    assert _workloads._under_mps()
+    os.unlink(tmp_path / "control")
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.bind(str(tmp_path / "control"))
+        assert _workloads._under_mps()
+    finally:
+        s.close()

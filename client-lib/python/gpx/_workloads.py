@@ -149,19 +149,16 @@ class _FusedCopy:
 
 
 def _under_mps():
-    """Whether this process runs as a CUDA MPS client: CUDA_MPS_PIPE_DIRECTORY set and the
-    control daemon alive."""
-    if not os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+    """Whether this process's CUDA clients run under MPS: the control daemon's endpoint (a
+    named pipe or a socket, by version) is where the driver looks for it
+    ($CUDA_MPS_PIPE_DIRECTORY, by default /tmp/nvidia-mps), as the C benches decide."""
+    import stat
+    d = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
+    try:
+        mode = os.stat(os.path.join(d, "control")).st_mode
+    except OSError:
         return False
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/comm") as f:
-                    if f.read().startswith("nvidia-cuda-mps"):
-                        return True
-            except OSError:
-                pass
-    return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
 def _verdict(tid, value):
