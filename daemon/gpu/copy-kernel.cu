@@ -21,9 +21,13 @@ struct gpx_kseg {
 
 #define UNROLL 8
 
-/* One segment by one warp: 16-byte steps where source and destination allow, else 8, else bytes. */
+/*
+ * One segment by nt threads, this one being thread t of them: 16-byte steps where source and
+ * destination allow (UNROLL loads in flight before their stores, where the segment is long
+ * enough), else 8, else bytes.
+ */
 static __device__ __forceinline__ void
-copy_one(const char *src, char *dst, uint64_t len, uint32_t lane)
+copy_strided(const char *src, char *dst, uint64_t len, uint64_t t, uint64_t nt)
 {
 	uint64_t done = 0;
 
@@ -31,29 +35,36 @@ copy_one(const char *src, char *dst, uint64_t len, uint32_t lane)
 		const uint4 *s4 = (const uint4 *)src;
 		uint4 *d4 = (uint4 *)dst;
 		const uint64_t words = len >> 4;
-		uint64_t i = lane;
-		for (; i + (UNROLL - 1) * 32 < words; i += UNROLL * 32) {
+		uint64_t i = t;
+		for (; i + (UNROLL - 1) * nt < words; i += UNROLL * nt) {
 			uint4 v[UNROLL];
 #pragma unroll
 			for (int k = 0; k < UNROLL; k++)
-				v[k] = s4[i + k * 32];
+				v[k] = s4[i + k * nt];
 #pragma unroll
 			for (int k = 0; k < UNROLL; k++)
-				d4[i + k * 32] = v[k];
+				d4[i + k * nt] = v[k];
 		}
-		for (; i < words; i += 32)
+		for (; i < words; i += nt)
 			d4[i] = s4[i];
 		done = words << 4;
 	} else if ((((uintptr_t)src | (uintptr_t)dst) & 7) == 0) {
 		const uint64_t *s8 = (const uint64_t *)src;
 		uint64_t *d8 = (uint64_t *)dst;
 		const uint64_t words = len >> 3;
-		for (uint64_t i = lane; i < words; i += 32)
+		for (uint64_t i = t; i < words; i += nt)
 			d8[i] = s8[i];
 		done = words << 3;
 	}
-	for (uint64_t i = done + lane; i < len; i += 32)
+	for (uint64_t i = done + t; i < len; i += nt)
 		dst[i] = src[i];
+}
+
+/* One segment by one warp. */
+static __device__ __forceinline__ void
+copy_one(const char *src, char *dst, uint64_t len, uint32_t lane)
+{
+	copy_strided(src, dst, len, lane, 32);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -67,34 +78,6 @@ gpx_copy_segments(const struct gpx_kseg *__restrict__ segs, uint32_t n)
 		const struct gpx_kseg g = segs[s];
 		copy_one((const char *)g.src, (char *)g.dst, g.len, lane);
 	}
-}
-
-/*
- * One segment by every thread of the grid, for gpx_copy_few: 16-byte steps where source and
- * destination allow, else 8, else bytes.
- */
-static __device__ __forceinline__ void
-copy_spread(const char *src, char *dst, uint64_t len, uint64_t t, uint64_t nt)
-{
-	uint64_t done = 0;
-
-	if ((((uintptr_t)src | (uintptr_t)dst) & 15) == 0) {
-		const uint4 *s4 = (const uint4 *)src;
-		uint4 *d4 = (uint4 *)dst;
-		const uint64_t words = len >> 4;
-		for (uint64_t i = t; i < words; i += nt)
-			d4[i] = s4[i];
-		done = words << 4;
-	} else if ((((uintptr_t)src | (uintptr_t)dst) & 7) == 0) {
-		const uint64_t *s8 = (const uint64_t *)src;
-		uint64_t *d8 = (uint64_t *)dst;
-		const uint64_t words = len >> 3;
-		for (uint64_t i = t; i < words; i += nt)
-			d8[i] = s8[i];
-		done = words << 3;
-	}
-	for (uint64_t i = done + t; i < len; i += nt)
-		dst[i] = src[i];
 }
 
 /*
@@ -118,7 +101,7 @@ gpx_copy_few(const struct gpx_kfew f)
 	const uint64_t nt = (uint64_t)gridDim.x * blockDim.x;
 
 	for (uint32_t s = 0; s < f.n; s++)
-		copy_spread((const char *)f.seg[s].src, (char *)f.seg[s].dst, f.seg[s].len, t, nt);
+		copy_strided((const char *)f.seg[s].src, (char *)f.seg[s].dst, f.seg[s].len, t, nt);   /* the whole grid */
 }
 
 /*

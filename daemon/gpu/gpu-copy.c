@@ -409,6 +409,39 @@ chunk_class(const struct chunk *c)
 	    (j->pages != NULL || j->plist != NULL) << 3);
 }
 
+/*
+ * Chunk c is queued on stream s and ends when the stream's completion word reaches seq: the
+ * next entry of the stream's pending ring, with when it should end (0: untimed, and then so is
+ * what queues behind it) and its list slot (-1: none).
+ */
+static void
+pend_push(struct gdev *g, int s, const struct chunk *c, uint64_t seq, uint64_t now, uint64_t due, int slot,
+    bool mark)
+{
+	const int at = (g->phead[s] + g->npend[s]) % PEND_MAX;
+
+	if (g->npend[s] == 0)
+		g->last_end[s] = now;       /* the stream was idle: this chunk starts now */
+	g->tail_due[s] = due ? due : UINT64_MAX;
+	g->pend[s][at] = (struct pend){ .c = *c, .seq = seq, .t_issue = now, .due = due, .stream = s, .slot = slot,
+	    .cls = chunk_class(c), .marked = mark };
+	g->npend[s]++;
+	if (slot >= 0)
+		g->slot_busy[slot] = true;
+	if (c->job->t_launched == 0)
+		c->job->t_launched = now_s();     /* the stage clocks: queued on the GPU */
+}
+
+/* A launch or completion word for chunks c[0..n) failed: nothing queued for them can be
+ * trusted; waits for the stream, then fails them. */
+static void
+issue_failed(struct gdev *g, int s, struct chunk *c, int n)
+{
+	cuda_stream_sync(g->stream[s]);
+	for (int i = 0; i < n; i++)
+		chunks->done(&c[i], false);
+}
+
 static int
 issue(struct gdev *g, struct chunk *c)
 {
@@ -437,27 +470,16 @@ issue(struct gdev *g, struct chunk *c)
 	if (r == 0)
 		r = cuda_signal(g->stream[s], (uint64_t)(uintptr_t)&g->done[s], g->issued[s] + 1);
 	if (r < 0) {
-		/* Nothing queued for this chunk can be trusted: wait for the stream, then fail it. */
-		cuda_stream_sync(g->stream[s]);
-		chunks->done(c, false);
+		issue_failed(g, s, c, 1);
 		return r;
 	}
-	int at = (g->phead[s] + g->npend[s]) % PEND_MAX;
 	const uint64_t now = mono_ns();
 	const uint8_t cls = chunk_class(c);
 	const uint64_t base = g->npend[s] == 0 ? now : g->tail_due[s];
 	uint64_t due = 0;
-	if (g->npend[s] == 0)
-		g->last_end[s] = now;       /* the stream was idle: this chunk starts now */
 	if (c->bytes >= TIMED_MIN && g->ns_per_byte[cls] > 0 && base != UINT64_MAX)
 		due = (base > now ? base : now) + (uint64_t)(c->bytes * g->ns_per_byte[cls]);
-	g->tail_due[s] = due ? due : UINT64_MAX;   /* untimed: nor is what queues behind it */
-	g->pend[s][at] = (struct pend){ .c = *c, .seq = ++g->issued[s], .t_issue = now, .due = due, .stream = s,
-	    .slot = slot, .cls = cls, .marked = mark };
-	g->npend[s]++;
-	g->slot_busy[slot] = true;
-	if (j->t_launched == 0)
-		j->t_launched = now_s();     /* the stage clocks: queued on the GPU */
+	pend_push(g, s, c, ++g->issued[s], now, due, slot, mark);
 	return 0;
 }
 
@@ -536,26 +558,14 @@ issue_quick(struct gdev *g, struct chunk *c, enum path_kind path, int room)
 	if (r == 0)
 		r = cuda_signal(g->stream[s], (uint64_t)(uintptr_t)&g->done[s], g->issued[s] + 1);
 	if (r < 0) {
-		cuda_stream_sync(g->stream[s]);
-		for (int i = 0; i < n; i++)
-			chunks->done(&batch[i], false);
+		issue_failed(g, s, batch, n);
 		return extra;
 	}
 	const uint64_t seq = ++g->issued[s], now = mono_ns();
-	const double t = now_s();
 	if (n > 1)
 		atomic_fetch_add_explicit(&batched, (uint64_t)n, memory_order_relaxed);
-	if (g->npend[s] == 0)
-		g->last_end[s] = now;
-	g->tail_due[s] = UINT64_MAX;       /* small chunks are not timed */
-	for (int i = 0; i < n; i++) {
-		int at = (g->phead[s] + g->npend[s]) % PEND_MAX;
-		g->pend[s][at] = (struct pend){ .c = batch[i], .seq = seq, .t_issue = now, .stream = s, .slot = -1,
-		    .cls = chunk_class(&batch[i]) };
-		g->npend[s]++;
-		if (batch[i].job->t_launched == 0)
-			batch[i].job->t_launched = t;
-	}
+	for (int i = 0; i < n; i++)
+		pend_push(g, s, &batch[i], seq, now, 0, -1, false);   /* one word ends them all; untimed */
 	return n + extra;
 }
 
