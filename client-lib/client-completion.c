@@ -5,8 +5,8 @@
  * gpx_wait_tag, with the descriptor to sleep on (gpx_fd), the credit in use
  * (gpx_outstanding) and the notifications the ring had no room for (gpx_dropped).
  *
- * A wait looks at the ring for CLIENT_WAIT_SPIN_S before it sleeps in epoll on the doorbell
- * and the socket.
+ * A wait looks at the ring for a while (client_wait_spin) before it sleeps in epoll on the
+ * doorbell and the socket; meanwhile gpxd rings no doorbell.
  */
 #include "config.h"
 
@@ -134,18 +134,18 @@ clear_doorbell(gpx_conn *c)
 
 /*
  * Whether a wait should look at the ring again instead of sleeping: for the first
- * CLIENT_WAIT_SPIN_S of a wait that may block.  Most copies of a few KiB complete within
- * that, and being woken from epoll costs more than the copy (on virtual machines 100 us and
- * more).
+ * c->spin_s of a wait that may block (client_wait_spin).  Most copies of a few KiB complete
+ * within that, and being woken from epoll costs more than the copy (on virtual machines
+ * 100 us and more).
  */
 static bool
-wait_spin(double *until, int timeout_ms)
+wait_spin(const gpx_conn *c, double *until, int timeout_ms)
 {
 	if (timeout_ms == 0)
 		return false;
 	double t = client_now();
 	if (*until == 0)
-		*until = t + CLIENT_WAIT_SPIN_S;
+		*until = t + c->spin_s;
 	return t < *until;
 }
 
@@ -157,16 +157,48 @@ client_ring_ready(const gpx_conn *c)
 }
 
 /*
+ * A thread that looks at the ring tells gpxd so (cq_spinners, proto/ring.h), and gpxd writes
+ * no doorbell meanwhile.  Only with the library's own eventfd: a caller's gets one per record.
+ * The fences pair with gpxd's between publishing a record and reading the count: after
+ * client_spin_end the caller looks at the ring once more before it sleeps.
+ */
+void
+client_spin_begin(gpx_conn *c)
+{
+	if (c->ring != NULL && c->own_efd)
+		__atomic_fetch_add(&c->ring->cq_spinners, 1, __ATOMIC_SEQ_CST);
+}
+
+void
+client_spin_end(gpx_conn *c)
+{
+	if (c->ring != NULL && c->own_efd)
+		__atomic_fetch_sub(&c->ring->cq_spinners, 1, __ATOMIC_SEQ_CST);
+}
+
+double
+client_wait_spin(const gpx_conn *c)
+{
+	return c->spin_s;
+}
+
+/*
  * Between two looks of a wait at the ring and the socket: looks at the ring until something
- * is there or the spin is over, else sleeps once in epoll.  0, or the sleep's error.
+ * is there, the spin is over or a slice of it passed (refusals come over the socket: a long
+ * spin reads it now and then), else sleeps once in epoll.  1 when the ring has records, 0
+ * when the caller should look at everything again, or the sleep's error.
  */
 static int
 wait_more(gpx_conn *c, double *spin, int timeout_ms)
 {
-	if (wait_spin(spin, timeout_ms)) {
-		while (!client_ring_ready(c) && wait_spin(spin, timeout_ms))
+	if (wait_spin(c, spin, timeout_ms)) {
+		const double slice = client_now() + CLIENT_SPIN_SLICE_S;
+		bool ready;
+		client_spin_begin(c);
+		while (!(ready = client_ring_ready(c)) && wait_spin(c, spin, timeout_ms) && client_now() < slice)
 			cpu_relax();
-		return 0;
+		client_spin_end(c);
+		return ready;
 	}
 	return sleep_once(c, timeout_ms);
 }
@@ -191,6 +223,10 @@ gpx_wait(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms)
 		int r = wait_more(c, &spin, timeout_ms);
 		if (r < 0)
 			return r;
+		/* Records came while it spun: taken at once, the socket and the doorbell left to
+		 * the next look (nothing is lost, gpx_fd stays readable for them). */
+		if (r > 0 && c->nback == 0 && (n = take_ring(c, out, max)) != 0)
+			return n;
 	}
 }
 

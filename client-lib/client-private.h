@@ -69,6 +69,7 @@ struct gpx_conn {
 	uint32_t max_inline;
 	uint32_t max_segs;
 	unsigned outstanding;
+	double spin_s;                 /* client_wait_spin */
 	uint64_t sync_tags;
 	struct gpx_completion *back;   /* backlog, FIFO */
 	size_t nback, capback;

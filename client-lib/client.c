@@ -290,7 +290,7 @@ map_ring(gpx_conn *c, int fd, uint32_t entries)
 		c->ring = NULL;
 		return -GPX_ENOMEM;
 	}
-	if (c->ring->magic != GPX_RING_MAGIC || c->ring->entries != entries ||
+	if (c->ring->magic != GPX_RING_MAGIC || c->ring->version != GPX_RING_VERSION || c->ring->entries != entries ||
 	    c->ring->entry_size != sizeof(struct gpx_cqe)) {
 		munmap(c->ring, len);
 		c->ring = NULL;
@@ -301,6 +301,21 @@ map_ring(gpx_conn *c, int fd, uint32_t entries)
 	c->tail = __atomic_load_n(&c->ring->tail, __ATOMIC_ACQUIRE);
 	c->sq_tail = __atomic_load_n(&c->ring->sq_tail, __ATOMIC_ACQUIRE);
 	return 0;
+}
+
+/* client_wait_spin's value for a new connection (client.h). */
+static double
+wait_spin_s(void)
+{
+	const char *e = getenv("GPX_WAIT_SPIN_US");
+	char *end;
+
+	if (e != NULL && *e != '\0') {
+		unsigned long us = strtoul(e, &end, 10);
+		if (*end == '\0' && us <= 1000000)
+			return us / 1e6;
+	}
+	return sysconf(_SC_NPROCESSORS_ONLN) >= CLIENT_SPIN_BIG_CPUS ? CLIENT_WAIT_SPIN_BIG_S : CLIENT_WAIT_SPIN_S;
 }
 
 API int
@@ -317,6 +332,7 @@ gpx_connect_opts(const struct gpx_connect_opts *o, gpx_conn **out)
 		return -GPX_ENOMEM;
 	c->efd = c->epfd = -1;
 	c->area.fd = -1;
+	c->spin_s = wait_spin_s();
 	if ((c->arena = wire_arena_new(GPX_ARENA_SIZE)) == NULL) {
 		free(c);
 		return -GPX_ENOMEM;

@@ -46,7 +46,20 @@ int client_cuda_resolve(const char *const names[], void **const fns[], size_t n,
 
 /* Whether completion records wait in c's ring (no system call): what a spinning wait looks at. */
 bool client_ring_ready(const gpx_conn *c);
-/* How long a wait looks at the ring before it sleeps, seconds (gpx_wait's own spin). */
+/*
+ * How long a wait looks at the ring before it sleeps, seconds: GPX_WAIT_SPIN_US when set
+ * (0 .. 1,000,000), else CLIENT_WAIT_SPIN_S, or CLIENT_WAIT_SPIN_BIG_S on a machine of
+ * CLIENT_SPIN_BIG_CPUS or more CPUs (as a CUDA synchronize spins where cores are plenty).
+ * A spinning thread brackets its looks with client_spin_begin/end; after the end it looks
+ * once more before it sleeps.
+ */
+double client_wait_spin(const gpx_conn *c);
+void client_spin_begin(gpx_conn *c);
+void client_spin_end(gpx_conn *c);
 #define CLIENT_WAIT_SPIN_S 30e-6
+#define CLIENT_WAIT_SPIN_BIG_S 30e-6
+#define CLIENT_SPIN_BIG_CPUS 8
+/* A long spin reads the socket (refusals) at least this often. */
+#define CLIENT_SPIN_SLICE_S 20e-6
 
 #endif

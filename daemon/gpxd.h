@@ -427,11 +427,13 @@ void cq_unref(struct cq *);
 /* Reserves a credit for a new transfer; false if the ring could fill. */
 int cq_reserve(struct cq *);
 void cq_unreserve(struct cq *);
-/* Posts the record of a reserved transfer and rings the doorbell. */
+/* Posts the record of a reserved transfer and rings the doorbell (unless the client spins). */
 void cq_post(struct cq *, uint64_t tag, int status, uint64_t bytes);
 /* Posts an unreserved notification if room is left, else counts it as dropped. */
 void cq_notify(struct cq *, uint64_t tag, uint64_t region, uint64_t bytes);
 void cq_set_broken_hook(void (*)(struct cq *));
+/* Doorbells rung, and skipped because the client looked at its ring, since start. */
+void cq_doorbell_stats(uint64_t *rung, uint64_t *skipped);
 void cq_signal_init(void);       /* installs the doorbell timeout's signal handler */
 
 /* ---- the work: what the engine (engine/) hands its back ends, as jobs and their chunks ---- */

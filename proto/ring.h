@@ -15,6 +15,14 @@
  * and a client that finds sq_wakeup set after publishing an entry sends an SqKick message.
  * Each entry is read once into private memory and checked like any Transfer message.
  *
+ * The doorbell: after publishing records the daemon writes the client's eventfd, unless
+ * cq_spinners says a thread of the client is looking at the ring right now (a wait's spin).
+ * A spinner raises it before it looks and lowers it before it sleeps, then looks once more;
+ * the daemon publishes head before it reads cq_spinners, both with a full fence between, so
+ * a record is always either seen by that last look or followed by a doorbell.  Connections
+ * that brought their own eventfd never raise it: they get one doorbell per record.  The
+ * daemon only reads it; a client that lies about it only misses its own doorbells.
+ *
  * The segment lists of large vectored transfers: struct gpx_wire_seg records in the
  * connection's segment area (or a memfd of its own); the page lists of page transfers
  * (Transfer.page_size set): struct gpx_wire_page records in the segment area; the pairs of
@@ -27,7 +35,7 @@
 #include <stdint.h>
 
 #define GPX_RING_MAGIC 0x67707872u /* "gpxr" */
-#define GPX_RING_VERSION 3
+#define GPX_RING_VERSION 4
 
 struct gpx_ring_hdr {
 	uint32_t magic;
@@ -48,6 +56,8 @@ struct gpx_ring_hdr {
 	uint64_t sq_head;      /* daemon: submissions taken */
 	uint32_t sq_wakeup;    /* daemon: set while it does not poll; the client must kick */
 	uint8_t pad6[52];
+	uint32_t cq_spinners;  /* client: threads looking at the ring now; no doorbell needed */
+	uint8_t pad7[60];
 };
 
 /* One submission: a single-segment transfer. */

@@ -330,16 +330,27 @@ route_sleep(Conn *s, uint64_t seen, int timeout_ms)
 static void
 route_spin(Conn *s, uint64_t seen, double until)
 {
+	/* gpxd rings no doorbell while this thread looks (client_spin_begin); the caller looks
+	 * at the ring once more after the end, before it sleeps. */
+	pthread_mutex_lock(&s->mu);
+	gpx_conn *c = s->c;
+	if (c != NULL)
+		client_spin_begin(c);
+	pthread_mutex_unlock(&s->mu);
 	for (;;) {
 		pthread_mutex_lock(&s->mu);
 		bool ready = s->c == NULL || client_ring_ready(s->c);
 		pthread_mutex_unlock(&s->mu);
 		if (ready || __atomic_load_n(&s->gen, __ATOMIC_RELAXED) != seen || gpxpy_now() >= until)
-			return;
+			break;
 #if defined(__x86_64__) || defined(__i386__)
 		__builtin_ia32_pause();
 #endif
 	}
+	pthread_mutex_lock(&s->mu);
+	if (c != NULL && s->c == c)
+		client_spin_end(c);
+	pthread_mutex_unlock(&s->mu);
 }
 
 /*
@@ -396,7 +407,7 @@ route_wait_until(Conn *s, wait_pred pred, void *arg, double timeout, bool self_w
 		}
 		if (timeout != 0 && spin_until == 0) {
 			/* First, as gpx_wait does, look at the ring for a while: a wake-up costs more. */
-			spin_until = gpxpy_now() + CLIENT_WAIT_SPIN_S;
+			spin_until = gpxpy_now() + (s->c != NULL ? client_wait_spin(s->c) : 0);
 			Py_BEGIN_ALLOW_THREADS
 			route_spin(s, seen, spin_until);
 			Py_END_ALLOW_THREADS
