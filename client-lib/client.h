@@ -57,7 +57,7 @@ double client_wait_spin(const gpx_conn *c);
 void client_spin_begin(gpx_conn *c);
 void client_spin_end(gpx_conn *c);
 #define CLIENT_WAIT_SPIN_S 30e-6
-#define CLIENT_WAIT_SPIN_BIG_S 30e-6
+#define CLIENT_WAIT_SPIN_BIG_S 1e-3
 #define CLIENT_SPIN_BIG_CPUS 8
 /* A long spin reads the socket (refusals) at least this often. */
 #define CLIENT_SPIN_SLICE_S 20e-6

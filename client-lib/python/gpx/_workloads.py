@@ -507,14 +507,18 @@ def _kv_print(results, have_fused, reps, devs, layers, nblocks, alloc, runs):
         if "step_gpx" in r:
             tid = "kv.concurrent_mps" if mps else "kv.concurrent"
             line = f"        while matmuls run{' (MPS)' if mps else ''}: matmul step alone {r['step_alone'] * 1e6:.1f} us; "
+            # No copy that ended while the products ran: nothing moved beside them (0 GB/s).
+            gx = (f"gpx {_gbps(nb, r['load_gpx']):7.1f} GB/s" if r["load_gpx"] else
+                  "gpx       0 GB/s (none of its copies ended while they ran)")
             if "step_fused" in r:
-                rl = r["load_fused"] / r["load_gpx"] if r["load_fused"] and r["load_gpx"] else float("nan")
+                rl = (r["load_fused"] / r["load_gpx"] if r["load_fused"] and r["load_gpx"] else
+                      0.0 if r["load_fused"] else float("nan"))
                 rs = r["step_gpx"] / r["step_fused"]
                 line += (f"fused (2nd stream) {_gbps(nb, r['load_fused']):7.1f} GB/s, step {r['step_fused'] * 1e6:.1f} us; "
-                         f"gpx {_gbps(nb, r['load_gpx']):7.1f} GB/s, step {r['step_gpx'] * 1e6:.1f} us; "
+                         f"{gx}, step {r['step_gpx'] * 1e6:.1f} us; "
                          f"{rl:.2f}x   {_verdict(tid, rl)}; step {rs:.2f}x   {_verdict('kv.concurrent_step', rs)}")
             else:
-                line += f"gpx {_gbps(nb, r['load_gpx']):7.1f} GB/s, step {r['step_gpx'] * 1e6:.1f} us"
+                line += f"{gx}, step {r['step_gpx'] * 1e6:.1f} us"
             print(line)
     print(f"  {base}: {'ONE launch of the program' + chr(39) + 's gather-scatter kernel over all tensors' if have_fused else 'PyTorch'}"
           "; gpx: one copy_pages_batch; every way verified block by block before it is timed")
