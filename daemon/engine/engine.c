@@ -615,10 +615,10 @@ job_finish(struct job *j)
 	j->charged = 0;
 	if (post) {
 		cq_post(j->cq, j->tag, status, bytes);
+		if (status == 0)
+			stage_add(STAGE_POST, t_done, now_s());   /* the client may see it from here */
 		loop_wake();                /* its client's next request is on its way */
 		atomic_fetch_sub(&j->user->inflight, 1);
-		if (status == 0)
-			stage_add(STAGE_POST, t_done, now_s());
 	}
 	struct cq *q = j->cq;
 	engine_free_job(j);         /* gives back its budgets, which name q: then q may go */
