@@ -480,6 +480,13 @@ engine_next_small_chunk(enum path_kind pk, struct chunk *c, uint32_t max_segs)
 void
 engine_free_job(struct job *j)
 {
+	if (j->npairs > 1)
+		for (uint32_t k = 0; k < j->npairs; k++) {
+			/* (the lines of their counters are the event loop's since the check: fetched
+			 * together, their misses overlap; xfer.c does the same at the check) */
+			__builtin_prefetch(j->pairs[k].src, 1);
+			__builtin_prefetch(j->pairs[k].dst, 1);
+		}
 	for (uint32_t k = 0; k < j->npairs; k++) {
 		struct jpair *p = &j->pairs[k];
 		if (p->src != NULL) {
@@ -508,6 +515,9 @@ engine_free_job(struct job *j)
 static void
 job_notify(const struct job *j)
 {
+	if (j->npairs > 1)
+		for (uint32_t k = 0; k < j->npairs; k++)
+			__builtin_prefetch(&j->pairs[k].dst->notify_on, 0);   /* misses that overlap */
 	for (uint32_t k = 0; k < j->npairs; k++) {
 		const struct region *d = j->pairs[k].dst;
 		uint64_t bytes = j->npairs == 1 ? j->done : j->pairs[k].bytes;

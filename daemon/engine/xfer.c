@@ -513,6 +513,28 @@ job_finish_build(struct job *j, const struct xfer_check *k)
  * path; then per group one job, with its segment array (each pair's run, rebased) or its page
  * list allocated.  Any refusal refuses the whole batch, before any job is handed over.
  */
+/*
+ * A batch takes a use and a reference of each of its regions, and a copy worker gave back the
+ * previous batch's at its end: every region's counters lie in that worker's cache.  Fetched
+ * for writing all at once, their misses overlap instead of following one another (64 pairs
+ * on a 32-core host: the check took 11-19 us, most of it waiting on those lines).
+ */
+static void
+prefetch_regions(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint32_t np)
+{
+	for (uint32_t q = 0; q < np; q++) {
+		const uint64_t id[2] = { pr[q].src_region, pr[q].dst_region };
+		for (int i = 0; i < 2; i++) {
+			bool ro;
+			struct region *r = c->region(c->arg, id[i], &ro);
+			if (r != NULL) {
+				__builtin_prefetch(r, 1);
+				__builtin_prefetch((const char *)r + 48, 1);   /* (16-byte aligned: may cross a line) */
+			}
+		}
+	}
+}
+
 static int
 build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct xfer_check *k, char *err,
     size_t errlen)
@@ -557,6 +579,7 @@ build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct
 	k->n = n;
 	/* The pairs, read once; every one resolved before anything else. */
 	memcpy(pr, (const void *)wp, np * sizeof(*pr));
+	prefetch_regions(c, pr, np);
 	uint64_t nsegs = 0;
 	for (uint32_t q = 0; q < np && r == 0; q++) {
 		struct region *sh, *dh;
