@@ -251,9 +251,12 @@ main(int argc, char **argv)
 	}
 	test_pages_big(c);
 	test_interior(c, &bufs[0]);
-	test_small_batched(c, &bufs[1], &bufs[2]);
-	if (ndev > 1)
-		test_small_batched(c, &bufs[1], &bufs[4]);
+	test_small_batched(c, &bufs[1], &bufs[2], 4096, 64);
+	test_small_batched(c, &bufs[1], &bufs[2], (128u << 10) + 3, 32);
+	if (ndev > 1) {
+		test_small_batched(c, &bufs[1], &bufs[4], 4096, 64);
+		test_small_batched(c, &bufs[1], &bufs[4], (128u << 10) + 3, 32);
+	}
 	test_cached_registration(c, &bufs[1]);
 	test_cache_shared(h.sock, &bufs[1], &bufs[2]);
 	/* The other processes are this program again, however it was started (PATH or not). */

@@ -58,7 +58,7 @@ int raw_send_register(int sock, Gpx__Register *reg, int fd);
 /* ---- gpu-test-copy.c ---- */
 
 void test_matrix(gpx_conn *c, struct buf *bufs, int nb);
-void test_small_batched(gpx_conn *c, struct buf *a, struct buf *b);
+void test_small_batched(gpx_conn *c, struct buf *a, struct buf *b, size_t size, size_t depth);
 void test_vectored(gpx_conn *c, struct buf *a, struct buf *b, size_t page, int n, bool odd);
 void test_pages(gpx_conn *c, struct buf *a, struct buf *b, size_t page, uint32_t n, size_t so, size_t dof);
 void test_pages_big(gpx_conn *c);
