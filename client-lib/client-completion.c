@@ -165,15 +165,19 @@ client_ring_ready(const gpx_conn *c)
 void
 client_spin_begin(gpx_conn *c)
 {
-	if (c->ring != NULL && c->own_efd)
+	if (c->ring != NULL && c->own_efd && !c->spinning) {
 		__atomic_fetch_add(&c->ring->cq_spinners, 1, __ATOMIC_SEQ_CST);
+		c->spinning = true;
+	}
 }
 
 void
 client_spin_end(gpx_conn *c)
 {
-	if (c->ring != NULL && c->own_efd)
+	if (c->spinning) {
 		__atomic_fetch_sub(&c->ring->cq_spinners, 1, __ATOMIC_SEQ_CST);
+		c->spinning = false;
+	}
 }
 
 double
@@ -185,8 +189,10 @@ client_wait_spin(const gpx_conn *c)
 /*
  * Between two looks of a wait at the ring and the socket: looks at the ring until something
  * is there, the spin is over or a slice of it passed (refusals come over the socket: a long
- * spin reads it now and then), else sleeps once in epoll.  1 when the ring has records, 0
- * when the caller should look at everything again, or the sleep's error.
+ * spin reads it now and then), else sleeps once in epoll.  gpxd hears that the wait spins
+ * from its first slice until the wait returns or is about to sleep; then this returns once
+ * more without sleeping, so that the caller looks after lowering it.  1 when the ring has
+ * records, 0 when the caller should look at everything again, or the sleep's error.
  */
 static int
 wait_more(gpx_conn *c, double *spin, int timeout_ms)
@@ -197,14 +203,17 @@ wait_more(gpx_conn *c, double *spin, int timeout_ms)
 		client_spin_begin(c);
 		while (!(ready = client_ring_ready(c)) && wait_spin(c, spin, timeout_ms) && client_now() < slice)
 			cpu_relax();
-		client_spin_end(c);
 		return ready;
+	}
+	if (c->spinning) {
+		client_spin_end(c);
+		return 0;
 	}
 	return sleep_once(c, timeout_ms);
 }
 
-API int
-gpx_wait(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms)
+static int
+wait_any(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms)
 {
 	double spin = 0;
 
@@ -230,8 +239,8 @@ gpx_wait(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms)
 	}
 }
 
-API int
-gpx_wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_ms)
+static int
+wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_ms)
 {
 	struct gpx_completion tmp[64];
 	double spin = 0;
@@ -268,4 +277,23 @@ gpx_wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_
 		if (r < 0)
 			return r;
 	}
+}
+
+/* The waits: however they return, gpxd no longer hears that they spin. */
+API int
+gpx_wait(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms)
+{
+	int r = wait_any(c, out, max, timeout_ms);
+
+	client_spin_end(c);
+	return r;
+}
+
+API int
+gpx_wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_ms)
+{
+	int r = wait_tag(c, tag, out, timeout_ms);
+
+	client_spin_end(c);
+	return r;
 }

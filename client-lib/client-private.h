@@ -70,6 +70,7 @@ struct gpx_conn {
 	uint32_t max_segs;
 	unsigned outstanding;
 	double spin_s;                 /* client_wait_spin */
+	bool spinning;                 /* it raised cq_spinners (client_spin_begin) */
 	uint64_t sync_tags;
 	struct gpx_completion *back;   /* backlog, FIFO */
 	size_t nback, capback;

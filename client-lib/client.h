@@ -50,8 +50,8 @@ bool client_ring_ready(const gpx_conn *c);
  * How long a wait looks at the ring before it sleeps, seconds: GPX_WAIT_SPIN_US when set
  * (0 .. 1,000,000), else CLIENT_WAIT_SPIN_S, or CLIENT_WAIT_SPIN_BIG_S on a machine of
  * CLIENT_SPIN_BIG_CPUS or more CPUs (as a CUDA synchronize spins where cores are plenty).
- * A spinning thread brackets its looks with client_spin_begin/end; after the end it looks
- * once more before it sleeps.
+ * A spinning thread brackets its looks with client_spin_begin/end (each once however often
+ * it is called, until the other); after the end it looks once more before it sleeps.
  */
 double client_wait_spin(const gpx_conn *c);
 void client_spin_begin(gpx_conn *c);
