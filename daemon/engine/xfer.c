@@ -509,15 +509,10 @@ job_finish_build(struct job *j, const struct xfer_check *k)
 }
 
 /*
- * A batch (protocol 3): the pairs copied out of the segment area and resolved, grouped by
- * path; then per group one job, with its segment array (each pair's run, rebased) or its page
- * list allocated.  Any refusal refuses the whole batch, before any job is handed over.
- */
-/*
  * A batch takes a use and a reference of each of its regions, and a copy worker gave back the
  * previous batch's at its end: every region's counters lie in that worker's cache.  Fetched
  * for writing all at once, their misses overlap instead of following one another (64 pairs
- * on a 32-core host: the check took 11-19 us, most of it waiting on those lines).
+ * on two H200s: the check took 16 us, 13 with this).
  */
 static void
 prefetch_regions(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint32_t np)
@@ -535,6 +530,11 @@ prefetch_regions(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint
 	}
 }
 
+/*
+ * A batch (protocol 3): the pairs copied out of the segment area and resolved, grouped by
+ * path; then per group one job, with its segment array (each pair's run, rebased) or its page
+ * list allocated.  Any refusal refuses the whole batch, before any job is handed over.
+ */
 static int
 build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct xfer_check *k, char *err,
     size_t errlen)
