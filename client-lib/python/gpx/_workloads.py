@@ -39,6 +39,7 @@ memory), so that CI runs them as a test of function, not of speed.
 
 import multiprocessing
 import os
+import stat
 import statistics
 import sys
 import time
@@ -152,7 +153,6 @@ def _under_mps():
     """Whether this process's CUDA clients run under MPS: the control daemon's endpoint (a
     named pipe or a socket, by version) is where the driver looks for it
     ($CUDA_MPS_PIPE_DIRECTORY, by default /tmp/nvidia-mps), as the C benches decide."""
-    import stat
     d = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"
     try:
         mode = os.stat(os.path.join(d, "control")).st_mode
