@@ -217,8 +217,8 @@ test_interior(gpx_conn *c, struct buf *src)
  * Copies of `size` bytes, `depth` in flight at a time, from unaligned places of a to distinct
  * places of b, as many as b holds (at most 4,096): every byte where it belongs; and the daemon
  * issued some of them together, several in one launch of its copy kernel
- * (gpx_gpu_batched_chunks_total), which is what keeps many small copies fast.  4 KiB copies
- * go a few to a block; copies of 128 KiB share the grid, blocks to each.
+ * (gpx_gpu_batched_chunks_total), which is what keeps many small copies fast.  Both sizes
+ * it is run with (4 KiB, and 128 KiB + 3 unaligned) are small chunks of the quick stream.
  */
 void
 test_small_batched(gpx_conn *c, struct buf *a, struct buf *b, size_t size, size_t depth)
