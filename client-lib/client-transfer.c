@@ -303,8 +303,17 @@ gpx_copy_sync(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uin
 
 	/* A refusal's reason lands in last_error; a failure without one reads as its code. */
 	c->last_error[0] = '\0';
-	if ((r = gpx_copy(c, src, src_off, dst, dst_off, len, tag)) < 0)
+	/*
+	 * The wait that follows looks at the ring first: gpxd hears so before the copy goes, so
+	 * that a completion posted while this thread is still on its way there (taken off the
+	 * core by the very wake-up of gpxd, say) rings no doorbell either.  The wait lowers it.
+	 */
+	if (c->spin_s > 0)
+		client_spin_begin(c);
+	if ((r = gpx_copy(c, src, src_off, dst, dst_off, len, tag)) < 0) {
+		client_spin_end(c);
 		return r;
+	}
 	if ((r = gpx_wait_tag(c, tag, &done, -1)) < 0)
 		return r;
 	if (done.status < 0 && c->last_error[0] == '\0')
