@@ -42,10 +42,8 @@ struct pages {
 static CUfunction gather_fn;
 static unsigned gather_blocks;
 
-/* cuMemcpyBatchAsync as CUDA 13 declares it, through cuGetProcAddress; NULL if the driver has none. */
-typedef CUresult (*batch_fn)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *,
-    size_t, CUstream);
-static batch_fn memcpy_batch;
+/* Whether cuMemcpyBatchAsync runs here (the batch column), and else why not. */
+static bool batch_ok = true;
 static char batch_why[128];
 
 static int
@@ -54,8 +52,6 @@ pages_baselines_load(int dev)
 	CUmodule m;
 	CUdevice d;
 	int sms = 0;
-	CUdriverProcAddressQueryResult st;
-	void *fn = NULL;
 
 	cuCtxSetCurrent(bench_gpu_ctx(dev));
 	if (!CK(cuModuleLoadData(&m, bench_gather_fatbin)) || !CK(cuModuleGetFunction(&gather_fn, m, "bench_gather")) ||
@@ -63,11 +59,6 @@ pages_baselines_load(int dev)
 		return -1;
 	/* Eight blocks of 256 threads per SM: every SM full, as a program launches it on an idle GPU. */
 	gather_blocks = (unsigned)sms * 8;
-	if (cuGetProcAddress("cuMemcpyBatchAsync", &fn, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &st) == CUDA_SUCCESS &&
-	    st == CU_GET_PROC_ADDRESS_SUCCESS && fn != NULL)
-		memcpy_batch = (batch_fn)fn;
-	else
-		snprintf(batch_why, sizeof(batch_why), "this driver has no cuMemcpyBatchAsync of CUDA 13");
 	return 0;
 }
 
@@ -92,24 +83,8 @@ static int
 pages_batch(void *arg)
 {
 	struct pages *o = arg;
-	CUstream st = bench_gpu_stream(o->src->dev);
-	CUmemcpyAttributes at = { .srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-		.srcLocHint = { CU_MEM_LOCATION_TYPE_DEVICE, o->src->dev },
-		.dstLocHint = { CU_MEM_LOCATION_TYPE_DEVICE, o->dst->dev } };
-	size_t idx = 0;
 
-	CUresult r;
-
-	cuCtxSetCurrent(bench_gpu_ctx(o->src->dev));
-	if ((r = memcpy_batch(o->bdst, o->bsrc, o->blen, o->n, &at, &idx, 1, st)) != CUDA_SUCCESS ||
-	    (r = cuStreamSynchronize(st)) != CUDA_SUCCESS) {
-		const char *name = NULL;
-		cuGetErrorName(r, &name);
-		snprintf(batch_why, sizeof(batch_why), "cuMemcpyBatchAsync of %zu copies failed: %s", o->n,
-		    name != NULL ? name : "?");
-		return -GPX_EIO;
-	}
-	return 0;
+	return bench_gpu_batch(o->src->dev, o->dst->dev, o->bdst, o->bsrc, o->blen, o->n, batch_why, sizeof(batch_why));
 }
 
 static int
@@ -256,16 +231,16 @@ mode_pages(struct bench_ctx *b)
 			{ "GB/s per page", pages_direct, pages_gpx_numbers, "gpx_copy_pages", NULL },
 		};
 		/* A driver that refuses a batch this long leaves the column out, saying why. */
-		if (memcpy_batch != NULL && pages_batch(&o) < 0) {
+		if (batch_ok && pages_batch(&o) < 0) {
 			fprintf(stderr, "gpx-bench-gpu: gpu-pages: %s\n", batch_why);
-			memcpy_batch = NULL;
+			batch_ok = false;
 		}
 		if (pages_check(&o, pages_fused, "the program's kernel") < 0 ||
-		    (memcpy_batch != NULL && pages_check(&o, pages_batch, "cuMemcpyBatchAsync") < 0) ||
+		    (batch_ok && pages_check(&o, pages_batch, "cuMemcpyBatchAsync") < 0) ||
 		    pages_check(&o, pages_gpx_numbers, "gpx_copy_pages") < 0 || pages_check(&o, pages_gpx, "gpx_copyv") < 0)
 			return -1;
 		for (size_t k = 0; k < sizeof(rows) / sizeof(rows[0]); k++) {
-			bench_op direct = rows[k].direct != NULL ? rows[k].direct : memcpy_batch != NULL ? pages_batch : NULL;
+			bench_op direct = rows[k].direct != NULL ? rows[k].direct : batch_ok ? pages_batch : NULL;
 			struct bench_pair p;
 			snprintf(what, sizeof(what), "65536 x %zu KiB, %s", page / 1024, rows[k].gpx_name);
 			if (direct == NULL) {
@@ -282,7 +257,7 @@ mode_pages(struct bench_ctx *b)
 	snprintf(title, sizeof(title), "direct: kernel = one launch of the program's own gather-scatter kernel "
 	    "(tests/bench-gather.cu, %u blocks of 256), batch = cuMemcpyBatchAsync%s%s, per page = one "
 	    "cuMemcpyAsync each; every way checked byte for byte first", gather_blocks,
-	    memcpy_batch == NULL ? ": " : "", memcpy_batch == NULL ? batch_why : "");
+	    !batch_ok ? ": " : "", !batch_ok ? batch_why : "");
 	bench_table_end(b, title);
 	cuMemFree(dsp);
 	cuMemFree(ddp);

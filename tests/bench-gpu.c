@@ -9,9 +9,9 @@
  * same run, and their ratio.  Buffers are cuMemCreate allocations exported as POSIX fds (the
  * `cuda-vmm` kind, accepted on every node), so direct and brokered copies touch the very same
  * memory.  The modes live in tests/bench-gpu-copy.c (gpu-import, gpu-copy, gpu-bidir,
- * gpu-latency), tests/bench-gpu-pages.c (gpu-pages, gpu-idle), tests/bench-gpu-host.c
- * (gpu-host, gpu-register), tests/bench-gpu-remote.c (gpu-remote) and tests/bench-all2all.c
- * (gpu-all2all).
+ * gpu-latency), tests/bench-gpu-pages.c (gpu-pages, gpu-idle), tests/bench-gpu-tensors.c
+ * (gpu-tensors), tests/bench-gpu-host.c (gpu-host, gpu-register), tests/bench-gpu-remote.c
+ * (gpu-remote) and tests/bench-all2all.c (gpu-all2all).
  */
 #include "config.h"
 
@@ -195,6 +195,45 @@ gcopy_spin(void *arg)
 	while ((r = gpx_poll(o->b->conn, &c, 1)) == 0)
 		;
 	return r < 0 ? r : c.status;
+}
+
+/* ---- cuMemcpyBatchAsync, the driver's own way of many copies in one call ---- */
+
+typedef CUresult (*batch_fn)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *,
+    size_t, CUstream);
+
+int
+bench_gpu_batch(int sdev, int ddev, CUdeviceptr *dst, CUdeviceptr *src, size_t *len, size_t n, char *why,
+    size_t whylen)
+{
+	static batch_fn fn;
+	static bool looked;
+	CUdriverProcAddressQueryResult q;
+	CUmemcpyAttributes at = { .srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+		.srcLocHint = { CU_MEM_LOCATION_TYPE_DEVICE, sdev }, .dstLocHint = { CU_MEM_LOCATION_TYPE_DEVICE, ddev } };
+	size_t idx = 0;
+	const char *name = NULL;
+	CUresult r;
+
+	if (!looked) {
+		void *f = NULL;
+		looked = true;
+		/* As CUDA 13 declares it (CUDA 12.8 had a failure index more). */
+		if (cuGetProcAddress("cuMemcpyBatchAsync", &f, 13000, CU_GET_PROC_ADDRESS_DEFAULT, &q) == CUDA_SUCCESS &&
+		    q == CU_GET_PROC_ADDRESS_SUCCESS)
+			fn = (batch_fn)f;
+	}
+	if (fn == NULL) {
+		snprintf(why, whylen, "this driver has no cuMemcpyBatchAsync of CUDA 13");
+		return -GPX_ENOTSUP;
+	}
+	cuCtxSetCurrent(ctx[sdev]);
+	if ((r = fn(dst, src, len, n, &at, &idx, 1, stream[sdev])) == CUDA_SUCCESS &&
+	    (r = cuStreamSynchronize(stream[sdev])) == CUDA_SUCCESS)
+		return 0;
+	cuGetErrorName(r, &name);
+	snprintf(why, whylen, "cuMemcpyBatchAsync of %zu copies failed: %s", n, name != NULL ? name : "?");
+	return -GPX_EIO;
 }
 
 void

@@ -60,6 +60,14 @@ struct gcopy {
 int gcopy_direct(void *arg);         /* cuMemcpyAsync on dev's stream, synchronized */
 int gcopy_spin(void *arg);           /* gpx_copy, then spinning on gpx_poll */
 
+/*
+ * The n copies len[i] from src[i] (on sdev) to dst[i] (on ddev) in one cuMemcpyBatchAsync on
+ * sdev's stream, synchronized: 0, or an error with why said in why (the driver lacks the call:
+ * -GPX_ENOTSUP; it failed: -GPX_EIO).
+ */
+int bench_gpu_batch(int sdev, int ddev, CUdeviceptr *dst, CUdeviceptr *src, size_t *len, size_t n, char *why,
+    size_t whylen);
+
 /* A row of the mode's table: bench_table_row with its fields as arguments. */
 void bench_gpu_row(struct bench_ctx *b, const char *what, const char *metric, double direct, double gpx,
     bool lower, uint64_t bytes);
