@@ -1,8 +1,8 @@
 /*
  * Batches on GPUs against a real gpxd: the shapes of a KV-cache handoff (the same blocks out
  * of every layer's K and V tensors, one page list for all, one kernel launch) and of a weight
- * push (hundreds of tensors of every size, small ones in one launch and large ones on copy
- * engines), between VMM and cudaMalloc memory, on one GPU and between two; and one batch whose
+ * push (hundreds of tensors of every size, small ones in one launch, large ones within a GPU
+ * cut into its tiles, the largest and those between GPUs on copy engines), between VMM and cudaMalloc memory, on one GPU and between two; and one batch whose
  * pairs run on different paths (host to host, host to GPU, GPU to host, GPU to GPU), which
  * gpxd splits and completes once.  Every byte is checked against its source.
  *
@@ -95,23 +95,32 @@ test_weights(gpx_conn *c, int sdev, int ddev, int n)
 	uint64_t bytes = 0, want = 0;
 
 	for (int k = 0; k < n; k++) {
-		/* A third tiny (norms, biases), a third of a few KiB to 1 MiB, a third up to 8 MiB. */
+		/* A third tiny (norms, biases), a third of a few KiB to 1 MiB, a third of any length up
+		 * to 8 MiB (within a GPU, in the kernel's tiles); one of 20 MiB + 3 (still tiles) and one
+		 * of 40 MiB (a copy engine's).  Every sixth from an odd offset to another. */
 		size_t len = k % 3 == 0 ? 256 + 8 * (xorshift(&seed) % 64) :
-		    k % 3 == 1 ? 4096 + 8 * (xorshift(&seed) % (1 << 17)) : (1u << 20) + 8 * (xorshift(&seed) % (7 << 17));
-		dbuf_new(&src[k], c, ctx[sdev], sdev, len, k % 2 == 0, &seed);
-		dbuf_new(&dst[k], c, ctx[ddev], ddev, len, k % 2 == 1, NULL);
+		    k % 3 == 1 ? 4096 + 8 * (xorshift(&seed) % (1 << 17)) : (1u << 20) + xorshift(&seed) % (7u << 20);
+		len = k == 8 ? (20u << 20) + 3 : k == 5 ? 40u << 20 : len;
+		const uint64_t so = k % 6 == 2 ? 5 : 0, dof = k % 6 == 2 ? 11 : 0;
+		dbuf_new(&src[k], c, ctx[sdev], sdev, len + so, k % 2 == 0, &seed);
+		dbuf_new(&dst[k], c, ctx[ddev], ddev, len + dof, k % 2 == 1, NULL);
 		pr[k] = (struct gpx_pair){ src[k].r, dst[k].r, 0, 0, k, 1 };
-		segs[k] = (struct gpx_seg){ 0, 0, len };
-		memcpy(dst[k].host, src[k].host, len);
+		segs[k] = (struct gpx_seg){ so, dof, len };
+		memcpy(dst[k].host + dof, src[k].host + so, len);
 		want += len;
 	}
 	int r = gpx_copy_batch(c, pr, n, segs, n, 200);
 	r = r < 0 ? r : wait_tag(c, 200, &bytes);
 	bool all = r == 0 && bytes == want;
+	int bad = -1;
 	for (int k = 0; k < n && all; k++)
-		all = dbuf_holds(&dst[k], dst[k].host);
-	ok(all, "weight push GPU%d -> GPU%d: %d tensors of 256 B to 9 MiB (%.1f MiB) in one batch, verified", sdev,
+		if (!(all = dbuf_holds(&dst[k], dst[k].host)))
+			bad = k;
+	ok(all, "weight push GPU%d -> GPU%d: %d tensors of 256 B to 40 MiB (%.1f MiB) in one batch, verified", sdev,
 	    ddev, n, want / 1048576.0);
+	if (bad >= 0)
+		diag("tensor %d (%zu bytes from offset %llu) differs", bad, (size_t)segs[bad].length,
+		    (unsigned long long)segs[bad].src_offset);
 	if (r < 0)
 		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
 	for (int k = 0; k < n; k++) {

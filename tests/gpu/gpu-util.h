@@ -117,9 +117,9 @@ dbuf_new(struct dbuf *b, gpx_conn *c, CUcontext ctx, int dev, size_t len, bool v
 	if ((b->host = calloc(1, len)) == NULL)
 		tap_bail("out of memory");
 	if (seed != NULL)
-		for (size_t i = 0; i + 8 <= len; i += 8) {
+		for (size_t i = 0; i < len; i += 8) {     /* every byte, the tail of an odd length too */
 			uint64_t x = xorshift(seed);
-			memcpy(b->host + i, &x, 8);
+			memcpy(b->host + i, &x, len - i < 8 ? len - i : 8);
 		}
 	CK(cuMemcpyHtoD(b->d, b->host, len));
 	int e = gpx_register_cuda(c, (void *)b->d, len, 0, &b->r);
