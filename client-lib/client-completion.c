@@ -134,7 +134,7 @@ clear_doorbell(gpx_conn *c)
 
 /*
  * Whether a wait should look at the ring again instead of sleeping: for the first
- * c->spin_s of a wait that may block (client_wait_spin).  Most copies of a few KiB complete
+ * c->spin_s of a wait that may block (client_wait_spin), and as long after each wake-up.  Most copies of a few KiB complete
  * within that, and being woken from epoll costs more than the copy (on virtual machines
  * 100 us and more).
  */
@@ -209,7 +209,16 @@ wait_more(gpx_conn *c, double *spin, int timeout_ms)
 		client_spin_end(c);
 		return 0;
 	}
-	return sleep_once(c, timeout_ms);
+	/* Asleep, gpxd may wake it shortly before a long transfer's record is due (cq_sleepers):
+	 * woken, the wait spins afresh. */
+	const bool tell = c->ring != NULL && c->own_efd;
+	if (tell)
+		__atomic_fetch_add(&c->ring->cq_sleepers, 1, __ATOMIC_RELAXED);
+	int r = sleep_once(c, timeout_ms);
+	if (tell)
+		__atomic_fetch_sub(&c->ring->cq_sleepers, 1, __ATOMIC_RELAXED);
+	*spin = 0;
+	return r;
 }
 
 static int

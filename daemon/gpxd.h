@@ -432,8 +432,11 @@ void cq_post(struct cq *, uint64_t tag, int status, uint64_t bytes);
 /* Posts an unreserved notification if room is left, else counts it as dropped. */
 void cq_notify(struct cq *, uint64_t tag, uint64_t region, uint64_t bytes);
 void cq_set_broken_hook(void (*)(struct cq *));
-/* Doorbells rung, and skipped because the client looked at its ring, since start. */
-void cq_doorbell_stats(uint64_t *rung, uint64_t *skipped);
+/* Wakes a client thread asleep in a wait, with no record: one is due soon (cq_sleepers). */
+void cq_wake(struct cq *);
+/* Doorbells rung, skipped because the client looked at its ring, and rung early (cq_wake),
+ * since start. */
+void cq_doorbell_stats(uint64_t *rung, uint64_t *skipped, uint64_t *early);
 void cq_signal_init(void);       /* installs the doorbell timeout's signal handler */
 
 /* ---- the work: what the engine (engine/) hands its back ends, as jobs and their chunks ---- */
@@ -506,6 +509,7 @@ struct chunk {
 	uint64_t off;
 	uint64_t bytes;
 	uint32_t pieces;             /* segments (or parts of them) the chunk touches */
+	bool last;                   /* no byte of its job is handed out after it */
 };
 
 /*
@@ -524,6 +528,9 @@ struct chunk_source {
 	uint32_t (*pair_of)(const struct job *, uint32_t seg);
 	/* Waits up to ns, or until a new job comes for the path: a worker whose chunks are due later. */
 	void (*nap)(enum path_kind, uint64_t ns);
+	/* The last chunk of its job (c->last) should end in a little while: wakes a client that
+	 * sleeps on its completion, so that it looks when the record comes (engine_chunk_soon). */
+	void (*soon)(const struct chunk *);
 };
 /* What a back end whose large copies fill its queues may still take (next_small), so that
  * small copies pass them. */

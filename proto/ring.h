@@ -22,6 +22,10 @@
  * a record is always either seen by that last look or followed by a doorbell.  Connections
  * that brought their own eventfd never raise it: they get one doorbell per record.  The
  * daemon only reads it; a client that lies about it only misses its own doorbells.
+ * cq_sleepers: a thread of the client raises it while it sleeps in a wait (with the library's
+ * own eventfd only); the daemon then may write the eventfd with no record, a little before a
+ * long transfer's record is due, so that the thread spins again when the record comes instead
+ * of paying a wake-up after it (zero, never raised, from clients before it was added).
  *
  * The segment lists of large vectored transfers: struct gpx_wire_seg records in the
  * connection's segment area (or a memfd of its own); the page lists of page transfers
@@ -57,7 +61,8 @@ struct gpx_ring_hdr {
 	uint32_t sq_wakeup;    /* daemon: set while it does not poll; the client must kick */
 	uint8_t pad6[52];
 	uint32_t cq_spinners;  /* client: threads looking at the ring now; no doorbell needed */
-	uint8_t pad7[60];
+	uint32_t cq_sleepers;  /* client: threads asleep until its eventfd is written */
+	uint8_t pad7[56];
 };
 
 /* One submission: a single-segment transfer. */

@@ -378,11 +378,14 @@ render(struct evbuffer *b, struct snapshot *sn)
 	    "predicted to run long, instead of polling for their end.", gpu_naps());
 	single(b, "gpx_gpu_batched_chunks_total", "counter", "Small copies a GPU's copy worker issued together "
 	    "with others queued behind them, in one launch of its copy kernel.", gpu_batched());
-	uint64_t rung, skipped;
-	cq_doorbell_stats(&rung, &skipped);
+	uint64_t rung, skipped, early;
+	cq_doorbell_stats(&rung, &skipped, &early);
 	single(b, "gpx_doorbells_total", "counter", "Completion records whose client's eventfd gpxd wrote.", rung);
 	single(b, "gpx_doorbells_skipped_total", "counter", "Completion records posted while a thread of "
 	    "their client said it was looking at the ring, so that no eventfd write was needed.", skipped);
+	single(b, "gpx_doorbells_early_total", "counter", "Eventfd writes with no record, a little before a "
+	    "long transfer's end, to a client thread asleep in a wait, so that it spins when the record comes.",
+	    early);
 	if (loop_turn_cpu_max() >= 0) {
 		head(b, "gpx_event_loop_max_cpu_seconds", "gauge", "The most CPU time of the event loop's thread "
 		    "one turn took since start (with GPXD_LOOP_CLOCKS=1).");

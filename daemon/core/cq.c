@@ -30,13 +30,14 @@
 #include "daemon/gpxd.h"
 
 static void (*cq_broken_hook)(struct cq *);
-static _Atomic uint64_t doorbells_rung, doorbells_skipped;
+static _Atomic uint64_t doorbells_rung, doorbells_skipped, doorbells_early;
 
 void
-cq_doorbell_stats(uint64_t *rung, uint64_t *skipped)
+cq_doorbell_stats(uint64_t *rung, uint64_t *skipped, uint64_t *early)
 {
 	*rung = atomic_load_explicit(&doorbells_rung, memory_order_relaxed);
 	*skipped = atomic_load_explicit(&doorbells_skipped, memory_order_relaxed);
+	*early = atomic_load_explicit(&doorbells_early, memory_order_relaxed);
 }
 
 void
@@ -251,17 +252,15 @@ db_slot(void)
 	return db_self;
 }
 
-static void
-cq_ring_doorbell(struct cq *q)
+/* Writes q's eventfd, unless a thread of the client looks at the ring: whether it wrote. */
+static bool
+doorbell(struct cq *q)
 {
 	/* The record's head is published; a spinner that lowers cq_spinners after this load
 	 * looks at the ring once more and sees it (the fence pairs with the client's). */
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	if (__atomic_load_n(&q->ring->cq_spinners, __ATOMIC_RELAXED) != 0) {
-		atomic_fetch_add_explicit(&doorbells_skipped, 1, memory_order_relaxed);
-		return;
-	}
-	atomic_fetch_add_explicit(&doorbells_rung, 1, memory_order_relaxed);
+	if (__atomic_load_n(&q->ring->cq_spinners, __ATOMIC_RELAXED) != 0)
+		return false;
 
 	struct db_slot *me = db_slot();
 	uint64_t one = 1, t0 = mono_ns();
@@ -284,6 +283,28 @@ cq_ring_doorbell(struct cq *q)
 		cq_break(q, "its eventfd cannot take a doorbell (counter full, or blocking)");
 		pthread_mutex_unlock(&q->lock);
 	}
+	return true;
+}
+
+static void
+cq_ring_doorbell(struct cq *q)
+{
+	atomic_fetch_add_explicit(doorbell(q) ? &doorbells_rung : &doorbells_skipped, 1, memory_order_relaxed);
+}
+
+/*
+ * A record is due soon: a client thread asleep in a wait (cq_sleepers) is woken now, with no
+ * record, so that it spins when the record comes (engine_chunk_soon).  The count is a hint:
+ * read unordered, a wake missed or spent costs that thread a little time only.
+ */
+void
+cq_wake(struct cq *q)
+{
+	if (__atomic_load_n(&q->ring->cq_sleepers, __ATOMIC_RELAXED) == 0 || __atomic_load_n(&q->broken,
+	    __ATOMIC_RELAXED))
+		return;
+	if (doorbell(q))
+		atomic_fetch_add_explicit(&doorbells_early, 1, memory_order_relaxed);
 }
 
 static void

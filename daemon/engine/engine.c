@@ -174,6 +174,9 @@ host_worker(void *unused)
 	while (engine_next_chunk(PATH_HOST, &c, true, chunk_size, HOST_CHUNK_PIECES)) {
 		struct job *j = c.job;
 		uint64_t left = c.bytes, off = c.off;
+		/* A long job's last chunk takes about as long as a sleeping client's wake-up. */
+		if (c.last && j->total > chunk_size)
+			engine_chunk_soon(&c);
 		if (j->plist != NULL) {
 			host_pages(&c);
 			engine_chunk_done(&c, true);
@@ -210,6 +213,7 @@ engine_init(int nthreads, uint64_t chunk)
 		.done = engine_chunk_done,
 		.pair_of = engine_pair_of,
 		.nap = engine_nap,
+		.soon = engine_chunk_soon,
 	};
 	pthread_condattr_t ca;
 
@@ -440,7 +444,8 @@ next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, ui
 		cut_segs(j, c, max_bytes, max_segs);
 	j->chunks_out++;
 	TAILQ_REMOVE(&q->jobs, j, qe);
-	if (j->handed == j->total) {
+	c->last = j->handed == j->total;
+	if (c->last) {
 		j->handed_out = true;
 		if (j->total <= ENGINE_SMALL_JOB)
 			atomic_fetch_sub(&p->nsmall, 1);
@@ -633,6 +638,30 @@ job_finish(struct job *j)
 	struct cq *q = j->cq;
 	engine_free_job(j);         /* gives back its budgets, which name q: then q may go */
 	cq_unref(q);
+}
+
+/*
+ * A worker expects c, its job's last chunk, to end in a little while (a GPU worker: 300 us
+ * before it is due; the host path: as it starts copying it): the job's completion will most
+ * likely be posted then (the chunks handed out before it, and the other jobs of its batch,
+ * being done or about to be).  A client that waited that long has stopped spinning and sleeps
+ * in epoll, and being woken costs it 100 us and more on virtual machines, after the record is
+ * there; rung now, with no record, it wakes and spins afresh, and sees the record as it comes
+ * (and gpxd rings no doorbell for it: the client spins).  Only threads asleep in a wait of the
+ * library with its own eventfd are woken (cq_wake); one woken too early spins, then sleeps
+ * once more.
+ */
+void
+engine_chunk_soon(const struct chunk *c)
+{
+	const struct job *j = c->job;
+	bool end;
+
+	pthread_mutex_lock(&elock);     /* (j lives: c is one of its chunks out) */
+	end = c->last && !j->failed && !j->cancelled && (j->group == NULL || atomic_load(&j->group->left) == 1);
+	pthread_mutex_unlock(&elock);
+	if (end)
+		cq_wake(j->cq);
 }
 
 void

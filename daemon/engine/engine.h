@@ -40,6 +40,7 @@ uint32_t engine_pair_of(const struct job *, uint32_t seg);
 int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */
 enum path_kind engine_path_for(const struct region *src, const struct region *dst);
 void engine_chunk_done(struct chunk *, bool ok);
+void engine_chunk_soon(const struct chunk *);
 void engine_free_job(struct job *);
 void engine_path_stats(enum path_kind, uint64_t *xfers, uint64_t *bytes, uint64_t *errors);
 const char *engine_path_name(enum path_kind);

@@ -52,6 +52,7 @@
 #define TIMED_MIN (1ull << 20)        /* chunks from this size on are timed, and napped through */
 #define NAP_MIN_NS 20000              /* naps shorter than this are spun */
 #define NAP_MARGIN_NS 10000           /* a nap ends this long (and its measured lateness) early */
+#define WAKE_LEAD_NS 300000           /* a sleeping client is woken this long before its record */
 #define NCLASSES 16
 
 enum { S_BULK, S_BULK2, S_QUICK, NSTREAMS };     /* bulk chunks alternate between the two */
@@ -62,6 +63,7 @@ struct pend {
 	uint64_t t_issue, due;        /* ns: when queued; when it should end (0: not known) */
 	int stream;
 	int slot;
+	uint64_t wake;                /* ns: when to wake its client (its job's last, timed); 0: not */
 	uint8_t cls;                  /* its kind of copy, for the rate it is timed at */
 	bool marked;                  /* the stream writes started[stream] = seq before it */
 };
@@ -452,6 +454,8 @@ pend_push(struct gdev *g, int s, const struct chunk *c, uint64_t seq, uint64_t n
 	g->tail_due[s] = due ? due : UINT64_MAX;
 	g->pend[s][at] = (struct pend){ .c = *c, .seq = seq, .t_issue = now, .due = due, .stream = s, .slot = slot,
 	    .cls = chunk_class(c), .marked = mark };
+	if (c->last && due != 0)
+		g->pend[s][at].wake = due > now + WAKE_LEAD_NS ? due - WAKE_LEAD_NS : now;
 	g->npend[s]++;
 	if (slot >= 0)
 		g->slot_busy[slot] = true;
@@ -663,6 +667,29 @@ reap(struct gdev *g)
 	return n;
 }
 
+/*
+ * The wake-up calls due by now: the clients of jobs whose last chunk ends within WAKE_LEAD_NS
+ * (engine_chunk_soon).  Returns when the next one is due, UINT64_MAX if none is.
+ */
+static uint64_t
+wake_calls(struct gdev *g, uint64_t now)
+{
+	uint64_t next = UINT64_MAX;
+
+	for (int s = 0; s < NSTREAMS; s++)
+		for (int i = 0; i < g->npend[s]; i++) {
+			struct pend *p = &g->pend[s][(g->phead[s] + i) % PEND_MAX];
+			if (p->wake == 0)
+				continue;
+			if (p->wake <= now) {
+				chunks->soon(&p->c);
+				p->wake = 0;
+			} else if (p->wake < next)
+				next = p->wake;
+		}
+	return next;
+}
+
 /* When the first of the chunks on the GPU should end; 0 when one of them is not timed. */
 static uint64_t
 next_due(const struct gdev *g)
@@ -761,10 +788,14 @@ gpu_worker(void *arg)
 		 * sleeps.
 		 */
 		uint64_t now = mono_ns(), due = next_due(g);
-		if (due > now + NAP_MIN_NS + NAP_MARGIN_NS + g->late_ns + (due - now) / 16) {
+		const uint64_t wake = wake_calls(g, now);
+		if (due > now + NAP_MIN_NS + NAP_MARGIN_NS + g->late_ns + (due - now) / 16 && wake > now + NAP_MIN_NS) {
 			/* It ends early by a constant, by how late naps end, and by a 16th of the wait
-			 * (the rate is a mean: a copy a little faster than it must not be waited for). */
-			const uint64_t want = due - now - NAP_MARGIN_NS - g->late_ns - (due - now) / 16;
+			 * (the rate is a mean: a copy a little faster than it must not be waited for);
+			 * or at the next wake-up call. */
+			uint64_t want = due - now - NAP_MARGIN_NS - g->late_ns - (due - now) / 16;
+			if (wake - now < want)
+				want = wake - now;
 			chunks->nap(path, want);
 			atomic_fetch_add_explicit(&naps, 1, memory_order_relaxed);
 			const uint64_t woke = mono_ns();
