@@ -180,6 +180,26 @@ client_spin_end(gpx_conn *c)
 	}
 }
 
+void
+client_doorbell_plain(gpx_conn *c)
+{
+	c->own_efd = true;
+}
+
+void
+client_sleep_begin(gpx_conn *c)
+{
+	if (c->ring != NULL && c->own_efd)
+		__atomic_fetch_add(&c->ring->cq_sleepers, 1, __ATOMIC_RELAXED);
+}
+
+void
+client_sleep_end(gpx_conn *c)
+{
+	if (c->ring != NULL && c->own_efd)
+		__atomic_fetch_sub(&c->ring->cq_sleepers, 1, __ATOMIC_RELAXED);
+}
+
 double
 client_wait_spin(const gpx_conn *c)
 {
@@ -211,12 +231,9 @@ wait_more(gpx_conn *c, double *spin, int timeout_ms)
 	}
 	/* Asleep, gpxd may wake it shortly before a long transfer's record is due (cq_sleepers):
 	 * woken, the wait spins afresh. */
-	const bool tell = c->ring != NULL && c->own_efd;
-	if (tell)
-		__atomic_fetch_add(&c->ring->cq_sleepers, 1, __ATOMIC_RELAXED);
+	client_sleep_begin(c);
 	int r = sleep_once(c, timeout_ms);
-	if (tell)
-		__atomic_fetch_sub(&c->ring->cq_sleepers, 1, __ATOMIC_RELAXED);
+	client_sleep_end(c);
 	*spin = 0;
 	return r;
 }

@@ -56,7 +56,7 @@ struct area {
 struct gpx_conn {
 	int sock;
 	int efd;
-	bool own_efd;
+	bool own_efd;                  /* efd is a doorbell only, never counted (client_doorbell_plain) */
 	int epfd;
 	bool dead;
 	struct gpx_ring_hdr *ring;

@@ -56,6 +56,16 @@ bool client_ring_ready(const gpx_conn *c);
 double client_wait_spin(const gpx_conn *c);
 void client_spin_begin(gpx_conn *c);
 void client_spin_end(gpx_conn *c);
+/*
+ * The caller's eventfd of c is a doorbell only, whose writes nobody counts (the Python
+ * module's, which it writes too, to wake its own waiters): as with the library's own, gpxd
+ * writes none while a wait spins and may write one early for a sleeping wait.
+ */
+void client_doorbell_plain(gpx_conn *c);
+/* A thread about to sleep on c's fd, and awake again: gpxd may wake it a little before a long
+ * transfer's record (cq_sleepers), and then it should spin afresh. */
+void client_sleep_begin(gpx_conn *c);
+void client_sleep_end(gpx_conn *c);
 #define CLIENT_WAIT_SPIN_S 30e-6
 #define CLIENT_WAIT_SPIN_BIG_S 1e-3
 #define CLIENT_SPIN_BIG_CPUS 8

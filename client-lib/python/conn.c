@@ -374,6 +374,7 @@ conn_connect(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject
 		Py_DECREF(s);
 		return gpxpy_raise_errno(st, r, why, e);
 	}
+	client_doorbell_plain(c);     /* nobody counts its writes: spins skip them, sleeps get them early */
 	s->c = c;
 	s->closed = false;
 	s->fd = gpx_fd(c);

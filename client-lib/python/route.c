@@ -288,8 +288,10 @@ route_resolve_all(Conn *s, int code, const char *why)
  * Sleeps, the GIL released by the caller, until s's fd is readable, another thread routed
  * completions (the generation moved from seen), or timeout_ms (-1: no limit).  One thread
  * watches the fd; the others wait on the condition variable, in slices, to notice signals.
+ * True when this thread slept on the fd: gpxd may have woken it early (client_sleep_begin),
+ * and it should spin again.
  */
-static void
+static bool
 route_sleep(Conn *s, uint64_t seen, int timeout_ms)
 {
 	struct epoll_event ev;
@@ -297,7 +299,7 @@ route_sleep(Conn *s, uint64_t seen, int timeout_ms)
 	pthread_mutex_lock(&s->mu);
 	if (s->c == NULL || __atomic_load_n(&s->gen, __ATOMIC_RELAXED) != seen) {
 		pthread_mutex_unlock(&s->mu);
-		return;
+		return false;
 	}
 	if (s->sleeping) {
 		struct timespec ts;
@@ -311,16 +313,20 @@ route_sleep(Conn *s, uint64_t seen, int timeout_ms)
 		}
 		pthread_cond_timedwait(&s->cv, &s->mu, &ts);
 		pthread_mutex_unlock(&s->mu);
-		return;
+		return false;
 	}
 	s->sleeping = true;
+	gpx_conn *c = s->c;
+	client_sleep_begin(c);
 	pthread_mutex_unlock(&s->mu);
 	/* As gpx_wait sleeps; a wake-up by route_kick reads like a doorbell. */
 	(void)epoll_wait(s->fd, &ev, 1, timeout_ms);
 	pthread_mutex_lock(&s->mu);
+	client_sleep_end(c);
 	s->sleeping = false;
 	pthread_cond_broadcast(&s->cv);
 	pthread_mutex_unlock(&s->mu);
+	return true;
 }
 
 /*
@@ -413,9 +419,12 @@ route_wait_until(Conn *s, wait_pred pred, void *arg, double timeout, bool self_w
 			Py_END_ALLOW_THREADS
 			continue;
 		}
+		bool slept;
 		Py_BEGIN_ALLOW_THREADS
-		route_sleep(s, seen, ms);
+		slept = route_sleep(s, seen, ms);
 		Py_END_ALLOW_THREADS
+		if (slept)
+			spin_until = 0;          /* woken, perhaps just before a record: spin again */
 		if (PyErr_CheckSignals() < 0) {
 			res = -1;
 			break;

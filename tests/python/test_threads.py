@@ -129,3 +129,44 @@ def test_requests_to_a_stopped_gpxd_release_the_gil(daemon_factory):
         assert isinstance(out[0], gpx.Region)
         assert n > 10000, n
     c.close()
+
+
+def _metric(log_text, name):
+    """One counter of gpxd's metrics endpoint, found from the address its log announced."""
+    import re
+    import urllib.request
+    port = re.search(r"metrics endpoint on http://127\.0\.0\.1:(\d+)/metrics", log_text).group(1)
+    page = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % port, timeout=10).read().decode()
+    return float(re.search(r"^%s (\S+)$" % name, page, re.M).group(1))
+
+
+def test_a_sleeping_wait_is_woken_before_its_record(daemon_factory):
+    # A wait that spins 50 us only sleeps through a 32 MiB copy; gpxd wakes it, with no record,
+    # as the copy's last chunk starts (cq_sleepers), and the woken wait spins again and takes
+    # the record.  Every copy arrives whole, and the early doorbells are counted.
+    d = daemon_factory("metrics = 127.0.0.1:0\n")
+    code = """if 1:
+        import sys
+        import numpy as np
+        import gpx
+        from conftest import host
+        n = 32 << 20
+        with gpx.connect(sys.argv[1], name="sleeper") as c:
+            shb, src = host(n, np.random.default_rng(7))
+            dhb, dst = host(n)
+            rs, rd = c.register(shb, read_only=True), c.register(dhb)
+            for i in range(40):
+                dst[:] = 0
+                assert c.copy(rs, rd, n).wait() == n
+                assert np.array_equal(dst, src), i
+        print("ok")
+    """
+    end = time.monotonic() + 10
+    while "metrics endpoint on" not in d.log_text() and time.monotonic() < end:
+        time.sleep(0.01)
+    before = _metric(d.log_text(), "gpx_doorbells_early_total")
+    env = dict(__import__("conftest").child_env(), GPX_WAIT_SPIN_US="50")
+    p = subprocess.run([sys.executable, "-c", code, d.sock], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+    after = _metric(d.log_text(), "gpx_doorbells_early_total")
+    assert after > before, "no wait of the Python module was woken before its record (%g -> %g)" % (before, after)
