@@ -352,12 +352,13 @@ tile_size(uint64_t bytes, uint32_t entries)
  * small (all of them, when the chunk is mostly small ones) go to one launch of the copy
  * kernel, the rest each to a copy engine.  Where the chunk holds many segments, large ones
  * within this GPU up to TILE_SEG_MAX go to that launch too, cut into tiles so that the
- * kernel's warps share them: a copy engine pays a few microseconds per copy, which for the
- * 338 tensors of a 2.9 GiB weight push (most of them 1-30 MB) made one copy per tensor 0.61x
- * of one flat copy of the same bytes on an H200 (0.77x on two streams), where the kernel over
- * 32-256 KiB tiles did 0.87-0.88x with 128 blocks (tests/results/gpu-tensors-h200.txt).
- * Larger tensors keep the copy engine, which then loses little to its per-copy cost; copies
- * between GPUs and with host memory keep it too.
+ * kernel's warps share them.  A same-GPU copy pays a few microseconds per copy: for the 338
+ * tensors of a 2.9 GiB weight push (most of them 1-30 MB) one cuMemcpyAsync per tensor ran
+ * at 0.62x of one flat copy of the same bytes on an H200 (0.76x dealt over two streams, as
+ * gpxd's bulk streams did; cuMemcpyBatchAsync 0.62x), a program's own kernel over 32 KiB
+ * tiles with the whole GPU at 0.94x, and gpxd with tiles 0.77-0.82x
+ * (tests/results/gpu-tensors-h200.txt).  Larger tensors keep the copy engine, which then loses
+ * little to its per-copy cost; copies between GPUs and with host memory keep it too.
  * A chunk of the quick stream sends every segment the kernel reaches to it, up to
  * GPU_KFEW_MAX of them by value (gpx_copy_few): such a copy uses no copy engine.  The stream's
  * priority orders copies within gpxd's copy engines only; under MPS the engines are shared
