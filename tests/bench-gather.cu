@@ -11,6 +11,25 @@
 
 #define UNROLL 8
 
+/* words 16-byte words from s4 to d4 by one warp, this thread being its lane. */
+static __device__ __forceinline__ void
+warp_copy(const uint4 *s4, uint4 *d4, uint64_t words, uint32_t lane)
+{
+	uint64_t i = lane;
+
+	for (; i + (UNROLL - 1) * 32 < words; i += UNROLL * 32) {
+		uint4 v[UNROLL];
+#pragma unroll
+		for (int k = 0; k < UNROLL; k++)
+			v[k] = s4[i + k * 32];
+#pragma unroll
+		for (int k = 0; k < UNROLL; k++)
+			d4[i + k * 32] = v[k];
+	}
+	for (; i < words; i += 32)
+		d4[i] = s4[i];
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 bench_gather(const char *__restrict__ src, char *__restrict__ dst, const uint32_t *__restrict__ sp,
     const uint32_t *__restrict__ dp, uint32_t n, uint32_t size)
@@ -18,24 +37,11 @@ bench_gather(const char *__restrict__ src, char *__restrict__ dst, const uint32_
 	const uint32_t lane = threadIdx.x & 31;
 	const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
 	const uint32_t warps = (gridDim.x * blockDim.x) >> 5;
-	const uint32_t words = size >> 4;
+	const uint64_t words = size >> 4;
 
-	for (uint32_t p = warp; p < n; p += warps) {
-		const uint4 *s4 = (const uint4 *)(src + (uint64_t)sp[p] * size);
-		uint4 *d4 = (uint4 *)(dst + (uint64_t)dp[p] * size);
-		uint32_t i = lane;
-		for (; i + (UNROLL - 1) * 32 < words; i += UNROLL * 32) {
-			uint4 v[UNROLL];
-#pragma unroll
-			for (int k = 0; k < UNROLL; k++)
-				v[k] = s4[i + k * 32];
-#pragma unroll
-			for (int k = 0; k < UNROLL; k++)
-				d4[i + k * 32] = v[k];
-		}
-		for (; i < words; i += 32)
-			d4[i] = s4[i];
-	}
+	for (uint32_t p = warp; p < n; p += warps)
+		warp_copy((const uint4 *)(src + (uint64_t)sp[p] * size), (uint4 *)(dst + (uint64_t)dp[p] * size), words,
+		    lane);
 }
 
 /*
@@ -56,21 +62,6 @@ bench_tensors(const struct bench_tile *__restrict__ tiles, uint32_t n)
 	const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
 	const uint32_t warps = (gridDim.x * blockDim.x) >> 5;
 
-	for (uint32_t t = warp; t < n; t += warps) {
-		const uint4 *s4 = (const uint4 *)tiles[t].src;
-		uint4 *d4 = (uint4 *)tiles[t].dst;
-		const uint64_t words = tiles[t].len >> 4;
-		uint64_t i = lane;
-		for (; i + (UNROLL - 1) * 32 < words; i += UNROLL * 32) {
-			uint4 v[UNROLL];
-#pragma unroll
-			for (int k = 0; k < UNROLL; k++)
-				v[k] = s4[i + k * 32];
-#pragma unroll
-			for (int k = 0; k < UNROLL; k++)
-				d4[i + k * 32] = v[k];
-		}
-		for (; i < words; i += 32)
-			d4[i] = s4[i];
-	}
+	for (uint32_t t = warp; t < n; t += warps)
+		warp_copy((const uint4 *)tiles[t].src, (uint4 *)tiles[t].dst, tiles[t].len >> 4, lane);
 }
