@@ -230,7 +230,9 @@ wait_more(gpx_conn *c, double *spin, int timeout_ms)
 		return 0;
 	}
 	/* Asleep, gpxd may wake it shortly before a long transfer's record is due (cq_sleepers):
-	 * woken, the wait spins afresh. */
+	 * woken, the wait spins afresh.  (A look with no timeout does not sleep.) */
+	if (timeout_ms == 0)
+		return sleep_once(c, 0);
 	client_sleep_begin(c);
 	int r = sleep_once(c, timeout_ms);
 	client_sleep_end(c);

@@ -370,7 +370,7 @@ route_wait_until(Conn *s, wait_pred pred, void *arg, double timeout, bool self_w
 	double deadline = timeout >= 0 ? gpxpy_now() + timeout : 0, spin_until = 0;
 	struct pulled b[PULL_MAX];
 	struct callres cr;
-	bool clear = false;
+	bool clear = false, pushed = false;
 	int res, n;
 
 	s->waiters++;
@@ -396,10 +396,12 @@ route_wait_until(Conn *s, wait_pred pred, void *arg, double timeout, bool self_w
 			break;
 		}
 		if (n > 0) {
+			const size_t nb = s->nback;
 			if (route_batch(s, b, n, NULL, 0, self_waits) < 0) {
 				res = -1;
 				break;
 			}
+			pushed |= s->nback > nb;
 			continue;
 		}
 		int ms = -1;
@@ -431,6 +433,15 @@ route_wait_until(Conn *s, wait_pred pred, void *arg, double timeout, bool self_w
 		}
 	}
 	s->waiters--;
+	/*
+	 * Completions this wait put in the backlog may have rung no doorbell (gpxd writes none
+	 * while a wait spins), or the wait read it: whoever watches the fd (an event loop that
+	 * calls poll()) must still hear of them.
+	 */
+	if (pushed && s->nback > 0 && s->wakefd >= 0) {
+		uint64_t one = 1;
+		(void)!write(s->wakefd, &one, sizeof(one));
+	}
 	return res;
 }
 

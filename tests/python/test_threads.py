@@ -170,3 +170,29 @@ def test_a_sleeping_wait_is_woken_before_its_record(daemon_factory):
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
     after = _metric(d.log_text(), "gpx_doorbells_early_total")
     assert after > before, "no wait of the Python module was woken before its record (%g -> %g)" % (before, after)
+
+
+def test_a_completion_taken_by_another_wait_leaves_the_fd_readable(gpxd):
+    # A wait that spins (200 ms here) takes every record that comes meanwhile, and gpxd writes no
+    # doorbell while it spins; a record that no Transfer waits for goes to the backlog, and
+    # whoever watches the connection's fd (an event loop calling poll()) must still be told.
+    code = """if 1:
+        import select, sys
+        import gpx
+        from conftest import host
+        n = 16 << 20
+        with gpx.connect(sys.argv[1], name="spinner") as c:
+            r = [c.register(host(n)[0]) for _ in range(4)]
+            for i in range(20):
+                other = c.copy(r[2], r[3], n)     # nobody waits for this one
+                mine = c.copy(r[0], r[1], n)
+                assert mine.wait() == n
+                ready, _, _ = select.select([c.fileno()], [], [], 2.0)
+                assert ready, "round %d: the fd never became readable for the other's completion" % i
+                assert other.wait() == n
+                assert c.wait(timeout=0) == []    # the doorbell read, for the next round
+        print("ok")
+    """
+    env = dict(__import__("conftest").child_env(), GPX_WAIT_SPIN_US="200000")
+    p = subprocess.run([sys.executable, "-c", code, gpxd.sock], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
