@@ -267,11 +267,26 @@ wait_any(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms)
 	}
 }
 
+/*
+ * Records of other transfers that a wait for one tag put aside: while it spun gpxd wrote no
+ * doorbell for them, and its looks read the ones written, so it writes one itself, and
+ * whoever watches gpx_fd (an event loop calling gpx_poll) still hears of them.
+ */
+static void
+ring_for_backlog(gpx_conn *c)
+{
+	uint64_t one = 1;
+
+	if (c->own_efd && c->nback > 0)
+		(void)!write(c->efd, &one, sizeof(one));
+}
+
 static int
 wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_ms)
 {
 	struct gpx_completion tmp[64];
 	double spin = 0;
+	bool pushed = false;
 
 	for (;;) {
 		for (size_t i = 0; i < c->nback; i++)
@@ -279,6 +294,8 @@ wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_ms)
 				*out = c->back[i];
 				memmove(&c->back[i], &c->back[i + 1], (c->nback - i - 1) * sizeof(*out));
 				c->nback--;
+				if (pushed)
+					ring_for_backlog(c);
 				return 0;
 			}
 		clear_doorbell(c);
@@ -288,6 +305,7 @@ wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_ms)
 			return k;
 		for (int i = 0; i < k; i++)
 			client_backlog_push(c, &tmp[i]);
+		pushed |= k > 0;
 		if (k > 0 || c->nback > 0) {
 			bool found = false;
 			/* A notification that happens to carry the same tag is not the one (and
@@ -302,8 +320,11 @@ wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_ms)
 		if (k == 64)
 			continue;
 		int r = wait_more(c, &spin, timeout_ms);
-		if (r < 0)
+		if (r < 0) {
+			if (pushed)
+				ring_for_backlog(c);
 			return r;
+		}
 	}
 }
 

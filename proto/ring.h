@@ -25,7 +25,8 @@
  * cq_sleepers: a thread of the client raises it while it sleeps in a wait (with the library's
  * own eventfd only); the daemon then may write the eventfd with no record, a little before a
  * long transfer's record is due, so that the thread spins again when the record comes instead
- * of paying a wake-up after it (zero, never raised, from clients before it was added).
+ * of paying a wake-up after it (zero, never raised, from clients before it was added).  The
+ * daemon only reads it: a client that lies about it gets at most one early write per transfer.
  *
  * The segment lists of large vectored transfers: struct gpx_wire_seg records in the
  * connection's segment area (or a memfd of its own); the page lists of page transfers

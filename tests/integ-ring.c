@@ -505,3 +505,43 @@ test_doorbell(void)
 	buf_free(&b);
 	ok(daemon_fds_settle(H.baseline) == H.baseline, "gpxd's descriptors back to baseline");
 }
+
+/*
+ * A wait for one tag that spins takes every record that comes meanwhile, and gpxd writes no
+ * doorbell while it spins; the records of other transfers it puts aside must still make gpx_fd
+ * readable, for an event loop that watches it and calls gpx_poll.
+ */
+void
+test_backlog_doorbell(void)
+{
+	const size_t n = 16u << 20;
+	struct buf s1, d1, s2, d2;
+	gpx_conn *c;
+	int rounds = 0, readable = 0;
+
+	setenv("GPX_WAIT_SPIN_US", "200000", 1);     /* read as the connection is made */
+	c = client("integ-backlog");
+	unsetenv("GPX_WAIT_SPIN_US");
+	if (c == NULL || buf_new(&s1, n) < 0 || buf_new(&d1, n) < 0 || buf_new(&s2, n) < 0 || buf_new(&d2, n) < 0 ||
+	    buf_reg(c, &s1, 0) < 0 || buf_reg(c, &d1, 0) < 0 || buf_reg(c, &s2, 0) < 0 || buf_reg(c, &d2, 0) < 0)
+		tap_bail("cannot set up the backlog doorbell test");
+	for (; rounds < 20; rounds++) {
+		uint64_t bytes = 0;
+		struct gpx_completion e;
+		struct pollfd p = { .fd = gpx_fd(c), .events = POLLIN };
+		if (gpx_copy(c, s2.r, 0, d2.r, 0, n, 2 * rounds) < 0 || gpx_copy(c, s1.r, 0, d1.r, 0, n, 2 * rounds + 1) < 0 ||
+		    wait_tag(c, 2 * rounds + 1, &bytes) != 0 || bytes != n)
+			break;
+		readable += poll(&p, 1, 2000) == 1;
+		if (wait_tag(c, 2 * rounds, &bytes) != 0 || bytes != n)
+			break;
+		(void)gpx_wait(c, &e, 1, 0);     /* reads the doorbell, for the next round */
+	}
+	ok(rounds == 20 && readable == 20, "a wait that put other transfers' completions aside left gpx_fd "
+	    "readable for them (%d of %d rounds)", readable, rounds);
+	gpx_close(c);
+	buf_free(&s1);
+	buf_free(&d1);
+	buf_free(&s2);
+	buf_free(&d2);
+}

@@ -51,6 +51,7 @@ main(void)
 	test_bad_fds();
 	test_protocol();
 	test_doorbell();
+	test_backlog_doorbell();
 	test_limits();
 
 	ok(daemon_fds_settle(H.baseline) == H.baseline, "at the end gpxd holds exactly its baseline descriptors");

@@ -25,6 +25,7 @@ void test_cancel(void);
 void test_credits_lib(void);
 void test_credits_raw(void);
 void test_doorbell(void);
+void test_backlog_doorbell(void);
 
 /* tests/integ-wire.c: wrong descriptors, the protocol spoken wrong */
 void test_bad_fds(void);
