@@ -434,6 +434,7 @@ void cq_notify(struct cq *, uint64_t tag, uint64_t region, uint64_t bytes);
 void cq_set_broken_hook(void (*)(struct cq *));
 /* Wakes a client thread asleep in a wait, with no record: one is due soon (cq_sleepers). */
 void cq_wake(struct cq *);
+bool cq_asleep(const struct cq *);   /* whether a thread of its client says it sleeps */
 /* Doorbells rung, skipped because the client looked at its ring, and rung early (cq_wake),
  * since start. */
 void cq_doorbell_stats(uint64_t *rung, uint64_t *skipped, uint64_t *early);

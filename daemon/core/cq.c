@@ -297,13 +297,17 @@ cq_ring_doorbell(struct cq *q)
  * record, so that it spins when the record comes (engine_chunk_soon).  The count is a hint:
  * read unordered, a wake missed or spent costs that thread a little time only.
  */
+bool
+cq_asleep(const struct cq *q)
+{
+	return __atomic_load_n(&q->ring->cq_sleepers, __ATOMIC_RELAXED) != 0 &&
+	    !__atomic_load_n(&q->broken, __ATOMIC_RELAXED);
+}
+
 void
 cq_wake(struct cq *q)
 {
-	if (__atomic_load_n(&q->ring->cq_sleepers, __ATOMIC_RELAXED) == 0 || __atomic_load_n(&q->broken,
-	    __ATOMIC_RELAXED))
-		return;
-	if (doorbell(q))
+	if (cq_asleep(q) && doorbell(q))
 		atomic_fetch_add_explicit(&doorbells_early, 1, memory_order_relaxed);
 }
 

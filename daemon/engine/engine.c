@@ -657,6 +657,8 @@ engine_chunk_soon(const struct chunk *c)
 	const struct job *j = c->job;
 	bool end;
 
+	if (!c->last || !cq_asleep(j->cq))
+		return;                     /* (most clients spin through their copies) */
 	pthread_mutex_lock(&elock);     /* (j lives: c is one of its chunks out) */
 	end = c->last && !j->failed && !j->cancelled && (j->group == NULL || atomic_load(&j->group->left) == 1);
 	pthread_mutex_unlock(&elock);
