@@ -133,10 +133,10 @@ clear_doorbell(gpx_conn *c)
 }
 
 /*
- * Whether a wait should look at the ring again instead of sleeping: for the first
- * c->spin_s of a wait that may block (client_wait_spin), and as long after each wake-up.  Most copies of a few KiB complete
- * within that, and being woken from epoll costs more than the copy (on virtual machines
- * 100 us and more).
+ * Whether a wait should look at the ring again instead of sleeping: for the first c->spin_s
+ * of a wait that may block (client_wait_spin), and as long after each wake-up.  Most copies
+ * of a few KiB complete within that, and being woken from epoll costs more than the copy (on
+ * virtual machines 100 us and more).
  */
 static bool
 wait_spin(const gpx_conn *c, double *until, int timeout_ms)

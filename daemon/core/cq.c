@@ -292,11 +292,7 @@ cq_ring_doorbell(struct cq *q)
 	atomic_fetch_add_explicit(doorbell(q) ? &doorbells_rung : &doorbells_skipped, 1, memory_order_relaxed);
 }
 
-/*
- * A record is due soon: a client thread asleep in a wait (cq_sleepers) is woken now, with no
- * record, so that it spins when the record comes (engine_chunk_soon).  The count is a hint:
- * read unordered, a wake missed or spent costs that thread a little time only.
- */
+/* Whether a thread of q's client says it sleeps in a wait (cq_sleepers): a hint, read unordered. */
 bool
 cq_asleep(const struct cq *q)
 {
@@ -304,6 +300,11 @@ cq_asleep(const struct cq *q)
 	    !__atomic_load_n(&q->broken, __ATOMIC_RELAXED);
 }
 
+/*
+ * A record is due soon: a client thread asleep in a wait is woken now, with no record, so that
+ * it spins when the record comes (engine_chunk_soon).  A wake missed or spent costs that thread
+ * a little time only.
+ */
 void
 cq_wake(struct cq *q)
 {

@@ -174,8 +174,9 @@ host_worker(void *unused)
 	while (engine_next_chunk(PATH_HOST, &c, true, chunk_size, HOST_CHUNK_PIECES)) {
 		struct job *j = c.job;
 		uint64_t left = c.bytes, off = c.off;
-		/* A long job's last chunk takes about as long as a sleeping client's wake-up. */
-		if (c.last && j->total > chunk_size)
+		/* A long job's last chunk takes about as long as a sleeping client's wake-up (only the
+		 * last one counts: engine_chunk_soon). */
+		if (j->total > chunk_size)
 			engine_chunk_soon(&c);
 		if (j->plist != NULL) {
 			host_pages(&c);
@@ -660,7 +661,7 @@ engine_chunk_soon(const struct chunk *c)
 	if (!c->last || !cq_asleep(j->cq))
 		return;                     /* (most clients spin through their copies) */
 	pthread_mutex_lock(&elock);     /* (j lives: c is one of its chunks out) */
-	end = c->last && !j->failed && !j->cancelled && (j->group == NULL || atomic_load(&j->group->left) == 1);
+	end = !j->failed && !j->cancelled && (j->group == NULL || atomic_load(&j->group->left) == 1);
 	pthread_mutex_unlock(&elock);
 	if (end)
 		cq_wake(j->cq);

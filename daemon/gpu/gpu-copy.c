@@ -441,12 +441,12 @@ chunk_class(const struct chunk *c)
 
 /*
  * Chunk c is queued on stream s and ends when the stream's completion word reaches seq: the
- * next entry of the stream's pending ring, with when it should end (0: untimed, and then so is
- * what queues behind it) and its list slot (-1: none).
+ * next entry of the stream's pending ring, with its kind (chunk_class), when it should end (0:
+ * untimed, and then so is what queues behind it) and its list slot (-1: none).
  */
 static void
-pend_push(struct gdev *g, int s, const struct chunk *c, uint64_t seq, uint64_t now, uint64_t due, int slot,
-    bool mark)
+pend_push(struct gdev *g, int s, const struct chunk *c, uint8_t cls, uint64_t seq, uint64_t now, uint64_t due,
+    int slot, bool mark)
 {
 	const int at = (g->phead[s] + g->npend[s]) % PEND_MAX;
 
@@ -454,7 +454,7 @@ pend_push(struct gdev *g, int s, const struct chunk *c, uint64_t seq, uint64_t n
 		g->last_end[s] = now;       /* the stream was idle: this chunk starts now */
 	g->tail_due[s] = due ? due : UINT64_MAX;
 	g->pend[s][at] = (struct pend){ .c = *c, .seq = seq, .t_issue = now, .due = due, .stream = s, .slot = slot,
-	    .cls = chunk_class(c), .marked = mark };
+	    .cls = cls, .marked = mark };
 	if (c->last && due != 0)
 		g->pend[s][at].wake = due > now + WAKE_LEAD_NS ? due - WAKE_LEAD_NS : now;
 	g->npend[s]++;
@@ -511,7 +511,7 @@ issue(struct gdev *g, struct chunk *c)
 	uint64_t due = 0;
 	if (c->bytes >= TIMED_MIN && g->ns_per_byte[cls] > 0 && base != UINT64_MAX)
 		due = (base > now ? base : now) + (uint64_t)(c->bytes * g->ns_per_byte[cls]);
-	pend_push(g, s, c, ++g->issued[s], now, due, slot, mark);
+	pend_push(g, s, c, cls, ++g->issued[s], now, due, slot, mark);
 	return 0;
 }
 
@@ -597,7 +597,7 @@ issue_quick(struct gdev *g, struct chunk *c, enum path_kind path, int room)
 	if (n > 1)
 		atomic_fetch_add_explicit(&batched, (uint64_t)n, memory_order_relaxed);
 	for (int i = 0; i < n; i++)
-		pend_push(g, s, &batch[i], seq, now, 0, -1, false);   /* one word ends them all; untimed */
+		pend_push(g, s, &batch[i], chunk_class(&batch[i]), seq, now, 0, -1, false);   /* one word, untimed */
 	return n + extra;
 }
 
