@@ -22,6 +22,12 @@
  * answers, and C fail within the bound, each with its reason.
  *   fabric-test addr-again SOCK_B SOCK_E PORT_E
  * after E went away and came back: B's next import by address dials it again.
+ *
+ * Two connections between the same nodes:
+ *   fabric-test dup SOCK_G SOCK_H LOG_G
+ * H ("nodeh") dialled G ("nodeg") while G's own dial of H waits for its retry: H's client
+ * imports G's export through H's connection and copies; then G's dial reaches H, and G, which
+ * decides, must keep the older connection: the same import still copies both ways.
  */
 #include "config.h"
 
@@ -301,6 +307,64 @@ out:
 	return tap_failed ? 1 : 0;
 }
 
+/* Whether the file at path holds s. */
+static bool
+file_has(const char *path, const char *s)
+{
+	static char buf[1 << 20];
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+
+	if (f != NULL)
+		fclose(f);
+	buf[n] = '\0';
+	return strstr(buf, s) != NULL;
+}
+
+/* fabric-test dup ...: see the top of the file. */
+static int
+duplicate(int argc, char **argv)
+{
+	const char *dup = "two connections with nodeh";
+	gpx_conn *cg, *ch;
+	gpx_region rg, rh, rkv;
+	void *pg, *ph;
+	int fg, fh, e;
+	uint64_t len = 0;
+
+	if (argc != 5) {
+		fprintf(stderr, "usage: fabric-test dup SOCK_G SOCK_H LOG_G\n");
+		return 99;
+	}
+	if (gpx_connect(argv[2], "dup-owner", &cg) < 0 || gpx_connect(argv[3], "dup-user", &ch) < 0 ||
+	    host_buf(cg, &fg, &pg, &rg) < 0 || host_buf(ch, &fh, &ph, &rh) < 0) {
+		printf("Bail out! cannot connect to G and H and register host memory\n");
+		return 99;
+	}
+	fill(pg, SZ, 21);
+	fill(ph, SZ, 22);
+	e = gpx_export_remote(cg, rg, "kv", NULL, NULL);
+	e = e ? e : import_retry(ch, "nodeg:kv", &rkv, &len, 10);
+	ok(e == 0 && len == SZ, "H imports nodeg:kv (%s)", e ? gpx_last_error(ch) : "ok");
+	ok(!file_has(argv[4], dup), "... through H's own connection, before G's dial of H came back");
+	e = e ? e : gpx_copy_sync(ch, rkv, 0, rh, 0, 4096);
+	ok(e == 0 && memcmp(pg, ph, 4096) == 0, "4 KiB read across through it");
+	double end = now() + 10;
+	while (!file_has(argv[4], dup) && now() < end)
+		usleep(50000);
+	ok(file_has(argv[4], dup), "G's own dial reached H: G logged a second connection with nodeh");
+	e = gpx_copy_sync(ch, rh, 0, rkv, 0, SZ);
+	ok(e == 0 && memcmp(pg, ph, SZ) == 0, "the import made before still writes 8 MiB across (%s)",
+	    e ? gpx_last_error(ch) : "ok");
+	fill(pg, SZ, 23);
+	e = gpx_copy_sync(ch, rkv, 0, rh, 0, SZ);
+	ok(e == 0 && memcmp(pg, ph, SZ) == 0, "... and reads 8 MiB (%s)", e ? gpx_last_error(ch) : "ok");
+	gpx_close(ch);
+	gpx_close(cg);
+	printf("1..%d\n", tap_count);
+	return tap_failed ? 1 : 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -315,6 +379,8 @@ main(int argc, char **argv)
 
 	if (argc >= 2 && strncmp(argv[1], "addr", 4) == 0)
 		return by_address(argc, argv, bound);
+	if (argc >= 2 && strcmp(argv[1], "dup") == 0)
+		return duplicate(argc, argv);
 	if (argc != 4 && argc != 5) {
 		fprintf(stderr, "usage: fabric-test SOCK_A SOCK_B PID_A [SOCK_F]\n");
 		return 99;

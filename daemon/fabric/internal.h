@@ -151,6 +151,7 @@ int peer_send(struct peer *, const Gpxpeer__PeerMsg *, const void *data, size_t 
 void peer_bye(struct peer *, const char *why);
 /* The ready connection to node `name`, or NULL. */
 struct peer *peer_by_node(const char *name);
+struct peer *peer_by_epoch(const char *name, uint32_t epoch);
 void peer_node_gone(const char *node, const char *why);    /* the hooks of the same names */
 bool peer_node_up(const char *node);
 struct phandle *peer_handle(struct peer *, uint64_t id);

@@ -7,8 +7,10 @@
  * RDMA offer (rdma-qp.c).  Until Ready nothing but these messages is accepted (peer.c caps
  * their size far lower), and a side that fails to prove the key is told so and dropped.
  *
- * Two daemons that both list each other end up with two connections; once both are
- * authenticated, the one opened by the node with the smaller name is kept on both sides.
+ * Two daemons that both list each other can end up with two connections.  The older one is
+ * kept, since imports may already hang on it; only the node with the smaller name decides, so
+ * that both sides agree: it closes the newer one as soon as that is ready, and the other side
+ * keeps both until then, serving everything through the older (peer_by_node).
  */
 #include "config.h"
 
@@ -133,17 +135,6 @@ peer_auth_hello(struct peer *p)
 	peer_send(p, &m, NULL, 0);
 }
 
-/* Which of two connections between the same two nodes both sides keep: the one opened by the
- * smaller node name (the older one if the same side opened both). */
-static bool
-keeps(const struct peer *a, const struct peer *b)
-{
-	const char *ia = a->outbound ? peer_self : a->node, *ib = b->outbound ? peer_self : b->node;
-	int c = strcmp(ia, ib);
-
-	return c != 0 ? c < 0 : a->t_ready <= b->t_ready;
-}
-
 static void
 become_ready(struct peer *p)
 {
@@ -158,20 +149,21 @@ become_ready(struct peer *p)
 	TAILQ_FOREACH(q, &peers, entry)
 		if (q != p && q->state == PEER_READY && strcmp(q->node, p->node) == 0)
 			break;
-	if (q != NULL) {
-		struct peer *loser = keeps(p, q) ? q : p;
-		log_info("fabric: two connections with %s: keeping the one opened by %s", p->node,
-		    loser == p ? (q->outbound ? peer_self : q->node) : (p->outbound ? peer_self : p->node));
-		peer_kill(loser, "duplicate connection");
-		if (loser == p)
-			return;
+	if (q != NULL && strcmp(peer_self, p->node) < 0) {
+		log_info("fabric: two connections with %s: keeping the older one (%s, %s)", p->node, q->addr,
+		    q->outbound ? "outbound" : "inbound");
+		peer_bye(p, "duplicate connection");
+		peer_kill(p, "duplicate connection");
+		return;
 	}
+	if (q != NULL)
+		log_debug("fabric", "a second connection with %s (%s): %s closes one", p->node, p->addr, p->node);
 	log_info("fabric: peer %s (%s, %s) ready: protocol %u, epoch %08x, transport %s", p->node,
 	    p->addr, p->target && p->target->on_demand ? "dialled on demand" : p->outbound ? "outbound" :
 	    "inbound", p->version, p->epoch,
 	    fabric_rdma_device() ? "tcp until its rdma queue pairs connect" : "tcp");
 	if (p->target != NULL)
-		peer_import_target_ready(p->target, p);
+		peer_import_target_ready(p->target, peer_by_node(p->node));
 }
 
 static void

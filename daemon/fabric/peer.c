@@ -188,13 +188,29 @@ peer_free(struct peer *p)
 	free(p);
 }
 
+/* The connection with a node that new work goes through: the older one while there are two
+ * (peer-auth.c). */
 struct peer *
 peer_by_node(const char *name)
+{
+	struct peer *p, *best = NULL;
+
+	TAILQ_FOREACH(p, &peers, entry)
+		if (p->state == PEER_READY && strcmp(p->node, name) == 0 &&
+		    (best == NULL || p->t_ready < best->t_ready))
+			best = p;
+	return best;
+}
+
+/* The connection that a handle, an import or a request of that epoch came through, if it still
+ * stands. */
+struct peer *
+peer_by_epoch(const char *name, uint32_t epoch)
 {
 	struct peer *p;
 
 	TAILQ_FOREACH(p, &peers, entry)
-		if (p->state == PEER_READY && strcmp(p->node, name) == 0)
+		if (p->state == PEER_READY && p->epoch == epoch && strcmp(p->node, name) == 0)
 			return p;
 	return NULL;
 }
@@ -264,6 +280,12 @@ dispatch(struct peer *p, const Gpxpeer__PeerMsg *m, struct evbuffer *in, size_t 
 	}
 	if (m->body_case == GPXPEER__PEER_MSG__BODY_BYE) {
 		char why[96];
+		/* It closes the newer of two connections with us (peer-auth.c): not news for the log. */
+		if (m->bye->reason != NULL && strcmp(m->bye->reason, "duplicate connection") == 0 &&
+		    p->state == PEER_READY && peer_by_node(p->node) != p) {
+			peer_kill(p, "duplicate connection");
+			return;
+		}
 		snprintf(why, sizeof(why), "it said bye: %.64s", m->bye->reason ? m->bye->reason : "");
 		for (char *s = why; *s; s++)
 			if (*s < 0x20 || *s > 0x7e)

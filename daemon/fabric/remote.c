@@ -116,7 +116,7 @@ remote_xfer_check(const struct region *src, const struct region *dst, char *err,
 		    sm ? sm->node : "?", dm ? dm->node : "?");
 		return -GPX__STATUS__ENOTSUP;
 	}
-	if (rm == NULL || (p = peer_by_node(rm->node)) == NULL || p->epoch != rm->epoch) {
+	if (rm == NULL || (p = peer_by_epoch(rm->node, rm->epoch)) == NULL) {
 		snprintf(err, errlen, "the connection to peer %s this region was imported through has "
 		    "ended: import it again", rm ? rm->node : "?");
 		return -GPX__STATUS__EREVOKED;
@@ -129,9 +129,9 @@ remote_xfer_check(const struct region *src, const struct region *dst, char *err,
 void
 remote_release(const char *n, uint32_t epoch, uint64_t handle)
 {
-	struct peer *p = peer_by_node(n);
+	struct peer *p = peer_by_epoch(n, epoch);
 
-	if (p == NULL || p->epoch != epoch)
+	if (p == NULL)
 		return;          /* that connection is gone, and its handles with it */
 	if (p->nimports > 0)
 		p->nimports--;

@@ -195,9 +195,9 @@ staged_out(void *arg, bool ok)
 {
 	struct fop *f = arg;
 	const struct remote *rm = f->c.job->dst->priv;
-	struct peer *p = rm ? peer_by_node(rm->node) : NULL;
+	struct peer *p = rm ? peer_by_epoch(rm->node, rm->epoch) : NULL;
 
-	if (!ok || !running || p == NULL || p->epoch != rm->epoch) {
+	if (!ok || !running || p == NULL) {
 		fop_free(f, false);
 		pump();
 		return;
@@ -225,10 +225,10 @@ start_chunk(struct chunk *c)
 	bool write = j->dst->kind == GPX__MEM_KIND__MEM_REMOTE;
 	struct region *local = write ? j->src : j->dst;
 	const struct remote *rm = (write ? j->dst : j->src)->priv;
-	struct peer *p = rm ? peer_by_node(rm->node) : NULL;
+	struct peer *p = rm ? peer_by_epoch(rm->node, rm->epoch) : NULL;
 	struct fop *f;
 
-	if (p == NULL || p->epoch != rm->epoch || (f = calloc(1, sizeof(*f))) == NULL) {
+	if (p == NULL || (f = calloc(1, sizeof(*f))) == NULL) {
 		log_debug("fabric", "client %llu tag %llu: peer %s unreachable", (unsigned long long)j->client,
 		    (unsigned long long)j->tag, rm ? rm->node : "?");
 		fabric_chunks->done(c, false);

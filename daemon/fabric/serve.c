@@ -85,7 +85,7 @@ static void
 served(void *arg, bool ok)
 {
 	struct sreq *q = arg;
-	struct peer *p = peer_by_node(q->node);
+	struct peer *p = peer_by_epoch(q->node, q->epoch);
 
 	if (ok && q->notify != 0) {
 		notify_owner(q->r, q->notify);
@@ -93,7 +93,7 @@ served(void *arg, bool ok)
 			p->notes_msg_rx++;
 	}
 	region_unuse(q->r);
-	if (p != NULL && p->epoch == q->epoch)
+	if (p != NULL)
 		answer(p, q->id, ok ? 0 : GPX__STATUS__EIO, ok && q->read ? q->buf : NULL, ok && q->read ? q->len : 0);
 	stage_put(q->buf);
 	free(q);
