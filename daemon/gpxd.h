@@ -332,8 +332,12 @@ struct mem_ops {
 };
 
 struct region {
-	atomic_int refs;             /* lifetime of this struct: handles + jobs */
-	atomic_int users;            /* lifetime of the mapping: owner handle + jobs */
+	/*
+	 * Two counts in one word (region.c), so that a job takes and gives back both with one
+	 * atomic operation: refs in the low half, the lifetime of this struct (handles + jobs);
+	 * users in the high half, the lifetime of the mapping (owner handle + jobs).
+	 */
+	_Atomic uint64_t counts;
 	atomic_bool revoked;
 	const struct mem_ops *ops;
 	Gpx__MemKind kind;
@@ -372,10 +376,15 @@ struct region {
 
 /* ---- region.c: regions, their references and revocation ---- */
 struct region *region_new(void);
+void region_init(struct region *);
 void region_ref(struct region *);
 void region_unref(struct region *);
 bool region_use(struct region *);   /* takes a mapping user; false if revoked */
 void region_unuse(struct region *);
+bool region_hold(struct region *);  /* a user and a reference at once; false if revoked */
+void region_drop(struct region *);  /* gives both back */
+uint32_t region_refs(const struct region *);
+uint32_t region_users(const struct region *);
 void region_revoke(struct region *);
 /*
  * What must let go of a region's memory before its kind closes the mapping (the fabric's RDMA

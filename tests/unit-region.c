@@ -33,21 +33,21 @@ test_region(void)
 {
 	struct region *r = region_new();
 
-	ok(r != NULL && atomic_load(&r->refs) == 1 && atomic_load(&r->users) == 1 && !atomic_load(&r->revoked) &&
+	ok(r != NULL && region_refs(r) == 1 && region_users(r) == 1 && !atomic_load(&r->revoked) &&
 	    r->fd == -1 && r->dev == DEV_HOST, "region_new: one ref, one user, not revoked");
 	r->ops = &fake_ops;
-	ok(region_use(r) && atomic_load(&r->users) == 2, "region_use takes a user");
+	ok(region_use(r) && region_users(r) == 2, "region_use takes a user");
 	region_revoke(r);
-	ok(atomic_load(&r->revoked) && atomic_load(&r->users) == 1 && closes == 0,
+	ok(atomic_load(&r->revoked) && region_users(r) == 1 && closes == 0,
 	    "region_revoke drops the owner's user; a running job keeps the mapping");
 	ok(!region_use(r), "region_use fails once revoked");
 	region_unuse(r);
-	ok(closes == 1 && atomic_load(&r->users) == 0, "the last user closes the mapping");
+	ok(closes == 1 && region_users(r) == 0, "the last user closes the mapping");
 	region_revoke(r);
-	ok(closes == 1 && atomic_load(&r->users) == 0, "revoking twice changes nothing");
+	ok(closes == 1 && region_users(r) == 0, "revoking twice changes nothing");
 	ok(!region_use(r), "region_use fails with no user left");
 	region_ref(r);
-	ok(atomic_load(&r->refs) == 2, "region_ref");
+	ok(region_refs(r) == 2, "region_ref");
 	/* What the region holds goes with its last reference, not before: a queue reference it
 	 * carries shows which unref tore it down (and the sanitizer build sees any leak of it). */
 	char qerr[128];
@@ -56,7 +56,7 @@ test_region(void)
 	cq_ref(held);
 	r->notify_cq = held;
 	region_unref(r);
-	ok(atomic_load(&r->refs) == 1 && atomic_load(&held->refs) == 2, "region_unref of one of two references keeps it");
+	ok(region_refs(r) == 1 && atomic_load(&held->refs) == 2, "region_unref of one of two references keeps it");
 	region_unref(r);     /* freed here; the sanitizer build would see any use after */
 	ok(atomic_load(&held->refs) == 1, "region_unref frees on the last reference, and drops what the region held");
 	cq_unref(held);
@@ -66,6 +66,30 @@ test_region(void)
 	region_revoke(r);
 	ok(closes == 2, "revoking an idle region closes its mapping at once");
 	region_unref(r);
+
+	/* A job's hold: a user and a reference in one step, given back in one. */
+	r = region_new();
+	r->ops = &fake_ops;
+	ok(region_hold(r) && region_hold(r) && region_users(r) == 3 && region_refs(r) == 3,
+	    "region_hold takes a user and a reference (twice: 3 and 3)");
+	region_drop(r);
+	ok(region_users(r) == 2 && region_refs(r) == 2 && closes == 2, "region_drop gives both back");
+	region_revoke(r);
+	ok(!region_hold(r) && region_users(r) == 1 && region_refs(r) == 2 && closes == 2,
+	    "region_hold fails once revoked, and takes nothing");
+	region_ref(r);                      /* an importer's handle, so that the struct outlives the drop */
+	region_drop(r);
+	ok(closes == 3 && region_users(r) == 0 && region_refs(r) == 2,
+	    "region_drop by the last user closes the mapping, the struct stays referenced");
+	region_unref(r);
+	region_unref(r);     /* freed here */
+	r = region_new();
+	r->ops = &fake_ops;
+	ok(region_hold(r), "a job holds a new region");
+	region_revoke(r);
+	region_unref(r);                    /* the owner's handle goes while the job runs */
+	region_drop(r);                     /* closes, then frees: the sanitizer build sees any use after */
+	ok(closes == 4, "the job's drop, last of all, closes the mapping and frees the region");
 
 	/* An owner's notification queue goes with the mapping, not with the last importer. */
 	char err[128];

@@ -495,14 +495,10 @@ engine_free_job(struct job *j)
 		}
 	for (uint32_t k = 0; k < j->npairs; k++) {
 		struct jpair *p = &j->pairs[k];
-		if (p->src != NULL) {
-			region_unuse(p->src);
-			region_unref(p->src);
-		}
-		if (p->dst != NULL) {
-			region_unuse(p->dst);
-			region_unref(p->dst);
-		}
+		if (p->src != NULL)
+			region_drop(p->src);
+		if (p->dst != NULL)
+			region_drop(p->dst);
 	}
 	if (j->pairs != &j->one)
 		free(j->pairs);

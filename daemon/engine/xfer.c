@@ -466,20 +466,16 @@ job_hold(struct job *j, char *err, size_t errlen)
 		struct jpair *p = &j->pairs[k];
 		struct region *side[2] = { p->src, p->dst };
 		for (int i = 0; i < 2; i++)
-			if (!region_use(side[i])) {
+			if (!region_hold(side[i])) {
 				snprintf(err, errlen, "%s region was withdrawn by its owner", i ? "destination" : "source");
 				if (i == 1)
-					region_unuse(p->src);
+					region_drop(p->src);
 				while (k-- > 0) {
-					region_unuse(j->pairs[k].src);
-					region_unuse(j->pairs[k].dst);
+					region_drop(j->pairs[k].src);
+					region_drop(j->pairs[k].dst);
 				}
 				return -GPX__STATUS__EREVOKED;
 			}
-	}
-	for (uint32_t k = 0; k < j->npairs; k++) {
-		region_ref(j->pairs[k].src);
-		region_ref(j->pairs[k].dst);
 	}
 	j->src = j->pairs[0].src;
 	j->dst = j->pairs[0].dst;
@@ -653,10 +649,8 @@ build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct
 			for (struct job *h = k->head; h != j; h = h->gnext) {
 				/* the groups before let go of what they took */
 				for (uint32_t q = 0; q < h->npairs; q++) {
-					region_unuse(h->pairs[q].src);
-					region_unref(h->pairs[q].src);
-					region_unuse(h->pairs[q].dst);
-					region_unref(h->pairs[q].dst);
+					region_drop(h->pairs[q].src);
+					region_drop(h->pairs[q].dst);
 				}
 			}
 out:

@@ -350,13 +350,11 @@ stage_init(struct event_base *b)
 		st.nslots = 0;
 	}
 	st.free_mask = st.nslots == 64 ? ~0ull : (1ull << st.nslots) - 1;
+	region_init(&st.pool_r);
 	st.pool_r.ops = &mem_host_ops;
 	st.pool_r.kind = GPX__MEM_KIND__MEM_HOST;
-	st.pool_r.dev = DEV_HOST;
 	st.pool_r.host = st.pool;
 	st.pool_r.length = st.slot * st.nslots;
-	atomic_init(&st.pool_r.refs, 1);
-	atomic_init(&st.pool_r.users, 1);
 	if ((st.done_ev = event_new(b, -1, 0, on_done, NULL)) == NULL ||
 	    pthread_create(&st.thread, NULL, stage_main, NULL) != 0) {
 		log_warnx("fabric: cannot start the staging thread");
