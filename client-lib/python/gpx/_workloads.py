@@ -34,7 +34,9 @@ busy while it ran (/proc/PID/stat); figures with a target end in met or NOT MET.
 
 Without a GPU (or without torch) kv and weights run the same shapes, smaller, in host memory
 (HostBuffers viewed through numpy, the baseline a numpy gather / scatter through the shared
-memory), so that CI runs them as a test of function, not of speed.
+memory), so that CI runs them as a test of function, not of speed.  There weights prints its
+fixed cost too (the same 256 bytes of each tensor), with gpxd's stages: their CPU work is the
+same as on a GPU, less the launch.
 """
 
 import multiprocessing
@@ -789,8 +791,9 @@ def _weights_print(r, devs, runs, alloc):
         print("  gpxd per transfer (full update): " + "; ".join(r["stages"]))
 
 
-def _weights_host(sock, runs):
+def _weights_host(sock, runs, metrics=None):
     import numpy as np
+    from gpx import bench
     sizes = [4096 * (1 + i % 7) for i in range(300)]
     srcs = [gpx.host_alloc(s) for s in sizes]
     dsts = [gpx.host_alloc(s) for s in sizes]
@@ -817,16 +820,33 @@ def _weights_host(sock, runs):
             if any(bytes(s) != bytes(d) for s, d in zip(srcs, dsts)):
                 raise SystemExit("gpx.bench weights: a tensor is not what the trainer holds")
         t_np, t_gpx = _median_time(numpy_way, runs), _median_time(gpx_way, runs)
+        # The fixed cost of an update, as on a GPU: 256 bytes of each tensor, with gpxd's stages.
+        small = [(s, d, 256) for s, d in pairs]
+
+        def gpx_small():
+            b.copy_batch(small).wait()
+
+        def numpy_small():
+            for s, d in zip(srcs, dsts):
+                np.frombuffer(d, dtype=np.uint8)[:256] = np.frombuffer(s, dtype=np.uint8)[:256]
+        t_np_small = _median_time(numpy_small, runs * 20)
+        before = bench.scrape(metrics)
+        t_gpx_small = _median_time(gpx_small, runs * 20)
+        stages = bench.stage_lines(before, bench.scrape(metrics), t_gpx_small)
     nbytes = sum(sizes)
     print(f"weights (host memory, no GPU: a test of function): {len(sizes)} tensors, {nbytes >> 10} KiB")
     _row("full update", "numpy", nbytes / 1e9 / t_np, nbytes / 1e9 / t_gpx, "GB/s",
          f"   gpx {t_gpx * 1e6:.0f} us per update")
+    print(f"  fixed cost per update ({len(sizes)} tensors, 256 bytes each): gpx {t_gpx_small * 1e6:.1f} us, "
+          f"numpy {t_np_small * 1e6:.1f} us (median of {runs * 20})")
+    if stages:
+        print("  gpxd per transfer (fixed cost): " + "; ".join(stages))
 
 
 def weights(sock, args):
     torch, ngpu = _torch_gpus()
     if ngpu == 0 or args.host:
-        return _weights_host(sock, args.runs)
+        return _weights_host(sock, args.runs, getattr(args, "metrics", None))
     args.gpu_ran = True
     gpxd, metrics = getattr(args, "gpxd_pid", None), getattr(args, "metrics", None)
     _weights_gpu(sock, (0, 0), args.runs, args.alloc, gpxd, metrics)
