@@ -55,13 +55,13 @@ region_new(void)
 uint32_t
 region_refs(const struct region *r)
 {
-	return refs_of(atomic_load(&((struct region *)r)->counts));
+	return refs_of(atomic_load(&r->counts));
 }
 
 uint32_t
 region_users(const struct region *r)
 {
-	return users_of(atomic_load(&((struct region *)r)->counts));
+	return users_of(atomic_load(&r->counts));
 }
 
 static void

@@ -95,6 +95,9 @@ bool hmac_equal(const uint8_t *a, const uint8_t *b, size_t len);
 #define PEER_DATA_MAX (16u << 20)       /* raw data after one message */
 #define PEER_NONCE_LEN 32
 #define PEER_NAME_MAX 64              /* node names: export_node_name_ok (export.c) */
+/* Why the node that decides closes the newer of two connections (peer-auth.c): the Bye's reason
+ * and the kill's, which neither side logs as a peer going down. */
+#define PEER_DUPLICATE "duplicate connection"
 
 /* ---- peer.c: peer connections and their lifetime ---- */
 enum peer_state { PEER_CONNECTING, PEER_HELLO, PEER_AUTH, PEER_READY, PEER_DEAD };

@@ -152,8 +152,8 @@ become_ready(struct peer *p)
 	if (q != NULL && strcmp(peer_self, p->node) < 0) {
 		log_info("fabric: two connections with %s: keeping the older one (%s, %s)", p->node, q->addr,
 		    q->outbound ? "outbound" : "inbound");
-		peer_bye(p, "duplicate connection");
-		peer_kill(p, "duplicate connection");
+		peer_bye(p, PEER_DUPLICATE);
+		peer_kill(p, PEER_DUPLICATE);
 		return;
 	}
 	if (q != NULL)

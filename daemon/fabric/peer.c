@@ -153,7 +153,7 @@ peer_kill(struct peer *p, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(p->why, sizeof(p->why), fmt, ap);
 	va_end(ap);
-	if (strcmp(p->why, "duplicate connection") == 0)
+	if (strcmp(p->why, PEER_DUPLICATE) == 0)
 		log_debug("fabric", "closed a duplicate connection with %s (%s)", p->node, p->addr);
 	else if (p->target != NULL && p->state != PEER_READY && strcmp(p->why, p->target->why) == 0)
 		log_debug("fabric", "%s: still %s", p->addr, p->why);     /* said once already */
@@ -281,9 +281,9 @@ dispatch(struct peer *p, const Gpxpeer__PeerMsg *m, struct evbuffer *in, size_t 
 	if (m->body_case == GPXPEER__PEER_MSG__BODY_BYE) {
 		char why[96];
 		/* It closes the newer of two connections with us (peer-auth.c): not news for the log. */
-		if (m->bye->reason != NULL && strcmp(m->bye->reason, "duplicate connection") == 0 &&
+		if (m->bye->reason != NULL && strcmp(m->bye->reason, PEER_DUPLICATE) == 0 &&
 		    p->state == PEER_READY && peer_by_node(p->node) != p) {
-			peer_kill(p, "duplicate connection");
+			peer_kill(p, PEER_DUPLICATE);
 			return;
 		}
 		snprintf(why, sizeof(why), "it said bye: %.64s", m->bye->reason ? m->bye->reason : "");
