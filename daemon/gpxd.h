@@ -132,7 +132,7 @@ struct conf {
 	bool trust_legacy_ipc;       /* node is one trust domain: accept cudaIpcMemHandle */
 	bool cuda;                   /* try to load the CUDA driver */
 	bool sm_copy;                /* SM copy kernel for vectored GPU transfers */
-	int sm_copy_blocks;          /* bounded share of the SMs for that kernel */
+	int sm_copy_blocks;          /* the most blocks of a copy kernel's launch */
 	/* per-uid limits */
 	uint32_t max_conns_per_uid;
 	uint32_t max_regions_per_uid;

@@ -173,8 +173,8 @@ test_conf(void)
 	    "an empty unknown section is an error naming its line (%s)", err);
 	conf_free(&c);
 	conf_defaults(&c);
-	ok(c.sm_copy_blocks == 128 && c.fabric_chunk == 1 << 20 && strcmp(c.log_level, "info") == 0,
-	    "conf_defaults: sm_copy_blocks 128, fabric chunk_size 1M, log_level info");
+	ok(c.sm_copy_blocks == 65535 && c.fabric_chunk == 1 << 20 && strcmp(c.log_level, "info") == 0,
+	    "conf_defaults: sm_copy_blocks 65535 (a block for every 8 items), fabric chunk_size 1M, log_level info");
 	conf_free(&c);
 	test_conf_manual();
 	test_conf_section();

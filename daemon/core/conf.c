@@ -54,7 +54,7 @@ const struct conf_key conf_keys[] = {
 	{ "cuda", "enable", K_BOOL, F(cuda), "yes", NULL, NULL, CONF_RESTART },
 	{ "cuda", "trust_legacy_ipc", K_BOOL, F(trust_legacy_ipc), "no", NULL, NULL, CONF_LIVE },
 	{ "cuda", "sm_copy", K_BOOL, F(sm_copy), "yes", NULL, NULL, CONF_LIVE },
-	{ "cuda", "sm_copy_blocks", K_INT, F(sm_copy_blocks), "128", "1", "65535", CONF_LIVE },
+	{ "cuda", "sm_copy_blocks", K_INT, F(sm_copy_blocks), "65535", "1", "65535", CONF_LIVE },
 	{ "limits", "connections_per_uid", K_U32, F(max_conns_per_uid), "256", "1", "1M", CONF_LIVE },
 	{ "limits", "regions_per_uid", K_U32, F(max_regions_per_uid), "65536", "1", "16M", CONF_LIVE },
 	{ "limits", "region_bytes_per_uid", K_U64, F(max_region_bytes_per_uid), "0", "0", NULL, CONF_LIVE },

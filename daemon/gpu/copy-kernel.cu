@@ -3,9 +3,10 @@
  * per copy, so 65,536 scattered 4 KiB pages as separate copies run at a few GB/s; one launch
  * of this kernel moves them at close to link speed.
  *
- * Each warp takes one segment at a time (warp w: segments w, w + warps, ...), so a bounded grid
- * (gpxd.conf cuda.sm_copy_blocks blocks of 256 threads, spread one per SM) keeps a thousand
- * segments in flight while leaving most of each SM's threads to the clients' own kernels.
+ * Each warp takes one segment at a time (warp w: segments w, w + warps, ...).  gpxd launches a
+ * block of 256 threads for every 8 segments, so each warp copies one and its block ends with
+ * it (as a program's own gather kernel is launched); gpxd.conf cuda.sm_copy_blocks can bound
+ * the grid instead, and then warps loop.
  * A lane issues eight 16-byte loads before its eight stores, which hides the latency of the
  * link; segments whose source, destination or length are not 16-byte aligned take 8-byte or
  * byte steps for what remains.  The segment list holds absolute addresses, checked by gpxd.

@@ -50,7 +50,6 @@ static int ndev;
 static CUdevice *devs;          /* these four: ndev each, allocated when the driver is loaded */
 static CUcontext *ctxs;
 static CUfunction *kfn, *kfn_pages, *kfn_few;
-static uint32_t *ksms;          /* SMs each context may use: the copy kernel's largest grid */
 static int driver_version;
 
 static bool
@@ -164,7 +163,7 @@ cuda_load(char *why, size_t whylen)
 	}
 	if ((devs = calloc(ndev, sizeof(*devs))) == NULL || (ctxs = calloc(ndev, sizeof(*ctxs))) == NULL ||
 	    (kfn = calloc(ndev, sizeof(*kfn))) == NULL || (kfn_pages = calloc(ndev, sizeof(*kfn_pages))) == NULL ||
-	    (kfn_few = calloc(ndev, sizeof(*kfn_few))) == NULL || (ksms = calloc(ndev, sizeof(*ksms))) == NULL) {
+	    (kfn_few = calloc(ndev, sizeof(*kfn_few))) == NULL) {
 		snprintf(why, whylen, "out of memory");
 		return -1;
 	}
@@ -241,38 +240,35 @@ cuda_peer(int a, int b, struct gpu_link *l)
 }
 
 /*
- * The SMs the current context may use.  Under CUDA MPS with an active thread percentage (the
- * control daemon's, or CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in gpxd's environment) that is the
- * context's share, which its execution affinity reports; the device's count says all of them.
+ * The SMs the current context may use, said in the log when fewer than all.  Under CUDA MPS
+ * with an active thread percentage (the control daemon's, or CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+ * in gpxd's environment) that is the context's share, which its execution affinity reports:
+ * the copy kernels' blocks run there only.
  */
-static uint32_t
-ctx_sms(int dev, int *all)
+static void
+log_ctx_sms(int dev)
 {
 	CUexecAffinityParam a;
+	int all = 0;
 
-	*all = 0;
-	p_cuDeviceGetAttribute(all, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, devs[dev]);
-	if (p_cuCtxGetExecAffinity(&a, CU_EXEC_AFFINITY_TYPE_SM_COUNT) == CUDA_SUCCESS && a.param.smCount.val > 0)
-		return a.param.smCount.val;
-	return *all > 0 ? (uint32_t)*all : UINT32_MAX;
+	p_cuDeviceGetAttribute(&all, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, devs[dev]);
+	if (p_cuCtxGetExecAffinity(&a, CU_EXEC_AFFINITY_TYPE_SM_COUNT) == CUDA_SUCCESS && a.param.smCount.val > 0 &&
+	    all > 0 && a.param.smCount.val < (unsigned)all)
+		log_info("GPU%d: gpxd's context may use %u of its %d SMs (CUDA MPS active thread percentage)", dev,
+		    a.param.smCount.val, all);
 }
 
 int
 cuda_load_kernel(int dev)
 {
 	CUmodule m;
-	int all;
 
 	if (cuda_use(dev) < 0 || CU(cuModuleLoadData(&m, gpx_copy_fatbin)) < 0 ||
 	    CU(cuModuleGetFunction(&kfn[dev], m, "gpx_copy_segments")) < 0 ||
 	    CU(cuModuleGetFunction(&kfn_pages[dev], m, "gpx_copy_pages")) < 0 ||
 	    CU(cuModuleGetFunction(&kfn_few[dev], m, "gpx_copy_few")) < 0)
 		return -1;
-	/* One block per SM at most: more would only queue on the share the clients' kernels need. */
-	ksms[dev] = ctx_sms(dev, &all);
-	if (all > 0 && ksms[dev] < (uint32_t)all)
-		log_info("GPU%d: gpxd's context may use %u of its %d SMs (CUDA MPS active thread percentage); "
-		    "the copy kernel's grid is at most %u blocks", dev, ksms[dev], all, ksms[dev]);
+	log_ctx_sms(dev);
 	return 0;
 }
 
@@ -353,7 +349,17 @@ cuda_signal(void *s, uint64_t word_dev, uint64_t val)
 	return CU(cuStreamWriteValue64((CUstream)s, (CUdeviceptr)word_dev, val, CU_STREAM_WRITE_VALUE_DEFAULT));
 }
 
-/* A copy kernel over n items (segments or pages), a warp each, 8 warps a block, at most blocks. */
+/*
+ * A copy kernel over n items (segments or pages), a warp each, 8 warps a block, at most
+ * `blocks` (cuda.sm_copy_blocks).  By default that is a block for every 8 items, as a
+ * program's own gather kernel is launched: each block ends with its items, so the GPU
+ * schedules the launch beside other work block by block (the quick stream's kernels, and under
+ * MPS the clients' own) and the launch may fill every SM.  On two H100 that moved a
+ * 338-tensor weight push from 0.87x to 0.92x of one flat copy and, under MPS beside the
+ * program's matmuls, a KV handoff from 0.70x to 1.01x of the program's own kernel (which
+ * slowed the matmul step as much): tests/results/gpu2-h100-grid.txt.  A smaller number
+ * bounds the grid; its warps then loop over the items and its blocks stay until it ends.
+ */
 static int
 launch(CUfunction f, void *s, uint32_t n, uint32_t blocks, void **args)
 {
@@ -369,14 +375,13 @@ cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t block
 {
 	void *args[] = { &segs_dev, &n };
 
-	return launch(kfn[dev], s, n, blocks < ksms[dev] ? blocks : ksms[dev], args);
+	return launch(kfn[dev], s, n, blocks, args);
 }
 
 /*
  * The segments travel in the launch itself (struct gpx_kfew of copy-kernel.cu: a count, then
  * the segments), so nothing is uploaded first.  A block of 256 threads for every 8 KiB, at most
- * `blocks` and the SMs the context may use: a 4 KiB copy is one block, a 1 MiB one the whole
- * bounded grid.
+ * `blocks`: a 4 KiB copy is one block, a 1 MiB one 128.
  */
 int
 cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, uint64_t bytes, uint32_t blocks)
@@ -392,8 +397,6 @@ cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, 
 		return -GPX__STATUS__EINVAL;
 	f.n = n;
 	memcpy(f.seg, segs, n * sizeof(*segs));
-	if (blocks > ksms[dev])
-		blocks = ksms[dev];
 	if (blocks > need)
 		blocks = (uint32_t)need;
 	if (blocks == 0)
@@ -407,7 +410,7 @@ cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t npages, const vo
 {
 	void *args[] = { &pages, &npages, &pairs, &item0, &nitems, &size, &head, &bytes };
 
-	return launch(kfn_pages[dev], s, nitems, blocks < ksms[dev] ? blocks : ksms[dev], args);
+	return launch(kfn_pages[dev], s, nitems, blocks, args);
 }
 
 int
