@@ -2,6 +2,7 @@
 memory), the benchmark, and the type stub against what the module really has."""
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -43,6 +44,9 @@ def test_bench_workload_runs(gpxd, mode):
                        env=child_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "gpx" in p.stdout and "GB/s" in p.stdout, p.stdout
+    if mode == "weights":
+        # the fixed cost's parts: what the client's submission takes, apart from its wake-up
+        assert re.search(r"copy_batch until it returns \d+\.\d us", p.stdout), p.stdout
 
 
 def test_bench_targets_file_wins(tmp_path, monkeypatch):

@@ -191,6 +191,18 @@ def _median_time(fn, runs, warm=0.2):
     return statistics.median(times)
 
 
+def _submit_time(submit, runs):
+    """The median time a submission takes until it returns (its wait not timed): the client's
+    own share of a round trip, the rest of its side being its wake-up."""
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        t = submit()
+        times.append(time.perf_counter() - t0)
+        t.wait()
+    return statistics.median(times)
+
+
 def _row(what, base_name, base, gpx_v, unit, extra=""):
     ratio = gpx_v / base if base and gpx_v else float("nan")
     print(f"  {what:<44} {base_name:>10} {base:10.2f}  gpx {gpx_v:10.2f} {unit:<5} {ratio:6.2f}x{extra}")
@@ -719,7 +731,10 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, gpxd, metrics, q, 
         res["stages"] = bench.stage_lines(before, bench.scrape(metrics), res["gpx"])
         res["ipc_small"] = _median_time(ipc_small, runs)
         res["foreach_small"] = _median_time(foreach_small, runs)
-        res["gpx_small"] = _median_time(gpx_small, runs)
+        before = bench.scrape(metrics)
+        res["gpx_small"] = _median_time(gpx_small, runs * 20)
+        res["stages_small"] = bench.stage_lines(before, bench.scrape(metrics), res["gpx_small"])
+        res["submit_small"] = _submit_time(lambda: c.copy_batch(small), runs * 20)
         # One flat copy of the same bytes: what a perfect update would take.
         fa = torch.empty(nbytes, dtype=torch.uint8, device=src[0].device)
         fb = torch.empty(nbytes, dtype=torch.uint8, device=dev)
@@ -789,6 +804,9 @@ def _weights_print(r, devs, runs, alloc):
           f"{_verdict('weights.fixed_us', r['gpx_small'] * 1e6)}")
     if r["stages"]:
         print("  gpxd per transfer (full update): " + "; ".join(r["stages"]))
+    if r["stages_small"]:
+        print("  gpxd per transfer (fixed cost): " + "; ".join(r["stages_small"]))
+    print(f"  of the client's side of the fixed cost: copy_batch until it returns {r['submit_small'] * 1e6:.1f} us")
 
 
 def _weights_host(sock, runs, metrics=None):
@@ -833,6 +851,7 @@ def _weights_host(sock, runs, metrics=None):
         before = bench.scrape(metrics)
         t_gpx_small = _median_time(gpx_small, runs * 20)
         stages = bench.stage_lines(before, bench.scrape(metrics), t_gpx_small)
+        t_submit = _submit_time(lambda: b.copy_batch(small), runs * 20)
     nbytes = sum(sizes)
     print(f"weights (host memory, no GPU: a test of function): {len(sizes)} tensors, {nbytes >> 10} KiB")
     _row("full update", "numpy", nbytes / 1e9 / t_np, nbytes / 1e9 / t_gpx, "GB/s",
@@ -841,6 +860,7 @@ def _weights_host(sock, runs, metrics=None):
           f"numpy {t_np_small * 1e6:.1f} us (median of {runs * 20})")
     if stages:
         print("  gpxd per transfer (fixed cost): " + "; ".join(stages))
+    print(f"  of the client's side of the fixed cost: copy_batch until it returns {t_submit * 1e6:.1f} us")
 
 
 def weights(sock, args):
