@@ -335,10 +335,14 @@ struct region {
 	/*
 	 * Two counts in one word (region.c), so that a job takes and gives back both with one
 	 * atomic operation: refs in the low half, the lifetime of this struct (handles + jobs);
-	 * users in the high half, the lifetime of the mapping (owner handle + jobs).
+	 * users in the high half, the lifetime of the mapping (owner handle + jobs).  The word
+	 * has a cache line of its own: the event loop writes it at every check and a copy worker
+	 * at every job's end, while the worker reads the fields below as it issues the job's
+	 * pieces; in one line with them, each of those reads waited for the line to come back
+	 * from the loop's core (region_new allocates the struct on a line's boundary).
 	 */
-	_Atomic uint64_t counts;
-	atomic_bool revoked;
+	_Alignas(64) _Atomic uint64_t counts;
+	_Alignas(64) atomic_bool revoked;
 	const struct mem_ops *ops;
 	Gpx__MemKind kind;
 	int dev;                     /* DEV_HOST or a gpu index */

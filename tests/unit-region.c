@@ -6,6 +6,8 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
@@ -35,6 +37,11 @@ test_region(void)
 
 	ok(r != NULL && region_refs(r) == 1 && region_users(r) == 1 && !atomic_load(&r->revoked) &&
 	    r->fd == -1 && r->dev == DEV_HOST, "region_new: one ref, one user, not revoked");
+	/* The counts, written by the loop and the copy workers, share no cache line with what the
+	 * workers read as they issue a job's pieces. */
+	ok((uintptr_t)r % 64 == 0 && offsetof(struct region, revoked) >= offsetof(struct region, counts) + 64 &&
+	    offsetof(struct region, dptr) / 64 != offsetof(struct region, counts) / 64,
+	    "region_new: the counts on a cache line of their own");
 	r->ops = &fake_ops;
 	ok(region_use(r) && region_users(r) == 2, "region_use takes a user");
 	region_revoke(r);

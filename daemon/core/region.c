@@ -13,6 +13,7 @@
 #include "config.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "daemon/gpxd.h"
 
@@ -45,10 +46,12 @@ region_init(struct region *r)
 struct region *
 region_new(void)
 {
-	struct region *r = calloc(1, sizeof(*r));
+	struct region *r = aligned_alloc(_Alignof(struct region), sizeof(*r));
 
-	if (r != NULL)
+	if (r != NULL) {
+		memset(r, 0, sizeof(*r));
 		region_init(r);
+	}
 	return r;
 }
 

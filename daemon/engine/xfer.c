@@ -519,8 +519,8 @@ prefetch_regions(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint
 			bool ro;
 			struct region *r = c->region(c->arg, id[i], &ro);
 			if (r != NULL) {
-				__builtin_prefetch(r, 1);
-				__builtin_prefetch((const char *)r + 48, 1);   /* (16-byte aligned: may cross a line) */
+				__builtin_prefetch(r, 1);                        /* its counts, taken below */
+				__builtin_prefetch((const char *)r + 64, 0);     /* what resolve reads */
 			}
 		}
 	}
