@@ -33,6 +33,7 @@ main(void)
 	test_arena();
 	test_region();
 	test_cq();
+	test_host_copy();
 	test_xfer_check();
 	test_engine_chunks();
 

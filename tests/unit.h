@@ -16,6 +16,8 @@ void test_arena(void);
 /* tests/unit-region.c */
 void test_region(void);
 void test_cq(void);
+/* tests/unit-host.c */
+void test_host_copy(void);
 /* tests/unit-xfer.c */
 void test_xfer_check(void);
 void test_engine_chunks(void);

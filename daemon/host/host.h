@@ -13,5 +13,10 @@ extern const struct mem_ops mem_host_ops;
 bool mem_host_fd_ok(int fd, char *err, size_t errlen);
 /* memmove for a host-path chunk; streaming stores when the job (job_bytes) exceeds the caches. */
 void mem_host_copy(void *dst, const void *src, size_t n, uint64_t job_bytes);
+/* Its non-temporal copy from now on: 0 four pages interleaved, 1 line after line; -1 chooses
+ * again, by timing both on the next large jobs' first chunks (as at start).  For tests. */
+void mem_host_nt_way(int way);
+/* The order in use, by name; NULL until chosen. */
+const char *mem_host_nt_order(void);
 
 #endif
