@@ -93,6 +93,7 @@ bool hmac_equal(const uint8_t *a, const uint8_t *b, size_t len);
 #define PEER_MSG_MAX (64 * 1024)        /* a packed PeerMsg, once authenticated */
 #define PEER_PREAUTH_MAX 1024           /* ... before: Hello, Challenge, Auth, Ready, Bye */
 #define PEER_DATA_MAX (16u << 20)       /* raw data after one message */
+#define PEER_FILL_MAX (1u << 20)        /* read or written a turn of the loop, at most */
 #define PEER_NONCE_LEN 32
 #define PEER_NAME_MAX 64              /* node names: export_node_name_ok (export.c) */
 /* Why the node that decides closes the newer of two connections (peer-auth.c): the Bye's reason
