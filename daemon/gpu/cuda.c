@@ -358,8 +358,8 @@ cuda_signal(void *s, uint64_t word_dev, uint64_t val)
  * 338-tensor weight push from 0.87x to 0.92x of one flat copy and, under MPS beside the
  * program's matmuls, a KV handoff from 0.70x to 1.01x of the program's own kernel, slowing
  * the matmul step about as much as that kernel does (1,332 us against its 1,552):
- * tests/results/gpu2-h100-grid.txt.  A smaller number
- * bounds the grid; its warps then loop over the items and its blocks stay until it ends.
+ * tests/results/gpu2-h100-grid.txt.  A smaller number bounds the grid; its warps then loop
+ * over the items and its blocks stay until it ends.
  */
 static int
 launch(CUfunction f, void *s, uint32_t n, uint32_t blocks, void **args)

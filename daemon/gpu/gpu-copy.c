@@ -16,9 +16,9 @@
  * worker polls those words (spinning while work is due soon, sleeping in proportion
  * otherwise): no host callbacks, no driver lock taken per completion.  Contiguous pieces go
  * to copy engines; chunks of many small segments go to one launch of the SM copy kernel
- * (copy-kernel.cu), a block for every 8 of them.  A page transfer (gpx_copy_pages) keeps its checked
- * page list in pinned memory (the page arena), which the kernel reads in place: no list is
- * built or staged per chunk, and a chunk is a byte range of up to BULK_CHUNK.
+ * (copy-kernel.cu), a block for every 8 of them.  A page transfer (gpx_copy_pages) keeps its
+ * checked page list in pinned memory (the page arena), which the kernel reads in place: no
+ * list is built or staged per chunk, and a chunk is a byte range of up to BULK_CHUNK.
  *
  * The workers pull their work from the engine, through the chunk source engine_init hands
  * down (gpu_chunks_from): a pull is the simplest way for a back end that decides for itself

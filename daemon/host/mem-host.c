@@ -26,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -52,7 +51,15 @@ nt_line(char *d, const char *s)
 	_mm_stream_si128((__m128i *)(d + 48), e);
 }
 
-/* Non-temporal copy of n bytes (a multiple of 64) to a 64-byte aligned d, four pages at a time. */
+/* Non-temporal copy of n bytes (a multiple of 64) to a 64-byte aligned d, line after line. */
+static void
+nt_lines(char *d, const char *s, size_t n)
+{
+	for (; n >= 64; n -= 64, d += 64, s += 64)
+		nt_line(d, s);
+}
+
+/* The same, four pages at a time. */
 static void
 nt_pages4(char *d, const char *s, size_t n)
 {
@@ -66,16 +73,7 @@ nt_pages4(char *d, const char *s, size_t n)
 				nt_line(d + k * pg + o, s + k * pg + o);
 				nt_line(d + k * pg + o + 64, s + k * pg + o + 64);
 			}
-	for (; n >= 64; n -= 64, d += 64, s += 64)
-		nt_line(d, s);
-}
-
-/* The same, line after line. */
-static void
-nt_lines(char *d, const char *s, size_t n)
-{
-	for (; n >= 64; n -= 64, d += 64, s += 64)
-		nt_line(d, s);
+	nt_lines(d, s, n);
 }
 
 typedef void nt_fn(char *d, const char *s, size_t n);
@@ -98,15 +96,6 @@ static const struct {
 static _Atomic(nt_fn *) nt_copy;
 static _Atomic uint32_t nt_tried;
 static _Atomic uint64_t nt_best_ps[2] = { UINT64_MAX, UINT64_MAX };    /* picoseconds a byte */
-
-static uint64_t
-mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + ts.tv_nsec;
-}
 
 void
 mem_host_nt_way(int way)
@@ -131,11 +120,11 @@ static void
 nt_try(char *d, const char *s, size_t n, uint32_t trial)
 {
 	const int w = trial & 1;
-	uint64_t t0 = mono_ns();
+	const double t0 = now_s();
 
 	nt_ways[w].fn(d, s, n);
 	_mm_sfence();
-	uint64_t ps = (mono_ns() - t0) * 1000 / n, cur = atomic_load(&nt_best_ps[w]);
+	uint64_t ps = (uint64_t)((now_s() - t0) * 1e12 / n), cur = atomic_load(&nt_best_ps[w]);
 	while (ps < cur && !atomic_compare_exchange_weak(&nt_best_ps[w], &cur, ps))
 		;
 	if (trial == NT_TRIALS - 1) {
