@@ -27,8 +27,8 @@
 	X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute) X(cuCtxEnablePeerAccess) \
 	X(cuStreamCreate) X(cuStreamCreateWithPriority) X(cuCtxGetStreamPriorityRange) \
 	X(cuStreamDestroy) X(cuStreamQuery) X(cuStreamSynchronize) \
-	X(cuStreamWriteValue64) X(cuMemcpyAsync) X(cuMemcpyPeerAsync) X(cuMemcpyHtoDAsync) \
-	X(cuMemAlloc) X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost) \
+	X(cuStreamWriteValue64) X(cuMemcpyAsync) X(cuMemcpyPeerAsync) \
+	X(cuMemFree) X(cuMemHostAlloc) X(cuMemFreeHost) \
 	X(cuMemHostRegister) X(cuMemHostUnregister) \
 	X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) \
 	X(cuMemImportFromShareableHandle) X(cuMemAddressReserve) X(cuMemAddressFree) \
@@ -336,12 +336,6 @@ cuda_copy_peer(void *s, uint64_t dst, int dst_dev, uint64_t src, int src_dev, ui
 	return CU(cuMemcpyPeerAsync((CUdeviceptr)dst, ctxs[dst_dev], (CUdeviceptr)src, ctxs[src_dev], n, (CUstream)s));
 }
 
-int
-cuda_htod(void *s, uint64_t dst, const void *src, uint64_t n)
-{
-	return CU(cuMemcpyHtoDAsync((CUdeviceptr)dst, src, n, (CUstream)s));
-}
-
 /* The stream stores val into a word of mapped host memory once everything before it is done. */
 int
 cuda_signal(void *s, uint64_t word_dev, uint64_t val)
@@ -412,22 +406,6 @@ cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t npages, const vo
 	void *args[] = { &pages, &npages, &pairs, &item0, &nitems, &size, &head, &bytes };
 
 	return launch(kfn_pages[dev], s, nitems, blocks, args);
-}
-
-int
-cuda_alloc(uint64_t *p, size_t n)
-{
-	CUdeviceptr d;
-	int r = CU(cuMemAlloc(&d, n));
-
-	*p = d;
-	return r;
-}
-
-void
-cuda_free(uint64_t p)
-{
-	CU(cuMemFree((CUdeviceptr)p));
 }
 
 /* Pinned, mapped host memory, usable from every context (for signal words and staging). */

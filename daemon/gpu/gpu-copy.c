@@ -16,9 +16,11 @@
  * worker polls those words (spinning while work is due soon, sleeping in proportion
  * otherwise): no host callbacks, no driver lock taken per completion.  Contiguous pieces go
  * to copy engines; chunks of many small segments go to one launch of the SM copy kernel
- * (copy-kernel.cu), a block for every 8 of them.  A page transfer (gpx_copy_pages) keeps its
- * checked page list in pinned memory (the page arena), which the kernel reads in place: no
- * list is built or staged per chunk, and a chunk is a byte range of up to BULK_CHUNK.
+ * (copy-kernel.cu), a block for every 8 of them, which reads its segment list in place from
+ * pinned memory (nothing is uploaded, so a launch uses no copy engine).  A page transfer
+ * (gpx_copy_pages) keeps its checked page list in pinned memory (the page arena), which the
+ * kernel reads in place: no list is built or staged per chunk, and a chunk is a byte range of
+ * up to BULK_CHUNK.
  *
  * The workers pull their work from the engine, through the chunk source engine_init hands
  * down (gpu_chunks_from): a pull is the simplest way for a back end that decides for itself
@@ -77,8 +79,7 @@ struct gdev {
 	uint64_t issued[NSTREAMS];
 	struct pend pend[NSTREAMS][PEND_MAX];
 	int npend[NSTREAMS], phead[NSTREAMS];
-	struct gpu_kseg *kstage[PEND_MAX];  /* pinned staging of kernel segment lists */
-	uint64_t kdev[PEND_MAX];            /* their device copies */
+	struct gpu_kseg *kstage[PEND_MAX];  /* pinned kernel segment lists, read in place */
 	bool slot_busy[PEND_MAX];
 	bool kernel_ok;
 	/*
@@ -287,7 +288,6 @@ issue_kernel(struct gdev *g, struct chunk *c, int slot, int s)
 	uint64_t src = addr_on(j->src, g->index), dst = addr_on(j->dst, g->index), whole = 0;
 	struct gpu_kseg *k = g->kstage[slot];
 	const struct gpx_wire_seg *w = &j->segs[c->seg];
-	int r;
 
 	for (uint32_t i = 0; i < pieces; i++) {
 		/* j->segs was just written by the loop thread's core: ask for it ahead */
@@ -299,10 +299,7 @@ issue_kernel(struct gdev *g, struct chunk *c, int slot, int s)
 	k[0].dst += c->off;
 	k[0].len -= c->off;
 	k[pieces - 1].len -= whole - c->off - c->bytes;
-	r = cuda_htod(g->stream[s], g->kdev[slot], k, pieces * sizeof(*k));
-	if (r == 0)
-		r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], pieces, gcfg()->sm_copy_blocks);
-	return r;
+	return cuda_kernel_copy(g->index, g->stream[s], (uint64_t)(uintptr_t)k, pieces, gcfg()->sm_copy_blocks);
 }
 
 /*
@@ -418,11 +415,8 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s)
 		r = cuda_kernel_copy_few(g->index, g->stream[s], k, nk, kbytes, gcfg()->sm_copy_blocks);
 	else if (r == 0 && nk == 1 && !all)
 		r = cuda_copy(g->stream[s], k[0].dst, k[0].src, k[0].len);     /* a launch buys nothing */
-	else if (r == 0 && nk > 0) {
-		r = cuda_htod(g->stream[s], g->kdev[slot], k, nk * sizeof(*k));
-		if (r == 0)
-			r = cuda_kernel_copy(g->index, g->stream[s], g->kdev[slot], nk, gcfg()->sm_copy_blocks);
-	}
+	else if (r == 0 && nk > 0)
+		r = cuda_kernel_copy(g->index, g->stream[s], (uint64_t)(uintptr_t)k, nk, gcfg()->sm_copy_blocks);
 	return r;
 }
 
@@ -856,8 +850,7 @@ gdev_start(struct gdev *g)
 	g->kernel_ok = cuda_load_kernel(g->index) == 0;
 	for (int i = 0; g->kernel_ok && i < PEND_MAX; i++) {
 		void *h;
-		if (cuda_host_alloc(&h, KSEG_MAX * sizeof(struct gpu_kseg)) < 0 ||
-		    cuda_alloc(&g->kdev[i], KSEG_MAX * sizeof(struct gpu_kseg)) < 0) {
+		if (cuda_host_alloc(&h, KSEG_MAX * sizeof(struct gpu_kseg)) < 0) {
 			g->kernel_ok = false;
 			break;
 		}

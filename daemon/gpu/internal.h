@@ -48,7 +48,6 @@ int cuda_load_kernel(int dev);
 int cuda_stream_new_urgent(void **s);    /* of the greatest priority: for small copies */
 int cuda_stream_busy(void *s);
 int cuda_copy_peer(void *s, uint64_t dst, int dst_dev, uint64_t src, int src_dev, uint64_t n);
-int cuda_htod(void *s, uint64_t dst, const void *src, uint64_t n);
 int cuda_signal(void *s, uint64_t word, uint64_t val);
 int cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t blocks);
 /* n <= GPU_KFEW_MAX segments of `bytes` together, passed by value: no staging, no copy engine. */
@@ -61,8 +60,6 @@ int cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t
  */
 int cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t npages, const void *pairs, uint32_t item0,
     uint32_t nitems, uint64_t size, uint64_t head, uint64_t bytes, uint32_t blocks);
-int cuda_alloc(uint64_t *p, size_t n);
-void cuda_free(uint64_t p);
 int cuda_host_register(void *p, size_t n, bool read_only);
 void cuda_host_unregister(void *p);
 int cuda_ipc_open(int dev, const uint8_t handle[64], uint64_t *dptr);
