@@ -87,13 +87,24 @@ gpx_copy_segments(const struct gpx_kseg *__restrict__ segs, uint32_t n)
  * upload would be a copy of its own), and cannot queue behind copy-engine work of gpxd's bulk
  * streams or, under MPS, of other processes on the GPU.  Every segment is spread over the
  * whole grid, which the daemon sizes to the bytes.  KFEW_MAX matches GPU_KFEW_MAX in gpu.h.
+ *
+ * The launch also says it is done: the last block to finish writes seq into the stream's
+ * completion word (pinned host memory, polled by gpxd's worker), after a system-wide fence,
+ * as a stream memory operation after the launch would, but without that second operation: the
+ * GPU need not wait for the kernel to drain before it, nor gpxd make a second driver call.
+ * The blocks count themselves in few_blocks, which the last one sets back to 0 (atomicInc
+ * wraps); the quick stream's launches run one after another, so one counter serves them.
  */
 #define KFEW_MAX 32
 
 struct gpx_kfew {
 	uint64_t n;
+	uint64_t done;          /* where to write seq once every block is done; 0: nowhere */
+	uint64_t seq;
 	struct gpx_kseg seg[KFEW_MAX];
 };
+
+static __device__ unsigned int few_blocks;
 
 extern "C" __global__ void __launch_bounds__(256)
 gpx_copy_few(const struct gpx_kfew f)
@@ -103,6 +114,16 @@ gpx_copy_few(const struct gpx_kfew f)
 
 	for (uint32_t s = 0; s < f.n; s++)
 		copy_strided((const char *)f.seg[s].src, (char *)f.seg[s].dst, f.seg[s].len, t, nt);   /* the whole grid */
+	if (f.done == 0)
+		return;
+	__syncthreads();                /* this block's stores, seen by its thread 0 */
+	if (threadIdx.x != 0)
+		return;
+	__threadfence();                /* ... and ordered before its count */
+	if (gridDim.x > 1 && atomicInc(&few_blocks, gridDim.x - 1) != gridDim.x - 1)
+		return;
+	__threadfence_system();         /* every block's stores before the word, to every observer */
+	*(volatile unsigned long long *)f.done = f.seq;
 }
 
 /*

@@ -374,15 +374,20 @@ cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t block
 }
 
 /*
- * The segments travel in the launch itself (struct gpx_kfew of copy-kernel.cu: a count, then
- * the segments), so nothing is uploaded first.  A block of 256 threads for every 8 KiB, at most
- * `blocks`: a 4 KiB copy is one block, a 1 MiB one 128.
+ * The segments travel in the launch itself (struct gpx_kfew of copy-kernel.cu: a count, the
+ * completion word and its value, then the segments), so nothing is uploaded first.  A block of
+ * 256 threads for every 8 KiB, at most `blocks`: a 4 KiB copy is one block, a 1 MiB one 128.
+ * With `word`, the kernel's last block writes seq there once every block is done, in place of
+ * a cuda_signal after it.
  */
 int
-cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, uint64_t bytes, uint32_t blocks)
+cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, uint64_t bytes, uint32_t blocks,
+    uint64_t word, uint64_t seq)
 {
 	struct {
 		uint64_t n;
+		uint64_t done;
+		uint64_t seq;
 		struct gpu_kseg seg[GPU_KFEW_MAX];
 	} f;
 	void *args[] = { &f };
@@ -391,6 +396,8 @@ cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, 
 	if (n == 0 || n > GPU_KFEW_MAX)
 		return -GPX__STATUS__EINVAL;
 	f.n = n;
+	f.done = word;
+	f.seq = seq;
 	memcpy(f.seg, segs, n * sizeof(*segs));
 	if (blocks > need)
 		blocks = (uint32_t)need;

@@ -12,7 +12,8 @@
  * at the speed of one.  When the bulk streams are full, small copies (of anyone) still go onto
  * the quick stream, a few at a time: one client keeping them full cannot hold another's small
  * copy back.
- * After each chunk it has the stream write a sequence number into pinned host memory.  The
+ * After each chunk it has the stream write a sequence number into pinned host memory (a
+ * small chunk's launch of gpx_copy_few writes it itself, from its last block).  The
  * worker polls those words (spinning while work is due soon, sleeping in proportion
  * otherwise): no host callbacks, no driver lock taken per completion.  Contiguous pieces go
  * to copy engines; chunks of many small segments go to one launch of the SM copy kernel
@@ -364,7 +365,7 @@ tile_size(uint64_t bytes, uint32_t entries)
  * (memory not mapped in this context) keep the copy engine.
  */
 static int
-issue_segs(struct gdev *g, struct chunk *c, int slot, int s)
+issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool *signaled)
 {
 	struct job *j = c->job;
 	const uint32_t pieces = c->pieces ? c->pieces : 1;
@@ -411,8 +412,12 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s)
 		else
 			r = cuda_copy(g->stream[s], dst + w->dst_offset + off, src + w->src_offset + off, len);
 	}
-	if (r == 0 && quick && nk > 0 && nk <= GPU_KFEW_MAX)
-		r = cuda_kernel_copy_few(g->index, g->stream[s], k, nk, kbytes, gcfg()->sm_copy_blocks);
+	if (r == 0 && quick && nk > 0 && nk <= GPU_KFEW_MAX) {
+		/* last on the stream for this chunk: the launch writes its completion word itself */
+		r = cuda_kernel_copy_few(g->index, g->stream[s], k, nk, kbytes, gcfg()->sm_copy_blocks,
+		    (uint64_t)(uintptr_t)&g->done[s], g->issued[s] + 1);
+		*signaled = r == 0;
+	}
 	else if (r == 0 && nk == 1 && !all)
 		r = cuda_copy(g->stream[s], k[0].dst, k[0].src, k[0].len);     /* a launch buys nothing */
 	else if (r == 0 && nk > 0)
@@ -475,7 +480,7 @@ issue(struct gdev *g, struct chunk *c)
 	const uint32_t pieces = c->pieces ? c->pieces : 1;
 	int s = c->bytes <= QUICK_MAX ? S_QUICK : g->npend[S_BULK] <= g->npend[S_BULK2] ? S_BULK : S_BULK2;
 	int slot = free_slot(g), r;
-	bool mark = start_marks && j->t_launched == 0;
+	bool mark = start_marks && j->t_launched == 0, signaled = false;
 
 	if (atomic_exchange(&fault_sticky, false)) {
 		log_warnx("GPU%d: injecting a sticky fault (GPXD_FAULT_INJECT=sticky)", g->index);
@@ -492,8 +497,8 @@ issue(struct gdev *g, struct chunk *c)
 	    kernel_takes(g->index, j->src, j->dst, c->bytes / pieces))
 		r = issue_kernel(g, c, slot, s);
 	else
-		r = issue_segs(g, c, slot, s);
-	if (r == 0)
+		r = issue_segs(g, c, slot, s, &signaled);
+	if (r == 0 && !signaled)
 		r = cuda_signal(g->stream[s], (uint64_t)(uintptr_t)&g->done[s], g->issued[s] + 1);
 	if (r < 0) {
 		issue_failed(g, s, c, 1);
@@ -546,10 +551,11 @@ few_segs(struct gdev *g, const struct chunk *c, struct gpu_kseg *k, uint32_t *nk
 
 /*
  * A small chunk, and with it the small chunks queued behind it that fit: their segments in
- * one launch of the copy kernel on the quick stream, one completion word for all of them.
- * Copies of 4 KiB, 64 in flight, spent ~6 us each in their own launch and completion word
- * (the stage clocks' launch stage), which bounded the rate a GPU's worker sustains.  A chunk
- * taken here that does not fit is issued on its own.  Returns the chunks issued.
+ * one launch of the copy kernel on the quick stream, one completion word for all of them,
+ * which the launch writes itself.  Copies of 4 KiB, 64 in flight, spent ~6 us each in their
+ * own launch and completion word (the stage clocks' launch stage), which bounded the rate a
+ * GPU's worker sustains.  A chunk taken here that does not fit is issued on its own.  Returns
+ * the chunks issued.
  */
 static int
 issue_quick(struct gdev *g, struct chunk *c, enum path_kind path, int room)
@@ -580,9 +586,8 @@ issue_quick(struct gdev *g, struct chunk *c, enum path_kind path, int room)
 	uint64_t bytes = 0;
 	for (uint32_t i = 0; i < nk; i++)
 		bytes += k[i].len;
-	int r = cuda_kernel_copy_few(g->index, g->stream[s], k, nk, bytes, gcfg()->sm_copy_blocks);
-	if (r == 0)
-		r = cuda_signal(g->stream[s], (uint64_t)(uintptr_t)&g->done[s], g->issued[s] + 1);
+	int r = cuda_kernel_copy_few(g->index, g->stream[s], k, nk, bytes, gcfg()->sm_copy_blocks,
+	    (uint64_t)(uintptr_t)&g->done[s], g->issued[s] + 1);
 	if (r < 0) {
 		issue_failed(g, s, batch, n);
 		return extra;

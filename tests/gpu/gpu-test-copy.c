@@ -2,8 +2,9 @@
  * The GPU tests' copies (tests/gpu/gpu-test.c runs them): random copies between every pair of
  * buffers of every kind, vectored copies of scattered pages (the SM kernel path), page
  * transfers by number (gpx_copy_pages) on every path and at 65,536 pages, an interior pointer
- * of a larger allocation (as PyTorch's caching allocator hands out), and a registration that
- * gpxd serves from its cache of opened handles.
+ * of a larger allocation (as PyTorch's caching allocator hands out), a completion seen only
+ * once every byte of a many-block launch is in place, and a registration that gpxd serves
+ * from its cache of opened handles.
  */
 #include "config.h"
 
@@ -11,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include <cuda.h>
 
 #include "client-lib/gpx.h"
@@ -263,6 +265,94 @@ test_small_batched(gpx_conn *c, struct buf *a, struct buf *b, size_t size, size_
 	free(page);
 	free(so);
 	free(got);
+}
+
+/*
+ * A completion means every byte is in place, also for a copy made by one launch of many blocks
+ * on the quick stream, which writes its own completion word (copy-kernel.cu: the last block
+ * to finish writes it).  GPU -> pinned host memory, whose bytes this process reads itself the
+ * moment it sees the completion: copies of 1 MiB (128 blocks each) one at a time, and 16 at
+ * once, which gpxd may launch together as one kernel.  A word in every 4 KiB is looked at
+ * first, then the whole compared.  Counts the words not yet in place into *early.
+ */
+static bool
+done_after_bytes(gpx_conn *c, struct buf *a, struct buf *h, size_t *early, size_t *seen)
+{
+	const size_t size = 1u << 20, n = BUF / size;
+	struct gpx_completion done[16];
+	bool good = true;
+
+	for (int round = 0; round < 8 && good; round++) {
+		const size_t burst = round % 2 ? n : 1;
+		const time_t give_up = time(NULL) + 30;
+		rnd_fill(a->mirror, BUF);
+		buf_write(a, 0, a->mirror, BUF);
+		for (size_t i = 0; i < burst && good; i++)
+			good = gpx_copy(c, a->region, i * size, h->region, i * size, size, i) == 0;
+		for (size_t left = burst; left > 0 && good;) {
+			int k = gpx_poll(c, done, 16);
+			good = k > 0 || (k == 0 && time(NULL) < give_up);
+			for (int e = 0; e < k && good; e++) {
+				const size_t at = done[e].tag * size;
+				good = done[e].status == 0 && done[e].tag < burst;
+				for (size_t w = 0; w < size && good; w += 4096, (*seen)++)
+					*early += memcmp(h->host + at + w, a->mirror + at + w, 8) != 0;
+				good = good && memcmp(h->host + at, a->mirror + at, size) == 0;
+				memcpy(h->mirror + at, a->mirror + at, size);
+			}
+			left -= k > 0 ? (size_t)k : 0;
+		}
+	}
+	return good;
+}
+
+void
+test_done_after_bytes(gpx_conn *c, struct buf *a, struct buf *h)
+{
+	size_t early = 0, seen = 0;
+	bool good = done_after_bytes(c, a, h, &early, &seen);
+
+	ok(good && early == 0, "GPU -> pinned host, 1 MiB copies alone and 16 at once: every byte in place when "
+	    "the completion is seen (%zu of %zu words looked at then were not)", early, seen);
+}
+
+/*
+ * The same under MPS from a gpxd held to 5% of GPU0's threads (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE):
+ * there a 1 MiB copy's 128 blocks run in waves, so a completion word written by any block but
+ * the last would come while later waves have not yet started.
+ */
+void
+test_done_after_bytes_waves(void)
+{
+	struct harness h;
+	struct buf a, m;
+	gpx_conn *c = NULL;
+	size_t early = 0, seen = 0;
+
+	setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "5", 1);
+	int e = harness_start(&h, "[cuda]\ntrust_legacy_ipc = yes\n");
+	unsetenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+	if (e < 0 || gpx_connect(h.sock, "waves", &c) < 0) {
+		ok(0, "gpxd on 5%% of GPU0's threads started, a client connected");
+		if (e == 0)
+			harness_finish(&h);
+		return;
+	}
+	buf_init(&m, "host", -1, 0, c);
+	buf_init(&a, "gpu0-ipc", 0, 0, c);
+	bool good = done_after_bytes(c, &a, &m, &early, &seen);
+	ok(good && early == 0, "the same from a gpxd on 5%% of GPU0's threads (MPS), its launches in waves: every "
+	    "byte in place when the completion is seen (%zu of %zu words looked at then were not)", early, seen);
+	if (!good || early != 0)
+		harness_dump_log(&h);
+	gpx_close(c);
+	harness_finish(&h);
+	CK(cuCtxSetCurrent(ctx[0]));
+	cuMemFree(a.d);
+	munmap(m.host, BUF);
+	close(m.fd);
+	free(a.mirror);
+	free(m.mirror);
 }
 
 void

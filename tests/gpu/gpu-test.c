@@ -54,7 +54,7 @@ rnd_fill(unsigned char *p, size_t n)
 		p[i] = (unsigned char)rnd();
 }
 
-static void
+void
 buf_write(struct buf *b, size_t off, const void *src, size_t n)
 {
 	if (b->dev < 0)
@@ -257,6 +257,9 @@ main(int argc, char **argv)
 		test_small_batched(c, &bufs[1], &bufs[4], 4096, 64);
 		test_small_batched(c, &bufs[1], &bufs[4], (128u << 10) + 3, 32);
 	}
+	test_done_after_bytes(c, &bufs[1], &bufs[0]);
+	if (gpu_mps())
+		test_done_after_bytes_waves();
 	test_cached_registration(c, &bufs[1]);
 	test_cache_shared(h.sock, &bufs[1], &bufs[2]);
 	/* The other processes are this program again, however it was started (PATH or not). */

@@ -43,6 +43,7 @@ uint64_t rnd(void);
 void rnd_fill(unsigned char *p, size_t n);
 /* Makes a buffer of one kind (dev -1: host memory; vmm: cuMemCreate), filled, and registers it on c. */
 void buf_init(struct buf *b, const char *name, int dev, int vmm, gpx_conn *c);
+void buf_write(struct buf *b, size_t off, const void *src, size_t n);
 void buf_read(struct buf *b, size_t off, void *dst, size_t n);
 /* One random copy a -> b through the daemon, checked with guard bytes on both sides. */
 bool random_copy(gpx_conn *c, struct buf *a, struct buf *b);
@@ -59,6 +60,8 @@ int raw_send_register(int sock, Gpx__Register *reg, int fd);
 
 void test_matrix(gpx_conn *c, struct buf *bufs, int nb);
 void test_small_batched(gpx_conn *c, struct buf *a, struct buf *b, size_t size, size_t depth);
+void test_done_after_bytes(gpx_conn *c, struct buf *a, struct buf *h);
+void test_done_after_bytes_waves(void);
 void test_vectored(gpx_conn *c, struct buf *a, struct buf *b, size_t page, int n, bool odd);
 void test_pages(gpx_conn *c, struct buf *a, struct buf *b, size_t page, uint32_t n, size_t so, size_t dof);
 void test_pages_big(gpx_conn *c);
