@@ -25,3 +25,24 @@ finish() {
 	[ "$t_fail" = 0 ]
 	exit $?
 }
+# free_ports N [FROM]: a first port P such that P .. P+N-1 have no listening TCP socket on this
+# machine now, from FROM (by default 20000 + this shell's pid mod 20000) upwards.  Tests run
+# side by side: ports taken from the pid alone once met another test's listener.
+free_ports() {
+	_n=$1
+	_b=${2:-$((20000 + $$ % 20000))}
+	_used=" $(cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | while read -r _sl _local _rem _st _rest; do
+		[ "$_st" = 0A ] && printf '%d ' "0x${_local##*:}"
+	done)"
+	while :; do
+		_i=0
+		while [ "$_i" -lt "$_n" ]; do
+			case "$_used" in *" $((_b + _i)) "*) break ;; esac
+			_i=$((_i + 1))
+		done
+		[ "$_i" = "$_n" ] && break
+		_b=$((_b + _i + 1))
+		[ $((_b + _n)) -le 60999 ] || _b=20000
+	done
+	echo "$_b"
+}
