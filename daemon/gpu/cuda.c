@@ -366,9 +366,9 @@ launch(CUfunction f, void *s, uint32_t n, uint32_t blocks, void **args)
 }
 
 int
-cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t blocks)
+cuda_kernel_copy(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, uint32_t blocks)
 {
-	void *args[] = { &segs_dev, &n };
+	void *args[] = { &segs, &n };
 
 	return launch(kfn[dev], s, n, blocks, args);
 }

@@ -300,7 +300,7 @@ issue_kernel(struct gdev *g, struct chunk *c, int slot, int s)
 	k[0].dst += c->off;
 	k[0].len -= c->off;
 	k[pieces - 1].len -= whole - c->off - c->bytes;
-	return cuda_kernel_copy(g->index, g->stream[s], (uint64_t)(uintptr_t)k, pieces, gcfg()->sm_copy_blocks);
+	return cuda_kernel_copy(g->index, g->stream[s], k, pieces, gcfg()->sm_copy_blocks);
 }
 
 /*
@@ -421,7 +421,7 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool *signaled)
 	else if (r == 0 && nk == 1 && !all)
 		r = cuda_copy(g->stream[s], k[0].dst, k[0].src, k[0].len);     /* a launch buys nothing */
 	else if (r == 0 && nk > 0)
-		r = cuda_kernel_copy(g->index, g->stream[s], (uint64_t)(uintptr_t)k, nk, gcfg()->sm_copy_blocks);
+		r = cuda_kernel_copy(g->index, g->stream[s], k, nk, gcfg()->sm_copy_blocks);
 	return r;
 }
 
@@ -484,7 +484,7 @@ issue(struct gdev *g, struct chunk *c)
 
 	if (atomic_exchange(&fault_sticky, false)) {
 		log_warnx("GPU%d: injecting a sticky fault (GPXD_FAULT_INJECT=sticky)", g->index);
-		cuda_kernel_copy(g->index, g->stream[s], 16, 1, 1);
+		cuda_kernel_copy(g->index, g->stream[s], (const struct gpu_kseg *)16, 1, 1);   /* unmapped */
 	}
 	if (mark && cuda_signal(g->stream[s], (uint64_t)(uintptr_t)&g->started[s], g->issued[s] + 1) < 0)
 		mark = false;

@@ -49,12 +49,13 @@ int cuda_stream_new_urgent(void **s);    /* of the greatest priority: for small 
 int cuda_stream_busy(void *s);
 int cuda_copy_peer(void *s, uint64_t dst, int dst_dev, uint64_t src, int src_dev, uint64_t n);
 int cuda_signal(void *s, uint64_t word, uint64_t val);
-int cuda_kernel_copy(int dev, void *s, uint64_t segs_dev, uint32_t n, uint32_t blocks);
+struct gpu_kseg;
+/* n segments listed in pinned host memory, which the kernel reads in place. */
+int cuda_kernel_copy(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, uint32_t blocks);
 /*
  * n <= GPU_KFEW_MAX segments of `bytes` together, passed by value: no staging, no copy engine;
  * with word (pinned, else 0), seq written there when all of them are done (as cuda_signal).
  */
-struct gpu_kseg;
 int cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, uint64_t bytes, uint32_t blocks,
     uint64_t word, uint64_t seq);
 /*
