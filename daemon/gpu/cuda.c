@@ -213,6 +213,18 @@ cuda_device_info(int dev, struct gpu_info *g)
 	return 0;
 }
 
+/* Whether GPU dev is shared through CUDA MPS (gpxd's context is then an MPS client). */
+bool
+cuda_mps(int dev)
+{
+	int v = 0;
+
+	if (p_cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, devs[dev]) != CUDA_SUCCESS || v == 0)
+		return false;
+	log_info("GPU%d: shared through CUDA MPS", dev);
+	return true;
+}
+
 /* What the driver says about a -> b, and peer access enabled from a's context when possible. */
 int
 cuda_peer(int a, int b, struct gpu_link *l)

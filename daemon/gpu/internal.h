@@ -47,6 +47,7 @@ int cuda_peer(int a, int b, struct gpu_link *);
 int cuda_load_kernel(int dev);
 int cuda_stream_new_urgent(void **s);    /* of the greatest priority: for small copies */
 int cuda_stream_busy(void *s);
+bool cuda_mps(int dev);                  /* shared through CUDA MPS */
 int cuda_copy_peer(void *s, uint64_t dst, int dst_dev, uint64_t src, int src_dev, uint64_t n);
 int cuda_signal(void *s, uint64_t word, uint64_t val);
 struct gpu_kseg;
