@@ -186,7 +186,8 @@ mod_exec(PyObject *m)
 	if ((st->conn_type = (PyTypeObject *)add_type(m, &conn_spec)) == NULL ||
 	    (st->region_type = (PyTypeObject *)add_type(m, &region_spec)) == NULL ||
 	    (st->transfer_type = (PyTypeObject *)add_type(m, &transfer_spec)) == NULL ||
-	    (st->hostbuf_type = (PyTypeObject *)add_type(m, &mem_hostbuf_spec)) == NULL)
+	    (st->hostbuf_type = (PyTypeObject *)add_type(m, &mem_hostbuf_spec)) == NULL ||
+	    (st->batch_type = (PyTypeObject *)add_type(m, &batch_spec)) == NULL)
 		return -1;
 	if ((st->completion_type = PyStructSequence_NewType(&completion_desc)) == NULL ||
 	    PyModule_AddObjectRef(m, "Completion", (PyObject *)st->completion_type) < 0)
@@ -221,6 +222,7 @@ mod_traverse(PyObject *m, visitproc visit, void *arg)
 	Py_VISIT(st->region_type);
 	Py_VISIT(st->transfer_type);
 	Py_VISIT(st->hostbuf_type);
+	Py_VISIT(st->batch_type);
 	Py_VISIT(st->completion_type);
 	Py_VISIT(st->error);
 	for (int i = 0; i < ERR_SLOTS; i++)
@@ -240,6 +242,7 @@ mod_clear(PyObject *m)
 	Py_CLEAR(st->region_type);
 	Py_CLEAR(st->transfer_type);
 	Py_CLEAR(st->hostbuf_type);
+	Py_CLEAR(st->batch_type);
 	Py_CLEAR(st->completion_type);
 	Py_CLEAR(st->error);
 	for (int i = 0; i < ERR_SLOTS; i++)

@@ -7,7 +7,7 @@
  *   _gpx.c             the module: initialisation, state, its functions, exceptions, fork
  *   conn.c             gpx.Conn: connecting, its methods, closing
  *   region.c           gpx.Region: register, import_, export, unexport, deregister
- *   transfer-submit.c  copy, copyv, copy_pages and the batches; the benchmark's C loops
+ *   transfer-submit.c  copy, copyv, copy_pages and the batches, gpx.Batch; the benchmark's C loops
  *   transfer.c         gpx.Transfer: wait, done, await, cancel
  *   route.c            completions: reading, routing, waiting; Conn.poll and Conn.wait
  *   transfer-map.c     the Transfers not yet complete, by tag; resolving one
@@ -46,6 +46,7 @@ struct modstate {
 	PyTypeObject *region_type;
 	PyTypeObject *transfer_type;
 	PyTypeObject *hostbuf_type;
+	PyTypeObject *batch_type;
 	PyTypeObject *completion_type;  /* a struct sequence */
 	PyObject *error;                /* gpx.Error */
 	PyObject *errors[ERR_SLOTS];    /* its subclass for each code */
@@ -282,6 +283,8 @@ PyObject *transfer_copyv(PyObject *op, PyObject *const *args, Py_ssize_t nargs, 
 PyObject *transfer_copy_pages(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+extern PyType_Spec batch_spec;
+PyObject *transfer_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_c_bench(PyObject *op, PyObject *args);
 
 /* route.c */

@@ -265,13 +265,19 @@ static PyMethodDef conn_methods[] = {
 	  "(a weight push: every tensor of a model).  Each pair is a tuple (src, dst): the whole of src "
 	  "to the start of dst; (src, dst, length); or (src, dst, length, src_offset, dst_offset).  "
 	  "Every region is of this node: the Transfer of a batch with a pair of another node's region "
-	  "fails with NotSupportedError." },
+	  "fails with NotSupportedError.  pairs may be a Batch from batch(pairs)." },
+	{ "batch", FAST(transfer_batch),
+	  "batch(pairs, *, pages=False) -> Batch\n--\n\n"
+	  "The pairs of copy_batch (pages=True: of copy_pages_batch) parsed once, to pass in their "
+	  "place as often as wanted: a weight push or KV handoff over the same tensors each time "
+	  "then costs no parse of its tuples.  Each submission checks that its regions are still "
+	  "registered; the Batch keeps them (not their registration)." },
 	{ "copy_pages_batch", FAST(transfer_copy_pages_batch),
 	  "copy_pages_batch(pairs, page_size, src_pages, dst_pages, *, tag=None) -> Transfer\n--\n\n"
 	  "The same pages of every pair in one request (a KV-cache handoff: the same blocks out of "
 	  "every layer's K and V tensors), checked whole and complete once.  Each pair is a tuple "
 	  "(src, dst) or (src, dst, src_offset, dst_offset), the bases its pages are numbered from; "
-	  "the page lists are read as for copy_pages." },
+	  "the page lists are read as for copy_pages.  pairs may be a Batch from batch(pairs, pages=True)." },
 	{ "poll", FAST(route_poll),
 	  "poll(max=64) -> list[Completion]\n--\n\nCompletions not consumed by a Transfer, without "
 	  "blocking: those kept while waiting first, then what has arrived." },

@@ -2,7 +2,8 @@
  * gpx._gpx, submitting transfers: Conn.copy, copyv, copy_pages, copy_batch and
  * copy_pages_batch check their arguments (regions of this connection, offsets, segment and
  * page lists read in place), submit through libgpxclient with the GIL released for long lists,
- * and hand back a Transfer.  Also the benchmark's C loops (Conn._c_bench), which measure the
+ * and hand back a Transfer.  A batch's pairs may be parsed once into a gpx.Batch (Conn.batch)
+ * and submitted many times.  Also the benchmark's C loops (Conn._c_bench), which measure the
  * library under the module without Python in the loop.
  */
 #include "config.h"
@@ -202,12 +203,13 @@ out:
 
 /*
  * The pairs of a batch from a sequence of tuples (src, dst[, ...]): each tuple's two regions
- * and the 0..nmore unsigned numbers after them, in more[i] (more[i][0] is src's length unless
- * given) with their count in given[i].  A malloc'ed array of *n pairs, or NULL with the
- * exception set.
+ * (in regs[2i], regs[2i + 1] when regs is not NULL, borrowed) and the 0..nmore unsigned
+ * numbers after them, in more[i] (more[i][0] is src's length unless given) with their count in
+ * given[i].  A malloc'ed array of *n pairs, or NULL with the exception set.
  */
 static struct gpx_pair *
-batch_pairs(Conn *s, PyObject *seq, Py_ssize_t n, int nmore, uint64_t (*more)[3], int *given, const char *shape)
+batch_pairs(Conn *s, PyObject *seq, Py_ssize_t n, int nmore, uint64_t (*more)[3], int *given, Region **regs,
+    const char *shape)
 {
 	struct gpx_pair *pr = NULL;
 
@@ -233,6 +235,10 @@ batch_pairs(Conn *s, PyObject *seq, Py_ssize_t n, int nmore, uint64_t (*more)[3]
 		if (!bad) {
 			pr[i].src = src->id;
 			pr[i].dst = dst->id;
+			if (regs != NULL) {
+				regs[2 * i] = src;
+				regs[2 * i + 1] = dst;
+			}
 			more[i][0] = src->length;     /* the default length: the whole source */
 			given[i] = (int)k - 2;
 			for (Py_ssize_t j = 2; j < k && !bad; j++)
@@ -248,10 +254,224 @@ batch_pairs(Conn *s, PyObject *seq, Py_ssize_t n, int nmore, uint64_t (*more)[3]
 }
 
 /*
- * copy_batch(pairs, *, tag=None): one request of many region pairs, each one segment: a
- * tuple (src, dst) copies the whole of src to the start of dst, (src, dst, length) that many
- * bytes, (src, dst, length, src_offset, dst_offset) from and to those offsets.
+ * The pairs of copy_batch, each one segment: a tuple (src, dst) copies the whole of src to the
+ * start of dst, (src, dst, length) that many bytes, (src, dst, length, src_offset, dst_offset)
+ * from and to those offsets.  Into *pr and *segs (malloc'ed, n each), or -1 with the exception
+ * set.
  */
+static int
+parse_copy_batch(Conn *s, PyObject *seq, Py_ssize_t n, struct gpx_pair **pr, struct gpx_seg **segs, Region **regs)
+{
+	uint64_t (*more)[3] = calloc(n ? n : 1, sizeof(*more));
+	int *given = calloc(n ? n : 1, sizeof(*given));
+	int r = -1;
+
+	*pr = NULL;
+	if ((*segs = calloc(n ? n : 1, sizeof(**segs))) == NULL || more == NULL || given == NULL) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	if ((*pr = batch_pairs(s, seq, n, 3, more, given, regs, "(src, dst[, length[, src_offset, dst_offset]])")) == NULL)
+		goto out;
+	for (Py_ssize_t i = 0; i < n; i++) {
+		if (given[i] == 2) {
+			PyErr_Format(PyExc_TypeError, "pair %zd: give both offsets, or neither", i);
+			goto out;
+		}
+		/* Each pair's own segment; its offsets ride in the pair. */
+		(*segs)[i] = (struct gpx_seg){ 0, 0, more[i][0] };
+		(*pr)[i].src_offset = more[i][1];
+		(*pr)[i].dst_offset = more[i][2];
+		(*pr)[i].seg_first = (uint32_t)i;
+		(*pr)[i].seg_count = 1;
+	}
+	r = 0;
+out:
+	if (r < 0) {
+		free(*pr);
+		free(*segs);
+		*pr = NULL;
+		*segs = NULL;
+	}
+	free(more);
+	free(given);
+	return r;
+}
+
+/*
+ * The pairs of copy_pages_batch, each a tuple (src, dst) or (src, dst, src_offset,
+ * dst_offset): the bases its pages are numbered from.  Into *pr (malloc'ed), or -1 with the
+ * exception set.
+ */
+static int
+parse_pages_batch(Conn *s, PyObject *seq, Py_ssize_t n, struct gpx_pair **pr, Region **regs)
+{
+	uint64_t (*more)[3] = calloc(n ? n : 1, sizeof(*more));
+	int *given = calloc(n ? n : 1, sizeof(*given));
+	int r = -1;
+
+	*pr = NULL;
+	if (more == NULL || given == NULL) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	if ((*pr = batch_pairs(s, seq, n, 2, more, given, regs, "(src, dst[, src_offset, dst_offset])")) == NULL)
+		goto out;
+	for (Py_ssize_t i = 0; i < n; i++) {
+		if (given[i] == 1) {
+			PyErr_Format(PyExc_TypeError, "pair %zd: give both bases, or neither", i);
+			goto out;
+		}
+		(*pr)[i].src_offset = given[i] ? more[i][0] : 0;
+		(*pr)[i].dst_offset = given[i] ? more[i][1] : 0;
+	}
+	r = 0;
+out:
+	if (r < 0) {
+		free(*pr);
+		*pr = NULL;
+	}
+	free(more);
+	free(given);
+	return r;
+}
+
+/*
+ * gpx.Batch: the pairs of copy_batch or copy_pages_batch parsed once (Conn.batch), for a
+ * program that moves the same tensors again and again, as a weight push does: submitting one
+ * writes its pairs as they are, and checks no more than that its regions are still registered.
+ */
+typedef struct batch {
+	PyObject_HEAD
+	Conn *conn;
+	bool pages;                  /* for copy_pages_batch */
+	Py_ssize_t n;
+	struct gpx_pair *pr;
+	struct gpx_seg *segs;        /* copy_batch's: one per pair */
+	Region **regs;               /* the 2n regions of the pairs, references */
+} Batch;
+
+static void
+batch_dealloc(PyObject *op)
+{
+	Batch *b = (Batch *)op;
+	PyTypeObject *tp = Py_TYPE(op);
+
+	for (Py_ssize_t i = 0; b->regs != NULL && i < 2 * b->n; i++)
+		Py_XDECREF((PyObject *)b->regs[i]);
+	free(b->regs);
+	free(b->pr);
+	free(b->segs);
+	Py_XDECREF((PyObject *)b->conn);
+	((freefunc)PyType_GetSlot(tp, Py_tp_free))(op);
+	Py_DECREF(tp);
+}
+
+static Py_ssize_t
+batch_len(PyObject *op)
+{
+	return ((Batch *)op)->n;
+}
+
+static PyObject *
+batch_repr(PyObject *op)
+{
+	Batch *b = (Batch *)op;
+
+	return PyUnicode_FromFormat("<gpx.Batch of %zd pairs, for %s>", b->n,
+	    b->pages ? "copy_pages_batch" : "copy_batch");
+}
+
+static PyObject *
+batch_get_pages(PyObject *op, void *unused)
+{
+	return PyBool_FromLong(((Batch *)op)->pages);
+}
+
+static PyGetSetDef batch_getset[] = {
+	{ "pages", batch_get_pages, NULL, "Whether it is for copy_pages_batch (else copy_batch).", NULL },
+	{ NULL }
+};
+
+static PyType_Slot batch_slots[] = {
+	{ Py_tp_doc, "Batch: the region pairs of copy_batch or copy_pages_batch, parsed once by "
+	  "Conn.batch(); pass it in place of the pairs, as often as wanted.  It keeps its regions' "
+	  "objects; a pair whose region was deregistered since is refused when submitted." },
+	{ Py_tp_dealloc, batch_dealloc },
+	{ Py_tp_repr, batch_repr },
+	{ Py_sq_length, batch_len },
+	{ Py_tp_getset, batch_getset },
+	{ 0, NULL }
+};
+
+PyType_Spec batch_spec = {
+	.name = "gpx.Batch",
+	.basicsize = sizeof(Batch),
+	.flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_IMMUTABLETYPE,
+	.slots = batch_slots,
+};
+
+/* batch(pairs, *, pages=False) -> Batch */
+PyObject *
+transfer_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+	static const struct argspec spec = { "batch", 1, 1, { "pairs", "pages", NULL } };
+	Conn *s = (Conn *)op;
+	PyObject *a[2];
+	Batch *b;
+	Py_ssize_t n;
+	int pages = 0;
+
+	if (gpxpy_args(&spec, args, nargs, kwnames, a) < 0 || conn_usable(s) < 0 ||
+	    (a[1] != NULL && (pages = PyObject_IsTrue(a[1])) < 0) || (n = PySequence_Size(a[0])) < 0)
+		return NULL;
+	if ((b = (Batch *)PyType_GenericAlloc(s->st->batch_type, 0)) == NULL)
+		return NULL;
+	b->conn = (Conn *)Py_NewRef((PyObject *)s);
+	b->pages = pages;
+	if ((b->regs = calloc(n ? 2 * n : 1, sizeof(*b->regs))) == NULL) {
+		Py_DECREF(b);
+		return PyErr_NoMemory();
+	}
+	if ((pages ? parse_pages_batch(s, a[0], n, &b->pr, b->regs) :
+	    parse_copy_batch(s, a[0], n, &b->pr, &b->segs, b->regs)) < 0) {
+		memset(b->regs, 0, 2 * n * sizeof(*b->regs));       /* (borrowed until now) */
+		Py_DECREF(b);
+		return NULL;
+	}
+	b->n = n;
+	for (Py_ssize_t i = 0; i < 2 * n; i++)
+		Py_INCREF((PyObject *)b->regs[i]);
+	return (PyObject *)b;
+}
+
+/*
+ * A Batch handed to copy_batch (pages false) or copy_pages_batch: 0 when it is one of s's of
+ * that kind whose regions are all still registered, else -1 with the exception set.
+ */
+static int
+batch_usable(Conn *s, PyObject *o, bool pages)
+{
+	Batch *b = (Batch *)o;
+
+	if (b->conn != s) {
+		PyErr_SetString(PyExc_ValueError, "the Batch is of another connection");
+		return -1;
+	}
+	if (b->pages != pages) {
+		PyErr_Format(PyExc_TypeError, "the Batch was made for %s (Conn.batch(pairs, pages=%s))",
+		    b->pages ? "copy_pages_batch" : "copy_batch", b->pages ? "True" : "False");
+		return -1;
+	}
+	for (Py_ssize_t i = 0; i < 2 * b->n; i++)
+		if (!b->regs[i]->live) {
+			PyErr_Format(PyExc_ValueError, "pair %zd: %s was deregistered", i / 2, i % 2 ? "dst" : "src");
+			return -1;
+		}
+	return 0;
+}
+
+/* copy_batch(pairs, *, tag=None): one request of many region pairs, each one segment. */
 PyObject *
 transfer_copy_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
@@ -260,46 +480,31 @@ transfer_copy_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObj
 	PyObject *a[2];
 	struct gpx_pair *pr = NULL;
 	struct gpx_seg *segs = NULL;
-	uint64_t (*more)[3] = NULL;
-	int *given = NULL;
+	const Batch *b = NULL;
 	struct callres cr;
 	Transfer *t = NULL;
 	Py_ssize_t n;
 
-	if (gpxpy_args(&spec, args, nargs, kwnames, a) < 0 || conn_usable(s) < 0 ||
-	    (n = PySequence_Size(a[0])) < 0)
+	if (gpxpy_args(&spec, args, nargs, kwnames, a) < 0 || conn_usable(s) < 0)
 		return NULL;
-	if ((more = calloc(n ? n : 1, sizeof(*more))) == NULL || (segs = calloc(n ? n : 1, sizeof(*segs))) == NULL ||
-	    (given = calloc(n ? n : 1, sizeof(*given))) == NULL) {
-		PyErr_NoMemory();
-		goto out;
-	}
-	if ((pr = batch_pairs(s, a[0], n, 3, more, given, "(src, dst[, length[, src_offset, dst_offset]])")) == NULL)
-		goto out;
-	for (Py_ssize_t i = 0; i < n; i++) {
-		if (given[i] == 2) {
-			PyErr_Format(PyExc_TypeError, "pair %zd: give both offsets, or neither", i);
-			goto out;
-		}
-		/* Each pair's own segment; its offsets ride in the pair. */
-		segs[i] = (struct gpx_seg){ 0, 0, more[i][0] };
-		pr[i].src_offset = more[i][1];
-		pr[i].dst_offset = more[i][2];
-		pr[i].seg_first = (uint32_t)i;
-		pr[i].seg_count = 1;
-	}
+	if (Py_IS_TYPE(a[0], s->st->batch_type)) {
+		if (batch_usable(s, a[0], false) < 0)
+			return NULL;
+		b = (const Batch *)a[0];
+		n = b->n;
+	} else if ((n = PySequence_Size(a[0])) < 0 || parse_copy_batch(s, a[0], n, &pr, &segs, NULL) < 0)
+		return NULL;
 	if ((t = transfer_start(s, a[1])) == NULL)
 		goto out;
 	PyThreadState *ts = conn_lock_quick(s);
-	gpxpy_note(&cr, s->c, s->c != NULL ? gpx_copy_batch(s->c, pr, n, segs, n, t->tag) : -GPX_ECONN);
+	gpxpy_note(&cr, s->c, s->c != NULL ? gpx_copy_batch(s->c, b ? b->pr : pr, n, b ? b->segs : segs, n, t->tag) :
+	    -GPX_ECONN);
 	conn_unlock(s, ts);
 	if (cr.r < 0) {
 		transfer_abort(t, &cr);
 		t = NULL;
 	}
 out:
-	free(more);
-	free(given);
 	free(segs);
 	free(pr);
 	return (PyObject *)t;
@@ -307,7 +512,7 @@ out:
 
 /*
  * copy_pages_batch(pairs, page_size, src_pages, dst_pages, *, tag=None): the same pages of
- * every pair, each pair a tuple (src, dst) or (src, dst, src_offset, dst_offset).
+ * every pair.
  */
 PyObject *
 transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -317,8 +522,8 @@ transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
 	Conn *s = (Conn *)op;
 	PyObject *a[5];
 	struct gpx_pair *pr = NULL;
-	uint64_t (*more)[3] = NULL, psize;
-	int *given = NULL;
+	const Batch *b = NULL;
+	uint64_t psize;
 	struct pagelist sp = { 0 }, dp = { 0 };
 	bool have_sp = false, have_dp = false;
 	struct callres cr;
@@ -326,26 +531,19 @@ transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
 	Py_ssize_t n;
 
 	if (gpxpy_args(&spec, args, nargs, kwnames, a) < 0 || conn_usable(s) < 0 ||
-	    gpxpy_u64(a[1], "page_size", &psize) < 0 || (n = PySequence_Size(a[0])) < 0)
+	    gpxpy_u64(a[1], "page_size", &psize) < 0)
 		return NULL;
 	if (psize == 0) {
 		PyErr_SetString(PyExc_ValueError, "page_size must be at least 1");
 		return NULL;
 	}
-	if ((more = calloc(n ? n : 1, sizeof(*more))) == NULL || (given = calloc(n ? n : 1, sizeof(*given))) == NULL) {
-		PyErr_NoMemory();
-		goto out;
-	}
-	if ((pr = batch_pairs(s, a[0], n, 2, more, given, "(src, dst[, src_offset, dst_offset])")) == NULL)
-		goto out;
-	for (Py_ssize_t i = 0; i < n; i++) {
-		if (given[i] == 1) {
-			PyErr_Format(PyExc_TypeError, "pair %zd: give both bases, or neither", i);
-			goto out;
-		}
-		pr[i].src_offset = given[i] ? more[i][0] : 0;
-		pr[i].dst_offset = given[i] ? more[i][1] : 0;
-	}
+	if (Py_IS_TYPE(a[0], s->st->batch_type)) {
+		if (batch_usable(s, a[0], true) < 0)
+			return NULL;
+		b = (const Batch *)a[0];
+		n = b->n;
+	} else if ((n = PySequence_Size(a[0])) < 0 || parse_pages_batch(s, a[0], n, &pr, NULL) < 0)
+		return NULL;
 	if (!(have_sp = mem_pages(s->st, a[2], "src_pages", &sp) == 0) ||
 	    !(have_dp = mem_pages(s->st, a[3], "dst_pages", &dp) == 0))
 		goto out;
@@ -357,8 +555,8 @@ transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
 	if ((t = transfer_start(s, a[4])) == NULL)
 		goto out;
 	PyThreadState *ts = sp.n > HEAVY_LIST ? conn_lock_slow(s) : conn_lock_quick(s);
-	gpxpy_note(&cr, s->c, s->c != NULL ? gpx_copy_pages_batch(s->c, pr, n, psize, sp.pages, dp.pages, sp.n,
-	    t->tag) : -GPX_ECONN);
+	gpxpy_note(&cr, s->c, s->c != NULL ? gpx_copy_pages_batch(s->c, b ? b->pr : pr, n, psize, sp.pages, dp.pages,
+	    sp.n, t->tag) : -GPX_ECONN);
 	conn_unlock(s, ts);
 	if (cr.r < 0) {
 		transfer_abort(t, &cr);
@@ -369,8 +567,6 @@ out:
 		mem_pages_release(&sp);
 	if (have_dp)
 		mem_pages_release(&dp);
-	free(more);
-	free(given);
 	free(pr);
 	return (PyObject *)t;
 }

@@ -128,3 +128,75 @@ def test_argument_errors(conn):
         conn.copy_pages_batch([(a, a)], 0, [0], [0])
     with pytest.raises(ValueError):
         conn.copy_batch([(a, a)] * 16385)              # GPX_PAIRS_MAX + 1
+
+
+def test_prepared_batch_moves_what_is_there_each_time(gpxd, conn, rng):
+    """A Batch (Conn.batch) is parsed once and submitted again and again: each submission moves
+    the bytes its sources hold then, whole tensors, lengths and offsets as with tuples, and a
+    pages Batch serves copy_pages_batch with each call's own page lists."""
+    sizes = [int(s) for s in rng.integers(64, 20_000, 24)]
+    src = [host(s, rng) for s in sizes]
+    dst = [host(s + 64) for s in sizes]
+    rs = [conn.register(hb) for hb, _ in src]
+    rd = [conn.register(hb) for hb, _ in dst]
+    tuples = [(a, b) if i % 3 == 0 else (a, b, sizes[i] // 2) if i % 3 == 1 else (a, b, sizes[i] - 7, 7, 64)
+              for i, (a, b) in enumerate(zip(rs, rd))]
+    b = conn.batch(tuples)
+    assert len(b) == len(tuples) and not b.pages and "24 pairs" in repr(b)
+    del tuples, rs, rd                     # the Batch keeps its regions
+    for round_ in range(3):
+        for _, s in src:
+            s[:] = rng.integers(0, 256, len(s), dtype=np.uint8)
+        t = conn.copy_batch(b, tag=900 + round_)
+        assert t.wait() == sum(sizes[i] if i % 3 == 0 else sizes[i] // 2 if i % 3 == 1 else sizes[i] - 7
+                               for i in range(len(sizes)))
+        for i, ((_, s), (_, d)) in enumerate(zip(src, dst)):
+            if i % 3 == 0:
+                assert np.array_equal(d[:sizes[i]], s), (round_, i)
+            elif i % 3 == 1:
+                assert np.array_equal(d[:sizes[i] // 2], s[:sizes[i] // 2]), (round_, i)
+            else:
+                assert np.array_equal(d[64:64 + sizes[i] - 7], s[7:]), (round_, i)
+    # Pages: 4 tensors of 16 blocks of 512 bytes, with bases.
+    ps = [host(16 * 512, rng) for _ in range(4)]
+    pd = [host(16 * 512 + 1024) for _ in range(4)]
+    pb = conn.batch([(conn.register(a), conn.register(c), 0, 1024) for (a, _), (c, _) in zip(ps, pd)], pages=True)
+    assert pb.pages
+    for sp, dp in (([0, 5, 9], [3, 1, 15]), ([15, 2], [0, 7])):
+        assert conn.copy_pages_batch(pb, 512, np.array(sp, dtype=np.uint32), dp).wait() == 4 * len(sp) * 512
+        for (_, s), (_, d) in zip(ps, pd):
+            for x, y in zip(sp, dp):
+                assert np.array_equal(d[1024 + y * 512:1024 + (y + 1) * 512], s[x * 512:(x + 1) * 512])
+    assert conn.poll() == []
+
+
+def test_prepared_batch_refusals(gpxd, conn, rng):
+    """A Batch is refused, with nothing moved, for the other kind of batch, on another
+    connection, and once one of its regions was deregistered; bad pairs are refused when it
+    is made."""
+    (a, _), (c, dv) = host(4096, rng), host(4096)
+    ra, rc = conn.register(a), conn.register(c)
+    b = conn.batch([(ra, rc, 100), (rc, ra, 10, 0, 200)])
+    pb = conn.batch([(ra, rc)], pages=True)
+    with pytest.raises(TypeError, match="copy_pages_batch"):
+        conn.copy_batch(pb)
+    with pytest.raises(TypeError, match="copy_batch"):
+        conn.copy_pages_batch(b, 64, [0], [0])
+    with gpx.connect(gpxd.sock, name="batch-other") as c2:
+        with pytest.raises(ValueError, match="another connection"):
+            c2.copy_batch(b)
+    with pytest.raises(TypeError):
+        conn.batch([(ra, rc, 1, 2)])                  # one offset without the other
+    with pytest.raises(TypeError):
+        conn.batch([(ra, rc, 1)], pages=True)
+    with pytest.raises(ValueError):
+        conn.batch([])
+    with pytest.raises(TypeError):
+        gpx.Batch()
+    rc.deregister()
+    with pytest.raises(ValueError, match="pair 0: dst was deregistered"):
+        conn.copy_batch(b)
+    with pytest.raises(ValueError, match="pair 0: dst was deregistered"):
+        conn.copy_pages_batch(pb, 64, [0], [0])
+    assert not dv.any(), "a refused Batch moved bytes"
+    assert conn.poll() == []

@@ -29,7 +29,7 @@ import threading
 
 from . import _gpx
 from ._gpx import (  # noqa: F401  (the module's API, re-exported)
-    API_VERSION, DEFAULT_SOCKET, Completion, Conn, HostBuffer, Region, Transfer, __version__,
+    API_VERSION, DEFAULT_SOCKET, Batch, Completion, Conn, HostBuffer, Region, Transfer, __version__,
     host_alloc, strerror,
     Error, ProtocolError, VersionError, InvalidError, NotFoundError, AccessError, RangeError,
     BusyError, QuotaError, BadFdError, NoMemoryError, CanceledError, RevokedError, ExistsError,
@@ -41,7 +41,7 @@ from ._gpx import (  # noqa: F401  (the module's API, re-exported)
 
 __all__ = [
     "connect", "host_alloc", "strerror", "torch_mem_pool",
-    "Conn", "Region", "Transfer", "Completion", "HostBuffer",
+    "Conn", "Region", "Batch", "Transfer", "Completion", "HostBuffer",
     "Error", "ProtocolError", "VersionError", "InvalidError", "NotFoundError", "AccessError",
     "RangeError", "BusyError", "QuotaError", "BadFdError", "NoMemoryError", "CanceledError",
     "RevokedError", "ExistsError", "NotSupportedError", "CopyError", "ShutdownError",

@@ -9,7 +9,8 @@ kv       a prefill process and a decode process, a vLLM-shaped paged cache: per 
          blocks moves from prefill block numbers to other decode block numbers.  PyTorch's way:
          the prefill tensors shared with torch.multiprocessing, then per tensor a gather on the
          source GPU, a copy to the destination and a scatter there.  gpx's way: one
-         copy_pages_batch of every tensor pair.  The strongest baseline: the program's own
+         copy_pages_batch of every tensor pair (the pairs a Batch, parsed once as a program
+         would: Conn.batch).  The strongest baseline: the program's own
          fused kernel, ONE launch over all 64 tensors (bench-kernels.cu, loaded through
          ctypes).  Also a flat copy of the same bytes, the bandwidth a perfect handoff would
          reach; each request after ~1 ms of the program's matmuls; and, for 1,024 blocks,
@@ -19,8 +20,8 @@ weights  a trainer process pushes a whole model's weights into an inference proc
          nothing downloaded), or, without transformers, the same list of shapes.  PyTorch's
          ways: NCCL broadcast tensor by tensor (two GPUs), CUDA IPC plus copy_ per tensor,
          torch._foreach_copy_; and one flat copy of the same bytes, the target's baseline.
-         gpx: one copy_batch of every tensor.  Also the fixed cost of an update: the same
-         tensors, 256 bytes of each.
+         gpx: one copy_batch of every tensor (its pairs a Batch, parsed once).  Also the fixed
+         cost of an update: the same tensors, 256 bytes of each.
 pages    the scattered pages of one 256 MiB cache: 65,536 x 4 KiB and 8,192 x 32 KiB, back to
          back and each after 1 ms of the decode process's own GPU work, against PyTorch's
          gather / copy / scatter; and a flat 256 MiB copy against torch's copy_.
@@ -395,8 +396,10 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, me
                 torch.cuda.synchronize(src[0].device)
                 torch.cuda.synchronize(dev)
 
+            batch = c.batch(pairs, pages=True)
+
             def gpx_way():
-                c.copy_pages_batch(pairs, BLOCK_BYTES, sp, dp).wait()
+                c.copy_pages_batch(batch, BLOCK_BYTES, sp, dp).wait()
 
             def fused_way():
                 fused.launch(kstream)
@@ -579,8 +582,10 @@ def _kv_host(sock, layers, runs):
             for a, b in zip(src, dst):
                 b[dp] = a[sp]
 
+        batch = c.batch(pairs, pages=True)
+
         def gpx_way():
-            c.copy_pages_batch(pairs, BLOCK_BYTES, sp, dp).wait()
+            c.copy_pages_batch(batch, BLOCK_BYTES, sp, dp).wait()
 
         for way in (numpy_way, gpx_way):
             for b in dst:
@@ -677,6 +682,8 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, gpxd, metrics, q, 
     with gpx.connect(sock, name="bench-inference") as c:
         pairs = list(zip([c.import_(f"{prefix}.{i}") for i in range(len(dst))], [c.register(p) for p in dst]))
         small = [(a, b, 256) for a, b in pairs]
+        # The pairs parsed once, as a program that pushes the same tensors each time would.
+        batch, small_batch = c.batch(pairs), c.batch(small)
 
         def check(what):
             # (as bytes: random bits hold NaNs, which equal nothing as bf16 values)
@@ -709,10 +716,10 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, gpxd, metrics, q, 
             torch.cuda.synchronize(dev)
 
         def gpx_way():
-            c.copy_batch(pairs).wait()
+            c.copy_batch(batch).wait()
 
         def gpx_small():
-            c.copy_batch(small).wait()
+            c.copy_batch(small_batch).wait()
 
         for name, way in (("CUDA IPC + copy_", ipc_way), ("torch._foreach_copy_", foreach_way), ("gpx", gpx_way)):
             for p in dst:
@@ -734,7 +741,8 @@ def _weights_inference(sock, devs, prefix, nccl, runs, alloc, gpxd, metrics, q, 
         before = bench.scrape(metrics)
         res["gpx_small"] = _median_time(gpx_small, runs * 20)
         res["stages_small"] = bench.stage_lines(before, bench.scrape(metrics), res["gpx_small"])
-        res["submit_small"] = _submit_time(lambda: c.copy_batch(small), runs * 20)
+        res["submit_small"] = _submit_time(lambda: c.copy_batch(small_batch), runs * 20)
+        res["submit_tuples"] = _submit_time(lambda: c.copy_batch(small), runs * 20)
         # One flat copy of the same bytes: what a perfect update would take.
         fa = torch.empty(nbytes, dtype=torch.uint8, device=src[0].device)
         fb = torch.empty(nbytes, dtype=torch.uint8, device=dev)
@@ -806,7 +814,8 @@ def _weights_print(r, devs, runs, alloc):
         print("  gpxd per transfer (full update): " + "; ".join(r["stages"]))
     if r["stages_small"]:
         print("  gpxd per transfer (fixed cost): " + "; ".join(r["stages_small"]))
-    print(f"  of the client's side of the fixed cost: copy_batch until it returns {r['submit_small'] * 1e6:.1f} us")
+    print(f"  of the client's side of the fixed cost: copy_batch until it returns {r['submit_small'] * 1e6:.1f} us "
+          f"(of a Batch; of the list of tuples, parsed each time: {r['submit_tuples'] * 1e6:.1f} us)")
 
 
 def _weights_host(sock, runs, metrics=None):
@@ -823,9 +832,10 @@ def _weights_host(sock, runs, metrics=None):
         for i, s in enumerate(srcs):
             a.export(a.register(s, read_only=True), f"{prefix}.{i}")
         pairs = [(b.import_(f"{prefix}.{i}"), b.register(d)) for i, d in enumerate(dsts)]
+        batch = b.batch(pairs)
 
         def gpx_way():
-            b.copy_batch(pairs).wait()
+            b.copy_batch(batch).wait()
 
         def numpy_way():
             for s, d in zip(srcs, dsts):
@@ -840,9 +850,10 @@ def _weights_host(sock, runs, metrics=None):
         t_np, t_gpx = _median_time(numpy_way, runs), _median_time(gpx_way, runs)
         # The fixed cost of an update, as on a GPU: 256 bytes of each tensor, with gpxd's stages.
         small = [(s, d, 256) for s, d in pairs]
+        small_batch = b.batch(small)
 
         def gpx_small():
-            b.copy_batch(small).wait()
+            b.copy_batch(small_batch).wait()
 
         def numpy_small():
             for s, d in zip(srcs, dsts):
@@ -851,7 +862,8 @@ def _weights_host(sock, runs, metrics=None):
         before = bench.scrape(metrics)
         t_gpx_small = _median_time(gpx_small, runs * 20)
         stages = bench.stage_lines(before, bench.scrape(metrics), t_gpx_small)
-        t_submit = _submit_time(lambda: b.copy_batch(small), runs * 20)
+        t_submit = _submit_time(lambda: b.copy_batch(small_batch), runs * 20)
+        t_tuples = _submit_time(lambda: b.copy_batch(small), runs * 20)
     nbytes = sum(sizes)
     print(f"weights (host memory, no GPU: a test of function): {len(sizes)} tensors, {nbytes >> 10} KiB")
     _row("full update", "numpy", nbytes / 1e9 / t_np, nbytes / 1e9 / t_gpx, "GB/s",
@@ -860,7 +872,8 @@ def _weights_host(sock, runs, metrics=None):
           f"numpy {t_np_small * 1e6:.1f} us (median of {runs * 20})")
     if stages:
         print("  gpxd per transfer (fixed cost): " + "; ".join(stages))
-    print(f"  of the client's side of the fixed cost: copy_batch until it returns {t_submit * 1e6:.1f} us")
+    print(f"  of the client's side of the fixed cost: copy_batch until it returns {t_submit * 1e6:.1f} us "
+          f"(of a Batch; of the list of tuples, parsed each time: {t_tuples * 1e6:.1f} us)")
 
 
 def weights(sock, args):
