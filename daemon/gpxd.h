@@ -301,6 +301,7 @@ struct charge {
 	struct user *user;
 	uint64_t bytes;              /* charged so far for the request */
 	bool entry;                  /* charging entries (to *entries), not a transfer (to cq) */
+	bool optional;               /* gpxd's own choice (a cache): a refusal is not counted */
 	const char *what;            /* the request, for the refusal: "transfer" when NULL */
 };
 /*

@@ -323,6 +323,91 @@ test_exports(void)
 	}
 }
 
+/* ---- the same pairs again: kept resolved, never past what they name ---- */
+
+/*
+ * A program that pushes the same tensors sends the same pair records each time, and gpxd keeps
+ * the last batch's pairs resolved to take them from there (xfer.c).  What it keeps must follow
+ * every change: a shorter list, a region deregistered, one withdrawn by its owner.
+ */
+static void
+test_kept(void)
+{
+	struct set s;
+	struct gpx_pair pr[NP];
+	struct gpx_seg segs[NP];
+	struct buf own;
+	gpx_region imp;
+	uint64_t seed = 11, bytes = 0;
+	gpx_conn *c = client("batch-kept"), *o = client("batch-kept-owner");
+	int r = 0;
+
+	if (c == NULL || o == NULL)
+		tap_bail("cannot connect");
+	set_new(&s, c, 8192, &seed);
+	for (int k = 0; k < NP; k++) {
+		segs[k] = (struct gpx_seg){ (uint64_t)k, 2 * (uint64_t)k, 4000 + (uint64_t)k };
+		pr[k] = (struct gpx_pair){ s.src[k].r, s.dst[k].r, 0, 0, (uint32_t)k, 1 };
+	}
+	bool all = true;
+	for (int round = 0; round < 3 && r == 0; round++) {
+		for (int k = 0; k < NP; k++)
+			fill_random(s.src[k].p, s.src[k].len, &seed);
+		r = gpx_copy_batch(c, pr, NP, segs, NP, 1000 + round);
+		r = r < 0 ? r : wait_tag(c, 1000 + round, &bytes);
+		for (int k = 0; k < NP; k++)
+			all &= pair_landed(&s, k, &pr[k], segs);
+	}
+	ok(r == 0 && all, "the same %d pair records three times, the sources refilled each time: each lands whole",
+	    NP);
+	/* The same records with half the list: the last pairs' runs now pass its end. */
+	uint64_t before = dst_sum(&s);
+	r = gpx_copy_batch(c, pr, NP, segs, NP / 2, 1010);
+	r = r < 0 ? r : wait_tag(c, 1010, NULL);
+	ok(r == -GPX_EINVAL && strstr(gpx_last_error(c), "names segments") != NULL && dst_sum(&s) == before,
+	    "the same records with a list of %d segments: refused (%s), nothing moved", NP / 2, gpx_last_error(c));
+	r = gpx_copy_batch(c, pr, NP, segs, NP, 1011);
+	ok((r < 0 ? r : wait_tag(c, 1011, NULL)) == 0, "and with the whole list again: done");
+	/* As many records, one of them other: pair 3's destination base moves 100 bytes on. */
+	pr[3].dst_offset = 100;
+	memset(s.dst[3].p, 0, s.dst[3].len);
+	r = gpx_copy_batch(c, pr, NP, segs, NP, 1016);
+	r = r < 0 ? r : wait_tag(c, 1016, NULL);
+	ok(r == 0 && pair_landed(&s, 3, &pr[3], segs) && s.dst[3].p[6 + 99] == 0,
+	    "as many records with pair 3's base 100 bytes on: it lands there");
+	pr[3].dst_offset = 0;
+	r = gpx_copy_batch(c, pr, NP, segs, NP, 1017);
+	ok((r < 0 ? r : wait_tag(c, 1017, NULL)) == 0, "and with it back: done");
+	/* One destination deregistered: the same records name a handle that is gone. */
+	gpx_deregister(c, s.dst[5].r);
+	before = dst_sum(&s);
+	r = gpx_copy_batch(c, pr, NP, segs, NP, 1012);
+	r = r < 0 ? r : wait_tag(c, 1012, NULL);
+	ok(r == -GPX_ENOENT && dst_sum(&s) == before, "the same records after pair 5's destination was "
+	    "deregistered: refused whole (%s), nothing moved", gpx_strerror(r));
+	/* Pair 5 into another connection's export, kept; then its owner withdraws it. */
+	if (buf_new(&own, 8192) < 0 || buf_reg(o, &own, 0) < 0 || gpx_export(o, own.r, "batch.kept", NULL) < 0 ||
+	    gpx_import(c, "batch.kept", &imp, NULL) < 0)
+		tap_bail("cannot export and import");
+	memset(own.p, 0, own.len);
+	pr[5].dst = imp;
+	for (int i = 0; i < 2 && r <= 0; i++) {
+		r = gpx_copy_batch(c, pr, NP, segs, NP, 1013 + i);
+		r = r < 0 ? r : wait_tag(c, 1013 + i, NULL);
+	}
+	ok(r == 0 && memcmp(own.p + 10, s.src[5].p + 5, 4005) == 0, "pair 5 into another's export, twice: done");
+	gpx_deregister(o, own.r);
+	before = dst_sum(&s);
+	r = gpx_copy_batch(c, pr, NP, segs, NP, 1015);
+	r = r < 0 ? r : wait_tag(c, 1015, NULL);
+	ok(r == -GPX_EREVOKED && dst_sum(&s) == before, "the same records once the owner withdrew it: refused whole "
+	    "(%s), nothing moved", gpx_strerror(r));
+	gpx_close(c);
+	gpx_close(o);
+	buf_free(&own);
+	set_free(&s);
+}
+
 /* ---- the limits: the most pairs, credits, cancel ---- */
 
 static void
@@ -472,6 +557,7 @@ main(void)
 	test_segments();
 	test_pages();
 	test_exports();
+	test_kept();
 	test_limits();
 	test_wire();
 	ok(harness_wait_fds(&H, H.baseline, WAIT_MS) == H.baseline, "gpxd is back to its baseline descriptors");

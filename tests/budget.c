@@ -33,6 +33,9 @@
  *  - many: 256 connections (times GPX_TEST_SCALE, below 1) of one uid each at its connection
  *    budget: the total stays under its budget and gpxd's memory under it, and a further request
  *    on each is busy naming the connection budget.
+ *  - kept: the pairs of a connection's last batch, which gpxd keeps resolved by its own choice,
+ *    give way: after a batch of 200 pairs a connection of 64 KiB registers as many regions as
+ *    one that ran none.
  */
 #include "config.h"
 
@@ -1178,6 +1181,73 @@ test_many(void)
 	stop();
 }
 
+/* ---- kept: what gpxd keeps by its own choice gives way ---- */
+
+#define K_PAIRS 200
+
+/* Registers b on c until refused: how many, and the refusal. */
+static int
+register_until_refused(gpx_conn *c, struct buf *b, int *refused)
+{
+	int n = 0;
+
+	for (gpx_region r; n < 4096; n++)
+		if ((*refused = gpx_register_host(c, b->fd, 0, b->len, 0, &r)) < 0)
+			break;
+	return n;
+}
+
+/*
+ * A connection's last batch's pairs, kept resolved by gpxd (some 17 KB for 200 pairs), are
+ * charged to the connection but kept by choice: they give way to what the client asks for
+ * after them.  So a connection that ran such a batch registers as many regions as one that
+ * did not, within the same connection budget.
+ */
+static void
+test_kept(void)
+{
+	struct buf src, dst;
+	struct gpx_pair *pr = calloc(K_PAIRS, sizeof(*pr));
+	struct gpx_seg *sg = calloc(K_PAIRS, sizeof(*sg));
+	int n[2] = { 0, 0 }, refused[2] = { 0, 0 }, r = -1;
+
+	start("[limits]\nconnection_budget = 64K\n");
+	gpx_conn *c[2] = { client("kept-batch"), client("kept-none") };
+	if (c[0] == NULL || c[1] == NULL || buf_new(&src, 65536) < 0 || buf_new(&dst, 65536) < 0)
+		tap_bail("cannot set up the clients");
+	gpx_region rs = 0, rd = 0;
+	for (int k = 0; k < 2; k++) {
+		src.r = dst.r = 0;
+		if (buf_reg(c[k], &src, 0) < 0 || buf_reg(c[k], &dst, 0) < 0)
+			tap_bail("cannot register");
+		if (k == 0) {
+			rs = src.r;
+			rd = dst.r;
+		}
+	}
+	for (int i = 0; i < K_PAIRS; i++) {
+		sg[i] = (struct gpx_seg){ (uint64_t)i * 256, (uint64_t)i * 256, 256 };
+		pr[i] = (struct gpx_pair){ rs, rd, 0, 0, (uint32_t)i, 1 };
+	}
+	for (int t = 0; t < 2; t++) {
+		if ((r = gpx_copy_batch(c[0], pr, K_PAIRS, sg, K_PAIRS, 10 + t)) == 0)
+			r = wait_tag(c[0], 10 + t, NULL);
+	}
+	ok(r == 0, "a batch of %d pairs, twice, within a connection budget of 64 KiB (%s)", K_PAIRS, gpx_strerror(r));
+	for (int k = 0; k < 2; k++)
+		n[k] = register_until_refused(c[k], &src, &refused[k]);
+	ok(n[0] > 0 && n[0] == n[1] && refused[0] == -GPX_EBUSY && refused[1] == -GPX_EBUSY,
+	    "then it registers as many regions before the connection budget refuses one as a connection that ran "
+	    "no batch (%d and %d)", n[0], n[1]);
+	gpx_close(c[0]);
+	gpx_close(c[1]);
+	buf_free(&src);
+	buf_free(&dst);
+	free(pr);
+	free(sg);
+	stop();
+}
+
 int
 main(int argc, char **argv)
 {
@@ -1191,10 +1261,10 @@ main(int argc, char **argv)
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
-	/* Run one part by name: budget largest|turns|leave|entries|each|many */
+	/* Run one part by name: budget largest|turns|leave|entries|each|many|kept */
 	static const struct test_part parts[] = {
 		{ "largest", test_largest }, { "turns", test_turns }, { "leave", test_leave },
-		{ "entries", test_entries }, { "each", test_each }, { "many", test_many },
+		{ "entries", test_entries }, { "each", test_each }, { "many", test_many }, { "kept", test_kept },
 	};
 	run_parts(argc, argv, parts, sizeof(parts) / sizeof(parts[0]));
 	return tap_done();

@@ -52,6 +52,7 @@ struct conn {
 	struct xfer_check *checking; /* a transfer whose lists a task thread checks: its further
 	                              * messages and submissions wait (conn-xfer.c) */
 	uint64_t entries;            /* bytes its table entries hold against its budgets (user.c) */
+	struct xfer_pairs *pairs;    /* its last batch's pairs, resolved (xfer.c): dropped with any handle */
 };
 TAILQ_HEAD(conn_list, conn);
 extern struct conn_list conns;

@@ -135,12 +135,13 @@ budget_refused(enum budget_scope s, bool busy)
  * budget, what: the request.
  */
 static int
-refuse(enum budget_scope s, uint64_t want, uint64_t held, const char *what, char *err, size_t errlen)
+refuse(enum budget_scope s, uint64_t want, uint64_t held, const char *what, bool counted, char *err, size_t errlen)
 {
 	const uint64_t lim = budget_limit(s);
 	const bool busy = want <= lim;
 
-	atomic_fetch_add(&refusals[s][busy], 1);
+	if (counted)
+		atomic_fetch_add(&refusals[s][busy], 1);
 	if (busy)
 		snprintf(err, errlen, "busy: the %s budget (limits.%s_budget, %llu bytes) has %llu bytes held by "
 		    "transfers in flight and by regions, imports and exports; this %s needs %llu or more: retry "
@@ -170,10 +171,10 @@ budget_charge(struct charge *ch, uint64_t bytes, char *err, size_t errlen)
 	const char *what = ch->what != NULL ? ch->what : "transfer";
 
 	if (req > cfg->budget_request)
-		return refuse(BUDGET_REQUEST, req, 0, what, err, errlen);
+		return refuse(BUDGET_REQUEST, req, 0, what, !ch->optional, err, errlen);
 	for (int s = BUDGET_CONNECTION; s < NBUDGETS; s++)
 		if (req > budget_limit(s) || held[s] + req > budget_limit(s))
-			return refuse(s, req, held[s], what, err, errlen);
+			return refuse(s, req, held[s], what, !ch->optional, err, errlen);
 	if (ch->entry) {
 		*ch->entries += bytes;
 		atomic_fetch_add(&entries_charged, bytes);

@@ -289,6 +289,15 @@ xfer_charge(struct charge *ch, uint64_t bytes, const struct xfer_from *c, char *
 
 	if (ch->cq == NULL)
 		return 0;
+	if (c->pairs != NULL && *c->pairs != NULL) {
+		/* The pairs kept by choice give way to a request that needs their room. */
+		ch->optional = true;
+		r = budget_charge(ch, bytes, err, errlen);
+		ch->optional = false;
+		if (r == 0)
+			return 0;
+		xfer_pairs_drop(c->pairs, c->entries, c->user);
+	}
 	if ((r = budget_charge(ch, bytes, err, errlen)) < 0)
 		xfer_audit(c, "%s", err);
 	return r;
@@ -531,6 +540,113 @@ prefetch_regions(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint
  * path; then per group one job, with its segment array (each pair's run, rebased) or its page
  * list allocated.  Any refusal refuses the whole batch, before any job is handed over.
  */
+/*
+ * A connection's last batch, resolved: its pair records as they came and, for each, its two
+ * regions (with the pair's bases) and its path.  A weight push sends the same records every
+ * time; a batch of the same bytes takes its pairs from here instead of looking up and
+ * checking both regions of each again.  Sound because a record names handles by id, ids are
+ * never reused, and what a live handle names (its region, whether it is read-only, the
+ * region's kind and GPU) never changes: the connection drops this whenever it lets go of a
+ * handle.  A region its owner withdrew meanwhile is still refused when the job holds it
+ * (job_hold), with the same status.
+ */
+struct xfer_pairs {
+	uint32_t np, cap;
+	uint64_t nsegs;              /* the segments the records name, all pairs */
+	uint64_t seg_end;            /* the end of the furthest run of segments */
+	uint64_t charged;            /* bytes of the connection's entries */
+	struct gpx_wire_pair *pr;
+	struct jpair *jp;
+	enum path_kind *path;
+};
+
+#define PAIRS_KEEP_MIN 16            /* fewer pairs are resolved again each time */
+
+void
+xfer_pairs_drop(struct xfer_pairs **kp, uint64_t *entries, struct user *u)
+{
+	struct xfer_pairs *p = *kp;
+
+	if (p == NULL)
+		return;
+	budget_entry_release(entries, u, p->charged);
+	free(p->pr);
+	free(p->jp);
+	free(p->path);
+	free(p);
+	*kp = NULL;
+}
+
+/*
+ * When the batch's np records are the kept ones: their pairs and paths into jp and path, the
+ * segments they name in *nsegs, and true; *r then says whether they fit this request's list
+ * of n (a refusal as the full check gives it).  False: resolve them.
+ */
+static bool
+pairs_kept(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint32_t np, bool pages, uint32_t n,
+    struct jpair *jp, enum path_kind *path, uint64_t *nsegs, int *r, char *err, size_t errlen)
+{
+	const struct xfer_pairs *p = c->pairs != NULL ? *c->pairs : NULL;
+
+	if (p == NULL || p->np != np || memcmp(p->pr, pr, np * sizeof(*pr)) != 0)
+		return false;
+	memcpy(jp, p->jp, np * sizeof(*jp));
+	memcpy(path, p->path, np * sizeof(*path));
+	*nsegs = pages ? 0 : p->nsegs;
+	*r = 0;
+	if (!pages && p->seg_end > n)
+		for (uint32_t q = 0; q < np; q++)
+			if ((uint64_t)pr[q].seg_first + pr[q].seg_count > n) {
+				snprintf(err, errlen, "pair %u names segments %u..%u of a list of %u", q, pr[q].seg_first,
+				    pr[q].seg_first + pr[q].seg_count, n);
+				*r = -GPX__STATUS__EINVAL;
+				break;
+			}
+	return true;
+}
+
+/* Keeps a batch's np resolved pairs for the next (when the connection's budget has room). */
+static void
+pairs_keep(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint32_t np, const struct jpair *jp,
+    const enum path_kind *path, uint64_t nsegs)
+{
+	const uint64_t each = sizeof(*pr) + sizeof(*jp) + sizeof(*path);
+	struct xfer_pairs *p;
+	char why[256];
+
+	if (c->pairs == NULL || np < PAIRS_KEEP_MIN || c->cq == NULL)
+		return;
+	if ((p = *c->pairs) == NULL || p->cap < np) {
+		struct charge ch = { .cq = c->cq, .entries = c->entries, .user = c->user, .entry = true,
+		    .optional = true, .what = "batch pairs kept" };
+		xfer_pairs_drop(c->pairs, c->entries, c->user);
+		if (budget_charge(&ch, sizeof(*p) + np * each, why, sizeof(why)) < 0)
+			return;          /* (not kept: the next batch resolves its pairs again) */
+		if ((p = calloc(1, sizeof(*p))) == NULL || (p->pr = malloc(np * sizeof(*pr))) == NULL ||
+		    (p->jp = malloc(np * sizeof(*jp))) == NULL || (p->path = malloc(np * sizeof(*path))) == NULL) {
+			if (p != NULL) {
+				free(p->pr);
+				free(p->jp);
+			}
+			free(p);
+			budget_entry_release(c->entries, c->user, sizeof(*p) + np * each);
+			return;
+		}
+		p->cap = np;
+		p->charged = sizeof(*p) + np * each;
+		*c->pairs = p;
+	}
+	p->np = np;
+	p->nsegs = nsegs;
+	p->seg_end = 0;
+	for (uint32_t q = 0; q < np; q++)
+		if ((uint64_t)pr[q].seg_first + pr[q].seg_count > p->seg_end)
+			p->seg_end = (uint64_t)pr[q].seg_first + pr[q].seg_count;
+	memcpy(p->pr, pr, np * sizeof(*pr));
+	memcpy(p->jp, jp, np * sizeof(*jp));
+	memcpy(p->path, path, np * sizeof(*path));
+}
+
 static int
 build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct xfer_check *k, char *err,
     size_t errlen)
@@ -575,8 +691,10 @@ build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct
 	k->n = n;
 	/* The pairs, read once; every one resolved before anything else. */
 	memcpy(pr, (const void *)wp, np * sizeof(*pr));
-	prefetch_regions(c, pr, np);
 	uint64_t nsegs = 0;
+	if (pairs_kept(c, pr, np, pages, n, jp, path, &nsegs, &r, err, errlen))
+		goto resolved;
+	prefetch_regions(c, pr, np);
 	for (uint32_t q = 0; q < np && r == 0; q++) {
 		struct region *sh, *dh;
 		if ((r = resolve_pair(c, pr[q].src_region, pr[q].dst_region, &sh, &dh, err, errlen)) < 0)
@@ -597,6 +715,9 @@ build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct
 		}
 		nsegs += pages ? 0 : pr[q].seg_count;
 	}
+	if (r == 0)
+		pairs_keep(c, pr, np, jp, path, nsegs);
+resolved:
 	if (r == 0 && nsegs > cfg->max_segs) {
 		snprintf(err, errlen, "the pairs name %llu segments in all (at most %u)", (unsigned long long)nsegs,
 		    cfg->max_segs);
