@@ -344,6 +344,7 @@ struct region {
 	 */
 	_Alignas(64) _Atomic uint64_t counts;
 	_Alignas(64) atomic_bool revoked;
+	uint32_t kept_by;            /* loop thread: batches' pairs kept resolved that name it (xfer.c) */
 	const struct mem_ops *ops;
 	Gpx__MemKind kind;
 	int dev;                     /* DEV_HOST or a gpu index */
@@ -396,6 +397,8 @@ void region_revoke(struct region *);
  * registrations): registered once at start by the layer that holds it; called from any thread.
  */
 void region_on_gone(void (*)(struct region *));
+/* Set once at start: called (loop thread) when a region that kept pairs name is revoked. */
+void region_on_revoke(void (*)(struct region *));
 
 /* ---- paths, and the engine's scheduling state kept in each uid and completion queue ---- */
 /* The most GPUs one gpxd drives: it bounds the path ids below and the 32-bit access masks; the
@@ -482,6 +485,7 @@ struct job {
 	uint32_t flags;
 	struct region *src, *dst;    /* the first pair's (the only one's, but for batches) */
 	struct jpair *pairs;         /* &one, or a batch's */
+	struct xfer_pairs *kept;     /* the kept pairs whose holds stand for the pairs' own, or NULL */
 	uint32_t npairs;
 	struct jpair one;
 	struct jgroup *group;        /* a batch split over paths, else NULL */

@@ -98,7 +98,7 @@ handle_release(struct conn *c, struct rhandle *h)
 {
 	struct region *r = h->r;
 
-	xfer_pairs_drop(&c->pairs, &c->entries, c->user);     /* it may name this handle's region */
+	xfer_pairs_drop(&c->pairs);     /* it may name this handle's region */
 	c->user->regions--;
 	if (!h->imported) {
 		c->user->region_bytes -= r->length;

@@ -348,7 +348,7 @@ conn_charge(struct conn *c, uint64_t bytes, const char *what, char *err, size_t 
 	if (c->pairs != NULL && budget_charge(&ch, bytes, err, errlen) == 0)
 		return 0;
 	/* (what its last batch's pairs hold, kept by choice, gives way first) */
-	xfer_pairs_drop(&c->pairs, &c->entries, c->user);
+	xfer_pairs_drop(&c->pairs);
 	ch.optional = false;
 	if ((r = budget_charge(&ch, bytes, err, errlen)) < 0)
 		log_audit(c, "%s", err);

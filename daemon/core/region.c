@@ -21,6 +21,7 @@
 #define USE (1ull << 32)       /* users: the high 32 */
 
 static void (*gone_hook)(struct region *);
+static void (*revoke_hook)(struct region *);
 
 static uint32_t
 refs_of(uint64_t v)
@@ -160,8 +161,17 @@ region_drop(struct region *r)
 void
 region_revoke(struct region *r)
 {
-	if (!atomic_exchange(&r->revoked, true))
+	if (!atomic_exchange(&r->revoked, true)) {
+		if (r->kept_by > 0 && revoke_hook != NULL)
+			revoke_hook(r);      /* what holds it by choice lets go first */
 		region_unuse(r);
+	}
+}
+
+void
+region_on_revoke(void (*fn)(struct region *))
+{
+	revoke_hook = fn;
 }
 
 /* Set once at start, before any region exists; called from any thread. */

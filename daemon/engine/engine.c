@@ -218,6 +218,8 @@ engine_init(int nthreads, uint64_t chunk)
 	};
 	pthread_condattr_t ca;
 
+	xfer_pairs_init();
+
 	/* The back ends take their chunks through this table, never by calling up here. */
 	gpu_chunks_from(&source);
 	fabric_chunks_from(&source);
@@ -486,7 +488,12 @@ engine_next_small_chunk(enum path_kind pk, struct chunk *c, uint32_t max_segs)
 void
 engine_free_job(struct job *j)
 {
-	if (j->npairs > 1)
+	if (j->kept != NULL) {
+		xfer_pairs_unref(j->kept);   /* its holds stood for the pairs' */
+		for (uint32_t k = 0; k < j->npairs; k++)
+			j->pairs[k].src = j->pairs[k].dst = NULL;
+	}
+	if (j->npairs > 1 && j->kept == NULL)
 		for (uint32_t k = 0; k < j->npairs; k++) {
 			/* (the lines of their counters are the event loop's since the check: fetched
 			 * together, their misses overlap; xfer.c does the same at the check) */

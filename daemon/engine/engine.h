@@ -79,13 +79,16 @@ struct xfer_from {
 	struct xfer_pairs **pairs;   /* its last batch's pairs, resolved (or NULL: none kept) */
 };
 /*
- * A connection's last batch's pair records with their regions and paths: a batch of the same
- * records takes them from there instead of resolving each again (xfer.c).  Its bytes are
- * charged to the connection's entries; the connection drops it (xfer_pairs_drop) whenever it
- * lets go of a handle, and when it ends.
+ * A connection's last batch's pair records with their regions (held) and paths: a batch of
+ * the same records takes them from there instead of resolving and holding each again (xfer.c).
+ * Its bytes are charged to the connection's entries; the connection drops it (xfer_pairs_drop)
+ * whenever it lets go of a handle, and when it ends, and so does the revocation of any region
+ * it names.  A job that uses it holds a reference (xfer_pairs_unref, any thread).
  */
 struct xfer_pairs;
-void xfer_pairs_drop(struct xfer_pairs **, uint64_t *entries, struct user *);
+void xfer_pairs_drop(struct xfer_pairs **);
+void xfer_pairs_unref(struct xfer_pairs *);
+void xfer_pairs_init(void);
 /*
  * Loop thread: a Transfer's jobs in *out (several for a batch over several paths, linked by
  * gnext), or a refusal (<0, err set).  When later is not NULL and the request's lists are long

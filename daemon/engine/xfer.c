@@ -63,6 +63,7 @@ struct xfer_check {
 	uint64_t work;               /* bytes of private lists the check fills */
 	unsigned char *plist;        /* a page batch of several groups: the list, copied once for all */
 	struct gpx_wire_pair *pr;    /* a batch's pairs as sent */
+	struct xfer_pairs *kept;     /* the kept pairs it took them from, while building */
 	uint32_t *idx;               /* their indexes, group after group in the order of the jobs */
 	uint32_t gfirst[NPATHS];     /* where each group's indexes begin */
 	unsigned char want[NPATHS];  /* each job's private list, to allocate when checking (enum xfer_list) */
@@ -296,7 +297,7 @@ xfer_charge(struct charge *ch, uint64_t bytes, const struct xfer_from *c, char *
 		ch->optional = false;
 		if (r == 0)
 			return 0;
-		xfer_pairs_drop(c->pairs, c->entries, c->user);
+		xfer_pairs_drop(c->pairs);
 	}
 	if ((r = budget_charge(ch, bytes, err, errlen)) < 0)
 		xfer_audit(c, "%s", err);
@@ -542,51 +543,102 @@ prefetch_regions(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint
  */
 /*
  * A connection's last batch, resolved: its pair records as they came and, for each, its two
- * regions (with the pair's bases) and its path.  A weight push sends the same records every
- * time; a batch of the same bytes takes its pairs from here instead of looking up and
- * checking both regions of each again.  Sound because a record names handles by id, ids are
- * never reused, and what a live handle names (its region, whether it is read-only, the
- * region's kind and GPU) never changes: the connection drops this whenever it lets go of a
- * handle.  A region its owner withdrew meanwhile is still refused when the job holds it
- * (job_hold), with the same status.
+ * regions (with the pair's bases) and its path, both regions held.  A weight push sends the
+ * same records every time; a batch of the same bytes takes its pairs from here instead of
+ * looking up, checking and holding both regions of each again: its jobs hold this instead
+ * (one reference each, where each pair took two atomic operations at the check and two more
+ * at its end).  Sound because a record names handles by id, ids are never reused, and what a
+ * live handle names (its region, whether it is read-only, the region's kind and GPU) never
+ * changes: the connection drops this whenever it lets go of a handle.  A region it names that
+ * is revoked (its owner withdrew it) drops it too, on the loop thread (region_on_revoke), so
+ * that no such region is taken from here and no mapping is kept past its jobs for it.  All on
+ * the loop thread but the references, which jobs give back on copy workers.
  */
 struct xfer_pairs {
-	uint32_t np, cap;
+	TAILQ_ENTRY(xfer_pairs) entry;   /* in kept, while its connection keeps it */
+	atomic_uint refs;            /* its connection's, the check's that uses it, each job's */
+	struct xfer_pairs **slot;    /* its connection's pointer to it, while kept */
+	uint64_t *entries;           /* the connection's entries it is charged to */
+	struct user *user;
+	uint64_t charged;
+	uint32_t np;
 	uint64_t nsegs;              /* the segments the records name, all pairs */
 	uint64_t seg_end;            /* the end of the furthest run of segments */
-	uint64_t charged;            /* bytes of the connection's entries */
 	struct gpx_wire_pair *pr;
 	struct jpair *jp;
 	enum path_kind *path;
 };
+static TAILQ_HEAD(, xfer_pairs) kept = TAILQ_HEAD_INITIALIZER(kept);
 
 #define PAIRS_KEEP_MIN 16            /* fewer pairs are resolved again each time */
 
 void
-xfer_pairs_drop(struct xfer_pairs **kp, uint64_t *entries, struct user *u)
+xfer_pairs_unref(struct xfer_pairs *p)
 {
-	struct xfer_pairs *p = *kp;
-
-	if (p == NULL)
+	if (atomic_fetch_sub(&p->refs, 1) != 1)
 		return;
-	budget_entry_release(entries, u, p->charged);
+	for (uint32_t q = 0; q < p->np; q++) {
+		region_drop(p->jp[q].src);
+		region_drop(p->jp[q].dst);
+	}
 	free(p->pr);
 	free(p->jp);
 	free(p->path);
 	free(p);
-	*kp = NULL;
+}
+
+/* Its connection lets go of it (loop thread): its jobs keep it until they end. */
+static void
+pairs_detach(struct xfer_pairs *p)
+{
+	budget_entry_release(p->entries, p->user, p->charged);
+	for (uint32_t q = 0; q < p->np; q++) {
+		p->jp[q].src->kept_by--;
+		p->jp[q].dst->kept_by--;
+	}
+	TAILQ_REMOVE(&kept, p, entry);
+	*p->slot = NULL;
+	xfer_pairs_unref(p);
+}
+
+void
+xfer_pairs_drop(struct xfer_pairs **kp)
+{
+	if (*kp != NULL)
+		pairs_detach(*kp);
+}
+
+/* region_revoke's hook: every kept list that names r goes. */
+static void
+pairs_revoked(struct region *r)
+{
+	struct xfer_pairs *p, *t;
+
+	TAILQ_FOREACH_SAFE(p, &kept, entry, t)
+		for (uint32_t q = 0; q < p->np; q++)
+			if (p->jp[q].src == r || p->jp[q].dst == r) {
+				pairs_detach(p);
+				break;
+			}
+}
+
+void
+xfer_pairs_init(void)
+{
+	region_on_revoke(pairs_revoked);
 }
 
 /*
  * When the batch's np records are the kept ones: their pairs and paths into jp and path, the
- * segments they name in *nsegs, and true; *r then says whether they fit this request's list
- * of n (a refusal as the full check gives it).  False: resolve them.
+ * segments they name in *nsegs, a reference for the check in k->kept, and true; *r then says
+ * whether they fit this request's list of n (a refusal as the full check gives it).  False:
+ * resolve them.
  */
 static bool
-pairs_kept(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint32_t np, bool pages, uint32_t n,
-    struct jpair *jp, enum path_kind *path, uint64_t *nsegs, int *r, char *err, size_t errlen)
+pairs_kept(const struct xfer_from *c, struct xfer_check *k, const struct gpx_wire_pair *pr, uint32_t np, bool pages,
+    uint32_t n, struct jpair *jp, enum path_kind *path, uint64_t *nsegs, int *r, char *err, size_t errlen)
 {
-	const struct xfer_pairs *p = c->pairs != NULL ? *c->pairs : NULL;
+	struct xfer_pairs *p = c->pairs != NULL ? *c->pairs : NULL;
 
 	if (p == NULL || p->np != np || memcmp(p->pr, pr, np * sizeof(*pr)) != 0)
 		return false;
@@ -602,49 +654,72 @@ pairs_kept(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint32_t n
 				*r = -GPX__STATUS__EINVAL;
 				break;
 			}
+	atomic_fetch_add(&p->refs, 1);
+	k->kept = p;
 	return true;
 }
 
-/* Keeps a batch's np resolved pairs for the next (when the connection's budget has room). */
+/*
+ * Keeps a batch's np resolved pairs for the next, holding their regions (when the
+ * connection's budget has room and none is being withdrawn), in place of what it kept.
+ */
 static void
 pairs_keep(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint32_t np, const struct jpair *jp,
     const enum path_kind *path, uint64_t nsegs)
 {
-	const uint64_t each = sizeof(*pr) + sizeof(*jp) + sizeof(*path);
+	const uint64_t bytes = sizeof(struct xfer_pairs) + np * (sizeof(*pr) + sizeof(*jp) + sizeof(*path));
+	struct charge ch = { .cq = c->cq, .entries = c->entries, .user = c->user, .entry = true, .optional = true,
+	    .what = "batch pairs kept" };
 	struct xfer_pairs *p;
 	char why[256];
+	uint32_t held = 0;
 
 	if (c->pairs == NULL || np < PAIRS_KEEP_MIN || c->cq == NULL)
 		return;
-	if ((p = *c->pairs) == NULL || p->cap < np) {
-		struct charge ch = { .cq = c->cq, .entries = c->entries, .user = c->user, .entry = true,
-		    .optional = true, .what = "batch pairs kept" };
-		xfer_pairs_drop(c->pairs, c->entries, c->user);
-		if (budget_charge(&ch, sizeof(*p) + np * each, why, sizeof(why)) < 0)
-			return;          /* (not kept: the next batch resolves its pairs again) */
-		if ((p = calloc(1, sizeof(*p))) == NULL || (p->pr = malloc(np * sizeof(*pr))) == NULL ||
-		    (p->jp = malloc(np * sizeof(*jp))) == NULL || (p->path = malloc(np * sizeof(*path))) == NULL) {
-			if (p != NULL) {
-				free(p->pr);
-				free(p->jp);
-			}
-			free(p);
-			budget_entry_release(c->entries, c->user, sizeof(*p) + np * each);
-			return;
-		}
-		p->cap = np;
-		p->charged = sizeof(*p) + np * each;
-		*c->pairs = p;
-	}
-	p->np = np;
-	p->nsegs = nsegs;
-	p->seg_end = 0;
-	for (uint32_t q = 0; q < np; q++)
-		if ((uint64_t)pr[q].seg_first + pr[q].seg_count > p->seg_end)
-			p->seg_end = (uint64_t)pr[q].seg_first + pr[q].seg_count;
+	xfer_pairs_drop(c->pairs);
+	if (budget_charge(&ch, bytes, why, sizeof(why)) < 0)
+		return;          /* (not kept: the next batch resolves its pairs again) */
+	if ((p = calloc(1, sizeof(*p))) == NULL || (p->pr = malloc(np * sizeof(*pr))) == NULL ||
+	    (p->jp = malloc(np * sizeof(*jp))) == NULL || (p->path = malloc(np * sizeof(*path))) == NULL)
+		goto fail;
 	memcpy(p->pr, pr, np * sizeof(*pr));
 	memcpy(p->jp, jp, np * sizeof(*jp));
 	memcpy(p->path, path, np * sizeof(*path));
+	for (; held < np; held++)
+		if (!region_hold(jp[held].src))
+			goto fail;
+		else if (!region_hold(jp[held].dst)) {
+			region_drop(jp[held].src);
+			goto fail;
+		}
+	p->np = np;
+	p->nsegs = nsegs;
+	for (uint32_t q = 0; q < np; q++) {
+		if ((uint64_t)pr[q].seg_first + pr[q].seg_count > p->seg_end)
+			p->seg_end = (uint64_t)pr[q].seg_first + pr[q].seg_count;
+		jp[q].src->kept_by++;
+		jp[q].dst->kept_by++;
+	}
+	atomic_init(&p->refs, 1);
+	p->slot = c->pairs;
+	p->entries = c->entries;
+	p->user = c->user;
+	p->charged = bytes;
+	TAILQ_INSERT_TAIL(&kept, p, entry);
+	*c->pairs = p;
+	return;
+fail:
+	while (held-- > 0) {
+		region_drop(jp[held].src);
+		region_drop(jp[held].dst);
+	}
+	if (p != NULL) {
+		free(p->pr);
+		free(p->jp);
+		free(p->path);
+		free(p);
+	}
+	budget_entry_release(c->entries, c->user, bytes);
 }
 
 static int
@@ -692,7 +767,7 @@ build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct
 	/* The pairs, read once; every one resolved before anything else. */
 	memcpy(pr, (const void *)wp, np * sizeof(*pr));
 	uint64_t nsegs = 0;
-	if (pairs_kept(c, pr, np, pages, n, jp, path, &nsegs, &r, err, errlen))
+	if (pairs_kept(c, k, pr, np, pages, n, jp, path, &nsegs, &r, err, errlen))
 		goto resolved;
 	prefetch_regions(c, pr, np);
 	for (uint32_t q = 0; q < np && r == 0; q++) {
@@ -765,7 +840,14 @@ resolved:
 		r = xfer_pages_prepare(j, n, t->page_size, c, &k->ch, &k->work, &want, err, errlen);
 		k->want[g] = want;
 	}
-	for (struct job *j = k->head; j != NULL && r == 0; j = j->gnext)
+	for (struct job *j = k->head; j != NULL && r == 0 && k->kept != NULL; j = j->gnext) {
+		/* the kept pairs' holds stand for the pairs' own */
+		atomic_fetch_add(&k->kept->refs, 1);
+		j->kept = k->kept;
+		j->src = j->pairs[0].src;
+		j->dst = j->pairs[0].dst;
+	}
+	for (struct job *j = k->head; j != NULL && r == 0 && k->kept == NULL; j = j->gnext)
 		if ((r = job_hold(j, err, errlen)) < 0)
 			for (struct job *h = k->head; h != j; h = h->gnext) {
 				/* the groups before let go of what they took */
@@ -775,6 +857,10 @@ resolved:
 				}
 			}
 out:
+	if (k->kept != NULL) {
+		xfer_pairs_unref(k->kept);   /* the check's: its jobs have theirs */
+		k->kept = NULL;
+	}
 	free(path);
 	free(jp);
 	return r;
