@@ -254,29 +254,39 @@ batch_pairs(Conn *s, PyObject *seq, Py_ssize_t n, int nmore, uint64_t (*more)[3]
 }
 
 /*
- * The pairs of copy_batch, each one segment: a tuple (src, dst) copies the whole of src to the
- * start of dst, (src, dst, length) that many bytes, (src, dst, length, src_offset, dst_offset)
- * from and to those offsets.  Into *pr and *segs (malloc'ed, n each), or -1 with the exception
- * set.
+ * The pairs of a batch into *pr (malloc'ed, n), or -1 with the exception set.  copy_batch's
+ * (pages false), each one segment of its own in *segs (malloc'ed, n): a tuple (src, dst)
+ * copies the whole of src to the start of dst, (src, dst, length) that many bytes, (src, dst,
+ * length, src_offset, dst_offset) from and to those offsets.  copy_pages_batch's, each a tuple
+ * (src, dst) or (src, dst, src_offset, dst_offset): the bases its pages are numbered from.
  */
 static int
-parse_copy_batch(Conn *s, PyObject *seq, Py_ssize_t n, struct gpx_pair **pr, struct gpx_seg **segs, Region **regs)
+parse_batch(Conn *s, PyObject *seq, Py_ssize_t n, bool pages, struct gpx_pair **pr, struct gpx_seg **segs,
+    Region **regs)
 {
 	uint64_t (*more)[3] = calloc(n ? n : 1, sizeof(*more));
 	int *given = calloc(n ? n : 1, sizeof(*given));
 	int r = -1;
 
 	*pr = NULL;
-	if ((*segs = calloc(n ? n : 1, sizeof(**segs))) == NULL || more == NULL || given == NULL) {
+	if (!pages)
+		*segs = calloc(n ? n : 1, sizeof(**segs));
+	if (more == NULL || given == NULL || (!pages && *segs == NULL)) {
 		PyErr_NoMemory();
 		goto out;
 	}
-	if ((*pr = batch_pairs(s, seq, n, 3, more, given, regs, "(src, dst[, length[, src_offset, dst_offset]])")) == NULL)
+	if ((*pr = batch_pairs(s, seq, n, pages ? 2 : 3, more, given, regs, pages ?
+	    "(src, dst[, src_offset, dst_offset])" : "(src, dst[, length[, src_offset, dst_offset]])")) == NULL)
 		goto out;
 	for (Py_ssize_t i = 0; i < n; i++) {
-		if (given[i] == 2) {
-			PyErr_Format(PyExc_TypeError, "pair %zd: give both offsets, or neither", i);
+		if (given[i] == (pages ? 1 : 2)) {
+			PyErr_Format(PyExc_TypeError, "pair %zd: give both %s, or neither", i, pages ? "bases" : "offsets");
 			goto out;
+		}
+		if (pages) {
+			(*pr)[i].src_offset = given[i] ? more[i][0] : 0;
+			(*pr)[i].dst_offset = given[i] ? more[i][1] : 0;
+			continue;
 		}
 		/* Each pair's own segment; its offsets ride in the pair. */
 		(*segs)[i] = (struct gpx_seg){ 0, 0, more[i][0] };
@@ -289,47 +299,11 @@ parse_copy_batch(Conn *s, PyObject *seq, Py_ssize_t n, struct gpx_pair **pr, str
 out:
 	if (r < 0) {
 		free(*pr);
-		free(*segs);
 		*pr = NULL;
-		*segs = NULL;
-	}
-	free(more);
-	free(given);
-	return r;
-}
-
-/*
- * The pairs of copy_pages_batch, each a tuple (src, dst) or (src, dst, src_offset,
- * dst_offset): the bases its pages are numbered from.  Into *pr (malloc'ed), or -1 with the
- * exception set.
- */
-static int
-parse_pages_batch(Conn *s, PyObject *seq, Py_ssize_t n, struct gpx_pair **pr, Region **regs)
-{
-	uint64_t (*more)[3] = calloc(n ? n : 1, sizeof(*more));
-	int *given = calloc(n ? n : 1, sizeof(*given));
-	int r = -1;
-
-	*pr = NULL;
-	if (more == NULL || given == NULL) {
-		PyErr_NoMemory();
-		goto out;
-	}
-	if ((*pr = batch_pairs(s, seq, n, 2, more, given, regs, "(src, dst[, src_offset, dst_offset])")) == NULL)
-		goto out;
-	for (Py_ssize_t i = 0; i < n; i++) {
-		if (given[i] == 1) {
-			PyErr_Format(PyExc_TypeError, "pair %zd: give both bases, or neither", i);
-			goto out;
+		if (!pages) {
+			free(*segs);
+			*segs = NULL;
 		}
-		(*pr)[i].src_offset = given[i] ? more[i][0] : 0;
-		(*pr)[i].dst_offset = given[i] ? more[i][1] : 0;
-	}
-	r = 0;
-out:
-	if (r < 0) {
-		free(*pr);
-		*pr = NULL;
 	}
 	free(more);
 	free(given);
@@ -433,8 +407,7 @@ transfer_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *
 		Py_DECREF(b);
 		return PyErr_NoMemory();
 	}
-	if ((pages ? parse_pages_batch(s, a[0], n, &b->pr, b->regs) :
-	    parse_copy_batch(s, a[0], n, &b->pr, &b->segs, b->regs)) < 0) {
+	if (parse_batch(s, a[0], n, pages, &b->pr, &b->segs, b->regs) < 0) {
 		memset(b->regs, 0, 2 * n * sizeof(*b->regs));       /* (borrowed until now) */
 		Py_DECREF(b);
 		return NULL;
@@ -492,7 +465,7 @@ transfer_copy_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObj
 			return NULL;
 		b = (const Batch *)a[0];
 		n = b->n;
-	} else if ((n = PySequence_Size(a[0])) < 0 || parse_copy_batch(s, a[0], n, &pr, &segs, NULL) < 0)
+	} else if ((n = PySequence_Size(a[0])) < 0 || parse_batch(s, a[0], n, false, &pr, &segs, NULL) < 0)
 		return NULL;
 	if ((t = transfer_start(s, a[1])) == NULL)
 		goto out;
@@ -542,7 +515,7 @@ transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
 			return NULL;
 		b = (const Batch *)a[0];
 		n = b->n;
-	} else if ((n = PySequence_Size(a[0])) < 0 || parse_pages_batch(s, a[0], n, &pr, NULL) < 0)
+	} else if ((n = PySequence_Size(a[0])) < 0 || parse_batch(s, a[0], n, true, &pr, NULL, NULL) < 0)
 		return NULL;
 	if (!(have_sp = mem_pages(s->st, a[2], "src_pages", &sp) == 0) ||
 	    !(have_dp = mem_pages(s->st, a[3], "dst_pages", &dp) == 0))
