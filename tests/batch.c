@@ -396,6 +396,19 @@ test_kept(void)
 		r = r < 0 ? r : wait_tag(c, 1013 + i, NULL);
 	}
 	ok(r == 0 && memcmp(own.p + 10, s.src[5].p + 5, 4005) == 0, "pair 5 into another's export, twice: done");
+	/* This connection lets go of its import (the export stays): the same records name a gone handle. */
+	gpx_deregister(c, imp);
+	r = gpx_copy_batch(c, pr, NP, segs, NP, 1020);
+	r = r < 0 ? r : wait_tag(c, 1020, NULL);
+	ok(r == -GPX_ENOENT, "the same records after the import was let go of: %s", gpx_strerror(r));
+	if (gpx_import(c, "batch.kept", &imp, NULL) < 0)
+		tap_bail("cannot import again");
+	pr[5].dst = imp;
+	for (int i = 0; i < 2 && r <= 0; i++) {
+		r = gpx_copy_batch(c, pr, NP, segs, NP, 1021 + i);
+		r = r < 0 ? r : wait_tag(c, 1021 + i, NULL);
+	}
+	ok(r == 0, "imported again, twice: done");
 	gpx_deregister(o, own.r);
 	before = dst_sum(&s);
 	r = gpx_copy_batch(c, pr, NP, segs, NP, 1015);

@@ -53,6 +53,7 @@ struct conn {
 	                              * messages and submissions wait (conn-xfer.c) */
 	uint64_t entries;            /* bytes its table entries hold against its budgets (user.c) */
 	struct xfer_pairs *pairs;    /* its last batch's pairs, resolved (xfer.c): dropped with any handle */
+	uint64_t pairs_seen;         /* (xfer.c) */
 };
 TAILQ_HEAD(conn_list, conn);
 extern struct conn_list conns;

@@ -142,7 +142,8 @@ transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfd
 	}
 	struct xfer_from from = { .client = c->id, .epoch = c->epoch, .version = c->version, .cq = c->cq,
 		.entries = &c->entries, .user = c->user, .area = c->area, .area_len = c->area_len,
-		.who = conn_who(c), .region = handle_region, .arg = c, .pairs = &c->pairs };
+		.who = conn_who(c), .region = handle_region, .arg = c, .pairs = &c->pairs,
+		.pairs_seen = &c->pairs_seen };
 	r = xfer_build(&from, m, nfds ? &fds[0] : NULL, &j, &later, err, sizeof(err));
 	if (later != NULL && (tc = malloc(sizeof(*tc))) == NULL) {
 		/* (no memory to hand it over: checked here and now) */

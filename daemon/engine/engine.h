@@ -77,6 +77,7 @@ struct xfer_from {
 	struct region *(*region)(void *arg, uint64_t id, bool *read_only);
 	void *arg;
 	struct xfer_pairs **pairs;   /* its last batch's pairs, resolved (or NULL: none kept) */
+	uint64_t *pairs_seen;        /* a fingerprint of the last records resolved and not kept */
 };
 /*
  * A connection's last batch's pair records with their regions (held) and paths: a batch of
