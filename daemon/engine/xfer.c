@@ -12,7 +12,9 @@
  * A batch (Transfer.pair_count) names many (source, destination) pairs.  Every pair is
  * resolved and checked like a single transfer before any job exists, and its pairs are
  * grouped by the path they run on: one job per path, and a group (struct jgroup) that posts
- * the one completion when the last of them ends.
+ * the one completion when the last of them ends.  A connection's batch whose pair records
+ * came twice running is kept resolved, its regions held (struct xfer_pairs): the same records
+ * again take their pairs from there, and their jobs hold it instead of every region.
  */
 #include "config.h"
 
@@ -537,11 +539,6 @@ prefetch_regions(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint
 }
 
 /*
- * A batch (protocol 3): the pairs copied out of the segment area and resolved, grouped by
- * path; then per group one job, with its segment array (each pair's run, rebased) or its page
- * list allocated.  Any refusal refuses the whole batch, before any job is handed over.
- */
-/*
  * A connection's last batch, resolved: its pair records as they came and, for each, its two
  * regions (with the pair's bases) and its path, both regions held.  A weight push sends the
  * same records every time; a batch of the same bytes takes its pairs from here instead of
@@ -735,6 +732,11 @@ fail:
 	budget_entry_release(c->entries, c->user, bytes);
 }
 
+/*
+ * A batch (protocol 3): the pairs copied out of the segment area and resolved, grouped by
+ * path; then per group one job, with its segment array (each pair's run, rebased) or its page
+ * list allocated.  Any refusal refuses the whole batch, before any job is handed over.
+ */
 static int
 build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct xfer_check *k, char *err,
     size_t errlen)
