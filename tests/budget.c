@@ -34,8 +34,9 @@
  *    budget: the total stays under its budget and gpxd's memory under it, and a further request
  *    on each is busy naming the connection budget.
  *  - kept: the pairs of a connection's last batch, which gpxd keeps resolved by its own choice,
- *    give way: after a batch of 200 pairs a connection of 64 KiB registers as many regions as
- *    one that ran none.
+ *    are charged to its entries and give way: after a batch of 200 pairs a connection of 64 KiB
+ *    registers as many regions as one that ran none; and they are given back when a client
+ *    that kept some goes.
  */
 #include "config.h"
 
@@ -1229,16 +1230,40 @@ test_kept(void)
 		sg[i] = (struct gpx_seg){ (uint64_t)i * 256, (uint64_t)i * 256, 256 };
 		pr[i] = (struct gpx_pair){ rs, rd, 0, 0, (uint32_t)i, 1 };
 	}
+	struct budgets b0 = { 0 }, b1 = { 0 }, b2 = { 0 };
+	int q0 = budgets(c[1], &b0);
 	for (int t = 0; t < 2; t++) {
 		if ((r = gpx_copy_batch(c[0], pr, K_PAIRS, sg, K_PAIRS, 10 + t)) == 0)
 			r = wait_tag(c[0], 10 + t, NULL);
 	}
 	ok(r == 0, "a batch of %d pairs, twice, within a connection budget of 64 KiB (%s)", K_PAIRS, gpx_strerror(r));
+	int q1 = budgets(c[1], &b1);
+	ok(q0 == 0 && q1 == 0 && b1.entries >= b0.entries + K_PAIRS * 80 && b1.used == b1.entries,
+	    "what it keeps of the batch is charged to the connection's entries: %llu bytes more, all that is held "
+	    "with nothing in flight", (unsigned long long)(b1.entries - b0.entries));
 	for (int k = 0; k < 2; k++)
 		n[k] = register_until_refused(c[k], &src, &refused[k]);
 	ok(n[0] > 0 && n[0] == n[1] && refused[0] == -GPX_EBUSY && refused[1] == -GPX_EBUSY,
 	    "then it registers as many regions before the connection budget refuses one as a connection that ran "
 	    "no batch (%d and %d)", n[0], n[1]);
+	/* A third client keeps a batch's pairs, and goes: they are given back with its regions. */
+	gpx_conn *e = client("kept-exit");
+	src.r = dst.r = 0;
+	if (e == NULL || buf_reg(e, &src, 0) < 0 || buf_reg(e, &dst, 0) < 0)
+		tap_bail("cannot set up the third client");
+	for (int i = 0; i < K_PAIRS; i++)
+		pr[i] = (struct gpx_pair){ src.r, dst.r, 0, 0, (uint32_t)i, 1 };
+	for (int t = 0; t < 2 && r == 0; t++)
+		if ((r = gpx_copy_batch(e, pr, K_PAIRS, sg, K_PAIRS, 20 + t)) == 0)
+			r = wait_tag(e, 20 + t, NULL);
+	q1 = budgets(c[1], &b1);
+	gpx_close(e);
+	int q2 = -1;
+	for (int i = 0; i < 100 && (q2 = budgets(c[1], &b2)) == 0 && b2.entries + K_PAIRS * 80 > b1.entries; i++)
+		usleep(10000);
+	ok(r == 0 && q1 == 0 && q2 == 0 && b2.entries + K_PAIRS * 80 <= b1.entries,
+	    "a client that kept a batch's pairs goes: they are given back with its regions (%llu bytes)",
+	    (unsigned long long)(b1.entries - b2.entries));
 	gpx_close(c[0]);
 	gpx_close(c[1]);
 	buf_free(&src);
