@@ -378,6 +378,12 @@ render(struct evbuffer *b, struct snapshot *sn)
 	    "predicted to run long, instead of polling for their end.", gpu_naps());
 	single(b, "gpx_gpu_batched_chunks_total", "counter", "Small copies a GPU's copy worker issued together "
 	    "with others queued behind them, in one launch of its copy kernel.", gpu_batched());
+	uint64_t kept, taken;
+	xfer_pairs_counts(&kept, &taken);
+	single(b, "gpx_batch_pairs_kept_total", "counter", "Batches whose pairs gpxd kept resolved for their "
+	    "connection's next (the same records twice running).", kept);
+	single(b, "gpx_batch_pairs_taken_total", "counter", "Batches that took their pairs from those kept, "
+	    "with no lookup or hold of each region.", taken);
 	uint64_t rung, skipped, early;
 	cq_doorbell_stats(&rung, &skipped, &early);
 	single(b, "gpx_doorbells_total", "counter", "Completion records whose client's eventfd gpxd wrote.", rung);

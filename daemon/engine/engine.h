@@ -90,6 +90,7 @@ struct xfer_pairs;
 void xfer_pairs_drop(struct xfer_pairs **);
 void xfer_pairs_unref(struct xfer_pairs *);
 void xfer_pairs_init(void);
+void xfer_pairs_counts(uint64_t *lists, uint64_t *taken);   /* lists kept, batches taken from one */
 /*
  * Loop thread: a Transfer's jobs in *out (several for a batch over several paths, linked by
  * gnext), or a refusal (<0, err set).  When later is not NULL and the request's lists are long

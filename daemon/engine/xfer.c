@@ -566,6 +566,14 @@ struct xfer_pairs {
 	enum path_kind *path;
 };
 static TAILQ_HEAD(, xfer_pairs) kept = TAILQ_HEAD_INITIALIZER(kept);
+static atomic_uint_fast64_t kept_lists, kept_taken;     /* for the metrics */
+
+void
+xfer_pairs_counts(uint64_t *lists, uint64_t *taken)
+{
+	*lists = atomic_load_explicit(&kept_lists, memory_order_relaxed);
+	*taken = atomic_load_explicit(&kept_taken, memory_order_relaxed);
+}
 
 #define PAIRS_KEEP_MIN 16            /* fewer pairs are resolved again each time */
 
@@ -653,6 +661,7 @@ pairs_kept(const struct xfer_from *c, struct xfer_check *k, const struct gpx_wir
 			}
 	atomic_fetch_add(&p->refs, 1);
 	k->kept = p;
+	atomic_fetch_add_explicit(&kept_taken, 1, memory_order_relaxed);
 	return true;
 }
 
@@ -717,6 +726,7 @@ pairs_keep(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint32_t n
 	p->charged = bytes;
 	TAILQ_INSERT_TAIL(&kept, p, entry);
 	*c->pairs = p;
+	atomic_fetch_add_explicit(&kept_lists, 1, memory_order_relaxed);
 	return;
 fail:
 	while (held-- > 0) {
