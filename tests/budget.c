@@ -36,9 +36,9 @@
  *  - kept: the pairs of a connection's last batch, which gpxd keeps resolved by its own choice,
  *    are kept once the same records came twice and taken from there the third time (the
  *    metrics count both), are charged to its entries and give way: after a batch of 200 pairs
- *    a connection of 64 KiB
- *    registers as many regions as one that ran none; and they are given back when a client
- *    that kept some goes.
+ *    a connection of 64 KiB registers as many regions as one that ran none, and another takes
+ *    a batch that fits only without them; and they are given back when a client that kept
+ *    some goes.
  */
 #include "config.h"
 
@@ -1187,6 +1187,7 @@ test_many(void)
 /* ---- kept: what gpxd keeps by its own choice gives way ---- */
 
 #define K_PAIRS 200
+#define K_BIG 330
 
 /* Registers b on c until refused: how many, and the refusal. */
 static int
@@ -1266,6 +1267,22 @@ test_kept(void)
 		if ((r = gpx_copy_batch(e, pr, K_PAIRS, sg, K_PAIRS, 20 + t)) == 0)
 			r = wait_tag(e, 20 + t, NULL);
 	q1 = budgets(c[1], &b1);
+	/*
+	 * Then a batch of other records, whose own bytes fit the connection's budget only if what
+	 * it keeps gives way (as an entry's does, checked above).
+	 */
+	struct gpx_pair *big = calloc(K_BIG, sizeof(*big));
+	struct gpx_seg *bs = calloc(K_BIG, sizeof(*bs));
+	for (int i = 0; i < K_BIG; i++) {
+		bs[i] = (struct gpx_seg){ (uint64_t)i * 128, (uint64_t)i * 128, 128 };
+		big[i] = (struct gpx_pair){ src.r, dst.r, 0, 0, (uint32_t)i, 1 };
+	}
+	int rb = gpx_copy_batch(e, big, K_BIG, bs, K_BIG, 30);
+	rb = rb < 0 ? rb : wait_tag(e, 30, NULL);
+	ok(rb == 0, "then a batch of %d other pairs, which fits only once what it kept gives way: %s", K_BIG,
+	    rb ? gpx_last_error(e) : "done");
+	free(big);
+	free(bs);
 	gpx_close(e);
 	int q2 = -1;
 	for (int i = 0; i < 100 && (q2 = budgets(c[1], &b2)) == 0 && b2.entries + K_PAIRS * 80 > b1.entries; i++)

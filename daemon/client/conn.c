@@ -341,16 +341,10 @@ log_client(struct conn *c, int level, const char *fmt, ...)
 int
 conn_charge(struct conn *c, uint64_t bytes, const char *what, char *err, size_t errlen)
 {
-	struct charge ch = { .cq = c->cq, .entries = &c->entries, .user = c->user, .entry = true, .what = what,
-	    .optional = c->pairs != NULL };
+	struct charge ch = { .cq = c->cq, .entries = &c->entries, .user = c->user, .entry = true, .what = what };
 	int r;
 
-	if (c->pairs != NULL && budget_charge(&ch, bytes, err, errlen) == 0)
-		return 0;
-	/* (what its last batch's pairs hold, kept by choice, gives way first) */
-	xfer_pairs_drop(&c->pairs);
-	ch.optional = false;
-	if ((r = budget_charge(&ch, bytes, err, errlen)) < 0)
+	if ((r = xfer_pairs_charge(&c->pairs, &ch, bytes, err, errlen)) < 0)
 		log_audit(c, "%s", err);
 	return r;
 }

@@ -488,19 +488,16 @@ engine_next_small_chunk(enum path_kind pk, struct chunk *c, uint32_t max_segs)
 void
 engine_free_job(struct job *j)
 {
-	if (j->kept != NULL) {
+	if (j->kept != NULL)
 		xfer_pairs_unref(j->kept);   /* its holds stood for the pairs' */
-		for (uint32_t k = 0; k < j->npairs; k++)
-			j->pairs[k].src = j->pairs[k].dst = NULL;
-	}
-	if (j->npairs > 1 && j->kept == NULL)
+	else if (j->npairs > 1)
 		for (uint32_t k = 0; k < j->npairs; k++) {
 			/* (the lines of their counters are the event loop's since the check: fetched
 			 * together, their misses overlap; xfer.c does the same at the check) */
 			__builtin_prefetch(j->pairs[k].src, 1);
 			__builtin_prefetch(j->pairs[k].dst, 1);
 		}
-	for (uint32_t k = 0; k < j->npairs; k++) {
+	for (uint32_t k = 0; j->kept == NULL && k < j->npairs; k++) {
 		struct jpair *p = &j->pairs[k];
 		if (p->src != NULL)
 			region_drop(p->src);

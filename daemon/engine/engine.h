@@ -88,6 +88,8 @@ struct xfer_from {
  */
 struct xfer_pairs;
 void xfer_pairs_drop(struct xfer_pairs **);
+/* budget_charge, what *kp keeps (by choice) giving way first when that makes room; kp may be NULL. */
+int xfer_pairs_charge(struct xfer_pairs **kp, struct charge *, uint64_t bytes, char *err, size_t errlen);
 void xfer_pairs_unref(struct xfer_pairs *);
 void xfer_pairs_init(void);
 void xfer_pairs_counts(uint64_t *lists, uint64_t *taken);   /* lists kept, batches taken from one */

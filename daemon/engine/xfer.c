@@ -292,16 +292,7 @@ xfer_charge(struct charge *ch, uint64_t bytes, const struct xfer_from *c, char *
 
 	if (ch->cq == NULL)
 		return 0;
-	if (c->pairs != NULL && *c->pairs != NULL) {
-		/* The pairs kept by choice give way to a request that needs their room. */
-		ch->optional = true;
-		r = budget_charge(ch, bytes, err, errlen);
-		ch->optional = false;
-		if (r == 0)
-			return 0;
-		xfer_pairs_drop(c->pairs);
-	}
-	if ((r = budget_charge(ch, bytes, err, errlen)) < 0)
+	if ((r = xfer_pairs_charge(c->pairs, ch, bytes, err, errlen)) < 0)
 		xfer_audit(c, "%s", err);
 	return r;
 }
@@ -561,7 +552,7 @@ struct xfer_pairs {
 	uint32_t np;
 	uint64_t nsegs;              /* the segments the records name, all pairs */
 	uint64_t seg_end;            /* the end of the furthest run of segments */
-	struct gpx_wire_pair *pr;
+	struct gpx_wire_pair *pr;    /* np of each, in the same allocation as the struct */
 	struct jpair *jp;
 	enum path_kind *path;
 };
@@ -586,9 +577,6 @@ xfer_pairs_unref(struct xfer_pairs *p)
 		region_drop(p->jp[q].src);
 		region_drop(p->jp[q].dst);
 	}
-	free(p->pr);
-	free(p->jp);
-	free(p->path);
 	free(p);
 }
 
@@ -613,6 +601,22 @@ xfer_pairs_drop(struct xfer_pairs **kp)
 		pairs_detach(*kp);
 }
 
+int
+xfer_pairs_charge(struct xfer_pairs **kp, struct charge *ch, uint64_t bytes, char *err, size_t errlen)
+{
+	if (kp != NULL && *kp != NULL) {
+		/* (a try that is not counted as a refusal when it fails) */
+		const bool optional = ch->optional;
+		ch->optional = true;
+		int r = budget_charge(ch, bytes, err, errlen);
+		ch->optional = optional;
+		if (r == 0)
+			return 0;
+		xfer_pairs_drop(kp);
+	}
+	return budget_charge(ch, bytes, err, errlen);
+}
+
 /* region_revoke's hook: every kept list that names r goes. */
 static void
 pairs_revoked(struct region *r)
@@ -633,6 +637,17 @@ xfer_pairs_init(void)
 	region_on_revoke(pairs_revoked);
 }
 
+/* Whether pair record q's run of segments lies in a list of n and is not empty; else the refusal in err. */
+static bool
+run_inside(const struct gpx_wire_pair *w, uint32_t q, uint32_t n, char *err, size_t errlen)
+{
+	if ((uint64_t)w->seg_first + w->seg_count <= n && w->seg_count > 0)
+		return true;
+	snprintf(err, errlen, "pair %u names segments %u..%u of a list of %u", q, w->seg_first,
+	    w->seg_first + w->seg_count, n);
+	return false;
+}
+
 /*
  * When the batch's np records are the kept ones: their pairs and paths into jp and path, the
  * segments they name in *nsegs, a reference for the check in k->kept, and true; *r then says
@@ -651,14 +666,11 @@ pairs_kept(const struct xfer_from *c, struct xfer_check *k, const struct gpx_wir
 	memcpy(path, p->path, np * sizeof(*path));
 	*nsegs = pages ? 0 : p->nsegs;
 	*r = 0;
-	if (!pages && p->seg_end > n)
-		for (uint32_t q = 0; q < np; q++)
-			if ((uint64_t)pr[q].seg_first + pr[q].seg_count > n) {
-				snprintf(err, errlen, "pair %u names segments %u..%u of a list of %u", q, pr[q].seg_first,
-				    pr[q].seg_first + pr[q].seg_count, n);
-				*r = -GPX__STATUS__EINVAL;
-				break;
-			}
+	for (uint32_t q = 0; !pages && p->seg_end > n && q < np; q++)
+		if (!run_inside(&pr[q], q, n, err, errlen)) {
+			*r = -GPX__STATUS__EINVAL;
+			break;
+		}
 	atomic_fetch_add(&p->refs, 1);
 	k->kept = p;
 	atomic_fetch_add_explicit(&kept_taken, 1, memory_order_relaxed);
@@ -676,7 +688,7 @@ pairs_keep(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint32_t n
 	const uint64_t bytes = sizeof(struct xfer_pairs) + np * (sizeof(*pr) + sizeof(*jp) + sizeof(*path));
 	struct charge ch = { .cq = c->cq, .entries = c->entries, .user = c->user, .entry = true, .optional = true,
 	    .what = "batch pairs kept" };
-	struct xfer_pairs *p;
+	struct xfer_pairs *p = NULL;
 	char why[256];
 	uint32_t held = 0;
 
@@ -698,9 +710,14 @@ pairs_keep(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint32_t n
 	xfer_pairs_drop(c->pairs);
 	if (budget_charge(&ch, bytes, why, sizeof(why)) < 0)
 		return;          /* (not kept: the next batch resolves its pairs again) */
-	if ((p = calloc(1, sizeof(*p))) == NULL || (p->pr = malloc(np * sizeof(*pr))) == NULL ||
-	    (p->jp = malloc(np * sizeof(*jp))) == NULL || (p->path = malloc(np * sizeof(*path))) == NULL)
+	if ((p = calloc(1, bytes)) == NULL)
 		goto fail;
+	_Static_assert(sizeof(struct xfer_pairs) % _Alignof(struct gpx_wire_pair) == 0 &&
+	    sizeof(struct gpx_wire_pair) % _Alignof(struct jpair) == 0 &&
+	    sizeof(struct jpair) % _Alignof(enum path_kind) == 0, "each array of a kept list stays aligned");
+	p->pr = (struct gpx_wire_pair *)(p + 1);
+	p->jp = (struct jpair *)(p->pr + np);
+	p->path = (enum path_kind *)(p->jp + np);
 	memcpy(p->pr, pr, np * sizeof(*pr));
 	memcpy(p->jp, jp, np * sizeof(*jp));
 	memcpy(p->path, path, np * sizeof(*path));
@@ -733,12 +750,7 @@ fail:
 		region_drop(jp[held].src);
 		region_drop(jp[held].dst);
 	}
-	if (p != NULL) {
-		free(p->pr);
-		free(p->jp);
-		free(p->path);
-		free(p);
-	}
+	free(p);
 	budget_entry_release(c->entries, c->user, bytes);
 }
 
@@ -808,11 +820,8 @@ build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct
 		jp[q] = (struct jpair){ .src = sh, .dst = dh, .src_base = pr[q].src_offset,
 		    .dst_base = pr[q].dst_offset };
 		path[q] = engine_path_for(sh, dh);
-		if (!pages && ((uint64_t)pr[q].seg_first + pr[q].seg_count > n || pr[q].seg_count == 0)) {
-			snprintf(err, errlen, "pair %u names segments %u..%u of a list of %u", q, pr[q].seg_first,
-			    pr[q].seg_first + pr[q].seg_count, n);
+		if (!pages && !run_inside(&pr[q], q, n, err, errlen))
 			r = -GPX__STATUS__EINVAL;
-		}
 		nsegs += pages ? 0 : pr[q].seg_count;
 	}
 	if (r == 0)
