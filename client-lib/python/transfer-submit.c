@@ -418,15 +418,33 @@ transfer_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *
 	return (PyObject *)b;
 }
 
+/* The pairs copy_batch (pages false) or copy_pages_batch is given: a Batch's, or parsed now (own). */
+struct pairs_arg {
+	const struct gpx_pair *pr;
+	const struct gpx_seg *segs;  /* copy_batch's */
+	Py_ssize_t n;
+	struct gpx_pair *own_pr;     /* what was parsed, freed by pairs_release */
+	struct gpx_seg *own_segs;
+};
+
 /*
- * A Batch handed to copy_batch (pages false) or copy_pages_batch: 0 when it is one of s's of
- * that kind whose regions are all still registered, else -1 with the exception set.
+ * A Batch is used as it is when it is one of s's of that kind whose regions are all still
+ * registered; a sequence is parsed.  0, or -1 with the exception set.
  */
 static int
-batch_usable(Conn *s, PyObject *o, bool pages)
+pairs_take(Conn *s, PyObject *o, bool pages, struct pairs_arg *pa)
 {
-	Batch *b = (Batch *)o;
+	const Batch *b = (const Batch *)o;
 
+	*pa = (struct pairs_arg){ 0 };
+	if (!Py_IS_TYPE(o, s->st->batch_type)) {
+		if ((pa->n = PySequence_Size(o)) < 0 ||
+		    parse_batch(s, o, pa->n, pages, &pa->own_pr, pages ? NULL : &pa->own_segs, NULL) < 0)
+			return -1;
+		pa->pr = pa->own_pr;
+		pa->segs = pa->own_segs;
+		return 0;
+	}
 	if (b->conn != s) {
 		PyErr_SetString(PyExc_ValueError, "the Batch is of another connection");
 		return -1;
@@ -441,7 +459,17 @@ batch_usable(Conn *s, PyObject *o, bool pages)
 			PyErr_Format(PyExc_ValueError, "pair %zd: %s was deregistered", i / 2, i % 2 ? "dst" : "src");
 			return -1;
 		}
+	pa->pr = b->pr;
+	pa->segs = b->segs;
+	pa->n = b->n;
 	return 0;
+}
+
+static void
+pairs_release(struct pairs_arg *pa)
+{
+	free(pa->own_pr);
+	free(pa->own_segs);
 }
 
 /* copy_batch(pairs, *, tag=None): one request of many region pairs, each one segment. */
@@ -451,35 +479,23 @@ transfer_copy_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObj
 	static const struct argspec spec = { "copy_batch", 1, 1, { "pairs", "tag", NULL } };
 	Conn *s = (Conn *)op;
 	PyObject *a[2];
-	struct gpx_pair *pr = NULL;
-	struct gpx_seg *segs = NULL;
-	const Batch *b = NULL;
+	struct pairs_arg pa;
 	struct callres cr;
 	Transfer *t = NULL;
-	Py_ssize_t n;
 
-	if (gpxpy_args(&spec, args, nargs, kwnames, a) < 0 || conn_usable(s) < 0)
-		return NULL;
-	if (Py_IS_TYPE(a[0], s->st->batch_type)) {
-		if (batch_usable(s, a[0], false) < 0)
-			return NULL;
-		b = (const Batch *)a[0];
-		n = b->n;
-	} else if ((n = PySequence_Size(a[0])) < 0 || parse_batch(s, a[0], n, false, &pr, &segs, NULL) < 0)
+	if (gpxpy_args(&spec, args, nargs, kwnames, a) < 0 || conn_usable(s) < 0 || pairs_take(s, a[0], false, &pa) < 0)
 		return NULL;
 	if ((t = transfer_start(s, a[1])) == NULL)
 		goto out;
 	PyThreadState *ts = conn_lock_quick(s);
-	gpxpy_note(&cr, s->c, s->c != NULL ? gpx_copy_batch(s->c, b ? b->pr : pr, n, b ? b->segs : segs, n, t->tag) :
-	    -GPX_ECONN);
+	gpxpy_note(&cr, s->c, s->c != NULL ? gpx_copy_batch(s->c, pa.pr, pa.n, pa.segs, pa.n, t->tag) : -GPX_ECONN);
 	conn_unlock(s, ts);
 	if (cr.r < 0) {
 		transfer_abort(t, &cr);
 		t = NULL;
 	}
 out:
-	free(segs);
-	free(pr);
+	pairs_release(&pa);
 	return (PyObject *)t;
 }
 
@@ -494,14 +510,12 @@ transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
 		{ "pairs", "page_size", "src_pages", "dst_pages", "tag", NULL } };
 	Conn *s = (Conn *)op;
 	PyObject *a[5];
-	struct gpx_pair *pr = NULL;
-	const Batch *b = NULL;
+	struct pairs_arg pa;
 	uint64_t psize;
 	struct pagelist sp = { 0 }, dp = { 0 };
 	bool have_sp = false, have_dp = false;
 	struct callres cr;
 	Transfer *t = NULL;
-	Py_ssize_t n;
 
 	if (gpxpy_args(&spec, args, nargs, kwnames, a) < 0 || conn_usable(s) < 0 ||
 	    gpxpy_u64(a[1], "page_size", &psize) < 0)
@@ -510,12 +524,7 @@ transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
 		PyErr_SetString(PyExc_ValueError, "page_size must be at least 1");
 		return NULL;
 	}
-	if (Py_IS_TYPE(a[0], s->st->batch_type)) {
-		if (batch_usable(s, a[0], true) < 0)
-			return NULL;
-		b = (const Batch *)a[0];
-		n = b->n;
-	} else if ((n = PySequence_Size(a[0])) < 0 || parse_batch(s, a[0], n, true, &pr, NULL, NULL) < 0)
+	if (pairs_take(s, a[0], true, &pa) < 0)
 		return NULL;
 	if (!(have_sp = mem_pages(s->st, a[2], "src_pages", &sp) == 0) ||
 	    !(have_dp = mem_pages(s->st, a[3], "dst_pages", &dp) == 0))
@@ -528,8 +537,8 @@ transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
 	if ((t = transfer_start(s, a[4])) == NULL)
 		goto out;
 	PyThreadState *ts = sp.n > HEAVY_LIST ? conn_lock_slow(s) : conn_lock_quick(s);
-	gpxpy_note(&cr, s->c, s->c != NULL ? gpx_copy_pages_batch(s->c, b ? b->pr : pr, n, psize, sp.pages, dp.pages,
-	    sp.n, t->tag) : -GPX_ECONN);
+	gpxpy_note(&cr, s->c, s->c != NULL ? gpx_copy_pages_batch(s->c, pa.pr, pa.n, psize, sp.pages, dp.pages, sp.n,
+	    t->tag) : -GPX_ECONN);
 	conn_unlock(s, ts);
 	if (cr.r < 0) {
 		transfer_abort(t, &cr);
@@ -540,7 +549,7 @@ out:
 		mem_pages_release(&sp);
 	if (have_dp)
 		mem_pages_release(&dp);
-	free(pr);
+	pairs_release(&pa);
 	return (PyObject *)t;
 }
 
