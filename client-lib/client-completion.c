@@ -328,13 +328,30 @@ wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_ms)
 	}
 }
 
-/* The waits: however they return, gpxd no longer hears that they spin. */
+/*
+ * However a wait returns, gpxd no longer hears that it spins.  A record gpxd published after
+ * the wait's last look and before this, it rang no doorbell for: one more look after lowering
+ * the count (the fences pair with gpxd's) finds it, and rings the doorbell so that gpx_fd is
+ * readable for it.
+ */
+static void
+wait_end(gpx_conn *c)
+{
+	uint64_t one = 1;
+
+	if (!c->spinning)
+		return;
+	client_spin_end(c);
+	if (client_ring_ready(c))
+		(void)!write(c->efd, &one, sizeof(one));
+}
+
 API int
 gpx_wait(gpx_conn *c, struct gpx_completion *out, int max, int timeout_ms)
 {
 	int r = wait_any(c, out, max, timeout_ms);
 
-	client_spin_end(c);
+	wait_end(c);
 	return r;
 }
 
@@ -343,6 +360,6 @@ gpx_wait_tag(gpx_conn *c, uint64_t tag, struct gpx_completion *out, int timeout_
 {
 	int r = wait_tag(c, tag, out, timeout_ms);
 
-	client_spin_end(c);
+	wait_end(c);
 	return r;
 }
