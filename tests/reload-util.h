@@ -68,6 +68,43 @@ reload_count(const struct harness *h)
 	return n;
 }
 
+/* Lines of the daemon's log that say a reload was refused, naming key. */
+static inline int
+reload_refused(const struct harness *h, const char *key)
+{
+	char line[2048];
+	int n = 0;
+	FILE *f = fopen(h->log, "re");
+
+	if (f == NULL)
+		return -1;
+	while (fgets(line, sizeof(line), f) != NULL)
+		n += strstr(line, "reload refused") != NULL && strstr(line, key) != NULL;
+	fclose(f);
+	return n;
+}
+
+/* The CPU time the daemon has used, in clock ticks; -1 when /proc does not say. */
+static inline long
+reload_cpu_ticks(const struct harness *h)
+{
+	char path[64], buf[1024], *p;
+	unsigned long ut = 0, st = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)h->pid);
+	if ((f = fopen(path, "re")) == NULL || fgets(buf, sizeof(buf), f) == NULL) {
+		if (f != NULL)
+			fclose(f);
+		return -1;
+	}
+	fclose(f);
+	if ((p = strrchr(buf, ')')) == NULL ||
+	    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+		return -1;
+	return (long)(ut + st);
+}
+
 /*
  * SIGHUP, then waits (up to 10 s) until the log has one more line of a reload than *seen;
  * false when it never came.

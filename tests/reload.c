@@ -171,13 +171,7 @@ test_storm(void)
 	ok(copies > 0 && wrong == 0 && failed == 0, "storm: %ld copies during the reloads, %ld with wrong bytes, "
 	    "%ld failed", copies, wrong, failed);
 
-	int refused = 0;
-	char line[2048];
-	FILE *f = fopen(H.log, "re");
-	while (f != NULL && fgets(line, sizeof(line), f) != NULL)
-		refused += strstr(line, "reload refused") != NULL && strstr(line, "daemon.log_level") != NULL;
-	if (f != NULL)
-		fclose(f);
+	int refused = reload_refused(&H, "daemon.log_level");
 	ok(refused == STORM_RELOADS / STORM_BAD_EVERY, "storm: the %d bad files were refused, naming the key (%d)",
 	    STORM_RELOADS / STORM_BAD_EVERY, refused);
 	ok(harness_clients(&H) == 1, "storm: gpxd still answers, with no client left");
@@ -390,36 +384,15 @@ nobody_hellos(void)
 	return r;
 }
 
-/* The CPU time gpxd used, in clock ticks. */
-static long
-cpu_ticks(void)
-{
-	char path[64], buf[1024], *p;
-	unsigned long ut = 0, st = 0;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)H.pid);
-	if ((f = fopen(path, "re")) == NULL || fgets(buf, sizeof(buf), f) == NULL) {
-		if (f != NULL)
-			fclose(f);
-		return -1;
-	}
-	fclose(f);
-	if ((p = strrchr(buf, ')')) == NULL ||
-	    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-		return -1;
-	return (long)(ut + st);
-}
-
 /* gpxd's CPU time over the second after one request, in ticks. */
 static long
 cpu_after_request(void)
 {
-	long t0 = cpu_ticks();
+	long t0 = reload_cpu_ticks(&H);
 
 	harness_clients(&H);
 	usleep(1000000);
-	return cpu_ticks() - t0;
+	return reload_cpu_ticks(&H) - t0;
 }
 
 /* A TCP port of 127.0.0.1 that nothing listens on now. */

@@ -29,6 +29,7 @@ struct epath {
 	atomic_int nqueues;          /* connections with work on the path (a hint too) */
 	atomic_int nsmall;           /* jobs of ENGINE_SMALL_JOB bytes or less not yet handed out */
 	atomic_int napping;          /* workers in engine_nap: every new job wakes them */
+	int idle;                    /* workers in engine_idle (under elock) */
 	pthread_cond_t cond;
 	atomic_uint_fast64_t transfers, bytes, errors;
 };
@@ -39,6 +40,8 @@ static TAILQ_HEAD(, job) live = TAILQ_HEAD_INITIALIZER(live);
 static atomic_uint nlive;            /* jobs in `live`: changed under elock, read without */
 static uint64_t chunk_size = 2 << 20;
 static bool quit;
+static atomic_int idlers;            /* workers in engine_idle, all paths: engine_prewake's hint */
+static uint64_t prewakes;            /* engine_prewake calls that found one (under elock) */
 static int cancel_status = GPX__STATUS__ECANCELED;
 static pthread_t *workers;
 static int nworkers;
@@ -103,14 +106,10 @@ engine_has_work(enum path_kind p)
 	return atomic_load_explicit(&paths[p].nactive, memory_order_relaxed) > 0;
 }
 
-/*
- * A worker whose chunks are on the device, due in about ns, waits that long, or until a new
- * job comes for its path (a small copy must not wait for a long one's end to be issued).
- */
-void
-engine_nap(enum path_kind pk, uint64_t ns)
+/* The CLOCK_MONOTONIC time ns from now, as the paths' condition variables take it. */
+static struct timespec
+deadline(uint64_t ns)
 {
-	struct epath *p = &paths[pk];
 	struct timespec t;
 
 	clock_gettime(CLOCK_MONOTONIC, &t);
@@ -120,11 +119,68 @@ engine_nap(enum path_kind pk, uint64_t ns)
 		t.tv_sec++;
 		t.tv_nsec -= 1000000000;
 	}
+	return t;
+}
+
+/*
+ * A worker whose chunks are on the device, due in about ns, waits that long, or until a new
+ * job comes for its path (a small copy must not wait for a long one's end to be issued).
+ */
+void
+engine_nap(enum path_kind pk, uint64_t ns)
+{
+	struct epath *p = &paths[pk];
+	const struct timespec t = deadline(ns);
+
 	pthread_mutex_lock(&elock);
 	atomic_fetch_add(&p->napping, 1);
 	if (!quit)
 		pthread_cond_timedwait(&p->cond, &elock, &t);
 	atomic_fetch_sub(&p->napping, 1);
+	pthread_mutex_unlock(&elock);
+}
+
+/*
+ * A worker with nothing to do, that would rather be looking when the next job comes, waits up
+ * to ns for a job of its path or for the event loop to take in a client's message
+ * (engine_prewake): while the loop polls, one thread spins, not two.  True when either came,
+ * false when the time ran out.
+ */
+bool
+engine_idle(enum path_kind pk, uint64_t ns)
+{
+	struct epath *p = &paths[pk];
+	const struct timespec t = deadline(ns);
+	int r = 0;
+
+	pthread_mutex_lock(&elock);
+	const uint64_t seen = prewakes;
+	p->idle++;
+	atomic_fetch_add(&idlers, 1);
+	while (!quit && TAILQ_EMPTY(&p->active) && prewakes == seen && r != ETIMEDOUT)
+		r = pthread_cond_timedwait(&p->cond, &elock, &t);
+	atomic_fetch_sub(&idlers, 1);
+	p->idle--;
+	const bool woken = quit || !TAILQ_EMPTY(&p->active) || prewakes != seen;
+	pthread_mutex_unlock(&elock);
+	return woken;
+}
+
+/*
+ * The loop thread took in a client's message: a job may follow in a few microseconds, so the
+ * workers in engine_idle start looking now, their wake-up overlapping its check.  One relaxed
+ * load when none waits.
+ */
+void
+engine_prewake(void)
+{
+	if (atomic_load_explicit(&idlers, memory_order_relaxed) == 0)
+		return;
+	pthread_mutex_lock(&elock);
+	prewakes++;
+	for (int p = 0; p < NPATHS; p++)
+		if (paths[p].idle > 0)
+			pthread_cond_broadcast(&paths[p].cond);
 	pthread_mutex_unlock(&elock);
 }
 
@@ -214,6 +270,7 @@ engine_init(int nthreads, uint64_t chunk)
 		.done = engine_chunk_done,
 		.pair_of = engine_pair_of,
 		.nap = engine_nap,
+		.idle = engine_idle,
 		.soon = engine_chunk_soon,
 	};
 	pthread_condattr_t ca;

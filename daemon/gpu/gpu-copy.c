@@ -50,7 +50,8 @@
 #define KERNEL_MAX_AVG (256u << 10)
 #define TILE_MIN (32u << 10)          /* a large segment in the kernel: tiles of at least this */
 #define TILE_SEG_MAX (32ull << 20)    /* and at most this large a segment */
-#define IDLE_SPIN_NS 200000           /* spin at least this long for new work before sleeping */
+#define IDLE_SPIN_NS 200000           /* look at least this long for new work before sleeping */
+#define LIGHT_SPIN_NS 50000           /* of which spin this long, then wait for the loop's input */
 #define SPIN_NS 5000000               /* spin this long for a completion before sleeping */
 #define TIMED_MIN (1ull << 20)        /* chunks from this size on are timed, and napped through */
 #define NAP_MIN_NS 20000              /* naps shorter than this are spun */
@@ -763,8 +764,12 @@ gpu_worker(void *arg)
 		 * How long an idle worker keeps looking for work before it blocks: as long as the
 		 * event loop polls after a client's last message (daemon.busy_poll_us), so that a
 		 * client that submits between its own GPU work, a millisecond apart say, never waits
-		 * for this thread to be woken (on virtual machines 100 us and more).  Once nothing
-		 * has come for that long both sleep, and an idle daemon costs no CPU.
+		 * for this thread to be woken (on virtual machines 100 us and more).  It spins only
+		 * the first LIGHT_SPIN_NS of that (a client submitting back to back comes within
+		 * it); then it waits for the loop to take in a message (engine_idle), so that one
+		 * thread polls, not two, and its wake-up runs while the loop checks the request.
+		 * Once nothing has come for the whole time both sleep, and an idle daemon costs no
+		 * CPU.
 		 */
 		const uint64_t spin_ns = gcfg()->busy_poll_us * 1000ull > IDLE_SPIN_NS ? gcfg()->busy_poll_us * 1000ull :
 		    IDLE_SPIN_NS;
@@ -804,9 +809,13 @@ gpu_worker(void *arg)
 			continue;
 		}
 		if (pending == 0) {
-			if (idle_hook != NULL)
-				idle_hook();       /* idle: lend this core (xfer_help: a long page list's check) */
-			sched_yield();
+			const uint64_t idle = mono_ns() - idle_since;
+			if (idle < LIGHT_SPIN_NS) {
+				if (idle_hook != NULL)
+					idle_hook();   /* idle: lend this core (xfer_help: a long page list's check) */
+				sched_yield();
+			} else if (idle < spin_ns && chunks->idle(path, spin_ns - idle))
+				idle_since = mono_ns();
 			continue;
 		}
 		/*
