@@ -7,7 +7,9 @@
  */
 #include "config.h"
 
+#include <dirent.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -544,4 +546,70 @@ test_backlog_doorbell(void)
 	buf_free(&d1);
 	buf_free(&s2);
 	buf_free(&d2);
+}
+
+/* Context switches of every thread of gpxd so far, voluntary or not; -1 if /proc does not say. */
+static long
+daemon_switches(void)
+{
+	char path[300], line[256];
+	long n = 0, v;
+	struct dirent *e;
+	DIR *d;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)H.pid);
+	if ((d = opendir(path)) == NULL)
+		return -1;
+	while ((e = readdir(d)) != NULL) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/status", (int)H.pid, e->d_name);
+		FILE *f = fopen(path, "re");
+		while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+			if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1 ||
+			    sscanf(line, "nonvoluntary_ctxt_switches: %ld", &v) == 1)
+				n += v;
+		if (f != NULL)
+			fclose(f);
+	}
+	closedir(d);
+	return n;
+}
+
+/*
+ * An idle gpxd sleeps.  After the doorbells above and a second and a half with no client
+ * sending anything, its threads switch in and out of the CPU a few times a second at most:
+ * the doorbell sentinel, which ticks every 5 ms while doorbells ring, parks after a second
+ * without one (200 switches a second if it did not).  The next doorbell wakes it: it watches
+ * doorbell writes again, ticking for a second after the last.
+ */
+void
+test_idle_sleeps(void)
+{
+	int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	struct gpx_connect_opts o = { .socket = H.sock, .name = "integ-idle", .eventfd = efd };
+	struct gpx_completion e;
+	struct pollfd p = { .fd = efd, .events = POLLIN };
+	gpx_conn *c = NULL;
+	struct buf a;
+
+	if (gpx_connect_opts(&o, &c) < 0 || buf_new(&a, 65536) < 0 || buf_reg(c, &a, 0) < 0)
+		tap_bail("cannot set up the idle test");
+	usleep(1500000);
+	long s0 = daemon_switches();
+	usleep(1000000);
+	long s1 = daemon_switches();
+	ok(s0 >= 0 && s1 >= 0 && s1 - s0 <= 20, "an idle gpxd's threads switched %ld times in a second (at most 20)",
+	    s1 - s0);
+	/* poll on the eventfd, not a wait that spins: the completion rings the doorbell */
+	bool rung = gpx_copy(c, a.r, 0, a.r, 4096, 64, 1) == 0 && poll(&p, 1, WAIT_MS) == 1 && gpx_poll(c, &e, 1) == 1 &&
+	    e.status == 0;
+	s0 = daemon_switches();
+	usleep(500000);
+	s1 = daemon_switches();
+	ok(rung && s1 - s0 >= 50, "a doorbell wakes the sentinel: %ld switches in the half second after it (at "
+	    "least 50)", s1 - s0);
+	gpx_close(c);
+	close(efd);
+	buf_free(&a);
 }

@@ -52,6 +52,7 @@ main(void)
 	test_protocol();
 	test_doorbell();
 	test_backlog_doorbell();
+	test_idle_sleeps();
 	test_limits();
 
 	ok(daemon_fds_settle(H.baseline) == H.baseline, "at the end gpxd holds exactly its baseline descriptors");

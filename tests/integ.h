@@ -26,6 +26,7 @@ void test_credits_lib(void);
 void test_credits_raw(void);
 void test_doorbell(void);
 void test_backlog_doorbell(void);
+void test_idle_sleeps(void);
 
 /* tests/integ-wire.c: wrong descriptors, the protocol spoken wrong */
 void test_bad_fds(void);

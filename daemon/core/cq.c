@@ -176,6 +176,12 @@ struct db_slot {
 
 static struct db_slot db_slots[DOORBELL_THREADS];
 static atomic_int db_nslots;
+/* The sentinel, after DB_QUIET_TICKS ticks without a doorbell, waits for the next one instead
+ * of ticking (an idle daemon wakes for nothing): the ringer that finds it parked wakes it. */
+#define DB_QUIET_TICKS 200
+static atomic_bool db_parked;
+static pthread_mutex_t db_park_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t db_park_cond = PTHREAD_COND_INITIALIZER;
 static __thread struct db_slot *db_self;
 static pthread_once_t db_once = PTHREAD_ONCE_INIT;
 
@@ -199,16 +205,40 @@ db_sentinel(void *unused)
 {
 	struct timespec tick = { 0, 5000000 };
 
+	uint64_t rung = 0;
+	int quiet = 0;
+
 	(void)unused;
+	thread_name("doorbell");
 	for (;;) {
 		nanosleep(&tick, NULL);
 		uint64_t now = mono_ns();
 		int n = atomic_load(&db_nslots);
+		bool busy = false;
 		for (int i = 0; i < n; i++) {
 			uint64_t since = atomic_load(&db_slots[i].since);
+			busy |= since != 0;
 			if (since != 0 && now - since > DOORBELL_TIMEOUT_NS)
 				pthread_kill(db_slots[i].thread, SIGRTMIN + 1);
 		}
+		const uint64_t r = atomic_load_explicit(&doorbells_rung, memory_order_relaxed) +
+		    atomic_load_explicit(&doorbells_early, memory_order_relaxed);
+		quiet = busy || r != rung ? 0 : quiet + 1;
+		rung = r;
+		if (quiet < DB_QUIET_TICKS)
+			continue;
+		/* Park.  A ringer stores its `since` before it looks at db_parked, this thread stores
+		 * db_parked before it looks at every `since` again: one of the two sees the other. */
+		pthread_mutex_lock(&db_park_lock);
+		atomic_store(&db_parked, true);
+		n = atomic_load(&db_nslots);     /* (a thread's first ring registers it first) */
+		for (int i = 0; i < n; i++)
+			if (atomic_load(&db_slots[i].since) != 0)
+				atomic_store(&db_parked, false);
+		while (atomic_load(&db_parked))
+			pthread_cond_wait(&db_park_cond, &db_park_lock);
+		pthread_mutex_unlock(&db_park_lock);
+		quiet = 0;
 	}
 	return NULL;
 }
@@ -273,6 +303,11 @@ doorbell(struct cq *q)
 		fcntl(q->efd, F_SETFL, fl | O_NONBLOCK);
 	if (me != NULL)
 		atomic_store(&me->since, t0);
+	if (atomic_load(&db_parked) && atomic_exchange(&db_parked, false)) {
+		pthread_mutex_lock(&db_park_lock);     /* the sentinel watches this write */
+		pthread_cond_signal(&db_park_cond);
+		pthread_mutex_unlock(&db_park_lock);
+	}
 	do
 		n = write(q->efd, &one, sizeof(one));
 	while (n < 0 && errno == EINTR && mono_ns() - t0 < DOORBELL_TIMEOUT_NS);   /* a stale signal */

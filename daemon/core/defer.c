@@ -41,6 +41,7 @@ static void *
 defer_main(void *unused)
 {
 	(void)unused;
+	thread_name("task");
 	pthread_mutex_lock(&defer_lock);
 	for (;;) {
 		while (STAILQ_EMPTY(&defer_todo) && !defer_quit)

@@ -5,15 +5,30 @@
  */
 #include "config.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/prctl.h>
 
 #include "daemon/gpxd.h"
 
 double gpxd_start_time;
 const char *gpxd_socket_path = "";
+
+void
+thread_name(const char *fmt, ...)
+{
+	char name[16] = "gpxd-";     /* the kernel keeps 15 characters */
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(name + 5, sizeof(name) - 5, fmt, ap);
+	va_end(ap);
+	prctl(PR_SET_NAME, name);
+}
 
 /*
  * The loop's naps.  While clients keep sending, the loop polls without sleeping (daemon.

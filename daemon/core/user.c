@@ -205,6 +205,7 @@ static void *
 trim(void *unused)
 {
 	(void)unused;
+	thread_name("trim");
 	malloc_trim(0);
 	atomic_store(&trimming, false);
 	return NULL;

@@ -227,6 +227,7 @@ host_worker(void *unused)
 	struct chunk c;
 
 	(void)unused;
+	thread_name("host");
 	while (engine_next_chunk(PATH_HOST, &c, true, chunk_size, HOST_CHUNK_PIECES)) {
 		struct job *j = c.job;
 		uint64_t left = c.bytes, off = c.off;

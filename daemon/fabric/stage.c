@@ -217,6 +217,7 @@ static void *
 stage_main(void *unused)
 {
 	(void)unused;
+	thread_name("stage");
 	pthread_mutex_lock(&st.lock);
 	for (;;) {
 		struct sop_list b = STAILQ_HEAD_INITIALIZER(b);

@@ -754,6 +754,7 @@ gpu_worker(void *arg)
 	uint64_t idle_since = mono_ns(), stuck_since = 0;
 
 	cuda_use(g->index);
+	thread_name("gpu%d", g->index);
 	prctl(PR_SET_TIMERSLACK, 1000UL);   /* sleeps of 20 us must not become 70 */
 	while (!gpu_quit) {
 		wcfg = conf_refresh(wcfg);
