@@ -12,6 +12,7 @@
  */
 #include "config.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <time.h>
 #include <stdio.h>
@@ -307,42 +308,117 @@ idle_work(struct idle *o, bool sync)
 		cuStreamSynchronize(bench_gpu_stream(o->work->dev));
 }
 
-/* gpxd's CPU time so far, seconds (its pid from the status query), or -1. */
+/*
+ * gpxd's CPU time so far, seconds: in all (-1 when unknown), and by thread name (gpxd's loop is
+ * its main thread, "gpxd"; gpxd-gpuN is GPU N's copy worker, and so on), threads of one name
+ * summed.  Its pid comes from the status query.
+ */
+#define CPU_NAMES 24
+struct dcpu {
+	double all;
+	int n;
+	char name[CPU_NAMES][16];
+	double s[CPU_NAMES];
+};
+
+/* utime + stime of a /proc stat line, seconds, and its comm into name; -1 if unreadable. */
 static double
-daemon_cpu(struct bench_ctx *b)
+stat_cpu(const char *path, char name[16])
+{
+	char line[1024], *open, *close;
+	unsigned long ut, st;
+	FILE *f = fopen(path, "re");
+
+	if (f == NULL)
+		return -1;
+	bool got = fgets(line, sizeof(line), f) != NULL;
+	fclose(f);
+	if (!got || (open = strchr(line, '(')) == NULL || (close = strrchr(line, ')')) == NULL ||
+	    sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+		return -1;
+	snprintf(name, 16, "%.*s", (int)(close - open - 1), open + 1);
+	return (double)(ut + st) / sysconf(_SC_CLK_TCK);
+}
+
+static void
+daemon_cpu(struct bench_ctx *b, struct dcpu *c)
 {
 	Gpx__QueryReply *q;
-	unsigned long ut, st;
-	char path[64];
+	char path[300], name[16];
 	void *buf;
 	size_t len;
-	FILE *f;
 	int pid = -1;
 
+	memset(c, 0, sizeof(*c));
+	c->all = -1;
 	if (gpx_query(b->conn, GPX_Q_STATUS, &buf, &len) < 0)
-		return -1;
+		return;
 	if ((q = gpx__query_reply__unpack(NULL, len, buf)) != NULL && q->status != NULL)
 		pid = q->status->pid;
 	free(buf);
 	if (q != NULL)
 		gpx__query_reply__free_unpacked(q, NULL);
+	if (pid <= 0)
+		return;
 	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-	if (pid <= 0 || (f = fopen(path, "r")) == NULL)
-		return -1;
-	int k = fscanf(f, "%*d %*s %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st);
-	fclose(f);
-	return k == 2 ? (double)(ut + st) / sysconf(_SC_CLK_TCK) : -1;
+	c->all = stat_cpu(path, name);
+	snprintf(path, sizeof(path), "/proc/%d/task", pid);
+	DIR *d = opendir(path);
+	for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", pid, e->d_name);
+		double t = stat_cpu(path, name);
+		int i = 0;
+		while (i < c->n && strcmp(c->name[i], name) != 0)
+			i++;
+		if (t < 0 || (i == c->n && c->n == CPU_NAMES))
+			continue;
+		if (i == c->n)
+			snprintf(c->name[c->n++], 16, "%s", name);
+		c->s[i] += t;
+	}
+	if (d != NULL)
+		closedir(d);
+}
+
+/* The cores each of gpxd's threads took between a and z, secs apart: "loop 0.70, gpu0 0.21". */
+static void
+cpu_split(const struct dcpu *a, const struct dcpu *z, double secs, char *out, size_t len)
+{
+	size_t at = 0;
+
+	out[0] = '\0';
+	for (int i = 0; i < z->n && at < len; i++) {
+		double was = 0;
+		for (int k = 0; k < a->n; k++)
+			if (strcmp(a->name[k], z->name[i]) == 0)
+				was = a->s[k];
+		double cores = (z->s[i] - was) / secs;
+		if (cores < 0.005)
+			continue;
+		const char *n = strcmp(z->name[i], "gpxd") == 0 ? "loop" :
+		    strncmp(z->name[i], "gpxd-", 5) == 0 ? z->name[i] + 5 : z->name[i];
+		at += snprintf(out + at, len - at, "%s%s %.2f", at ? ", " : "", n, cores);
+	}
+	if (at == 0)
+		snprintf(out, len, "none over 0.005");
 }
 
 enum { IDLE_BACK, IDLE_AFTER_WORK, IDLE_AFTER_SLEEP, IDLE_DURING_WORK };
 
-/* Median of `iters` requests, each after `how`; with cpu, gpxd's CPU share meanwhile. */
+/* Median of `iters` requests, each after `how`; with cpu, gpxd's CPU share meanwhile (and by thread). */
 static double
-idle_measure(struct idle *o, int how, int iters, double *cpu)
+idle_measure(struct idle *o, int how, int iters, double *cpu, char *split, size_t splitlen)
 {
 	static double t[200];
 	struct timespec ms = { 0, 1000000 };
-	double c0 = cpu ? daemon_cpu(o->b) : 0, w0 = bench_now();
+	struct dcpu c0, c1;
+	double w0;
+
+	if (cpu)
+		daemon_cpu(o->b, &c0);
+	w0 = bench_now();
 
 	for (int i = 0; i < iters; i++) {
 		if (how == IDLE_AFTER_WORK || how == IDLE_DURING_WORK)
@@ -354,8 +430,12 @@ idle_measure(struct idle *o, int how, int iters, double *cpu)
 		if (how == IDLE_DURING_WORK)
 			cuStreamSynchronize(bench_gpu_stream(o->work->dev));
 	}
-	if (cpu)
-		*cpu = (daemon_cpu(o->b) - c0) / (bench_now() - w0);
+	if (cpu) {
+		const double w = bench_now() - w0;
+		daemon_cpu(o->b, &c1);
+		*cpu = c0.all < 0 || c1.all < 0 ? -1 : (c1.all - c0.all) / w;
+		cpu_split(&c0, &c1, w, split, splitlen);
+	}
 	return bench_median(t, iters);
 }
 
@@ -388,6 +468,7 @@ mode_idle(struct bench_ctx *b)
 	    "direct = the same requests back to back" : "page requests within GPU0 between the client's own GPU "
 	    "work: direct = the same requests back to back");
 	double cpu_busy = -1;
+	char busy_split[256] = "", idle_split[256] = "";
 	for (size_t k = 0; k < 2; k++) {
 		o.n = pages[k][0];
 		o.page = pages[k][1];
@@ -398,11 +479,12 @@ mode_idle(struct bench_ctx *b)
 		}
 		for (int i = 0; i < 20; i++)
 			idle_request(&o);
-		double back = idle_measure(&o, IDLE_BACK, 60, NULL);
+		double back = idle_measure(&o, IDLE_BACK, 60, NULL, NULL, 0);
 		static const char *names[] = { "", "after 1 ms of its GPU work", "after 1 ms of nothing",
 			"while 1 ms of its GPU work runs" };
 		for (int how = IDLE_AFTER_WORK; how <= IDLE_DURING_WORK; how++) {
-			double t = idle_measure(&o, how, 60, how == IDLE_AFTER_WORK && k == 0 ? &cpu_busy : NULL);
+			double t = idle_measure(&o, how, 60, how == IDLE_AFTER_WORK && k == 0 ? &cpu_busy : NULL,
+			    busy_split, sizeof(busy_split));
 			if (back < 0 || t < 0)
 				return bench_fail(b, -GPX_EIO, "a page request");
 			snprintf(what, sizeof(what), "%zu x %zu KiB, %s", o.n, o.page / 1024, names[how]);
@@ -413,15 +495,19 @@ mode_idle(struct bench_ctx *b)
 	/* And once nothing comes any more: what gpxd costs idle. */
 	struct timespec settle = { 0, 100000000 };
 	nanosleep(&settle, NULL);
-	double c0 = daemon_cpu(b);
+	struct dcpu c0, c1;
+	daemon_cpu(b, &c0);
+	const double i0 = bench_now();
 	sleep(1);
-	double idle = daemon_cpu(b) - c0;
-	char note[512], vb[128], vi[128];
+	daemon_cpu(b, &c1);
+	const double iw = bench_now() - i0, idle = c0.all < 0 || c1.all < 0 ? -1 : (c1.all - c0.all) / iw;
+	cpu_split(&c0, &c1, iw, idle_split, sizeof(idle_split));
+	char note[1024], vb[128], vi[128];
 	bench_verdict("gpxd.cpu_busy", cpu_busy / (dd ? 2 : 1), vb, sizeof(vb));
 	bench_verdict("gpxd.cpu_idle", idle, vi, sizeof(vi));
 	snprintf(note, sizeof(note), "gpxd's CPU: %.2f cores while a request came every ~1 ms (%d GPU%s), %.3f "
-	    "cores idle (client work: %.2f ms of memset)\n  %s\n  %s", cpu_busy, dd ? 2 : 1, dd ? "s" : "", idle,
-	    per * 1e3 * o.work_words / (w.len / 4.0), vb, vi);
+	    "cores idle (client work: %.2f ms of memset)\n  by thread, busy: %s; idle: %s\n  %s\n  %s", cpu_busy,
+	    dd ? 2 : 1, dd ? "s" : "", idle, per * 1e3 * o.work_words / (w.len / 4.0), busy_split, idle_split, vb, vi);
 	bench_table_end(b, note);
 	free(sp);
 	free(dp);
