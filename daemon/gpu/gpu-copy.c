@@ -51,7 +51,7 @@
 #define TILE_MIN (32u << 10)          /* a large segment in the kernel: tiles of at least this */
 #define TILE_SEG_MAX (32ull << 20)    /* and at most this large a segment */
 #define IDLE_SPIN_NS 200000           /* look at least this long for new work before sleeping */
-#define LIGHT_SPIN_NS 50000           /* of which spin this long, then wait for the loop's input */
+#define LIGHT_SPIN_NS 20000           /* of which spin this long, then wait for the loop's input */
 #define SPIN_NS 5000000               /* spin this long for a completion before sleeping */
 #define TIMED_MIN (1ull << 20)        /* chunks from this size on are timed, and napped through */
 #define NAP_MIN_NS 20000              /* naps shorter than this are spun */
