@@ -282,6 +282,7 @@ struct idle {
 	size_t n, page;
 	size_t work_words;           /* 32-bit words of a memset that keeps the GPU ~1 ms busy */
 	uint64_t tag;
+	int pid;                     /* gpxd's */
 };
 
 /* One page request, submit to completion seen: seconds, or a negative number. */
@@ -353,24 +354,33 @@ thread_cpu(int pid, const char *tid, char name[16])
 	return t >= 0 ? t : (double)(ut + st) / sysconf(_SC_CLK_TCK);
 }
 
-static void
-daemon_cpu(struct bench_ctx *b, struct dcpu *c)
+/* gpxd's pid, from the status query: asked once, before anything is measured (a request
+ * sets the loop polling for busy_poll_us, which a measure of idle would count). */
+static int
+daemon_pid(struct bench_ctx *b)
 {
 	Gpx__QueryReply *q;
-	char path[64], name[16];
 	void *buf;
 	size_t len;
 	int pid = -1;
 
-	memset(c, 0, sizeof(*c));
-	c->all = -1;
 	if (gpx_query(b->conn, GPX_Q_STATUS, &buf, &len) < 0)
-		return;
+		return -1;
 	if ((q = gpx__query_reply__unpack(NULL, len, buf)) != NULL && q->status != NULL)
 		pid = q->status->pid;
 	free(buf);
 	if (q != NULL)
 		gpx__query_reply__free_unpacked(q, NULL);
+	return pid;
+}
+
+static void
+daemon_cpu(int pid, struct dcpu *c)
+{
+	char path[64], name[16];
+
+	memset(c, 0, sizeof(*c));
+	c->all = -1;
 	snprintf(path, sizeof(path), "/proc/%d/task", pid);
 	DIR *d = pid > 0 ? opendir(path) : NULL;
 	if (d == NULL)
@@ -430,7 +440,7 @@ idle_measure(struct idle *o, int how, int iters, double *cpu, char *split, size_
 	double w0;
 
 	if (cpu)
-		daemon_cpu(o->b, &c0);
+		daemon_cpu(o->pid, &c0);
 	w0 = bench_now();
 
 	for (int i = 0; i < iters; i++) {
@@ -445,7 +455,7 @@ idle_measure(struct idle *o, int how, int iters, double *cpu, char *split, size_
 	}
 	if (cpu) {
 		const double w = bench_now() - w0;
-		daemon_cpu(o->b, &c1);
+		daemon_cpu(o->pid, &c1);
 		*cpu = c0.all < 0 || c1.all < 0 ? -1 : (c1.all - c0.all) / w;
 		cpu_split(&c0, &c1, w, split, splitlen);
 	}
@@ -467,7 +477,7 @@ mode_idle(struct bench_ctx *b)
 	    gbuf_alloc(0, 4ull << 30, &w) < 0)
 		return -1;
 	uint32_t *sp = malloc(65536 * sizeof(*sp)), *dp = malloc(65536 * sizeof(*dp));
-	struct idle o = { .b = b, .src = &a, .dst = &z, .work = &w, .sp = sp, .dp = dp };
+	struct idle o = { .b = b, .src = &a, .dst = &z, .work = &w, .sp = sp, .dp = dp, .pid = daemon_pid(b) };
 	/* Calibrate the client's work to about a millisecond. */
 	o.work_words = w.len / 4;
 	double t0 = bench_now();
@@ -512,10 +522,10 @@ mode_idle(struct bench_ctx *b)
 	struct timespec settle = { 0, 100000000 };
 	nanosleep(&settle, NULL);
 	struct dcpu c0, c1;
-	daemon_cpu(b, &c0);
+	daemon_cpu(o.pid, &c0);
 	const double i0 = bench_now();
 	sleep(1);
-	daemon_cpu(b, &c1);
+	daemon_cpu(o.pid, &c1);
 	const double iw = bench_now() - i0, idle = c0.all < 0 || c1.all < 0 ? -1 : (c1.all - c0.all) / iw;
 	cpu_split(&c0, &c1, iw, idle_split, sizeof(idle_split));
 	char note[1024], vb[128], vi[128];
