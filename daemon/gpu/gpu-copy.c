@@ -51,7 +51,8 @@
 #define TILE_MIN (32u << 10)          /* a large segment in the kernel: tiles of at least this */
 #define TILE_SEG_MAX (32ull << 20)    /* and at most this large a segment */
 #define IDLE_SPIN_NS 200000           /* look at least this long for new work before sleeping */
-#define LIGHT_SPIN_NS 20000           /* of which spin this long, then wait for the loop's input */
+#define LIGHT_SPIN_NS 50000           /* of which spin this long, then wait for the loop's input */
+#define PREWAKE_LOOK_NS 200000        /* woken by the loop's input, spin this long for its job */
 #define SPIN_NS 5000000               /* spin this long for a completion before sleeping */
 #define TIMED_MIN (1ull << 20)        /* chunks from this size on are timed, and napped through */
 #define NAP_MIN_NS 20000              /* naps shorter than this are spun */
@@ -751,7 +752,7 @@ gpu_worker(void *arg)
 {
 	struct gdev *g = arg;
 	enum path_kind path = PATH_GPU0 + g->index;
-	uint64_t idle_since = mono_ns(), stuck_since = 0;
+	uint64_t idle_since = mono_ns(), stuck_since = 0, looking_until = 0;
 
 	cuda_use(g->index);
 	thread_name("gpu%d", g->index);
@@ -810,13 +811,16 @@ gpu_worker(void *arg)
 			continue;
 		}
 		if (pending == 0) {
-			const uint64_t idle = mono_ns() - idle_since;
-			if (idle < LIGHT_SPIN_NS) {
+			const uint64_t now = mono_ns(), idle = now - idle_since;
+			if (idle < LIGHT_SPIN_NS || now < looking_until) {
 				if (idle_hook != NULL)
 					idle_hook();   /* idle: lend this core (xfer_help: a long page list's check) */
 				sched_yield();
-			} else if (idle < spin_ns && chunks->idle(path, spin_ns - idle))
+			} else if (idle < spin_ns && chunks->idle(path, spin_ns - idle)) {
+				/* a client's message came: its job follows once the loop has checked it */
 				idle_since = mono_ns();
+				looking_until = idle_since + PREWAKE_LOOK_NS;
+			}
 			continue;
 		}
 		/*
