@@ -2,11 +2,11 @@
  * A probe, not a test: how long a thread asleep on a condition variable takes to run once
  * another thread signals it, by how long it had slept, and whether it slept in one wait or in
  * timed waits of a slice that end and begin again.  The signalling thread keeps its CPU busy
- * meanwhile, as gpxd's polling loop does.  What it found decided how a GPU's idle worker waits
- * for the loop's next input (daemon/gpu/gpu-copy.c): on the machine where gpxd's GPU figures
- * were taken, a thread asleep 1 ms woke in 21 us (p50), one asleep 100 us in 6, and one that
- * waits in slices of 100 us in 7-8 whatever it had slept: a CPU left idle longer sinks into a
- * deeper sleep state.
+ * meanwhile, as gpxd's polling loop does.  On the machine where gpxd's GPU figures were taken,
+ * a thread asleep 1 ms woke in 21 us (p50), one asleep 100 us in 6, and one that waits in
+ * slices of 100 us in 7-8 whatever it had slept: a CPU left idle longer sinks into a deeper
+ * sleep state.  A GPU's idle worker (engine_idle) was tried that way, and does not wait so:
+ * see there.
  *
  *   wake-probe [samples]
  */

@@ -143,32 +143,25 @@ engine_nap(enum path_kind pk, uint64_t ns)
 /*
  * A worker with nothing to do, that would rather be looking when the next job comes, waits up
  * to ns for a job of its path or for the event loop to take in a client's message
- * (engine_prewake): while the loop polls, one thread spins, not two.  It waits in slices of
- * IDLE_SLICE_NS, ending each and waiting again: a CPU left idle longer sinks into a deeper
- * sleep state, and a thread asleep 1 ms took 21 us to wake (p50, on the machine of gpxd's GPU
- * figures) where one waiting in slices of 100 us took 7-8 (tests/wake-probe.c).  True when
- * a job or a message came, false when the time ran out.
+ * (engine_prewake): while the loop polls, one thread spins, not two.  True when a job or a
+ * message came, false when the time ran out.  (Waiting in slices of 100 us keeps the CPU out
+ * of its deeper sleep states, and the probe tests/wake-probe.c found such a thread woken in
+ * 7-8 us where one asleep 1 ms took 21; but on the GPU machine the slices cost the worker 0.1
+ * core while clients came every millisecond, and moved no KV figure beyond its noise.)
  */
-#define IDLE_SLICE_NS 100000u
-
 bool
 engine_idle(enum path_kind pk, uint64_t ns)
 {
 	struct epath *p = &paths[pk];
-	const struct timespec end = deadline(ns);
+	const struct timespec t = deadline(ns);
 	int r = 0;
 
 	pthread_mutex_lock(&elock);
 	const uint64_t seen = prewakes;
 	p->idle++;
 	atomic_fetch_add(&idlers, 1);
-	while (!quit && TAILQ_EMPTY(&p->active) && prewakes == seen && r != ETIMEDOUT) {
-		struct timespec t = deadline(IDLE_SLICE_NS);
-		const bool last = t.tv_sec > end.tv_sec || (t.tv_sec == end.tv_sec && t.tv_nsec >= end.tv_nsec);
-		r = pthread_cond_timedwait(&p->cond, &elock, last ? &end : &t);
-		if (r == ETIMEDOUT && !last)
-			r = 0;
-	}
+	while (!quit && TAILQ_EMPTY(&p->active) && prewakes == seen && r != ETIMEDOUT)
+		r = pthread_cond_timedwait(&p->cond, &elock, &t);
 	atomic_fetch_sub(&idlers, 1);
 	p->idle--;
 	const bool woken = quit || !TAILQ_EMPTY(&p->active) || prewakes != seen;
