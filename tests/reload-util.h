@@ -51,9 +51,10 @@ reload_write(const struct harness *h, const char *text)
 		tap_bail("cannot write %s", h->conf);
 }
 
-/* Lines of the daemon's log that say a reload was taken or refused. */
+/* Lines of the daemon's log that say a reload was taken or refused (key NULL), or refused
+ * naming key. */
 static inline int
-reload_count(const struct harness *h)
+reload_lines(const struct harness *h, const char *key)
 {
 	char line[2048];
 	int n = 0;
@@ -61,27 +62,25 @@ reload_count(const struct harness *h)
 
 	if (f == NULL)
 		return -1;
-	while (fgets(line, sizeof(line), f) != NULL)
-		if (strstr(line, "configuration reloaded from") != NULL || strstr(line, "reload refused") != NULL)
-			n++;
+	while (fgets(line, sizeof(line), f) != NULL) {
+		bool refused = strstr(line, "reload refused") != NULL;
+		n += key == NULL ? refused || strstr(line, "configuration reloaded from") != NULL :
+		    refused && strstr(line, key) != NULL;
+	}
 	fclose(f);
 	return n;
 }
 
-/* Lines of the daemon's log that say a reload was refused, naming key. */
+static inline int
+reload_count(const struct harness *h)
+{
+	return reload_lines(h, NULL);
+}
+
 static inline int
 reload_refused(const struct harness *h, const char *key)
 {
-	char line[2048];
-	int n = 0;
-	FILE *f = fopen(h->log, "re");
-
-	if (f == NULL)
-		return -1;
-	while (fgets(line, sizeof(line), f) != NULL)
-		n += strstr(line, "reload refused") != NULL && strstr(line, key) != NULL;
-	fclose(f);
-	return n;
+	return reload_lines(h, key);
 }
 
 /* The CPU time the daemon has used, in clock ticks; -1 when /proc does not say. */
