@@ -278,6 +278,27 @@ pair_addrs(const struct jpair *p, int dev, uint64_t *src, uint64_t *dst, bool *p
 	}
 }
 
+/* Stream s's completion word, as a launch that writes it takes its address, and the value the
+ * next chunk issued on s writes there (its start mark, with stage clocks, the same value). */
+static uint64_t
+done_at(const struct gdev *g, int s)
+{
+	return (uint64_t)(uintptr_t)&g->done[s];
+}
+
+static uint64_t
+next_seq(const struct gdev *g, int s)
+{
+	return g->issued[s] + 1;
+}
+
+/* After what is queued on stream s: the GPU writes the next chunk's value into *word. */
+static int
+signal_next(struct gdev *g, int s, volatile uint64_t *word)
+{
+	return cuda_signal(g->stream[s], (uint64_t)(uintptr_t)word, next_seq(g, s));
+}
+
 /*
  * The chunk's segments whole, then trimmed to the chunk, into one launch of the copy kernel:
  * it starts c->off into the first and ends in the last (the engine counts the pieces up to the
@@ -418,7 +439,7 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, bool *sign
 	if (r == 0 && quick && nk > 0 && nk <= GPU_KFEW_MAX) {
 		/* last on the stream for this chunk: the launch writes its completion word itself */
 		r = cuda_kernel_copy_few(g->index, g->stream[s], k, nk, kbytes, gcfg()->sm_copy_blocks,
-		    (uint64_t)(uintptr_t)&g->done[s], g->issued[s] + 1);
+		    done_at(g, s), next_seq(g, s));
 		*signaled = r == 0;
 	}
 	else if (r == 0 && nk == 1 && !all)
@@ -490,7 +511,7 @@ issue_on(struct gdev *g, struct chunk *c, bool ce)
 		log_warnx("GPU%d: injecting a sticky fault (GPXD_FAULT_INJECT=sticky)", g->index);
 		cuda_kernel_copy(g->index, g->stream[s], (const struct gpu_kseg *)16, 1, 1);   /* unmapped */
 	}
-	if (mark && cuda_signal(g->stream[s], (uint64_t)(uintptr_t)&g->started[s], g->issued[s] + 1) < 0)
+	if (mark && signal_next(g, s, &g->started[s]) < 0)
 		mark = false;
 	if (j->pages != NULL)
 		/* Only taken where the kernel runs (gpu_pages_alloc): the list is read in place. */
@@ -503,7 +524,7 @@ issue_on(struct gdev *g, struct chunk *c, bool ce)
 	else
 		r = issue_segs(g, c, slot, s, ce, &signaled);
 	if (r == 0 && !signaled)
-		r = cuda_signal(g->stream[s], (uint64_t)(uintptr_t)&g->done[s], g->issued[s] + 1);
+		r = signal_next(g, s, &g->done[s]);
 	if (r < 0) {
 		issue_failed(g, s, c, 1);
 		return r;
@@ -618,7 +639,7 @@ issue_quick(struct gdev *g, struct chunk *c, enum path_kind path, int room)
 	for (uint32_t i = 0; i < nk; i++)
 		bytes += k[i].len;
 	int r = cuda_kernel_copy_few(g->index, g->stream[s], k, nk, bytes, gcfg()->sm_copy_blocks,
-	    (uint64_t)(uintptr_t)&g->done[s], g->issued[s] + 1);
+	    done_at(g, s), next_seq(g, s));
 	if (r < 0) {
 		issue_failed(g, s, batch, n);
 		return extra;
