@@ -20,16 +20,6 @@ reply_err(struct conn *c, uint32_t seq, int status, const char *msg)
 	conn_reply(c, seq, status, msg, NULL, NULL, 0);
 }
 
-/*
- * c sent something (a message, or entries of its submission queue): the loop's busy poll
- * counts from now, and idle copy workers start looking (engine_prewake).
- */
-static inline void
-conn_input_seen(struct conn *c)
-{
-	c->t_last = conn_last_input = now_s();
-	engine_prewake();
-}
 
 /* conn.c: who a connection is, for the log's lines about it (log.c) */
 struct logwho conn_who(struct conn *);

@@ -201,7 +201,7 @@ conn_poll_sq(struct conn *c)
 		conn_kill(c, "submission queue corrupted");
 		return 0;
 	}
-	conn_input_seen(c);
+	c->t_last = conn_last_input = now_s();
 	/* (one whose list goes to a task thread holds back those after it, as in conn_input) */
 	while (head != tail && c->state != CONN_DEAD && c->checking == NULL) {
 		struct gpx_sqe e;

@@ -564,7 +564,7 @@ conn_input(struct conn *c)
 		ssize_t n = wire_recv(c->fd, msgbuf, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
 		if (n == -EAGAIN)
 			return;
-		conn_input_seen(c);
+		c->t_last = conn_last_input = now_s();
 		if (n == 0 || n == -ECONNRESET) {
 			conn_kill(c, "disconnected");
 			return;

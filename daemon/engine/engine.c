@@ -29,7 +29,8 @@ struct epath {
 	atomic_int nqueues;          /* connections with work on the path (a hint too) */
 	atomic_int nsmall;           /* jobs of ENGINE_SMALL_JOB bytes or less not yet handed out */
 	atomic_int napping;          /* workers in engine_nap: every new job wakes them */
-	int idle;                    /* workers in engine_idle (under elock) */
+	atomic_int idle;             /* workers in engine_idle: engine_prewake's hint */
+	uint64_t prewakes;           /* engine_prewake calls that found one (under elock) */
 	pthread_cond_t cond;
 	atomic_uint_fast64_t transfers, bytes, errors;
 };
@@ -40,8 +41,6 @@ static TAILQ_HEAD(, job) live = TAILQ_HEAD_INITIALIZER(live);
 static atomic_uint nlive;            /* jobs in `live`: changed under elock, read without */
 static uint64_t chunk_size = 2 << 20;
 static bool quit;
-static atomic_int idlers;            /* workers in engine_idle, all paths: engine_prewake's hint */
-static uint64_t prewakes;            /* engine_prewake calls that found one (under elock) */
 static int cancel_status = GPX__STATUS__ECANCELED;
 static pthread_t *workers;
 static int nworkers;
@@ -142,12 +141,12 @@ engine_nap(enum path_kind pk, uint64_t ns)
 
 /*
  * A worker with nothing to do, that would rather be looking when the next job comes, waits up
- * to ns for a job of its path or for the event loop to take in a client's message
- * (engine_prewake): while the loop polls, one thread spins, not two.  True when a job or a
- * message came, false when the time ran out.  (Waiting in slices of 100 us keeps the CPU out
- * of its deeper sleep states, and the probe tests/wake-probe.c found such a thread woken in
- * 7-8 us where one asleep 1 ms took 21; but on the GPU machine the slices cost the worker 0.1
- * core while clients came every millisecond, and moved no KV figure beyond its noise.)
+ * to ns for a job of its path or for the loop to have a request for the path in hand
+ * (engine_prewake): while the loop polls, one thread spins, not two.  True when either came,
+ * false when the time ran out.  (Waiting in slices of 100 us keeps the CPU out of its deeper
+ * sleep states, and the probe tests/wake-probe.c found such a thread woken in 7-8 us where one
+ * asleep 1 ms took 21; but on the GPU machine the slices cost the worker 0.1 core while
+ * clients came every millisecond, and moved no KV figure beyond its noise.)
  */
 bool
 engine_idle(enum path_kind pk, uint64_t ns)
@@ -157,33 +156,32 @@ engine_idle(enum path_kind pk, uint64_t ns)
 	int r = 0;
 
 	pthread_mutex_lock(&elock);
-	const uint64_t seen = prewakes;
-	p->idle++;
-	atomic_fetch_add(&idlers, 1);
-	while (!quit && TAILQ_EMPTY(&p->active) && prewakes == seen && r != ETIMEDOUT)
+	const uint64_t seen = p->prewakes;
+	atomic_fetch_add(&p->idle, 1);
+	while (!quit && TAILQ_EMPTY(&p->active) && p->prewakes == seen && r != ETIMEDOUT)
 		r = pthread_cond_timedwait(&p->cond, &elock, &t);
-	atomic_fetch_sub(&idlers, 1);
-	p->idle--;
-	const bool woken = quit || !TAILQ_EMPTY(&p->active) || prewakes != seen;
+	atomic_fetch_sub(&p->idle, 1);
+	const bool woken = quit || !TAILQ_EMPTY(&p->active) || p->prewakes != seen;
 	pthread_mutex_unlock(&elock);
 	return woken;
 }
 
 /*
- * The loop thread took in a client's message: a job may follow in a few microseconds, so the
- * workers in engine_idle start looking now, their wake-up overlapping its check.  One relaxed
- * load when none waits.
+ * A request for path pk is built and about to be checked (xfer_build): a worker of the path in
+ * engine_idle starts looking now, its wake-up overlapping the check.  Only the request's own
+ * path, once its regions are resolved: a client's other messages, or a request refused before
+ * that, wake nothing.  One relaxed load when none waits.
  */
 void
-engine_prewake(void)
+engine_prewake(enum path_kind pk)
 {
-	if (atomic_load_explicit(&idlers, memory_order_relaxed) == 0)
+	struct epath *p = &paths[pk];
+
+	if (atomic_load_explicit(&p->idle, memory_order_relaxed) == 0)
 		return;
 	pthread_mutex_lock(&elock);
-	prewakes++;
-	for (int p = 0; p < NPATHS; p++)
-		if (paths[p].idle > 0)
-			pthread_cond_broadcast(&paths[p].cond);
+	p->prewakes++;
+	pthread_cond_broadcast(&p->cond);
 	pthread_mutex_unlock(&elock);
 }
 

@@ -37,8 +37,8 @@ bool engine_next_small_chunk(enum path_kind, struct chunk *, uint32_t max_segs);
 bool engine_has_work(enum path_kind);
 void engine_nap(enum path_kind, uint64_t ns);
 bool engine_idle(enum path_kind, uint64_t ns);
-/* The loop took in a client's message: idle workers look (engine_idle).  Loop thread. */
-void engine_prewake(void);
+/* A request for the path is built, its check to come: an idle worker of it looks (engine_idle). */
+void engine_prewake(enum path_kind);
 uint32_t engine_pair_of(const struct job *, uint32_t seg);
 int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */
 enum path_kind engine_path_for(const struct region *src, const struct region *dst);

@@ -1149,6 +1149,10 @@ xfer_build(const struct xfer_from *c, const Gpx__Transfer *t, int *segfd, struct
 		check_free(&k);
 		return r;
 	}
+	/* Its regions are resolved, its lists to be checked: the workers of its paths may look now. */
+	for (struct job *h = k.head; h != NULL; h = h->gnext)
+		if (h == k.head || h->path != k.head->path)
+			engine_prewake(h->path);
 	struct xfer_check *h;
 	if (later != NULL && loop_turn_list() + k.work > XFER_LOOP_BYTES && (h = malloc(sizeof(*h))) != NULL) {
 		*h = k;

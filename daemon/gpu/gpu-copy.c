@@ -51,8 +51,8 @@
 #define TILE_MIN (32u << 10)          /* a large segment in the kernel: tiles of at least this */
 #define TILE_SEG_MAX (32ull << 20)    /* and at most this large a segment */
 #define IDLE_SPIN_NS 200000           /* look at least this long for new work before sleeping */
-#define LIGHT_SPIN_NS 50000           /* of which spin this long, then wait for the loop's input */
-#define PREWAKE_LOOK_NS 200000        /* woken by the loop's input, spin this long for its job */
+#define LIGHT_SPIN_NS 50000           /* of which spin this long, then wait for a request */
+#define PREWAKE_LOOK_NS 200000        /* woken by a request's build, spin this long for its job */
 #define SPIN_NS 5000000               /* spin this long for a completion before sleeping */
 #define TIMED_MIN (1ull << 20)        /* chunks from this size on are timed, and napped through */
 #define NAP_MIN_NS 20000              /* naps shorter than this are spun */
@@ -789,8 +789,9 @@ gpu_worker(void *arg)
 		 * client that submits between its own GPU work, a millisecond apart say, never waits
 		 * for this thread to be woken (on virtual machines 100 us and more).  It spins only
 		 * the first LIGHT_SPIN_NS of that (a client submitting back to back comes within
-		 * it); then it waits for the loop to take in a message (engine_idle), so that one
-		 * thread polls, not two, and its wake-up runs while the loop checks the request.
+		 * it); then it waits until the loop has a request for this GPU in hand (engine_idle,
+		 * engine_prewake), so that one thread polls, not two, and its wake-up runs while the
+		 * loop checks the request.
 		 * Once nothing has come for the whole time both sleep, and an idle daemon costs no
 		 * CPU.
 		 */
@@ -838,7 +839,7 @@ gpu_worker(void *arg)
 					idle_hook();   /* idle: lend this core (xfer_help: a long page list's check) */
 				sched_yield();
 			} else if (idle < spin_ns && chunks->idle(path, spin_ns - idle)) {
-				/* a client's message came: its job follows once the loop has checked it */
+				/* a request for this GPU is being checked: its job follows */
 				idle_since = mono_ns();
 				looking_until = idle_since + PREWAKE_LOOK_NS;
 			}

@@ -155,9 +155,11 @@ storm_file(int i)
 
 /*
  * One thread polls, not two: while the loop polls after a client's message (busy_poll_us), a
- * GPU's worker with nothing to do waits for the loop's next input instead of spinning beside
- * it.  Over the second after one copy within GPU0, with the loop polling all of it, gpxd takes
- * about one core (100 ticks) where both spinning took two.
+ * GPU's worker with nothing to do waits for a request for its GPU instead of spinning beside
+ * the loop.  Over the second after one copy within GPU0, with the loop polling all of it, gpxd
+ * takes about one core (100 ticks) where both spinning took two; and as much over a second of
+ * status queries, one after another: a client's messages that are not requests for the GPU
+ * wake no worker.
  */
 static void
 test_one_spinner(void)
@@ -188,6 +190,19 @@ test_one_spinner(void)
 	/* the loop polls the whole second (it takes what CPU it gets: on a loaded machine less) */
 	ok(ticks[0] >= 0 && ticks[0] <= 140 && ticks[1] >= 0 && ticks[1] <= 140, "one spinner: gpxd's CPU over "
 	    "the second after each copy, the loop polling: %ld and %ld ticks (one core: 100)", ticks[0], ticks[1]);
+	/* a copy, then queries for as long as the worker would spin after it (busy_poll_us) */
+	right = gpx_copy(c, s.r, 0, d.r, 0, 4096, 3) >= 0 && wait_for(c, 3) == 0;
+	long q = 0, t0 = reload_cpu_ticks(&H);
+	for (double end = now() + 0.9; now() < end; q++) {
+		void *buf;
+		size_t len;
+		if (gpx_query(c, GPX_Q_STATUS, &buf, &len) < 0)
+			break;
+		free(buf);
+	}
+	long qt = reload_cpu_ticks(&H) - t0;
+	ok(right && q > 100 && qt >= 0 && qt <= 130, "one spinner: %ld status queries in the 0.9 s after a copy cost "
+	    "gpxd %ld ticks (one core: 90): they wake no copy worker", q, qt);
 	dbuf_free(c, &s);
 	dbuf_free(c, &d);
 	gpx_close(c);
