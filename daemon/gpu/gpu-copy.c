@@ -44,10 +44,7 @@
 #define BULK_CHUNK (1ull << 30)       /* largest chunk a GPU worker takes */
 #define KSEG_MAX 8192                 /* segments per kernel launch: a long list is cut into
                                          * launches so preparing one overlaps running another */
-#define SLOTS 16                      /* chunks in flight per GPU issued each on its own: each
-                                         * holds a pinned kernel list (kstage) until it ends */
-#define PEND_RING 64                  /* chunks in flight per stream: small ones batched into one
-                                         * launch (issue_quick) hold no slot */
+#define PEND_MAX 16                   /* chunks in flight per GPU */
 #define QUICK_SHARE 2                 /* quick chunks in flight while the bulk stream is full */
 #define KERNEL_MIN_SEGS 8
 #define KERNEL_MAX_AVG (256u << 10)
@@ -83,11 +80,10 @@ struct gdev {
 	volatile uint64_t *done;            /* pinned: one word per stream */
 	volatile uint64_t *started;         /* pinned: the GPU start marks of the stage clocks */
 	uint64_t issued[NSTREAMS];
-	struct pend pend[NSTREAMS][PEND_RING];
+	struct pend pend[NSTREAMS][PEND_MAX];
 	int npend[NSTREAMS], phead[NSTREAMS];
-	struct gpu_kseg *kstage[SLOTS];     /* pinned kernel segment lists, read in place */
-	bool slot_busy[SLOTS];
-	int nslots;                         /* of them busy */
+	struct gpu_kseg *kstage[PEND_MAX];  /* pinned kernel segment lists, read in place */
+	bool slot_busy[PEND_MAX];
 	bool kernel_ok;
 	bool mps;                           /* the GPU is shared through CUDA MPS */
 	/*
@@ -262,7 +258,7 @@ kernel_takes(int dev, const struct region *src, const struct region *dst, uint64
 static int
 free_slot(struct gdev *g)
 {
-	for (int i = 0; i < SLOTS; i++)
+	for (int i = 0; i < PEND_MAX; i++)
 		if (!g->slot_busy[i])
 			return i;
 	return -1;
@@ -475,7 +471,7 @@ static void
 pend_push(struct gdev *g, int s, const struct chunk *c, uint8_t cls, uint64_t seq, uint64_t now, uint64_t due,
     int slot, bool mark)
 {
-	const int at = (g->phead[s] + g->npend[s]) % PEND_RING;
+	const int at = (g->phead[s] + g->npend[s]) % PEND_MAX;
 
 	if (g->npend[s] == 0)
 		g->last_end[s] = now;       /* the stream was idle: this chunk starts now */
@@ -485,10 +481,8 @@ pend_push(struct gdev *g, int s, const struct chunk *c, uint8_t cls, uint64_t se
 	if (c->last && due != 0)
 		g->pend[s][at].wake = due > now + WAKE_LEAD_NS ? due - WAKE_LEAD_NS : now;
 	g->npend[s]++;
-	if (slot >= 0) {
+	if (slot >= 0)
 		g->slot_busy[slot] = true;
-		g->nslots++;
-	}
 	if (c->job->t_launched == 0)
 		c->job->t_launched = now_s();     /* the stage clocks: queued on the GPU */
 }
@@ -616,14 +610,14 @@ few_segs(struct gdev *g, const struct chunk *c, struct gpu_kseg *k, uint32_t *nk
 static int
 issue_quick(struct gdev *g, struct chunk *c, enum path_kind path, int room)
 {
-	struct chunk batch[PEND_RING];
+	struct chunk batch[PEND_MAX];
 	struct gpu_kseg k[GPU_KFEW_MAX];
 	uint32_t nk = 0;
 	int n = 0, extra = 0;
 	const int s = S_QUICK;
 
-	if (room > PEND_RING - g->npend[s])
-		room = PEND_RING - g->npend[s];
+	if (room > PEND_MAX - g->npend[s])
+		room = PEND_MAX - g->npend[s];
 	if (!chunks->has_work(path) && lone_peer(g, c))
 		return issue_on(g, c, true) == 0;
 	if (room < 2 || !g->kernel_ok || !gcfg()->sm_copy || start_marks || atomic_load(&fault_sticky) ||
@@ -665,7 +659,7 @@ reap_starts(struct gdev *g, int s)
 	uint64_t started = __atomic_load_n(&g->started[s], __ATOMIC_ACQUIRE);
 
 	for (int i = 0; i < g->npend[s]; i++) {
-		struct pend *p = &g->pend[s][(g->phead[s] + i) % PEND_RING];
+		struct pend *p = &g->pend[s][(g->phead[s] + i) % PEND_MAX];
 		if (p->seq > started)
 			break;
 		if (p->marked) {
@@ -712,11 +706,9 @@ reap(struct gdev *g)
 			struct pend *p = &g->pend[s][g->phead[s]];
 			learn(g, p, now, watching, late);
 			g->last_end[s] = now;
-			if (p->slot >= 0) {
+			if (p->slot >= 0)
 				g->slot_busy[p->slot] = false;
-				g->nslots--;
-			}
-			g->phead[s] = (g->phead[s] + 1) % PEND_RING;
+			g->phead[s] = (g->phead[s] + 1) % PEND_MAX;
 			g->npend[s]--;
 			chunks->done(&p->c, true);
 			n++;
@@ -738,7 +730,7 @@ wake_calls(struct gdev *g, uint64_t now)
 
 	for (int s = 0; s < NSTREAMS; s++)
 		for (int i = 0; i < g->npend[s]; i++) {
-			struct pend *p = &g->pend[s][(g->phead[s] + i) % PEND_RING];
+			struct pend *p = &g->pend[s][(g->phead[s] + i) % PEND_MAX];
 			if (p->wake == 0)
 				continue;
 			if (p->wake <= now) {
@@ -817,14 +809,11 @@ gpu_worker(void *arg)
 		/*
 		 * With the bulk stream full, small copies (of anyone) still go onto the quick
 		 * stream, a few at a time: a 4 KiB copy never waits for a 1 GiB chunk, and no
-		 * piece of a large copy is put in its way there.  A chunk issued on its own takes
-		 * a slot; small ones batched into one launch take none, so that more of them than
-		 * there are slots are in flight (a launch's end is seen tens of microseconds after
-		 * it is issued: 16 copies in flight bounded 4 KiB copies to some 400,000 a second).
+		 * piece of a large copy is put in its way there.
 		 */
 		bool bulk_room;
-		while (g->nslots < SLOTS && g->npend[S_QUICK] < PEND_RING &&
-		    ((bulk_room = g->npend[S_BULK] + g->npend[S_BULK2] < SLOTS / 2) || g->npend[S_QUICK] < QUICK_SHARE) &&
+		while (pending < PEND_MAX && ((bulk_room = g->npend[S_BULK] + g->npend[S_BULK2] < PEND_MAX / 2) ||
+		    g->npend[S_QUICK] < QUICK_SHARE) &&
 		    (chunks->has_work(path) || (pending == 0 && mono_ns() - idle_since > spin_ns))) {
 			/* Block only when idle for a while: the spin keeps small-copy latency low. */
 			bool wait = pending == 0 && !chunks->has_work(path);
@@ -832,7 +821,7 @@ gpu_worker(void *arg)
 			    chunks->next_small(path, &c, KSEG_MAX)))
 				break;
 			if (c.bytes <= QUICK_MAX)
-				issue_quick(g, &c, path, PEND_RING - g->npend[S_QUICK]);
+				issue_quick(g, &c, path, PEND_MAX - pending);
 			else
 				issue(g, &c);
 			pending = g->npend[S_BULK] + g->npend[S_BULK2] + g->npend[S_QUICK];
@@ -930,7 +919,7 @@ gdev_start(struct gdev *g)
 			return -1;
 	g->kernel_ok = cuda_load_kernel(g->index) == 0;
 	g->mps = cuda_mps(g->index);
-	for (int i = 0; g->kernel_ok && i < SLOTS; i++) {
+	for (int i = 0; g->kernel_ok && i < PEND_MAX; i++) {
 		void *h;
 		if (cuda_host_alloc(&h, KSEG_MAX * sizeof(struct gpu_kseg)) < 0) {
 			g->kernel_ok = false;
