@@ -547,8 +547,8 @@ struct chunk_source {
 	uint32_t (*pair_of)(const struct job *, uint32_t seg);
 	/* Waits up to ns, or until a new job comes for the path: a worker whose chunks are due later. */
 	void (*nap)(enum path_kind, uint64_t ns);
-	/* Waits up to ns, or until a new job comes or a client's message is taken in: an idle
-	 * worker (true unless the time ran out). */
+	/* Waits up to ns, or until a new job comes or a request for the path is built
+	 * (engine_prewake): an idle worker (true unless the time ran out). */
 	bool (*idle)(enum path_kind, uint64_t ns);
 	/* The last chunk of its job (c->last) should end in a little while: wakes a client that
 	 * sleeps on its completion, so that it looks when the record comes (engine_chunk_soon). */

@@ -24,6 +24,7 @@
 #include "proto/gpx.pb-c.h"
 #include "tests/bench.h"
 #include "tests/bench-gpu.h"
+#include "tests/util.h"
 
 extern const unsigned char bench_gather_fatbin[];
 
@@ -311,8 +312,8 @@ idle_work(struct idle *o, bool sync)
 
 /*
  * gpxd's CPU time so far, seconds, of the threads it has now: in all (-1 when unknown), and by
- * thread name (gpxd's loop is its main thread, "gpxd"; gpxd-gpuN is GPU N's copy worker, and
- * so on), threads of one name summed.  Its pid comes from the status query.
+ * thread name (its main thread, the event loop, as "loop" whatever its binary is called;
+ * gpxd-gpuN is GPU N's copy worker, and so on), threads of one name summed.
  */
 #define CPU_NAMES 24
 struct dcpu {
@@ -330,28 +331,22 @@ struct dcpu {
 static double
 thread_cpu(int pid, const char *tid, char name[16])
 {
-	char path[300], line[1024], *open, *close;
+	char path[300];
 	unsigned long long ns;
-	unsigned long ut, st;
 	double t = -1;
 	FILE *f;
 
 	snprintf(path, sizeof(path), "/proc/%d/task/%s/stat", pid, tid);
-	if ((f = fopen(path, "re")) == NULL)
+	long ticks = proc_stat_ticks(path, name);
+	if (ticks < 0)
 		return -1;
-	bool got = fgets(line, sizeof(line), f) != NULL;
-	fclose(f);
-	if (!got || (open = strchr(line, '(')) == NULL || (close = strrchr(line, ')')) == NULL ||
-	    sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-		return -1;
-	snprintf(name, 16, "%.*s", (int)(close - open - 1), open + 1);
 	snprintf(path, sizeof(path), "/proc/%d/task/%s/schedstat", pid, tid);
 	if ((f = fopen(path, "re")) != NULL) {
 		if (fscanf(f, "%llu", &ns) == 1)
 			t = ns / 1e9;
 		fclose(f);
 	}
-	return t >= 0 ? t : (double)(ut + st) / sysconf(_SC_CLK_TCK);
+	return t >= 0 ? t : (double)ticks / sysconf(_SC_CLK_TCK);
 }
 
 /* gpxd's pid, from the status query: asked once, before anything is measured (a request
@@ -392,6 +387,8 @@ daemon_cpu(int pid, struct dcpu *c)
 		double t = thread_cpu(pid, e->d_name, name);
 		if (t < 0)
 			continue;
+		if (atoi(e->d_name) == pid)
+			snprintf(name, sizeof(name), "loop");
 		c->all += t;
 		int i = 0;
 		while (i < c->n && strcmp(c->name[i], name) != 0)
@@ -420,8 +417,7 @@ cpu_split(const struct dcpu *a, const struct dcpu *z, double secs, char *out, si
 		double cores = (z->s[i] - was) / secs;
 		if (cores < 0.005)
 			continue;
-		const char *n = strcmp(z->name[i], "gpxd") == 0 ? "loop" :
-		    strncmp(z->name[i], "gpxd-", 5) == 0 ? z->name[i] + 5 : z->name[i];
+		const char *n = strncmp(z->name[i], "gpxd-", 5) == 0 ? z->name[i] + 5 : z->name[i];
 		at += snprintf(out + at, len - at, "%s%s %.2f", at ? ", " : "", n, cores);
 	}
 	if (at == 0)

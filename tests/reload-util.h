@@ -18,6 +18,7 @@
 
 #include "tests/harness.h"
 #include "tests/tap.h"
+#include "tests/util.h"
 
 /* The file harness_start wrote, kept to build the next ones from. */
 static char reload_base[4096];
@@ -87,21 +88,10 @@ reload_refused(const struct harness *h, const char *key)
 static inline long
 reload_cpu_ticks(const struct harness *h)
 {
-	char path[64], buf[1024], *p;
-	unsigned long ut = 0, st = 0;
-	FILE *f;
+	char path[64];
 
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)h->pid);
-	if ((f = fopen(path, "re")) == NULL || fgets(buf, sizeof(buf), f) == NULL) {
-		if (f != NULL)
-			fclose(f);
-		return -1;
-	}
-	fclose(f);
-	if ((p = strrchr(buf, ')')) == NULL ||
-	    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-		return -1;
-	return (long)(ut + st);
+	return proc_stat_ticks(path, NULL);
 }
 
 /*

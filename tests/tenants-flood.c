@@ -225,20 +225,11 @@ log_show(const struct harness *h, const char *needle)
 static double
 daemon_cpu(const struct harness *h)
 {
-	char path[64], buf[1024];
-	unsigned long ut = 0, st = 0;
-	FILE *f;
+	char path[64];
 
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)h->pid);
-	if ((f = fopen(path, "r")) == NULL)
-		return -1;
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	char *p = strrchr(buf, ')');
-	if (p == NULL || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-		return -1;
-	return (double)(ut + st) / sysconf(_SC_CLK_TCK);
+	long t = proc_stat_ticks(path, NULL);
+	return t < 0 ? -1 : (double)t / sysconf(_SC_CLK_TCK);
 }
 
 /*

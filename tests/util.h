@@ -1,14 +1,16 @@
 /*
  * Small tools the test programs share: a monotonic clock in seconds, a checksum of a buffer
  * (FNV-1a), a xorshift generator and a deterministic fill of a buffer from a seed with it,
- * a count of a process's open descriptors, and a datagram sent with descriptors that
- * proto/wire.c would refuse to send.  Header-only.
+ * a count of a process's open descriptors, the CPU time /proc gives a process or thread, and
+ * a datagram sent with descriptors that proto/wire.c would refuse to send.  Header-only.
  */
 #ifndef GPX_TESTS_UTIL_H
 #define GPX_TESTS_UTIL_H
 
 #include <dirent.h>
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +88,29 @@ fds_in(const char *dir)
 			n++;
 	closedir(d);
 	return n;
+}
+
+/*
+ * The CPU time in a /proc stat file (/proc/PID/stat, or a thread's /proc/PID/task/TID/stat):
+ * utime + stime in clock ticks, -1 if unreadable; its name (comm) into name when not NULL.
+ */
+static inline long
+proc_stat_ticks(const char *path, char name[16])
+{
+	char line[1024], *open, *close;
+	unsigned long ut, st;
+	FILE *f = fopen(path, "re");
+
+	if (f == NULL)
+		return -1;
+	bool got = fgets(line, sizeof(line), f) != NULL;
+	fclose(f);
+	if (!got || (open = strchr(line, '(')) == NULL || (close = strrchr(line, ')')) == NULL ||
+	    sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+		return -1;
+	if (name != NULL)
+		snprintf(name, 16, "%.*s", (int)(close - open - 1), open + 1);
+	return (long)(ut + st);
 }
 
 /*

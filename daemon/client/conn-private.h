@@ -20,7 +20,6 @@ reply_err(struct conn *c, uint32_t seq, int status, const char *msg)
 	conn_reply(c, seq, status, msg, NULL, NULL, 0);
 }
 
-
 /* conn.c: who a connection is, for the log's lines about it (log.c) */
 struct logwho conn_who(struct conn *);
 

@@ -204,7 +204,6 @@ static void *
 db_sentinel(void *unused)
 {
 	struct timespec tick = { 0, 5000000 };
-
 	uint64_t rung = 0;
 	int quiet = 0;
 

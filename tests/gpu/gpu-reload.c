@@ -157,9 +157,9 @@ storm_file(int i)
  * One thread polls, not two: while the loop polls after a client's message (busy_poll_us), a
  * GPU's worker with nothing to do waits for a request for its GPU instead of spinning beside
  * the loop.  Over the second after one copy within GPU0, with the loop polling all of it, gpxd
- * takes about one core (100 ticks) where both spinning took two; and as much over a second of
- * status queries, one after another: a client's messages that are not requests for the GPU
- * wake no worker.
+ * takes about one core (100 ticks) where both spinning took two; and as much over 0.9 s of
+ * status queries right after a copy, one after another: a client's messages that are not
+ * requests for the GPU wake no worker.
  */
 static void
 test_one_spinner(void)
