@@ -446,15 +446,34 @@ int cq_reserve(struct cq *);
 void cq_unreserve(struct cq *);
 /* Posts the record of a reserved transfer and rings the doorbell (unless the client spins). */
 void cq_post(struct cq *, uint64_t tag, int status, uint64_t bytes);
+/*
+ * Records posted together, as a copy worker finishes several transfers in one pass: one hold
+ * of each queue's lock and one doorbell per queue for all of its records (a write that adds
+ * their number to the eventfd's counter), each queue's in the order added.  An entry takes over a reference on its queue, which the flush drops; the
+ * records are written at the flush (a full set flushes itself).
+ */
+#define CQ_POSTS_MAX 64
+struct cq_post {
+	struct cq *q;
+	uint64_t tag, bytes;
+	int status;
+};
+struct cq_posts {
+	int n;
+	struct cq_post e[CQ_POSTS_MAX];
+};
+void cq_posts_add(struct cq_posts *, struct cq *, uint64_t tag, int status, uint64_t bytes);
+void cq_posts_flush(struct cq_posts *);
 /* Posts an unreserved notification if room is left, else counts it as dropped. */
 void cq_notify(struct cq *, uint64_t tag, uint64_t region, uint64_t bytes);
 void cq_set_broken_hook(void (*)(struct cq *));
 /* Wakes a client thread asleep in a wait, with no record: one is due soon (cq_sleepers). */
 void cq_wake(struct cq *);
 bool cq_asleep(const struct cq *);   /* whether a thread of its client says it sleeps */
-/* Doorbells rung, skipped because the client looked at its ring, and rung early (cq_wake),
- * since start. */
-void cq_doorbell_stats(uint64_t *rung, uint64_t *skipped, uint64_t *early);
+/* Since start: records whose doorbell was rung, records posted while the client looked at its
+ * ring (none rung), doorbells rung early (cq_wake), and the eventfd writes of the records
+ * rung (records posted together share one). */
+void cq_doorbell_stats(uint64_t *rung, uint64_t *skipped, uint64_t *early, uint64_t *writes);
 void cq_signal_init(void);       /* installs the doorbell timeout's signal handler */
 
 /* ---- the work: what the engine (engine/) hands its back ends, as jobs and their chunks ---- */
@@ -539,11 +558,13 @@ struct chunk {
 struct chunk_source {
 	/* The next chunk of the path, round-robin over uids, their clients, their jobs. */
 	bool (*next)(enum path_kind, struct chunk *, bool wait, uint64_t max_bytes, uint32_t max_segs);
-	/* The same from the first small job (ENGINE_SMALL_JOB bytes or less), never waiting. */
-	bool (*next_small)(enum path_kind, struct chunk *, uint32_t max_segs);
+	/* Up to n chunks (an array), each the first of a small job (ENGINE_SMALL_JOB bytes or
+	 * less), together and never waiting: how many. */
+	int (*next_small)(enum path_kind, struct chunk *, int n, uint32_t max_segs);
 	bool (*has_work)(enum path_kind);
-	/* The chunk is copied (ok) or failed; the job's last one finishes it. */
-	void (*done)(struct chunk *, bool ok);
+	/* Chunks c[0..n) are copied (ok) or failed; a job's last one finishes it.  Together: one
+	 * lock, and one doorbell per client for the jobs they end. */
+	void (*done)(struct chunk *c, int n, bool ok);
 	uint32_t (*pair_of)(const struct job *, uint32_t seg);
 	/* Waits up to ns, or until a new job comes for the path: a worker whose chunks are due later. */
 	void (*nap)(enum path_kind, uint64_t ns);

@@ -33,7 +33,7 @@ daemon_fds_settle(int want)
 int
 main(void)
 {
-	start_gpxd();
+	start_gpxd_with("[daemon]\nmetrics = 127.0.0.1:0\n");    /* (its counters: test_doorbell_together) */
 	diag("gpxd pid %d on %s, %d descriptors at baseline", (int)H.pid, H.sock, H.baseline);
 
 	test_concurrent();
@@ -51,6 +51,7 @@ main(void)
 	test_bad_fds();
 	test_protocol();
 	test_doorbell();
+	test_doorbell_together();
 	test_backlog_doorbell();
 	test_idle_sleeps();
 	test_limits();

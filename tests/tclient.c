@@ -119,9 +119,15 @@ drain(gpx_conn *c, struct gpx_completion *out, int max, int ms)
 void
 start_gpxd(void)
 {
+	start_gpxd_with(NULL);
+}
+
+void
+start_gpxd_with(const char *extra)
+{
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
-	if (harness_start(&H, NULL) < 0)
+	if (harness_start(&H, extra) < 0)
 		tap_bail("cannot start gpxd");
 }
 

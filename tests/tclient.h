@@ -41,6 +41,7 @@ int drain(gpx_conn *c, struct gpx_completion *out, int max, int ms);
 
 /* Starts H with the tests' configuration, stdout line-buffered, SIGPIPE ignored; bails out if it cannot. */
 void start_gpxd(void);
+void start_gpxd_with(const char *extra);     /* the same, with configuration added (harness_start) */
 /* The end of a program: gpxd's log after a failure, its directory removed, the plan; the exit status. */
 int finish(void);
 

@@ -35,6 +35,35 @@ handle_region(void *arg, uint64_t id, bool *read_only)
 }
 
 /*
+ * The jobs of one pass over a submission queue go to the engine together (conn_poll_sq): the
+ * copy worker that takes them then contends for the engine's lock once per SUBMIT_BATCH, not
+ * once per request.  Few enough that the first of a burst does not wait long for the rest.
+ */
+#define SUBMIT_BATCH 8
+static struct job *batch[SUBMIT_BATCH];
+static int nbatch = -1;            /* -1: no pass open, jobs are submitted one by one */
+
+static void
+batch_flush(void)
+{
+	if (nbatch > 0)
+		engine_submit_many(batch, nbatch);
+	nbatch = 0;
+}
+
+static void
+submit(struct job *j)
+{
+	if (nbatch < 0) {
+		engine_submit(j);
+		return;
+	}
+	if (nbatch == SUBMIT_BATCH)
+		batch_flush();
+	batch[nbatch++] = j;
+}
+
+/*
  * The end of a transfer's building, now or once a task thread has checked its lists; t_recv:
  * when its message or submission came.
  */
@@ -57,7 +86,7 @@ transfer_end(struct conn *c, uint32_t seq, uint64_t tag, double t_recv, int r, s
 		j->cq = c->cq;
 		j->user = c->user;
 		j->t_recv = t_recv;
-		engine_submit(j);
+		submit(j);
 		j = next;
 	}
 }
@@ -202,6 +231,7 @@ conn_poll_sq(struct conn *c)
 		return 0;
 	}
 	c->t_last = conn_last_input = now_s();
+	nbatch = 0;
 	/* (one whose list goes to a task thread holds back those after it, as in conn_input) */
 	while (head != tail && c->state != CONN_DEAD && c->checking == NULL) {
 		struct gpx_sqe e;
@@ -223,6 +253,10 @@ conn_poll_sq(struct conn *c)
 		transfer(c, SQ_SEQ, &t, NULL, 0);
 		n++;
 	}
+	batch_flush();
+	nbatch = -1;
+	if (c->state == CONN_DEAD)
+		engine_cancel_client(c->id);   /* (it went with jobs of this pass not yet the engine's) */
 	c->sq_head = head;
 	if (c->state != CONN_DEAD)
 		__atomic_store_n(&h->sq_head, head, __ATOMIC_RELEASE);

@@ -384,9 +384,12 @@ render(struct evbuffer *b, struct snapshot *sn)
 	    "connection's next (the same records twice running).", kept);
 	single(b, "gpx_batch_pairs_taken_total", "counter", "Batches that took their pairs from those kept, "
 	    "with no lookup or hold of each region.", taken);
-	uint64_t rung, skipped, early;
-	cq_doorbell_stats(&rung, &skipped, &early);
-	single(b, "gpx_doorbells_total", "counter", "Completion records whose client's eventfd gpxd wrote.", rung);
+	uint64_t rung, skipped, early, writes;
+	cq_doorbell_stats(&rung, &skipped, &early, &writes);
+	single(b, "gpx_doorbells_total", "counter", "Completion records whose client's eventfd gpxd raised "
+	    "(by one each).", rung);
+	single(b, "gpx_doorbell_writes_total", "counter", "Eventfd writes for those records: records posted "
+	    "together (a copy worker's of one look at its GPU) share one write, of their number.", writes);
 	single(b, "gpx_doorbells_skipped_total", "counter", "Completion records posted while a thread of "
 	    "their client said it was looking at the ring, so that no eventfd write was needed.", skipped);
 	single(b, "gpx_doorbells_early_total", "counter", "Eventfd writes with no record, a little before a "

@@ -30,11 +30,12 @@
 #include "daemon/gpxd.h"
 
 static void (*cq_broken_hook)(struct cq *);
-static _Atomic uint64_t doorbells_rung, doorbells_skipped, doorbells_early;
+static _Atomic uint64_t doorbells_rung, doorbells_skipped, doorbells_early, doorbell_writes;
 
 void
-cq_doorbell_stats(uint64_t *rung, uint64_t *skipped, uint64_t *early)
+cq_doorbell_stats(uint64_t *rung, uint64_t *skipped, uint64_t *early, uint64_t *writes)
 {
+	*writes = atomic_load_explicit(&doorbell_writes, memory_order_relaxed);
 	*rung = atomic_load_explicit(&doorbells_rung, memory_order_relaxed);
 	*skipped = atomic_load_explicit(&doorbells_skipped, memory_order_relaxed);
 	*early = atomic_load_explicit(&doorbells_early, memory_order_relaxed);
@@ -281,9 +282,12 @@ db_slot(void)
 	return db_self;
 }
 
-/* Writes q's eventfd, unless a thread of the client looks at the ring: whether it wrote. */
+/*
+ * Adds n to q's eventfd counter, one for each record (n records posted together: one write),
+ * unless a thread of the client looks at the ring: whether it wrote.
+ */
 static bool
-doorbell(struct cq *q)
+doorbell(struct cq *q, uint64_t n)
 {
 	/* The record's head is published; a spinner that lowers cq_spinners after this load
 	 * looks at the ring once more and sees it (the fence pairs with the client's). */
@@ -292,8 +296,8 @@ doorbell(struct cq *q)
 		return false;
 
 	struct db_slot *me = db_slot();
-	uint64_t one = 1, t0 = mono_ns();
-	ssize_t n;
+	uint64_t t0 = mono_ns();
+	ssize_t w;
 
 	/* A client may clear O_NONBLOCK (to block in read, say): put it back, so that a full
 	 * counter fails at once; only a client racing this fcntl is left to the sentinel. */
@@ -308,11 +312,11 @@ doorbell(struct cq *q)
 		pthread_mutex_unlock(&db_park_lock);
 	}
 	do
-		n = write(q->efd, &one, sizeof(one));
-	while (n < 0 && errno == EINTR && mono_ns() - t0 < DOORBELL_TIMEOUT_NS);   /* a stale signal */
+		w = write(q->efd, &n, sizeof(n));
+	while (w < 0 && errno == EINTR && mono_ns() - t0 < DOORBELL_TIMEOUT_NS);   /* a stale signal */
 	if (me != NULL)
 		atomic_store(&me->since, 0);
-	if (n != sizeof(one)) {
+	if (w != sizeof(n)) {
 		pthread_mutex_lock(&q->lock);
 		cq_break(q, "its eventfd cannot take a doorbell (counter full, or blocking)");
 		pthread_mutex_unlock(&q->lock);
@@ -320,10 +324,15 @@ doorbell(struct cq *q)
 	return true;
 }
 
+/* The doorbell of n records posted together. */
 static void
-cq_ring_doorbell(struct cq *q)
+cq_ring_doorbell(struct cq *q, uint64_t n)
 {
-	atomic_fetch_add_explicit(doorbell(q) ? &doorbells_rung : &doorbells_skipped, 1, memory_order_relaxed);
+	if (doorbell(q, n)) {
+		atomic_fetch_add_explicit(&doorbells_rung, n, memory_order_relaxed);
+		atomic_fetch_add_explicit(&doorbell_writes, 1, memory_order_relaxed);
+	} else
+		atomic_fetch_add_explicit(&doorbells_skipped, n, memory_order_relaxed);
 }
 
 /* Whether a thread of q's client says it sleeps in a wait (cq_sleepers): a hint, read unordered. */
@@ -342,7 +351,7 @@ cq_asleep(const struct cq *q)
 void
 cq_wake(struct cq *q)
 {
-	if (cq_asleep(q) && doorbell(q))
+	if (cq_asleep(q) && doorbell(q, 1))
 		atomic_fetch_add_explicit(&doorbells_early, 1, memory_order_relaxed);
 }
 
@@ -360,18 +369,59 @@ cq_write(struct cq *q, uint64_t tag, int status, uint64_t bytes, uint32_t flags,
 	__atomic_store_n(&q->ring->head, q->head, __ATOMIC_RELEASE);
 }
 
+/*
+ * The records of posts e[0..n) that name q, in their order, under one hold of q's lock, and
+ * then one doorbell for all of them: one write that adds their number to the client's eventfd
+ * (none when the queue is broken: its client is on its way out).  Their entries are cleared (q NULL); each held a reference on q, dropped here.
+ */
+static void
+post_run(struct cq *q, struct cq_post *e, int n)
+{
+	int refs = 0, written = 0;
+
+	pthread_mutex_lock(&q->lock);
+	for (int i = 0; i < n; i++) {
+		if (e[i].q != q)
+			continue;
+		q->inflight--;
+		if (!q->broken) {
+			cq_write(q, e[i].tag, e[i].status, e[i].bytes, 0, 0);
+			written++;
+		}
+		e[i].q = NULL;
+		refs++;
+	}
+	pthread_mutex_unlock(&q->lock);
+	if (written > 0)
+		cq_ring_doorbell(q, written);
+	while (refs-- > 0)
+		cq_unref(q);
+}
+
+void
+cq_posts_add(struct cq_posts *p, struct cq *q, uint64_t tag, int status, uint64_t bytes)
+{
+	if (p->n == CQ_POSTS_MAX)
+		cq_posts_flush(p);
+	p->e[p->n++] = (struct cq_post){ .q = q, .tag = tag, .status = status, .bytes = bytes };
+}
+
+void
+cq_posts_flush(struct cq_posts *p)
+{
+	for (int i = 0; i < p->n; i++)
+		if (p->e[i].q != NULL)
+			post_run(p->e[i].q, &p->e[i], p->n - i);
+	p->n = 0;
+}
+
 void
 cq_post(struct cq *q, uint64_t tag, int status, uint64_t bytes)
 {
-	pthread_mutex_lock(&q->lock);
-	q->inflight--;
-	if (q->broken) {
-		pthread_mutex_unlock(&q->lock);
-		return;
-	}
-	cq_write(q, tag, status, bytes, 0, 0);
-	pthread_mutex_unlock(&q->lock);
-	cq_ring_doorbell(q);
+	struct cq_post one = { .q = q, .tag = tag, .status = status, .bytes = bytes };
+
+	cq_ref(q);     /* (the caller keeps its own) */
+	post_run(q, &one, 1);
 }
 
 void
@@ -388,5 +438,5 @@ cq_notify(struct cq *q, uint64_t tag, uint64_t region, uint64_t bytes)
 		__atomic_fetch_add(&q->ring->dropped, 1, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&q->lock);
 	if (posted)
-		cq_ring_doorbell(q);
+		cq_ring_doorbell(q, 1);
 }

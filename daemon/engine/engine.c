@@ -267,9 +267,9 @@ engine_init(int nthreads, uint64_t chunk)
 {
 	static const struct chunk_source source = {
 		.next = engine_next_chunk,
-		.next_small = engine_next_small_chunk,
+		.next_small = engine_next_small_chunks,
 		.has_work = engine_has_work,
-		.done = engine_chunk_done,
+		.done = engine_chunks_done,
 		.pair_of = engine_pair_of,
 		.nap = engine_nap,
 		.idle = engine_idle,
@@ -349,37 +349,56 @@ queue_unlink(struct epath *p, struct uqueue *u, struct equeue *q)
 	}
 }
 
+/*
+ * Takes jobs[0..n) under one hold of the lock: the loop hands over the requests of one pass
+ * over a submission queue together (conn_poll_sq), and the workers taking them contend with
+ * it once, not once per request.
+ */
+void
+engine_submit_many(struct job *const *jobs, int n)
+{
+	struct chunk empty[n];
+	bool kick = false;
+	int nempty = 0;
+
+	pthread_mutex_lock(&elock);
+	for (int i = 0; i < n; i++) {
+		struct job *j = jobs[i];
+		struct equeue *q = &j->cq->eq[j->path];
+		struct uqueue *u = &j->user->uq[j->path];
+		struct epath *p = &paths[j->path];
+
+		/* The loop read this request's message last (or one after it: never before
+		 * submission); the caller says when (t_recv), or the submission stands for it. */
+		j->t_recv = j->t_recv > 0 && j->t_recv <= j->t_submit ? j->t_recv : j->t_submit;
+		TAILQ_INSERT_TAIL(&live, j, ae);
+		nlive++;
+		if (j->total == 0) {
+			/* Nothing to move: completed at once through the normal path (below). */
+			empty[nempty++] = (struct chunk){ .job = j, .bytes = 0 };
+			j->handed_out = true;
+			j->chunks_out = 1;
+			continue;
+		}
+		TAILQ_INSERT_TAIL(&q->jobs, j, qe);
+		queue_link(p, u, q);
+		if (j->total <= ENGINE_SMALL_JOB)
+			atomic_fetch_add(&p->nsmall, 1);
+		if (atomic_load_explicit(&p->napping, memory_order_relaxed) > 0)
+			pthread_cond_broadcast(&p->cond);     /* a worker naps through a long copy */
+		kick |= j->path == PATH_FABRIC;        /* (j may be finished by a worker once we unlock) */
+	}
+	pthread_mutex_unlock(&elock);
+	if (nempty > 0)
+		engine_chunks_done(empty, nempty, true);
+	if (kick && fabric != NULL)
+		fabric->kick();     /* the fabric takes chunks on the loop thread, not a worker */
+}
+
 void
 engine_submit(struct job *j)
 {
-	struct equeue *q = &j->cq->eq[j->path];
-	struct uqueue *u = &j->user->uq[j->path];
-
-	/* The loop read this request's message last (or one after it: never before submission);
-	 * the caller says when (t_recv), or the submission stands for it. */
-	j->t_recv = j->t_recv > 0 && j->t_recv <= j->t_submit ? j->t_recv : j->t_submit;
-	pthread_mutex_lock(&elock);
-	TAILQ_INSERT_TAIL(&live, j, ae);
-	nlive++;
-	if (j->total == 0) {
-		/* Nothing to move: complete it at once through the normal path. */
-		struct chunk c = { .job = j, .bytes = 0 };
-		j->handed_out = true;
-		j->chunks_out = 1;
-		pthread_mutex_unlock(&elock);
-		engine_chunk_done(&c, true);
-		return;
-	}
-	enum path_kind path = j->path;     /* j may be finished by a worker once we unlock */
-	TAILQ_INSERT_TAIL(&q->jobs, j, qe);
-	queue_link(&paths[path], u, q);
-	if (j->total <= ENGINE_SMALL_JOB)
-		atomic_fetch_add(&paths[path].nsmall, 1);
-	if (atomic_load_explicit(&paths[path].napping, memory_order_relaxed) > 0)
-		pthread_cond_broadcast(&paths[path].cond);     /* a worker naps through a long copy */
-	pthread_mutex_unlock(&elock);
-	if (path == PATH_FABRIC && fabric != NULL)
-		fabric->kick();     /* the fabric takes chunks on the loop thread, not a worker */
+	engine_submit_many(&j, 1);
 }
 
 /*
@@ -462,26 +481,18 @@ cut_segs(struct job *j, struct chunk *c, uint64_t max_bytes, uint32_t max_segs)
 }
 
 /*
- * The next chunk of path pk: of the first job in round-robin order (between uids, a uid's
- * connections, a connection's jobs) of at most max_job bytes; with max_job UINT64_MAX simply
- * the first.  The queues it came from go to the back.
+ * Under the lock: the next chunk of path p, of the first job in round-robin order (between
+ * uids, a uid's connections, a connection's jobs) of at most max_job bytes; with max_job
+ * UINT64_MAX simply the first.  The queues it came from go to the back.  now: the time, for a
+ * job's first chunk (0: to be read).
  */
 static bool
-next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, uint32_t max_segs, uint64_t max_job)
+take_locked(struct epath *p, struct chunk *c, uint64_t max_bytes, uint32_t max_segs, uint64_t max_job, double *now)
 {
-	struct epath *p = &paths[pk];
 	struct uqueue *u;
 	struct equeue *q = NULL;
 	struct job *j = NULL;
 
-	pthread_mutex_lock(&elock);
-	while (TAILQ_FIRST(&p->active) == NULL) {
-		if (quit || !wait) {
-			pthread_mutex_unlock(&elock);
-			return false;
-		}
-		pthread_cond_wait(&p->cond, &elock);
-	}
 	TAILQ_FOREACH(u, &p->active, rr) {
 		TAILQ_FOREACH(q, &u->conns, rr) {
 			TAILQ_FOREACH(j, &q->jobs, qe)
@@ -493,12 +504,13 @@ next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, ui
 		if (q != NULL)
 			break;
 	}
-	if (u == NULL) {
-		pthread_mutex_unlock(&elock);
+	if (u == NULL)
 		return false;      /* no job small enough */
+	if (j->t_start == 0) {
+		if (*now == 0)
+			*now = now_s();
+		j->t_start = *now;
 	}
-	if (j->t_start == 0)
-		j->t_start = now_s();
 	c->job = j;
 	if (j->pages != NULL || j->plist != NULL)
 		cut_pages(j, c, max_bytes, max_segs);
@@ -525,23 +537,51 @@ next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, ui
 		atomic_fetch_sub(&p->nactive, 1);
 	} else
 		TAILQ_INSERT_TAIL(&p->active, u, rr);   /* and between uids */
-	if (!TAILQ_EMPTY(&p->active))
-		pthread_cond_signal(&p->cond);
-	pthread_mutex_unlock(&elock);
 	return true;
 }
 
 bool
 engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_bytes, uint32_t max_segs)
 {
-	return next_chunk(pk, c, wait, max_bytes, max_segs, UINT64_MAX);
+	struct epath *p = &paths[pk];
+	double now = 0;
+	bool got;
+
+	pthread_mutex_lock(&elock);
+	while (TAILQ_FIRST(&p->active) == NULL) {
+		if (quit || !wait) {
+			pthread_mutex_unlock(&elock);
+			return false;
+		}
+		pthread_cond_wait(&p->cond, &elock);
+	}
+	got = take_locked(p, c, max_bytes, max_segs, UINT64_MAX, &now);
+	if (!TAILQ_EMPTY(&p->active))
+		pthread_cond_signal(&p->cond);
+	pthread_mutex_unlock(&elock);
+	return got;
 }
 
-bool
-engine_next_small_chunk(enum path_kind pk, struct chunk *c, uint32_t max_segs)
+/*
+ * Up to n chunks, each the first of a small job (ENGINE_SMALL_JOB bytes or less), in
+ * round-robin order, under one hold of the lock; never waits.  Returns how many.
+ */
+int
+engine_next_small_chunks(enum path_kind pk, struct chunk *c, int n, uint32_t max_segs)
 {
-	return atomic_load_explicit(&paths[pk].nsmall, memory_order_relaxed) > 0 &&
-	    next_chunk(pk, c, false, ENGINE_SMALL_JOB, max_segs, ENGINE_SMALL_JOB);
+	struct epath *p = &paths[pk];
+	double now = 0;
+	int got = 0;
+
+	if (atomic_load_explicit(&p->nsmall, memory_order_relaxed) == 0)
+		return 0;
+	pthread_mutex_lock(&elock);
+	while (got < n && take_locked(p, &c[got], ENGINE_SMALL_JOB, max_segs, ENGINE_SMALL_JOB, &now))
+		got++;
+	if (!TAILQ_EMPTY(&p->active))
+		pthread_cond_signal(&p->cond);
+	pthread_mutex_unlock(&elock);
+	return got;
 }
 
 void
@@ -635,18 +675,19 @@ stages_add(const struct job *j, double t_done)
 }
 
 /*
- * Runs without the engine lock: posts the record, notifies the targets' owners, lets go.  A
- * job of a group posts nothing but its share; the group's last job posts the whole.
+ * Runs without the engine lock: adds the record to posts (or, for a job of a group, its share:
+ * the group's last job posts the whole), notifies the targets' owners, lets go.  t_done: when
+ * its last byte was seen done.  The records are written when the caller flushes posts; the
+ * job's reference on its queue goes with its record.
  */
 static void
-job_finish(struct job *j)
+job_finish(struct job *j, double t_done, struct cq_posts *posts)
 {
 	int status = j->failed ? GPX__STATUS__EIO : j->cancelled ? cancel_status : 0;
 	struct epath *p = &paths[j->path];
 	struct jgroup *g = j->group;
 	bool post = true;
 	uint64_t bytes = j->done;
-	double t_done = now_s();
 
 	if (status == 0)
 		stages_add(j, t_done);
@@ -683,21 +724,37 @@ job_finish(struct job *j)
 		}
 	}
 	/*
-	 * Its budgets are given back before the completion is posted, so that a client refused
-	 * as busy may retry as soon as it hears of a transfer's end (the lists go just after).
+	 * Its budgets, and its count against the uid's transfers in flight, are given back before
+	 * the completion is posted, so that a client refused as busy may retry as soon as it hears
+	 * of a transfer's end (the lists go just after).
 	 */
 	budget_release(j->cq, j->user, j->charged);
 	j->charged = 0;
-	if (post) {
-		cq_post(j->cq, j->tag, status, bytes);
-		if (status == 0)
-			stage_add(STAGE_POST, t_done, now_s());   /* the client may see it from here */
-		loop_wake();                /* its client's next request is on its way */
-		atomic_fetch_sub(&j->user->inflight, 1);
-	}
 	struct cq *q = j->cq;
-	engine_free_job(j);         /* gives back its budgets, which name q: then q may go */
-	cq_unref(q);
+	if (post) {
+		atomic_fetch_sub(&j->user->inflight, 1);
+		cq_posts_add(posts, q, j->tag, status, bytes);   /* takes over j's reference on q */
+	}
+	engine_free_job(j);         /* its budgets named q, which the reference keeps */
+	if (!post)
+		cq_unref(q);
+}
+
+/* Posts the records of jobs finished at t_done: the post stage runs until they are written. */
+static void
+posts_flush(struct cq_posts *posts, double t_done)
+{
+	int ok = 0;
+
+	if (posts->n == 0)
+		return;
+	for (int i = 0; i < posts->n; i++)
+		ok += posts->e[i].status == 0;
+	cq_posts_flush(posts);
+	const double t = now_s();
+	while (ok-- > 0)
+		stage_add(STAGE_POST, t_done, t);   /* the client may see them from here */
+	loop_wake();                /* their clients' next requests are on their way */
 }
 
 /*
@@ -726,26 +783,47 @@ engine_chunk_soon(const struct chunk *c)
 		cq_wake(j->cq);
 }
 
+/*
+ * Chunks c[0..n) are copied (ok) or failed: one hold of the lock for all of them, one clock
+ * read, and the records of the jobs they end posted together (one doorbell per client).
+ */
+void
+engine_chunks_done(struct chunk *c, int n, bool ok)
+{
+	struct job *ended[CQ_POSTS_MAX];
+	struct cq_posts posts;
+	int m = n < CQ_POSTS_MAX ? n : CQ_POSTS_MAX, nend = 0;
+
+	pthread_mutex_lock(&elock);
+	for (int i = 0; i < m; i++) {
+		struct job *j = c[i].job;
+		j->chunks_out--;
+		if (ok)
+			j->done += c[i].bytes;
+		else
+			j->failed = true;
+		if (j->handed_out && j->chunks_out == 0) {
+			TAILQ_REMOVE(&live, j, ae);
+			nlive--;
+			ended[nend++] = j;
+		}
+	}
+	pthread_mutex_unlock(&elock);
+	if (nend > 0) {
+		const double t_done = now_s();
+		posts.n = 0;
+		for (int i = 0; i < nend; i++)
+			job_finish(ended[i], t_done, &posts);
+		posts_flush(&posts, t_done);
+	}
+	if (n > m)
+		engine_chunks_done(c + m, n - m, ok);
+}
+
 void
 engine_chunk_done(struct chunk *c, bool ok)
 {
-	struct job *j = c->job;
-	bool end;
-
-	pthread_mutex_lock(&elock);
-	j->chunks_out--;
-	if (ok)
-		j->done += c->bytes;
-	else
-		j->failed = true;
-	end = j->handed_out && j->chunks_out == 0;
-	if (end) {
-		TAILQ_REMOVE(&live, j, ae);
-		nlive--;
-	}
-	pthread_mutex_unlock(&elock);
-	if (end)
-		job_finish(j);
+	engine_chunks_done(c, 1, ok);
 }
 
 /* Under the lock: stop handing out chunks of j; true if it can be finished now. */
@@ -790,8 +868,13 @@ cancel_matching(uint64_t client, bool all, uint64_t tag, bool every_client)
 			TAILQ_INSERT_TAIL(&done, j, ae);
 	}
 	pthread_mutex_unlock(&elock);
-	TAILQ_FOREACH_SAFE(j, &done, ae, t)
-		job_finish(j);
+	if (!TAILQ_EMPTY(&done)) {
+		const double t_done = now_s();
+		struct cq_posts posts = { .n = 0 };
+		TAILQ_FOREACH_SAFE(j, &done, ae, t)
+			job_finish(j, t_done, &posts);   /* (a full set flushes itself) */
+		posts_flush(&posts, t_done);
+	}
 	return n;
 }
 

@@ -24,6 +24,7 @@ void engine_on_done(void (*fn)(const struct job *, int status));
 void engine_shutdown(void);
 /* Takes ownership of the job (its segments and region users). */
 void engine_submit(struct job *);
+void engine_submit_many(struct job *const *, int n);     /* the same, under one lock */
 int engine_cancel(uint64_t client, uint64_t tag);    /* jobs cancelled */
 void engine_cancel_client(uint64_t client);
 void engine_cancel_all(int status);                  /* at shutdown: status for the records */
@@ -32,8 +33,8 @@ typedef void (*engine_visit_fn)(const struct job *, void *);
 void engine_visit(engine_visit_fn, void *);
 /* For back ends: the next chunk of the path, round-robin over uids, their clients, their jobs. */
 bool engine_next_chunk(enum path_kind, struct chunk *, bool wait, uint64_t max_bytes, uint32_t max_segs);
-/* The same from the first small job (ENGINE_SMALL_JOB bytes or less), never waiting. */
-bool engine_next_small_chunk(enum path_kind, struct chunk *, uint32_t max_segs);
+/* Up to n chunks of the first small jobs (ENGINE_SMALL_JOB bytes or less), never waiting. */
+int engine_next_small_chunks(enum path_kind, struct chunk *, int n, uint32_t max_segs);
 bool engine_has_work(enum path_kind);
 void engine_nap(enum path_kind, uint64_t ns);
 bool engine_idle(enum path_kind, uint64_t ns);
@@ -43,6 +44,7 @@ uint32_t engine_pair_of(const struct job *, uint32_t seg);
 int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */
 enum path_kind engine_path_for(const struct region *src, const struct region *dst);
 void engine_chunk_done(struct chunk *, bool ok);
+void engine_chunks_done(struct chunk *, int n, bool ok);  /* c[0..n), together */
 void engine_chunk_soon(const struct chunk *);
 void engine_free_job(struct job *);
 void engine_path_stats(enum path_kind, uint64_t *xfers, uint64_t *bytes, uint64_t *errors);

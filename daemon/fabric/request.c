@@ -84,7 +84,7 @@ fop_free(struct fop *f, bool ok)
 	stage_put(f->stage);
 	nfops--;
 	nfbytes -= f->c.bytes;
-	fabric_chunks->done(&f->c, ok);
+	fabric_chunks->done(&f->c, 1, ok);
 	free(f);
 }
 
@@ -231,7 +231,7 @@ start_chunk(struct chunk *c)
 	if (p == NULL || (f = calloc(1, sizeof(*f))) == NULL) {
 		log_debug("fabric", "client %llu tag %llu: peer %s unreachable", (unsigned long long)j->client,
 		    (unsigned long long)j->tag, rm ? rm->node : "?");
-		fabric_chunks->done(c, false);
+		fabric_chunks->done(c, 1, false);
 		return;
 	}
 	nfops++;
@@ -471,7 +471,7 @@ request_shutdown(void)
 	/* Chunks still queued on the path fail now, so their transfers end. */
 	struct chunk c;
 	while (fabric_chunks->next(PATH_FABRIC, &c, false, UINT64_MAX, UINT32_MAX))
-		fabric_chunks->done(&c, false);
+		fabric_chunks->done(&c, 1, false);
 	if (kick_ev != NULL)
 		event_free(kick_ev);
 	kick_ev = NULL;

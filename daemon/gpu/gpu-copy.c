@@ -493,8 +493,7 @@ static void
 issue_failed(struct gdev *g, int s, struct chunk *c, int n)
 {
 	cuda_stream_sync(g->stream[s]);
-	for (int i = 0; i < n; i++)
-		chunks->done(&c[i], false);
+	chunks->done(c, n, false);
 }
 
 /* Chunk c onto a stream; ce: on copy engines only (a lone small copy between GPUs). */
@@ -604,8 +603,8 @@ few_segs(struct gdev *g, const struct chunk *c, struct gpu_kseg *k, uint32_t *nk
  * one launch of the copy kernel on the quick stream, one completion word for all of them,
  * which the launch writes itself.  Copies of 4 KiB, 64 in flight, spent ~6 us each in their
  * own launch and completion word (the stage clocks' launch stage), which bounded the rate a
- * GPU's worker sustains.  A chunk taken here that does not fit is issued on its own.  Returns
- * the chunks issued.
+ * GPU's worker sustains.  They are taken from the engine together (one hold of its lock), and
+ * a chunk taken that does not fit is issued on its own.  Returns the chunks issued.
  */
 static int
 issue_quick(struct gdev *g, struct chunk *c, enum path_kind path, int room)
@@ -624,16 +623,15 @@ issue_quick(struct gdev *g, struct chunk *c, enum path_kind path, int room)
 	    !chunks->has_work(path) || !few_segs(g, c, k, &nk))
 		return issue(g, c) == 0;
 	batch[n++] = *c;
-	while (n < room && chunks->has_work(path)) {
-		struct chunk c2;
-		if (!chunks->next_small(path, &c2, KSEG_MAX))
-			break;
-		if (few_segs(g, &c2, k, &nk)) {
-			batch[n++] = c2;
-			continue;
-		}
-		extra = issue(g, &c2) == 0;     /* not for the batch: on its own */
-		break;
+	/* The rest under one hold of the engine's lock; no more than could each add a segment. */
+	struct chunk more[PEND_MAX];
+	const int want = room - 1 < (int)(GPU_KFEW_MAX - nk) ? room - 1 : (int)(GPU_KFEW_MAX - nk);
+	const int got = chunks->next_small(path, more, want, KSEG_MAX);
+	for (int i = 0; i < got; i++) {
+		if (few_segs(g, &more[i], k, &nk))
+			batch[n++] = more[i];
+		else
+			extra += issue(g, &more[i]) == 0;     /* not for the batch: on its own */
 	}
 	uint64_t bytes = 0;
 	for (uint32_t i = 0; i < nk; i++)
@@ -696,6 +694,7 @@ reap(struct gdev *g)
 	const uint64_t now = mono_ns();
 	const bool watching = !g->napped && now - g->last_look < 20000;
 	const bool late = g->napped && g->nap_full;
+	struct chunk ended[NSTREAMS * PEND_MAX];
 	int n = 0;
 
 	for (int s = 0; s < NSTREAMS; s++) {
@@ -710,12 +709,13 @@ reap(struct gdev *g)
 				g->slot_busy[p->slot] = false;
 			g->phead[s] = (g->phead[s] + 1) % PEND_MAX;
 			g->npend[s]--;
-			chunks->done(&p->c, true);
-			n++;
+			ended[n++] = p->c;
 		}
 	}
 	g->last_look = now;
 	g->napped = false;
+	if (n > 0)
+		chunks->done(ended, n, true);   /* together: one lock, one doorbell per client */
 	return n;
 }
 
@@ -818,7 +818,7 @@ gpu_worker(void *arg)
 			/* Block only when idle for a while: the spin keeps small-copy latency low. */
 			bool wait = pending == 0 && !chunks->has_work(path);
 			if (!(bulk_room ? chunks->next(path, &c, wait, BULK_CHUNK, KSEG_MAX) :
-			    chunks->next_small(path, &c, KSEG_MAX)))
+			    chunks->next_small(path, &c, 1, KSEG_MAX) == 1))
 				break;
 			if (c.bytes <= QUICK_MAX)
 				issue_quick(g, &c, path, PEND_MAX - pending);
