@@ -648,8 +648,37 @@ engine_stage_stats(enum engine_stage s, uint64_t *count, double *seconds, uint64
 		buckets[b] = atomic_load(&stages[s].buckets[b]);
 }
 
+/*
+ * What finishing a batch of jobs (those one look of a worker found done) gives back at once:
+ * their budgets, summed per connection and uid; their records (cq_posts); their stage clocks,
+ * summed here and added to the shared ones once.  Flushed in that order: a client hears of a
+ * transfer's end after its budgets are back.
+ */
+struct finish {
+	double t_done;              /* when their last bytes were seen done */
+	struct cq_posts posts;
+	int nrel;
+	struct {
+		struct cq *q;           /* (the posts hold it) */
+		struct user *u;
+		uint64_t bytes;
+	} rel[CQ_POSTS_MAX];
+	struct {
+		uint64_t count, ns, buckets[STAGE_BUCKETS + 1];
+	} st[NSTAGES];
+};
+
 static void
-stage_add(enum engine_stage s, double from, double to)
+finish_init(struct finish *f, double t_done)
+{
+	f->t_done = t_done;
+	f->posts.n = 0;
+	f->nrel = 0;
+	memset(f->st, 0, sizeof(f->st));
+}
+
+static void
+stage_add(struct finish *f, enum engine_stage s, double from, double to)
 {
 	double dt = to - from;
 	int b = 0;
@@ -658,30 +687,60 @@ stage_add(enum engine_stage s, double from, double to)
 		return;          /* a stage this job did not pass through */
 	while (b < STAGE_BUCKETS && dt > engine_stage_bounds[b])
 		b++;
-	atomic_fetch_add_explicit(&stages[s].count, 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&stages[s].ns, (uint64_t)(dt * 1e9), memory_order_relaxed);
-	atomic_fetch_add_explicit(&stages[s].buckets[b], 1, memory_order_relaxed);
+	f->st[s].count++;
+	f->st[s].ns += (uint64_t)(dt * 1e9);
+	f->st[s].buckets[b]++;
 }
 
 /* A finished job's stages up to the end of its last byte (t_done); the post is added after. */
 static void
-stages_add(const struct job *j, double t_done)
+stages_add(struct finish *f, const struct job *j)
 {
-	stage_add(STAGE_CHECK, j->t_recv, j->t_submit);
-	stage_add(STAGE_QUEUE, j->t_submit, j->t_start);
-	stage_add(STAGE_LAUNCH, j->t_start, j->t_launched);
-	stage_add(STAGE_GPU_WAIT, j->t_launched, j->t_gpu_start);
-	stage_add(STAGE_COPY, j->t_gpu_start ? j->t_gpu_start : j->t_launched ? j->t_launched : j->t_start, t_done);
+	stage_add(f, STAGE_CHECK, j->t_recv, j->t_submit);
+	stage_add(f, STAGE_QUEUE, j->t_submit, j->t_start);
+	stage_add(f, STAGE_LAUNCH, j->t_start, j->t_launched);
+	stage_add(f, STAGE_GPU_WAIT, j->t_launched, j->t_gpu_start);
+	stage_add(f, STAGE_COPY, j->t_gpu_start ? j->t_gpu_start : j->t_launched ? j->t_launched : j->t_start,
+	    f->t_done);
+}
+
+/* Gives back what the batch holds (budgets, then records), adds its stage sums; empties it. */
+static void
+finish_flush(struct finish *f)
+{
+	int ok = 0;
+
+	for (int i = 0; i < f->nrel; i++)
+		budget_release(f->rel[i].q, f->rel[i].u, f->rel[i].bytes);
+	if (f->posts.n > 0) {
+		for (int i = 0; i < f->posts.n; i++)
+			ok += f->posts.e[i].status == 0;
+		cq_posts_flush(&f->posts);
+		const double t = now_s();
+		while (ok-- > 0)
+			stage_add(f, STAGE_POST, f->t_done, t);   /* the clients may see them from here */
+		loop_wake();                /* their clients' next requests are on their way */
+	}
+	for (int s = 0; s < NSTAGES; s++) {
+		if (f->st[s].count == 0)
+			continue;
+		atomic_fetch_add_explicit(&stages[s].count, f->st[s].count, memory_order_relaxed);
+		atomic_fetch_add_explicit(&stages[s].ns, f->st[s].ns, memory_order_relaxed);
+		for (int b = 0; b <= STAGE_BUCKETS; b++)
+			if (f->st[s].buckets[b] != 0)
+				atomic_fetch_add_explicit(&stages[s].buckets[b], f->st[s].buckets[b], memory_order_relaxed);
+	}
+	finish_init(f, f->t_done);
 }
 
 /*
- * Runs without the engine lock: adds the record to posts (or, for a job of a group, its share:
- * the group's last job posts the whole), notifies the targets' owners, lets go.  t_done: when
- * its last byte was seen done.  The records are written when the caller flushes posts; the
- * job's reference on its queue goes with its record.
+ * Runs without the engine lock: adds the job's record, its budgets and its stages to the batch
+ * f (or, for a job of a group, its share: the group's last job posts the whole), notifies the
+ * targets' owners, lets go.  The job's reference on its queue goes with its record; what f
+ * holds is given back when the caller flushes it (finish_flush).
  */
 static void
-job_finish(struct job *j, double t_done, struct cq_posts *posts)
+job_finish(struct job *j, struct finish *f)
 {
 	int status = j->failed ? GPX__STATUS__EIO : j->cancelled ? cancel_status : 0;
 	struct epath *p = &paths[j->path];
@@ -689,10 +748,12 @@ job_finish(struct job *j, double t_done, struct cq_posts *posts)
 	bool post = true;
 	uint64_t bytes = j->done;
 
+	if (f->posts.n == CQ_POSTS_MAX)
+		finish_flush(f);
 	if (status == 0)
-		stages_add(j, t_done);
+		stages_add(f, j);
 	if (log_level_debug()) {
-		double t = t_done;
+		double t = f->t_done;
 		log_debug("engine", "client %llu tag %llu: %u segments, %llu bytes on %s, status %d; "
 		    "checked %.1f us, queued %.1f us, ran %.1f us", (unsigned long long)j->client,
 		    (unsigned long long)j->tag, j->nseg, (unsigned long long)j->done, path_names[j->path],
@@ -728,33 +789,24 @@ job_finish(struct job *j, double t_done, struct cq_posts *posts)
 	 * the completion is posted, so that a client refused as busy may retry as soon as it hears
 	 * of a transfer's end (the lists go just after).
 	 */
-	budget_release(j->cq, j->user, j->charged);
-	j->charged = 0;
 	struct cq *q = j->cq;
 	if (post) {
+		/* (the posts keep q until the budgets are back) */
+		if (f->nrel > 0 && f->rel[f->nrel - 1].q == q && f->rel[f->nrel - 1].u == j->user)
+			f->rel[f->nrel - 1].bytes += j->charged;
+		else if (j->charged > 0) {
+			f->rel[f->nrel].q = q;
+			f->rel[f->nrel].u = j->user;
+			f->rel[f->nrel++].bytes = j->charged;
+		}
 		atomic_fetch_sub(&j->user->inflight, 1);
-		cq_posts_add(posts, q, j->tag, status, bytes);   /* takes over j's reference on q */
-	}
-	engine_free_job(j);         /* its budgets named q, which the reference keeps */
+		cq_posts_add(&f->posts, q, j->tag, status, bytes);   /* takes over j's reference on q */
+	} else
+		budget_release(q, j->user, j->charged);
+	j->charged = 0;
+	engine_free_job(j);         /* its budgets named q, which a reference keeps */
 	if (!post)
 		cq_unref(q);
-}
-
-/* Posts the records of jobs finished at t_done: the post stage runs until they are written. */
-static void
-posts_flush(struct cq_posts *posts, double t_done)
-{
-	int ok = 0;
-
-	if (posts->n == 0)
-		return;
-	for (int i = 0; i < posts->n; i++)
-		ok += posts->e[i].status == 0;
-	cq_posts_flush(posts);
-	const double t = now_s();
-	while (ok-- > 0)
-		stage_add(STAGE_POST, t_done, t);   /* the client may see them from here */
-	loop_wake();                /* their clients' next requests are on their way */
 }
 
 /*
@@ -791,7 +843,7 @@ void
 engine_chunks_done(struct chunk *c, int n, bool ok)
 {
 	struct job *ended[CQ_POSTS_MAX];
-	struct cq_posts posts;
+	struct finish f;
 	int m = n < CQ_POSTS_MAX ? n : CQ_POSTS_MAX, nend = 0;
 
 	pthread_mutex_lock(&elock);
@@ -810,11 +862,10 @@ engine_chunks_done(struct chunk *c, int n, bool ok)
 	}
 	pthread_mutex_unlock(&elock);
 	if (nend > 0) {
-		const double t_done = now_s();
-		posts.n = 0;
+		finish_init(&f, now_s());
 		for (int i = 0; i < nend; i++)
-			job_finish(ended[i], t_done, &posts);
-		posts_flush(&posts, t_done);
+			job_finish(ended[i], &f);
+		finish_flush(&f);
 	}
 	if (n > m)
 		engine_chunks_done(c + m, n - m, ok);
@@ -869,11 +920,11 @@ cancel_matching(uint64_t client, bool all, uint64_t tag, bool every_client)
 	}
 	pthread_mutex_unlock(&elock);
 	if (!TAILQ_EMPTY(&done)) {
-		const double t_done = now_s();
-		struct cq_posts posts = { .n = 0 };
+		struct finish f;
+		finish_init(&f, now_s());
 		TAILQ_FOREACH_SAFE(j, &done, ae, t)
-			job_finish(j, t_done, &posts);   /* (a full set flushes itself) */
-		posts_flush(&posts, t_done);
+			job_finish(j, &f);
+		finish_flush(&f);
 	}
 	return n;
 }
