@@ -586,6 +586,7 @@ bool export_node_name_ok(const char *name);
 
 /* ---- gpxd.c: the daemon's clock, when it started, the socket it serves (set by levent.c) ---- */
 double now_s(void);                 /* CLOCK_MONOTONIC, in seconds */
+uint64_t now_ns(void);               /* CLOCK_MONOTONIC, in nanoseconds */
 /* Names the calling thread "gpxd-" and the rest (top -H, /proc/PID/task/TID/comm): at its start. */
 void thread_name(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 extern double gpxd_start_time;

@@ -186,15 +186,6 @@ static pthread_cond_t db_park_cond = PTHREAD_COND_INITIALIZER;
 static __thread struct db_slot *db_self;
 static pthread_once_t db_once = PTHREAD_ONCE_INIT;
 
-static uint64_t
-mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ULL + ts.tv_nsec;
-}
-
 static void
 db_alarm(int sig)
 {
@@ -212,7 +203,7 @@ db_sentinel(void *unused)
 	thread_name("doorbell");
 	for (;;) {
 		nanosleep(&tick, NULL);
-		uint64_t now = mono_ns();
+		uint64_t now = now_ns();
 		int n = atomic_load(&db_nslots);
 		bool busy = false;
 		for (int i = 0; i < n; i++) {
@@ -296,7 +287,7 @@ doorbell(struct cq *q, uint64_t n)
 		return false;
 
 	struct db_slot *me = db_slot();
-	uint64_t t0 = mono_ns();
+	uint64_t t0 = now_ns();
 	ssize_t w;
 
 	/* A client may clear O_NONBLOCK (to block in read, say): put it back, so that a full
@@ -313,7 +304,7 @@ doorbell(struct cq *q, uint64_t n)
 	}
 	do
 		w = write(q->efd, &n, sizeof(n));
-	while (w < 0 && errno == EINTR && mono_ns() - t0 < DOORBELL_TIMEOUT_NS);   /* a stale signal */
+	while (w < 0 && errno == EINTR && now_ns() - t0 < DOORBELL_TIMEOUT_NS);   /* a stale signal */
 	if (me != NULL)
 		atomic_store(&me->since, 0);
 	if (w != sizeof(n)) {

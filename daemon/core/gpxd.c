@@ -83,6 +83,15 @@ now_s(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+uint64_t
+now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 /*
  * The loop's longest turn: the most time one of its callbacks took (a connection's messages,
  * a pass over the submission queues, the ends of finished tasks, a timer, a signal), since

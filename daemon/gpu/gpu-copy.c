@@ -449,8 +449,6 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, bool *sign
 	return r;
 }
 
-static uint64_t mono_ns(void);
-
 /* A chunk's kind of copy: host or GPU at either end, between GPUs, a page list. */
 static uint8_t
 chunk_class(const struct chunk *c)
@@ -528,7 +526,7 @@ issue_on(struct gdev *g, struct chunk *c, bool ce)
 		issue_failed(g, s, c, 1);
 		return r;
 	}
-	const uint64_t now = mono_ns();
+	const uint64_t now = now_ns();
 	const uint8_t cls = chunk_class(c);
 	const uint64_t base = g->npend[s] == 0 ? now : g->tail_due[s];
 	uint64_t due = 0;
@@ -642,7 +640,7 @@ issue_quick(struct gdev *g, struct chunk *c, enum path_kind path, int room)
 		issue_failed(g, s, batch, n);
 		return extra;
 	}
-	const uint64_t seq = ++g->issued[s], now = mono_ns();
+	const uint64_t seq = ++g->issued[s], now = now_ns();
 	if (n > 1)
 		atomic_fetch_add_explicit(&batched, (uint64_t)n, memory_order_relaxed);
 	for (int i = 0; i < n; i++)
@@ -691,7 +689,7 @@ learn(struct gdev *g, const struct pend *p, uint64_t now, bool watching, bool la
 static int
 reap(struct gdev *g)
 {
-	const uint64_t now = mono_ns();
+	const uint64_t now = now_ns();
 	const bool watching = !g->napped && now - g->last_look < 20000;
 	const bool late = g->napped && g->nap_full;
 	struct chunk ended[NSTREAMS * PEND_MAX];
@@ -759,21 +757,12 @@ next_due(const struct gdev *g)
 	return due == UINT64_MAX ? 0 : due;
 }
 
-static uint64_t
-mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
-}
-
 static void *
 gpu_worker(void *arg)
 {
 	struct gdev *g = arg;
 	enum path_kind path = PATH_GPU0 + g->index;
-	uint64_t idle_since = mono_ns(), stuck_since = 0, looking_until = 0;
+	uint64_t idle_since = now_ns(), stuck_since = 0, looking_until = 0;
 
 	cuda_use(g->index);
 	thread_name("gpu%d", g->index);
@@ -804,7 +793,7 @@ gpu_worker(void *arg)
 		 * make it pay a wake-up.
 		 */
 		if (progress)
-			idle_since = mono_ns();
+			idle_since = now_ns();
 
 		/*
 		 * With the bulk stream full, small copies (of anyone) still go onto the quick
@@ -814,7 +803,7 @@ gpu_worker(void *arg)
 		bool bulk_room;
 		while (pending < PEND_MAX && ((bulk_room = g->npend[S_BULK] + g->npend[S_BULK2] < PEND_MAX / 2) ||
 		    g->npend[S_QUICK] < QUICK_SHARE) &&
-		    (chunks->has_work(path) || (pending == 0 && mono_ns() - idle_since > spin_ns))) {
+		    (chunks->has_work(path) || (pending == 0 && now_ns() - idle_since > spin_ns))) {
 			/* Block only when idle for a while: the spin keeps small-copy latency low. */
 			bool wait = pending == 0 && !chunks->has_work(path);
 			if (!(bulk_room ? chunks->next(path, &c, wait, BULK_CHUNK, KSEG_MAX) :
@@ -826,21 +815,21 @@ gpu_worker(void *arg)
 				issue(g, &c);
 			pending = g->npend[S_BULK] + g->npend[S_BULK2] + g->npend[S_QUICK];
 			progress++;
-			idle_since = mono_ns();
+			idle_since = now_ns();
 		}
 		if (progress) {
 			stuck_since = 0;
 			continue;
 		}
 		if (pending == 0) {
-			const uint64_t now = mono_ns(), idle = now - idle_since;
+			const uint64_t now = now_ns(), idle = now - idle_since;
 			if (idle < LIGHT_SPIN_NS || now < looking_until) {
 				if (idle_hook != NULL)
 					idle_hook();   /* idle: lend this core (xfer_help: a long page list's check) */
 				sched_yield();
 			} else if (idle < spin_ns && chunks->idle(path, spin_ns - idle)) {
 				/* a request for this GPU is being checked: its job follows */
-				idle_since = mono_ns();
+				idle_since = now_ns();
 				looking_until = idle_since + PREWAKE_LOOK_NS;
 			}
 			continue;
@@ -852,7 +841,7 @@ gpu_worker(void *arg)
 		 * ~100 ns), and only after a few milliseconds without progress fall back to short
 		 * sleeps.
 		 */
-		uint64_t now = mono_ns(), due = next_due(g);
+		uint64_t now = now_ns(), due = next_due(g);
 		const uint64_t wake = wake_calls(g, now);
 		if (due > now + NAP_MIN_NS + NAP_MARGIN_NS + g->late_ns + (due - now) / 16 && wake > now + NAP_MIN_NS) {
 			/* It ends early by a constant, by how late naps end, and by a 16th of the wait
@@ -863,7 +852,7 @@ gpu_worker(void *arg)
 				want = wake - now;
 			chunks->nap(path, want);
 			atomic_fetch_add_explicit(&naps, 1, memory_order_relaxed);
-			const uint64_t woke = mono_ns();
+			const uint64_t woke = now_ns();
 			g->napped = true;
 			g->nap_full = woke >= now + want;
 			if (g->nap_full)
