@@ -449,8 +449,9 @@ void cq_post(struct cq *, uint64_t tag, int status, uint64_t bytes);
 /*
  * Records posted together, as a copy worker finishes several transfers in one pass: one hold
  * of each queue's lock and one doorbell per queue for all of its records (a write that adds
- * their number to the eventfd's counter), each queue's in the order added.  An entry takes over a reference on its queue, which the flush drops; the
- * records are written at the flush (a full set flushes itself).
+ * their number to the eventfd's counter), each queue's in the order added.  An entry takes over
+ * a reference on its queue, which the flush drops; the records are written at the flush (a
+ * full set flushes itself).
  */
 #define CQ_POSTS_MAX 64
 struct cq_post {

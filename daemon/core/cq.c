@@ -363,7 +363,8 @@ cq_write(struct cq *q, uint64_t tag, int status, uint64_t bytes, uint32_t flags,
 /*
  * The records of posts e[0..n) that name q, in their order, under one hold of q's lock, and
  * then one doorbell for all of them: one write that adds their number to the client's eventfd
- * (none when the queue is broken: its client is on its way out).  Their entries are cleared (q NULL); each held a reference on q, dropped here.
+ * (none when the queue is broken: its client is on its way out).  Their entries are cleared
+ * (q NULL); each held a reference on q, dropped here.
  */
 static void
 post_run(struct cq *q, struct cq_post *e, int n)
