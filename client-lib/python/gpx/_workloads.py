@@ -342,7 +342,46 @@ def _kv_prefill(sock, devs, nblocks, layers, prefix, alloc, conn_q, done_q):
         done_q.get()
 
 
-def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, metrics, conn_q, done_q, out_q):
+def _kv_other(dev, layers, nh, conn):
+    """A second process with the program's fused kernel over tensors of its own (the same
+    shapes, nh blocks each), in its own CUDA context: what any copier outside the program pays
+    on the same GPU, gpxd or not.  Serves the decode process over conn: ("blocks", n) takes
+    n random blocks and checks one launch byte for byte; "go" launches and synchronizes."""
+    torch, _ = _gpu_child("default", dev)
+    d = f"cuda:{dev}"
+    src = [torch.empty((nh,) + BLOCK_SHAPE, dtype=torch.bfloat16, device=d) for _ in range(2 * layers)]
+    for t in src:
+        t.view(torch.int16).random_(-32768, 32767)
+    dst = [torch.zeros_like(t) for t in src]
+    fused = _FusedCopy(torch, _Driver(), dev, src, dst, BLOCK_BYTES)
+    stream = torch.cuda.current_stream(dev)
+    g = torch.Generator().manual_seed(2)
+    conn.send("ready")
+    while True:
+        cmd = conn.recv()
+        if cmd == "go":
+            fused.launch(stream)
+            stream.synchronize()
+            conn.send(None)
+        elif cmd[0] == "blocks":
+            n = cmd[1]
+            sp = torch.randperm(nh, generator=g)[:n].to(torch.int32)
+            dp = torch.randperm(nh, generator=g)[:n].to(torch.int32)
+            fused.blocks(sp, dp)
+            for t in dst:
+                t.zero_()
+            fused.launch(stream)
+            stream.synchronize()
+            si, di = sp.long().to(d), dp.long().to(d)
+            bad = sum(not torch.equal(b.index_select(0, di).view(torch.uint8), a.index_select(0, si).view(torch.uint8))
+                      for a, b in zip(src, dst))
+            conn.send(f"{bad} of {len(src)} tensors not what their source holds" if bad else None)
+        else:
+            return
+
+
+def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, metrics, conn_q, done_q, out_q,
+               other=None, other_n=0):
     torch, where = _gpu_child(alloc, devs[1])
     from gpx import bench
     dev = f"cuda:{devs[1]}"
@@ -367,6 +406,8 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, me
     cpu = bench.CpuMeter(gpxd) if gpxd else None
     mps = _under_mps()
     results = []
+    if other is not None and (fused is None or not other.poll(300) or other.recv() != "ready"):
+        other = None
     with gpx.connect(sock, name="bench-kv-decode") as c:
         theirs = [c.import_(f"{prefix}.{i}") for i in range(2 * layers)]
         mine = [c.register(t) for t in dst]
@@ -430,6 +471,7 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, me
             # Each request after ~1 ms of the program's own GPU work (finished first: gpxd's
             # copies are not ordered with the program's streams), fused and gpx in turn.
             after = {"fused": [], "gpx": []}
+            before = bench.scrape(metrics)
             for _ in range(runs):
                 for name, way in (("fused", fused_way), ("gpx", gpx_way)):
                     if name == "fused" and fused is None:
@@ -440,6 +482,26 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, me
                     way()
                     after[name].append(time.perf_counter() - t0)
             r["after"] = {k: statistics.median(v) for k, v in after.items() if v}
+            r["stages_after"] = bench.stage_lines(before, bench.scrape(metrics), r["after"]["gpx"])
+            if other is not None and n <= other_n:
+                # A second process's own fused kernel, back to back and after the same work.
+                other.send(("blocks", n))
+                bad = other.recv()
+                if bad:
+                    raise SystemExit(f"gpx.bench kv: the second process's fused kernel: {bad}")
+
+                def other_way():
+                    other.send("go")
+                    other.recv()
+                r["other"] = _median_time(other_way, runs)
+                ot = []
+                for _ in range(runs):
+                    queue()
+                    torch.cuda.synchronize(dev)
+                    t0 = time.perf_counter()
+                    other_way()
+                    ot.append(time.perf_counter() - t0)
+                r["other_after"] = statistics.median(ot)
             # While the program's matmuls run: the fused kernel on a second stream, or gpx.
             if n == load_n and devs[0] == devs[1]:
                 cs = torch.cuda.Stream(dev)
@@ -466,6 +528,8 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, me
             r["flat"] = _median_time(flat_way, runs) * nbytes / flat
             del fa, fb
             results.append(r)
+    if other is not None:
+        other.send(("end",))
     done_q.put(True)
     out_q.put((results, fused is not None, reps))
 
@@ -482,9 +546,15 @@ def _kv_gpu(sock, torch, devs, layers, runs, alloc, gpxd=None, metrics=None):
     tctx = tmp.get_context("spawn")
     conn_q, done_q, out_q = tctx.Queue(), ctx.Queue(), ctx.Queue()
     prefix = f"bench.kv.{os.getpid()}"
+    # Within one GPU, a third process with the fused kernel over tensors of its own: what a
+    # copier in a context other than the program's pays, for the sizes up to 1,024 blocks.
+    other_n = max([n for n in sizes if n <= 1024], default=0) if devs[0] == devs[1] and os.path.exists(FATBIN) else 0
+    mine, theirs = ctx.Pipe() if other_n else (None, None)
     procs = [tctx.Process(target=_kv_prefill, args=(sock, devs, nblocks, layers, prefix, alloc, conn_q, done_q)),
              tctx.Process(target=_kv_decode, args=(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd,
-                                                   metrics, conn_q, done_q, out_q))]
+                                                   metrics, conn_q, done_q, out_q, mine, other_n))]
+    if other_n:
+        procs.append(ctx.Process(target=_kv_other, args=(devs[0], layers, other_n, theirs)))
     for p in procs:
         p.start()
     results, have_fused, reps = _result(out_q, procs)
@@ -521,6 +591,15 @@ def _kv_print(results, have_fused, reps, devs, layers, nblocks, alloc, runs):
                   f"{_gbps(nb, a['gpx']):7.1f} GB/s, {ra:.2f}x   {_verdict('kv.after_work', ra)}")
         else:
             print(f"        each after {reps} matmuls (~1 ms): gpx {_gbps(nb, a['gpx']):7.1f} GB/s")
+        if r.get("stages_after"):
+            print("        gpxd per transfer after the matmuls: " + "; ".join(r["stages_after"]))
+        if "other" in r:
+            ob, oa = r["other"], r["other_after"]
+            print(f"        a second process's own fused kernel (its own CUDA context and {2 * layers} tensors; a pipe "
+                  f"round trip per launch): back to back {_gbps(nb, ob):7.1f} GB/s, after the matmuls "
+                  f"{_gbps(nb, oa):7.1f} GB/s ({ob / oa:.2f}x of its back to back"
+                  + (f", {a['fused'] / oa:.2f}x of the program's fused kernel after them" if "fused" in a else "")
+                  + f"; gpx after them {r['gpx'] / a['gpx']:.2f}x of its back to back)")
         if "step_gpx" in r:
             tid = "kv.concurrent_mps" if mps else "kv.concurrent"
             line = f"        while matmuls run{' (MPS)' if mps else ''}: matmul step alone {r['step_alone'] * 1e6:.1f} us; "
