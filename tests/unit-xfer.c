@@ -337,3 +337,58 @@ test_engine_chunks(void)
 	free(len);
 	free(g);
 }
+
+/*
+ * A small job queued behind larger ones of the same path: engine_next_small_chunks takes it
+ * first, ahead of the round robin (a GPU worker asks for small work first, so that a 4 KiB
+ * copy is not issued after every other client's chunk), and takes nothing when no small job
+ * waits; the round robin then gives the others in their order.
+ */
+void
+test_engine_small_first(void)
+{
+	static const uint64_t lens[] = { 4 << 20, 4 << 20, 4096, 4 << 20 };
+	const enum path_kind path = PATH_GPU0 + 7;      /* a path no worker serves */
+	struct fake_conn f;
+	struct job *j[4];
+	struct chunk c;
+	char err[128];
+	int n = 0;
+	struct cq *q = cq_new(64, eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), 9, err, sizeof(err));
+
+	engine_init(0, 2 << 20);
+	fake_conn_init(&f, 1ull << 30, 1ull << 30, 1 << 20);
+	for (int i = 0; i < 4; i++) {
+		const struct gpx_wire_seg g = { 0, 0, lens[i] };
+		if (fake_build(&f, &g, 1, &j[i]) < 0 || cq_reserve(q) < 0)
+			break;
+		j[i]->path = path;
+		j[i]->cq = q;
+		j[i]->user = user_get(getuid());
+		cq_ref(q);
+		atomic_fetch_add(&j[i]->user->inflight, 1);
+		engine_submit(j[i]);
+		n++;
+	}
+	int got = engine_next_small_chunks(path, &c, 1, UINT32_MAX);
+	ok(n == 4 && got == 1 && c.job == j[2] && c.bytes == 4096 && c.last,
+	    "a 4 KiB job queued third, behind two of 4 MiB, is taken first as small work");
+	if (got == 1)
+		engine_chunk_done(&c, true);
+	ok(engine_next_small_chunks(path, &c, 1, UINT32_MAX) == 0, "with no small job left, none is taken");
+	bool order = true;
+	for (int i = 0; i < 4; i++) {
+		if (i == 2)
+			continue;
+		bool took = engine_next_chunk(path, &c, false, 1ull << 30, UINT32_MAX);
+		order &= took && c.job == j[i] && c.last;
+		if (took)
+			engine_chunk_done(&c, true);
+	}
+	ok(order && !engine_next_chunk(path, &c, false, 1ull << 30, UINT32_MAX) && engine_inflight() == 0,
+	    "the round robin then gives the 4 MiB jobs in their order, each whole, and all finish");
+	__atomic_store_n(&q->ring->tail, q->ring->head, __ATOMIC_RELEASE);   /* records read */
+	engine_shutdown();
+	fake_conn_free(&f);
+	cq_unref(q);
+}

@@ -36,6 +36,7 @@ main(void)
 	test_host_copy();
 	test_xfer_check();
 	test_engine_chunks();
+	test_engine_small_first();
 
 	char cmd[128];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);

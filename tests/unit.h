@@ -21,5 +21,6 @@ void test_host_copy(void);
 /* tests/unit-xfer.c */
 void test_xfer_check(void);
 void test_engine_chunks(void);
+void test_engine_small_first(void);
 
 #endif
