@@ -340,9 +340,9 @@ test_engine_chunks(void)
 
 /*
  * A small job queued behind larger ones of the same path: engine_next_small_chunks takes it
- * first, ahead of the round robin (a GPU worker asks for small work first, so that a 4 KiB
- * copy is not issued after every other client's chunk), and takes nothing when no small job
- * waits; the round robin then gives the others in their order.
+ * first, ahead of the round robin (a GPU worker whose bulk streams are full asks for small
+ * work only, and gathers small copies into one launch so), and takes nothing when no small
+ * job waits; the round robin then gives the others in their order.
  */
 void
 test_engine_small_first(void)

@@ -806,17 +806,8 @@ gpu_worker(void *arg)
 		    (chunks->has_work(path) || (pending == 0 && now_ns() - idle_since > spin_ns))) {
 			/* Block only when idle for a while: the spin keeps small-copy latency low. */
 			bool wait = pending == 0 && !chunks->has_work(path);
-			/*
-			 * A small copy waiting goes first, ahead of the round robin, while the quick
-			 * stream has fewer than QUICK_SHARE in flight: in the round robin a 4 KiB probe
-			 * waited for the chunks of every other client before it to be issued (p99 83-92
-			 * us under 256 KiB to 64 MiB copies of 8 clients, 38 us from 256 MiB, whose
-			 * chunks keep the bulk streams full).  Past that share the round robin goes on,
-			 * so a stream of small copies cannot hold the bulk streams back.
-			 */
-			const bool small_first = !bulk_room || g->npend[S_QUICK] < QUICK_SHARE;
-			if (!((small_first && chunks->next_small(path, &c, 1, KSEG_MAX) == 1) ||
-			    (bulk_room && chunks->next(path, &c, wait, BULK_CHUNK, KSEG_MAX))))
+			if (!(bulk_room ? chunks->next(path, &c, wait, BULK_CHUNK, KSEG_MAX) :
+			    chunks->next_small(path, &c, 1, KSEG_MAX) == 1))
 				break;
 			if (c.bytes <= QUICK_MAX)
 				issue_quick(g, &c, path, PEND_MAX - pending);
