@@ -483,6 +483,7 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, me
                     after[name].append(time.perf_counter() - t0)
             r["after"] = {k: statistics.median(v) for k, v in after.items() if v}
             r["stages_after"] = bench.stage_lines(before, bench.scrape(metrics), r["after"]["gpx"])
+            other_way = None
             if other is not None and n <= other_n:
                 # A second process's own fused kernel, back to back and after the same work.
                 other.send(("blocks", n))
@@ -515,6 +516,8 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, me
                 if fused is not None:
                     r["load_fused"], r["step_fused"] = _under_load(torch, dev, queue, burst, fused_side, runs)
                 r["load_gpx"], r["step_gpx"] = _under_load(torch, dev, queue, burst, gpx_way, runs)
+                if other_way is not None:
+                    r["load_other"], r["step_other"] = _under_load(torch, dev, queue, burst, other_way, runs)
             # A flat copy of the same bytes (beyond 2 GiB the bandwidth is that of 2 GiB).
             nbytes = r["bytes"]
             flat = min(nbytes, 2 << 30)
@@ -616,6 +619,13 @@ def _kv_print(results, have_fused, reps, devs, layers, nblocks, alloc, runs):
             else:
                 line += f"{gx}, step {r['step_gpx'] * 1e6:.1f} us"
             print(line)
+            if "step_other" in r:
+                lo = r["load_other"]
+                print("        meanwhile a second process's own fused kernel (its own context): "
+                      + (f"{_gbps(nb, lo):7.1f} GB/s" if lo else "0 GB/s (none of its copies ended while they ran)")
+                      + f", step {r['step_other'] * 1e6:.1f} us"
+                      + (f"; {r['load_fused'] / lo:.2f}x of the fused kernel on a 2nd stream" if lo and r.get("load_fused")
+                         else ""))
     print(f"  {base}: {'ONE launch of the program' + chr(39) + 's gather-scatter kernel over all tensors' if have_fused else 'PyTorch'}"
           "; gpx: one copy_pages_batch; every way verified block by block before it is timed")
 
