@@ -46,12 +46,16 @@ start() {
 }
 stop() { kill -TERM "$(cat "$T/$1.pid")" 2>/dev/null; wait_gone "$(cat "$T/$1.pid")"; rm -f "$T/$1.pid"; }
 wait_gone() { for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; return 1; }
-# wait_for SECS COMMAND...: COMMAND succeeds within SECS (tried every 0.1 s).
+# wait_for SECS COMMAND...: COMMAND succeeds within SECS (tried every 0.1 s, SECS x 10 times),
+# and the wait ends by 3 x SECS however long each try takes: against an etcd that is not
+# there each etcdctl call waits 5 s, and a wait of 10 s took 500.
 wait_for() {
 	s=$1
 	shift
+	_end=$((SECONDS + 3 * s))
 	for _ in $(seq $((s * 10))); do
 		"$@" && return 0
+		[ "$SECONDS" -lt "$_end" ] || return 1
 		sleep 0.1
 	done
 	return 1
