@@ -4,7 +4,7 @@
  * copies, prints "READY <client id>" on stdout, and keeps its connection until stdin closes.
  * Meanwhile it takes commands on stdin, a line each, and answers each with a line:
  *
- *   busy     queues a copy of 256 GiB (16,384 segments of 16 MiB), tag 4242, that runs for
+ *   busy     queues a copy of 1 TiB (65,536 segments of 16 MiB), tag 4242, that runs for
  *            minutes: "BUSY <status>"
  *   cancel   cancels it and waits for its end: "CANCELLED <its status>"
  *   copy     one copy of 4 KiB, waited for: "COPY <status>"
@@ -21,7 +21,7 @@
 #include "client-lib/gpx.h"
 
 #define BUSY_TAG 4242
-#define BUSY_SEGS 16384
+#define BUSY_SEGS 65536
 
 int
 main(int argc, char **argv)
