@@ -575,6 +575,9 @@ struct chunk_source {
 	/* The last chunk of its job (c->last) should end in a little while: wakes a client that
 	 * sleeps on its completion, so that it looks when the record comes (engine_chunk_soon). */
 	void (*soon)(const struct chunk *);
+	/* Chunks on the device end in a little while (a nap through them ran its length): wakes
+	 * the event loop if it naps, so that it polls when the next request comes. */
+	void (*ending)(void);
 };
 /* What a back end whose large copies fill its queues may still take (next_small), so that
  * small copies pass them. */
@@ -609,7 +612,9 @@ void loop_turn_end(double since);
 void loop_nap_init(int efd);
 void loop_nap(bool on);
 void loop_wake(void);
-void loop_nap_counts(uint64_t *naps, uint64_t *wakes);   /* since start: naps; ended by loop_wake */
+void loop_wake_early(void);         /* the same, a little before a copy's end (chunk_source.ending) */
+/* Since start: naps; ended by loop_wake; by loop_wake_early. */
+void loop_nap_counts(uint64_t *naps, uint64_t *wakes, uint64_t *early);
 void loop_turn_checked(uint64_t bytes);
 uint64_t loop_turn_list(void);
 double loop_turn_max(void);

@@ -368,12 +368,15 @@ render(struct evbuffer *b, struct snapshot *sn)
 	evbuffer_add_printf(b, "gpx_event_loop_max_seconds %.6f\n", loop_turn_max());
 	single(b, "gpx_event_loop_max_list_bytes", "gauge", "The most bytes of request lists the event loop "
 	    "copied and checked in one turn since start.", loop_turn_list_max());
-	uint64_t naps, wakes;
-	loop_nap_counts(&naps, &wakes);
+	uint64_t naps, wakes, early_wakes;
+	loop_nap_counts(&naps, &wakes, &early_wakes);
 	single(b, "gpx_event_loop_naps_total", "counter", "Times the event loop napped instead of polling "
 	    "(daemon.busy_poll_us) while clients only waited for transfers in flight.", naps);
 	single(b, "gpx_event_loop_nap_wakes_total", "counter", "Naps of the event loop that the end of a "
 	    "transfer ended.", wakes);
+	single(b, "gpx_event_loop_early_wakes_total", "counter", "Naps of the event loop that a GPU's copy "
+	    "worker ended a little before a long copy's end, so that the loop polls when the client's "
+	    "next request comes.", early_wakes);
 	single(b, "gpx_gpu_naps_total", "counter", "Times a GPU's copy worker napped through copies it "
 	    "predicted to run long, instead of polling for their end.", gpu_naps());
 	single(b, "gpx_gpu_batched_chunks_total", "counter", "Small copies a GPU's copy worker issued together "

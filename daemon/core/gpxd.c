@@ -32,13 +32,16 @@ thread_name(const char *fmt, ...)
 
 /*
  * The loop's naps.  While clients keep sending, the loop polls without sleeping (daemon.
- * busy_poll_us); while they only wait for copies in flight, it naps in epoll, and the end of
- * a transfer wakes it (loop_wake, from whichever thread posts the completion), so that it is
- * polling again by the time the client, woken by the same completion, sends its next request.
+ * busy_poll_us); while they only wait for copies in flight, it naps in epoll.  The end of a
+ * transfer wakes it (loop_wake, from whichever thread posts the completion); but a client
+ * that spins on its ring sees the completion at once, and its next request then waited for
+ * the loop's wake-up.  So a GPU worker whose nap through a long copy ran its length, tens of
+ * microseconds before the copy ends, wakes the loop then (loop_wake_early), and the loop
+ * polls by the time the request comes.
  */
 static atomic_bool loop_napping;
 static int loop_wake_fd = -1;
-static atomic_uint_fast64_t naps, nap_wakes;
+static atomic_uint_fast64_t naps, nap_wakes, early_wakes;
 
 void
 loop_nap_init(int efd)
@@ -55,23 +58,39 @@ loop_nap(bool on)
 }
 
 void
-loop_nap_counts(uint64_t *n, uint64_t *wakes)
+loop_nap_counts(uint64_t *n, uint64_t *wakes, uint64_t *early)
 {
 	*n = atomic_load_explicit(&naps, memory_order_relaxed);
 	*wakes = atomic_load_explicit(&nap_wakes, memory_order_relaxed);
+	*early = atomic_load_explicit(&early_wakes, memory_order_relaxed);
+}
+
+/* Ends the loop's nap, if it naps: true if this call ended it. */
+static bool
+wake(void)
+{
+	static const uint64_t one = 1;
+
+	if (!atomic_load_explicit(&loop_napping, memory_order_relaxed) || !atomic_exchange(&loop_napping, false))
+		return false;
+	if (write(loop_wake_fd, &one, sizeof(one)) < 0) {
+		/* the counter is full: the loop has been woken already */
+	}
+	return true;
 }
 
 void
 loop_wake(void)
 {
-	static const uint64_t one = 1;
-
-	if (atomic_load_explicit(&loop_napping, memory_order_relaxed) && atomic_exchange(&loop_napping, false)) {
+	if (wake())
 		atomic_fetch_add_explicit(&nap_wakes, 1, memory_order_relaxed);
-		if (write(loop_wake_fd, &one, sizeof(one)) < 0) {
-			/* the counter is full: the loop has been woken already */
-		}
-	}
+}
+
+void
+loop_wake_early(void)
+{
+	if (wake())
+		atomic_fetch_add_explicit(&early_wakes, 1, memory_order_relaxed);
 }
 
 double

@@ -272,6 +272,7 @@ engine_init(int nthreads, uint64_t chunk)
 		.done = engine_chunks_done,
 		.pair_of = engine_pair_of,
 		.nap = engine_nap,
+		.ending = loop_wake_early,
 		.idle = engine_idle,
 		.soon = engine_chunk_soon,
 	};

@@ -848,7 +848,8 @@ gpu_worker(void *arg)
 			 * (the rate is a mean: a copy a little faster than it must not be waited for);
 			 * or at the next wake-up call. */
 			uint64_t want = due - now - NAP_MARGIN_NS - g->late_ns - (due - now) / 16;
-			if (wake - now < want)
+			const bool to_end = wake - now >= want;
+			if (!to_end)
 				want = wake - now;
 			chunks->nap(path, want);
 			atomic_fetch_add_explicit(&naps, 1, memory_order_relaxed);
@@ -857,6 +858,15 @@ gpu_worker(void *arg)
 			g->nap_full = woke >= now + want;
 			if (g->nap_full)
 				g->late_ns = (3 * g->late_ns + (woke - now - want)) / 4;
+			/*
+			 * The first chunk ends in a few tens of microseconds: if the event loop
+			 * napped meanwhile, it wakes now, not when the completion is posted, so
+			 * that it polls by the time the client's next request comes (its wake-up
+			 * was that request's to wait for: up to 20-35 us after a nap of a
+			 * millisecond on the GPU machine, and more on other virtual machines).
+			 */
+			if (g->nap_full && to_end)
+				chunks->ending();
 			stuck_since = 0;
 			continue;
 		}

@@ -317,6 +317,59 @@ test_done_after_bytes(gpx_conn *c, struct buf *a, struct buf *h)
 }
 
 /*
+ * Long copies within GPU0, one at a time, while the client sends nothing: the event loop naps
+ * through each (busy_poll_us, set in main), and GPU0's worker, whose own nap through the copy
+ * ends a few tens of microseconds before the copy does, wakes it then
+ * (gpx_event_loop_early_wakes_total), so that it polls when the client's next request comes
+ * instead of waking for it.  The first copy teaches the worker the rate its naps are timed by.
+ * The copies land: the first and last 4 KiB of each are read back.
+ */
+void
+test_loop_early_wake(gpx_conn *c)
+{
+	const size_t size = 512u << 20, n = 8;
+	CUdeviceptr a = 0, b = 0;
+	gpx_region ra = 0, rb = 0;
+	uint32_t head[1024], tail[1024];
+	bool good = true;
+
+	CK(cuCtxSetCurrent(ctx[0]));
+	if (cuMemAlloc(&a, size) != CUDA_SUCCESS || cuMemAlloc(&b, size) != CUDA_SUCCESS) {
+		tap_skip(2, "no 1 GiB free on GPU0 for the long copies");
+		if (a != 0)
+			cuMemFree(a);
+		return;
+	}
+	char *page = harness_metrics(the_harness);
+	const double before = page ? metrics_sample(page, "gpx_event_loop_early_wakes_total") : -1;
+	free(page);
+	good = gpx_register_cuda(c, (void *)a, size, 0, &ra) == 0 && gpx_register_cuda(c, (void *)b, size, 0, &rb) == 0;
+	for (size_t i = 0; i < n && good; i++) {
+		const uint32_t v = 0x5eed0000u + (uint32_t)i;
+		CK(cuMemsetD32(a, v, size / 4));
+		CK(cuMemsetD32(b, 0, size / 4));
+		CK(cuCtxSynchronize());
+		good = gpx_copy_sync(c, ra, 0, rb, 0, size) == 0;
+		CK(cuMemcpyDtoH(head, b, sizeof(head)));
+		CK(cuMemcpyDtoH(tail, b + size - sizeof(tail), sizeof(tail)));
+		for (size_t w = 0; w < 1024 && good; w++)
+			good = head[w] == v && tail[w] == v;
+	}
+	page = harness_metrics(the_harness);
+	const double after = page ? metrics_sample(page, "gpx_event_loop_early_wakes_total") : -1;
+	free(page);
+	ok(good, "%zu copies of 512 MiB within GPU0, one at a time: each in place", n);
+	ok(before >= 0 && after > before, "the event loop napped through them and GPU0's worker woke it before "
+	    "their ends (%.0f early wakes)", after - before);
+	if (ra)
+		gpx_deregister(c, ra);
+	if (rb)
+		gpx_deregister(c, rb);
+	cuMemFree(a);
+	cuMemFree(b);
+}
+
+/*
  * The same under MPS from a gpxd held to 5% of GPU0's threads (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE):
  * there a 1 MiB copy's 128 blocks run in waves, so a completion word written by any block but
  * the last would come while later waves have not yet started.

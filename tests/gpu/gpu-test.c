@@ -214,7 +214,8 @@ main(int argc, char **argv)
 	if (argc >= 5 && strcmp(argv[1], "hog") == 0)
 		return child_hog(argv[2], atoi(argv[3]), argv[4], argc >= 6 && strcmp(argv[5], "mps") == 0);
 
-	if (harness_start(&h, "[daemon]\nmetrics = 127.0.0.1:0\n[cuda]\ntrust_legacy_ipc = yes\n") < 0)
+	/* busy_poll_us: as on machines of 8 CPUs or more, also on smaller ones (test_loop_early_wake) */
+	if (harness_start(&h, "[daemon]\nmetrics = 127.0.0.1:0\nbusy_poll_us = 5000\n[cuda]\ntrust_legacy_ipc = yes\n") < 0)
 		tap_bail("cannot start gpxd");
 	the_harness = &h;
 	init_cuda();
@@ -260,6 +261,7 @@ main(int argc, char **argv)
 	test_done_after_bytes(c, &bufs[1], &bufs[0]);
 	if (gpu_mps())
 		test_done_after_bytes_waves();
+	test_loop_early_wake(c);
 	test_cached_registration(c, &bufs[1]);
 	test_cache_shared(h.sock, &bufs[1], &bufs[2]);
 	/* The other processes are this program again, however it was started (PATH or not). */
