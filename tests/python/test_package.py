@@ -49,6 +49,33 @@ def test_bench_workload_runs(gpxd, mode):
         assert re.search(r"copy_batch until it returns \d+\.\d us", p.stdout), p.stdout
 
 
+def test_bench_stage_lines_say_the_loops_naps():
+    """The benches' lines of gpxd's stages, from two real scrapes of its metrics: with busy
+    polling on, a client that only waits for its 64 MiB copies sends nothing while one runs, the
+    event loop naps, and the end of each copy wakes it; the lines count those naps."""
+    from gpx import bench
+    d = bench.Daemon(["daemon.metrics=127.0.0.1:0", "daemon.busy_poll_us=1000000", "daemon.workers=1"])
+    try:
+        assert d.metrics, "gpxd did not say where its metrics are"
+        size = 64 << 20
+        a, b = gpx.host_alloc(size), gpx.host_alloc(size)
+        with gpx.connect(d.sock) as c:
+            ra, rb = c.register(a), c.register(b)
+            before = bench.scrape(d.metrics)
+            for _ in range(4):
+                c.copy(ra, rb).wait()
+            after = bench.scrape(d.metrics)
+        lines = bench.stage_lines(before, after, 0.01)
+        m = [re.match(r"the event loop napped (\d+) times \(woken by a copy worker before a copy's end (\d+), "
+                      r"by a completion (\d+)\)$", x) for x in lines]
+        m = [x for x in m if x]
+        assert len(m) == 1, lines
+        naps, early, ends = map(int, m[0].groups())
+        assert naps >= 1 and ends >= 1 and early == 0, lines     # (early: GPU workers only)
+    finally:
+        d.stop()
+
+
 def test_bench_targets_file_wins(tmp_path, monkeypatch):
     """The targets the benches print against: bench.py's own, and a targets file's values over
     them, whatever the line around the id looks like (a table row, a list item, a >= sign)."""

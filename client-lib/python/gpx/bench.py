@@ -164,6 +164,9 @@ def scrape(url):
             else:
                 c = int(float(m.group(3)))
             out[m.group(2)] = (c, s)
+        m = re.match(r'gpx_event_loop_(naps|nap_wakes|early_wakes)_total (\S+)', line)
+        if m:
+            out["loop_" + m.group(1)] = int(float(m.group(2)))
     return out
 
 
@@ -187,6 +190,11 @@ def stage_lines(before, after, wall=None):
     if rows and wall:
         rows.append("client side %.1f us (its round trip %.1f us less gpxd's stages: sending, waking, Python)"
                     % ((wall - inside) * 1e6, wall * 1e6))
+    naps = after.get("loop_naps", 0) - before.get("loop_naps", 0)
+    if rows and naps > 0:
+        rows.append("the event loop napped %d times (woken by a copy worker before a copy's end %d, by a "
+                    "completion %d)" % (naps, after.get("loop_early_wakes", 0) - before.get("loop_early_wakes", 0),
+                                        after.get("loop_nap_wakes", 0) - before.get("loop_nap_wakes", 0)))
     return rows
 
 
