@@ -59,6 +59,7 @@
 #define NAP_MARGIN_NS 10000           /* a nap ends this long (and its measured lateness) early */
 #define WAKE_LEAD_NS 300000           /* a sleeping client is woken this long before its record */
 #define NCLASSES 16
+#define NSIZES 11                     /* timed chunks by size: [1, 2) MiB, [2, 4) MiB, ... 1 GiB */
 
 enum { S_BULK, S_BULK2, S_QUICK, NSTREAMS };     /* bulk chunks alternate between the two */
 
@@ -87,12 +88,18 @@ struct gdev {
 	bool kernel_ok;
 	bool mps;                           /* the GPU is shared through CUDA MPS */
 	/*
-	 * The naps through long copies: per kind of copy the time a byte took (ns, 0: not yet
-	 * seen), learnt from chunks whose end the worker saw while polling; when each stream's
-	 * last chunk should end; when the worker last looked (a look within a few microseconds of
-	 * the one before saw an end when it came); how late naps wake (ns, a running mean).
+	 * The naps through long copies: per kind of copy and size (size_class) the time a byte
+	 * took (ns, 0: not yet seen), learnt from chunks whose end the worker saw while polling;
+	 * when each stream's last chunk should end; when the worker last looked (a look within a
+	 * few microseconds of the one before saw an end when it came); how late naps wake (ns, a
+	 * running mean).  A copy's fixed cost makes a byte of a small one slower than a byte of a
+	 * large one (within an H100, cuMemcpyAsync of 16 MiB ran at 0.64x-0.68x the rate of 1 GiB),
+	 * and one rate for every size, learnt from the small, timed the large ones too long: in
+	 * gpu-test, after copies of 16 MiB, eight 512 MiB copies took one nap each (the one up to
+	 * the client's wake-up call, due 300 us before the copy's predicted end), and no nap ended
+	 * before a copy did.
 	 */
-	double ns_per_byte[NCLASSES];
+	double ns_per_byte[NCLASSES][NSIZES];
 	uint64_t tail_due[NSTREAMS], last_end[NSTREAMS];
 	uint64_t last_look;
 	bool napped, nap_full;        /* since the last look: a nap; one that ran its whole length */
@@ -449,6 +456,15 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, bool *sign
 	return r;
 }
 
+/* A timed chunk's size, as the rates are kept: floor(log2(bytes)) from 1 MiB, up to 1 GiB. */
+static int
+size_class(uint64_t bytes)
+{
+	const int b = 63 - __builtin_clzll(bytes | 1) - 20;
+
+	return b < 0 ? 0 : b >= NSIZES ? NSIZES - 1 : b;
+}
+
 /* A chunk's kind of copy: host or GPU at either end, between GPUs, a page list. */
 static uint8_t
 chunk_class(const struct chunk *c)
@@ -529,9 +545,10 @@ issue_on(struct gdev *g, struct chunk *c, bool ce)
 	const uint64_t now = now_ns();
 	const uint8_t cls = chunk_class(c);
 	const uint64_t base = g->npend[s] == 0 ? now : g->tail_due[s];
+	const double rate = c->bytes >= TIMED_MIN ? g->ns_per_byte[cls][size_class(c->bytes)] : 0;
 	uint64_t due = 0;
-	if (c->bytes >= TIMED_MIN && g->ns_per_byte[cls] > 0 && base != UINT64_MAX)
-		due = (base > now ? base : now) + (uint64_t)(c->bytes * g->ns_per_byte[cls]);
+	if (rate > 0 && base != UINT64_MAX)
+		due = (base > now ? base : now) + (uint64_t)(c->bytes * rate);
 	pend_push(g, s, c, cls, ++g->issued[s], now, due, slot, mark);
 	return 0;
 }
@@ -674,10 +691,10 @@ reap_starts(struct gdev *g, int s)
 static void
 learn(struct gdev *g, const struct pend *p, uint64_t now, bool watching, bool late)
 {
-	double *r = &g->ns_per_byte[p->cls];
-
 	if (p->c.bytes < TIMED_MIN)
 		return;
+	double *r = &g->ns_per_byte[p->cls][size_class(p->c.bytes)];
+
 	if (watching) {
 		const uint64_t start = p->t_issue > g->last_end[p->stream] ? p->t_issue : g->last_end[p->stream];
 		const double seen = (double)(now - start) / (double)p->c.bytes;
