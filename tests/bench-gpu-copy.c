@@ -145,17 +145,6 @@ struct broker_shm {
 	_Alignas(64) volatile uint64_t resp;     /* the last one done; 1 once ready */
 };
 
-static int
-broker_map(CUdeviceptr *va, int fd, size_t len, int dev)
-{
-	CUmemGenericAllocationHandle h;
-	CUmemAccessDesc acc = { { CU_MEM_LOCATION_TYPE_DEVICE, dev }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
-
-	return CK(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) &&
-	    CK(cuMemAddressReserve(va, len, 0, 0, 0)) && CK(cuMemMap(*va, len, 0, h, 0)) &&
-	    CK(cuMemSetAccess(*va, len, &acc, 1)) ? 0 : -1;
-}
-
 /* The broker: runs before main when this program is started as one, and never returns. */
 __attribute__((constructor)) static void
 broker_main(void)
@@ -164,6 +153,7 @@ broker_main(void)
 	int shm_fd, src_fd, dst_fd, dev;
 	unsigned long long src_len, dst_len, len;
 	CUdeviceptr src, dst;
+	CUmemGenericAllocationHandle hs, hd;
 	CUcontext c;
 	CUdevice d;
 	CUstream st;
@@ -174,8 +164,8 @@ broker_main(void)
 		_exit(2);
 	struct broker_shm *m = mmap(NULL, sizeof(*m), PROT_READ | PROT_WRITE, MAP_SHARED, shm_fd, 0);
 	if (m == MAP_FAILED || !CK(cuInit(0)) || !CK(cuDeviceGet(&d, dev)) || !CK(cuDevicePrimaryCtxRetain(&c, d)) ||
-	    !CK(cuCtxSetCurrent(c)) || broker_map(&src, src_fd, src_len, dev) < 0 ||
-	    broker_map(&dst, dst_fd, dst_len, dev) < 0 || !CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING)))
+	    !CK(cuCtxSetCurrent(c)) || gbuf_import(src_fd, src_len, dev, &src, &hs) < 0 ||
+	    gbuf_import(dst_fd, dst_len, dev, &dst, &hd) < 0 || !CK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING)))
 		_exit(3);
 	uint64_t seen = 0;
 	__atomic_store_n(&m->resp, 1, __ATOMIC_RELEASE);
@@ -215,23 +205,12 @@ broker_times(const struct gbuf *a, const struct gbuf *z, double *t, int n, int w
 		snprintf(why, whylen, "its shared memory or the buffers' export failed");
 		goto out;
 	}
-	size_t k = 0;
-	while (environ[k] != NULL)
-		k++;
-	char role[160], **envp = calloc(k + 2, sizeof(char *));
-	if (envp == NULL)
-		goto out;
-	snprintf(role, sizeof(role), "GPX_BENCH_BROKER=%d %d %d %d %llu %llu %llu", shm, fa, fz, 0,
-	    (unsigned long long)a->len, (unsigned long long)z->len, 4096ull);
-	k = 0;
-	for (size_t i = 0; environ[i] != NULL; i++)
-		if (strncmp(environ[i], "GPX_BENCH_BROKER=", 17) != 0)
-			envp[k++] = environ[i];
-	envp[k++] = role;
-	envp[k] = NULL;
-	char *argv[] = { "gpx-bench-gpu", NULL };
-	int e = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, envp);
-	free(envp);
+	char role[160], *argv[] = { "gpx-bench-gpu", NULL };
+	snprintf(role, sizeof(role), "%d %d %d %d %llu %llu %llu", shm, fa, fz, 0, (unsigned long long)a->len,
+	    (unsigned long long)z->len, 4096ull);
+	setenv("GPX_BENCH_BROKER", role, 1);
+	int e = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
+	unsetenv("GPX_BENCH_BROKER");
 	if (e != 0) {
 		snprintf(why, whylen, "posix_spawn: %s", strerror(e));
 		pid = -1;
@@ -435,15 +414,10 @@ mode_import(struct bench_ctx *b)
 	struct gbuf *g[2] = { &a, &z };
 	CUdeviceptr *im[2] = { &ia, &iz };
 	for (int i = 0; i < 2; i++) {
-		int fd = -1;
 		CUmemGenericAllocationHandle h;
-		CUmemAccessDesc acc[BENCH_GPUS];
-		for (int k = 0; k < bench_gpu_count(); k++)
-			acc[k] = (CUmemAccessDesc){ { CU_MEM_LOCATION_TYPE_DEVICE, k }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+		int fd = -1;
 		if (!CK(cuMemExportToShareableHandle(&fd, g[i]->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) ||
-		    !CK(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) ||
-		    !CK(cuMemAddressReserve(im[i], g[i]->len, 0, 0, 0)) || !CK(cuMemMap(*im[i], g[i]->len, 0, h, 0)) ||
-		    !CK(cuMemSetAccess(*im[i], g[i]->len, acc, bench_gpu_count())))
+		    gbuf_import(fd, g[i]->len, -1, im[i], &h) < 0)
 			return -1;
 		close(fd);
 	}

@@ -168,7 +168,7 @@ pct(double *v, int n, int p)
 static int
 reg_direct(double *ipc_us, double *vmm_us)
 {
-	int sv[2], ndev = bench_gpu_count();
+	int sv[2];
 	char env[32], self[PATH_MAX];
 	ssize_t sl;
 	pid_t pid;
@@ -196,9 +196,6 @@ reg_direct(double *ipc_us, double *vmm_us)
 			waitpid(pid, NULL, 0);
 		return -1;
 	}
-	CUmemAccessDesc acc[BENCH_GPUS];
-	for (int i = 0; i < ndev; i++)
-		acc[i] = (CUmemAccessDesc){ { CU_MEM_LOCATION_TYPE_DEVICE, i }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
 	cuCtxSetCurrent(bench_gpu_ctx(0));
 	int ni = 0, nv = 0;
 	for (int k = 0; k < 2 * REG_N && !bad; k++) {
@@ -220,10 +217,7 @@ reg_direct(double *ipc_us, double *vmm_us)
 			CUmemGenericAllocationHandle h;
 			CUdeviceptr va = 0;
 			double t0 = bench_now();
-			bad = !CK(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd,
-			    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) ||
-			    !CK(cuMemAddressReserve(&va, m.size, 0, 0, 0)) || !CK(cuMemMap(va, m.size, 0, h, 0)) ||
-			    !CK(cuMemSetAccess(va, m.size, acc, ndev));
+			bad = gbuf_import(fd, m.size, -1, &va, &h) < 0;
 			vmm_us[nv++] = (bench_now() - t0) * 1e6;
 			if (!bad) {
 				cuMemUnmap(va, m.size);

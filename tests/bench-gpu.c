@@ -137,6 +137,26 @@ gbuf_alloc(int dev, size_t len, struct gbuf *g)
 	return 0;
 }
 
+/*
+ * The allocation an exported POSIX fd names, mapped as gpxd maps a client's VMM buffer:
+ * imported, reserved, mapped, and readable and writable from GPU dev (-1: from every GPU of
+ * this process).  *h is the imported handle, released after cuMemUnmap and cuMemAddressFree.
+ */
+int
+gbuf_import(int fd, size_t len, int dev, CUdeviceptr *va, CUmemGenericAllocationHandle *h)
+{
+	CUmemAccessDesc acc[BENCH_GPUS];
+	const int first = dev < 0 ? 0 : dev, end = dev < 0 ? ndev : dev + 1;
+	int n = 0;
+
+	for (int i = first; i < end && n < BENCH_GPUS; i++)
+		acc[n++] = (CUmemAccessDesc){ { CU_MEM_LOCATION_TYPE_DEVICE, i }, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+	*va = 0;
+	return CK(cuMemImportFromShareableHandle(h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) &&
+	    CK(cuMemAddressReserve(va, len, 0, 0, 0)) && CK(cuMemMap(*va, len, 0, *h, 0)) &&
+	    CK(cuMemSetAccess(*va, len, acc, n)) ? 0 : -1;
+}
+
 void
 gbuf_release(struct gbuf *g)
 {

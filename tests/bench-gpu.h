@@ -44,6 +44,8 @@ struct gbuf {
 };
 int gbuf_alloc(int dev, size_t len, struct gbuf *g);
 void gbuf_release(struct gbuf *g);    /* frees the memory; deregistering is the caller's */
+/* Maps an exported fd's allocation for GPU dev (-1: every GPU): 0 or -1. */
+int gbuf_import(int fd, size_t len, int dev, CUdeviceptr *va, CUmemGenericAllocationHandle *h);
 /* gbuf_alloc, then registered with the daemon under test; gbuf_free deregisters and frees. */
 int gbuf_new(struct bench_ctx *b, int dev, size_t len, struct gbuf *g);
 void gbuf_free(struct bench_ctx *b, struct gbuf *g);
