@@ -25,6 +25,9 @@
 #include "tests/bench.h"
 #include "tests/bench-gpu.h"
 
+static int broker_copy(const struct gbuf *a, const struct gbuf *z, uint64_t len, uint64_t iters, int runs,
+    double *sec, char *why, size_t whylen);
+
 static int
 mode_copy(struct bench_ctx *b)
 {
@@ -38,6 +41,8 @@ mode_copy(struct bench_ctx *b)
 	int dd = bench_gpu_count() > 1 ? 1 : 0;
 	if (gbuf_new(b, 0, max, &a) < 0 || gbuf_new(b, dd, max, &z) < 0)
 		return -1;
+	char floor[512] = "", why[160] = "";
+	size_t at = 0;
 	bench_table_begin(b, "gpu-copy", dd ? "contiguous copies GPU0 -> GPU1: cuMemcpyPeerAsync vs gpx"
 	    : "contiguous copies within GPU0: cuMemcpyAsync vs gpx");
 	for (uint64_t len = 4096; len <= max; len *= (len < (1 << 20) ? 16 : 4)) {
@@ -52,12 +57,19 @@ mode_copy(struct bench_ctx *b)
 			t = "gpu.p2p.1m";
 		bench_gpu_row_t(b, bench_size_str(len, sz, sizeof(sz)), "GB/s", len / p.direct / 1e9, len / p.gpx / 1e9,
 		    false, len, t);
+		double bt;
+		if (len >= (1u << 20) && why[0] == '\0' && at < sizeof(floor) &&
+		    broker_copy(&a, &z, len, p.direct_iters, b->runs, &bt, why, sizeof(why)) == 0)
+			at += (size_t)snprintf(floor + at, sizeof(floor) - at, "%s%s %.2fx (gpx %.2fx of it)", at ? ", " : "",
+			    sz, p.direct / bt, bt / p.gpx);
 		bench_pair_free(&p);
 	}
-	bench_table_end(b, dd ? "one copy at a time, submit to completion; direct: cuMemcpyAsync between UVA "
-	    "pointers on GPU0's stream (a peer copy, as cuMemcpyPeerAsync), synchronized"
-	    : "one copy at a time, submit to completion; direct: cuMemcpyAsync on the program's own stream, "
-	    "synchronized");
+	char note[1024];
+	snprintf(note, sizeof(note), "one copy at a time, submit to completion; direct: %s, synchronized; the "
+	    "leanest broker (gpu-latency's, copying each size), of direct: %s%s", dd ? "cuMemcpyAsync between UVA "
+	    "pointers on GPU0's stream (a peer copy, as cuMemcpyPeerAsync)" : "cuMemcpyAsync on the program's own stream",
+	    at ? floor : why[0] ? "not measured: " : "not measured", at ? "" : why);
+	bench_table_end(b, note);
 	gbuf_free(b, &a);
 	gbuf_free(b, &z);
 	return 0;
@@ -182,11 +194,12 @@ broker_main(void)
 }
 
 /*
- * n submit-to-completion times (us) of a 4 KiB copy from a to z through the broker, sorted;
- * -1 with why said where it cannot run.
+ * n submit-to-completion times (us) of copies of len bytes from a to z through the broker, in
+ * their order; -1 with why said where it cannot run.
  */
 static int
-broker_times(const struct gbuf *a, const struct gbuf *z, double *t, int n, int warm, char *why, size_t whylen)
+broker_times(const struct gbuf *a, const struct gbuf *z, uint64_t len, double *t, int n, int warm, char *why,
+    size_t whylen)
 {
 	extern char **environ;
 	int shm = -1, fa = -1, fz = -1, r = -1, status;
@@ -207,7 +220,7 @@ broker_times(const struct gbuf *a, const struct gbuf *z, double *t, int n, int w
 	}
 	char role[160], *argv[] = { "gpx-bench-gpu", NULL };
 	snprintf(role, sizeof(role), "%d %d %d %d %llu %llu %llu", shm, fa, fz, 0, (unsigned long long)a->len,
-	    (unsigned long long)z->len, 4096ull);
+	    (unsigned long long)z->len, (unsigned long long)len);
 	setenv("GPX_BENCH_BROKER", role, 1);
 	int e = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
 	unsetenv("GPX_BENCH_BROKER");
@@ -235,7 +248,6 @@ broker_times(const struct gbuf *a, const struct gbuf *z, double *t, int n, int w
 		if (i >= 0)
 			t[i] = (bench_now() - t0) * 1e6;
 	}
-	qsort(t, n, sizeof(double), bench_cmp_double);
 	r = 0;
 out:
 	if (pid > 0) {
@@ -252,6 +264,34 @@ out:
 		close(fa);
 	if (fz >= 0)
 		close(fz);
+	return r;
+}
+
+/*
+ * The broker's time per copy of len bytes, as bench_pair_measure times a side: runs of iters
+ * copies each, the median of their means (*sec, seconds).  0, or -1 with why said.
+ */
+static int
+broker_copy(const struct gbuf *a, const struct gbuf *z, uint64_t len, uint64_t iters, int runs, double *sec,
+    char *why, size_t whylen)
+{
+	const int n = (int)(iters * (uint64_t)runs), warm = n / runs;
+	double *t = calloc((size_t)n, sizeof(double)), *mean = calloc((size_t)runs, sizeof(double));
+	int r = -1;
+
+	if (t == NULL || mean == NULL || n <= 0)
+		snprintf(why, whylen, "no memory for its times");
+	else if ((r = broker_times(a, z, len, t, n, warm, why, whylen)) == 0) {
+		for (int k = 0; k < runs; k++) {
+			for (uint64_t i = 0; i < iters; i++)
+				mean[k] += t[(uint64_t)k * iters + i];
+			mean[k] /= (double)iters * 1e6;
+		}
+		qsort(mean, (size_t)runs, sizeof(double), bench_cmp_double);
+		*sec = mean[runs / 2];
+	}
+	free(t);
+	free(mean);
 	return r;
 }
 
@@ -291,7 +331,8 @@ mode_latency(struct bench_ctx *b)
 	qsort(dl, N, sizeof(double), bench_cmp_double);
 	qsort(gl, N, sizeof(double), bench_cmp_double);
 	char why[160], floor[256];
-	if (broker_times(&a, &z, bl, N, 2000, why, sizeof(why)) == 0)
+	if (broker_times(&a, &z, 4096, bl, N, 2000, why, sizeof(why)) == 0 &&
+	    (qsort(bl, N, sizeof(double), bench_cmp_double), true))
 		snprintf(floor, sizeof(floor), "; the leanest broker (a second process that maps the same buffers and "
 		    "spins on shared memory for each request, then does what direct does): p50 %.2f us, p99 %.2f us, "
 		    "gpx %+.2f us on its p50", bl[N / 2], bl[N * 99 / 100], gl[N / 2] - bl[N / 2]);
