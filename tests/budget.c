@@ -76,6 +76,18 @@ struct harness H;
 #else
 #define ok_rss(cond, ...) ok(cond, __VA_ARGS__)
 #endif
+/*
+ * Every allocation there also writes shadow memory, and freed memory waits in quarantine
+ * instead of being reused: the loop's turns and a bystander's latency time the sanitizer as
+ * much as gpxd.  Their bounds hold in the plain build; under it they are printed, not held.
+ */
+#if defined(__SANITIZE_ADDRESS__)
+#define TIMED false
+#define TIMED_SAYS " (bounds not held under AddressSanitizer)"
+#else
+#define TIMED true
+#define TIMED_SAYS ""
+#endif
 
 #define UID_NOBODY 65534
 #define UID_OTHER 65533
@@ -455,8 +467,9 @@ test_largest(void)
 	ok_rss(peak <= idle + 2 * b0.request + 64 * MIB, "and under idle + two request budgets + 64 MiB "
 	    "(%.1f MiB more than idle)", (peak - idle) / (double)MIB);
 	double p99 = pct(lat, n, 0.99);
-	ok(bad == 0 && n >= 100 && p99 < 0.010, "a bystander's 4 KiB copies meanwhile: %zu, p99 %.2f ms (bound 10), "
-	    "max %.2f ms, %d failed, over %.1f s", n, p99 * 1e3, lat[n ? n - 1 : 0] * 1e3, bad, res.secs);
+	ok(bad == 0 && n >= 100 && (p99 < 0.010 || !TIMED), "a bystander's 4 KiB copies meanwhile: %zu, p99 %.2f ms "
+	    "(bound 10), max %.2f ms, %d failed, over %.1f s%s", n, p99 * 1e3, lat[n ? n - 1 : 0] * 1e3, bad, res.secs,
+	    TIMED_SAYS);
 	child_end(&ch);
 	/* Its connection ends with the process: what it held goes back to the system. */
 	usleep(1000000);
@@ -504,12 +517,16 @@ static uint32_t T_SEGS = T_MAX;
 #define T_TURN_LIST (1u << 20)
 #define T_TURN_CPU 0.002
 
-/* Seconds of CPU time to fault in one page of fresh anonymous memory: the least of 5 tries. */
+/*
+ * Seconds of CPU time to fault in one page of fresh anonymous memory: the most of 5 tries (on
+ * the machine of 14-30 us it moved by 2x from one moment to the next; where a fault takes
+ * 0.2 us the most of 5 adds some 0.1 ms to the bound).
+ */
 static double
 fault_cost(void)
 {
 	const size_t pages = 256, len = pages * 4096;
-	double best = 1;
+	double most = 0;
 
 	for (int k = 0; k < 5; k++) {
 		struct timespec a, b;
@@ -522,9 +539,9 @@ fault_cost(void)
 		clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
 		munmap((void *)m, len);
 		const double per = ((b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) / 1e9) / pages;
-		best = per < best ? per : best;
+		most = per > most ? per : most;
 	}
-	return best;
+	return most;
 }
 
 struct turns_res {
@@ -693,8 +710,9 @@ test_turns(void)
 	    strstr(res.over_why, "request budget") != NULL,
 	    "one of %u segments is refused as too large for the request budget (%s)", T_OVER, res.over_why);
 	double p99 = pct(lat, n, 0.99);
-	ok(bad == 0 && n >= 100 && p99 < 0.010, "a bystander's 4 KiB copies meanwhile: %zu, p99 %.2f ms (bound 10), "
-	    "max %.2f ms, %d failed, over %.1f s", n, p99 * 1e3, lat[n ? n - 1 : 0] * 1e3, bad, res.secs);
+	ok(bad == 0 && n >= 100 && (p99 < 0.010 || !TIMED), "a bystander's 4 KiB copies meanwhile: %zu, p99 %.2f ms "
+	    "(bound 10), max %.2f ms, %d failed, over %.1f s%s", n, p99 * 1e3, lat[n ? n - 1 : 0] * 1e3, bad, res.secs,
+	    TIMED_SAYS);
 	int q = loop_max(c, &tu);
 	char *page = harness_metrics(&H);
 	double mwall = page ? metrics_sample(page, "gpx_event_loop_max_seconds") : -1;
@@ -705,11 +723,11 @@ test_turns(void)
 	    "no turn of the loop copied and checked more than 1 MiB of lists: %llu bytes at most (%llu before the "
 	    "child came; the metric says %.0f)", (unsigned long long)tu.list, (unsigned long long)tu0.list, mlist);
 	const double fault = fault_cost(), bound = T_TURN_CPU + T_TURN_LIST / 4096 * fault;
-	ok(q == 0 && tu.cpu >= 0 && tu.cpu < bound && mcpu >= tu.cpu - 1e-6 && mwall >= tu.wall - 1e-6,
+	ok(q == 0 && tu.cpu >= 0 && (tu.cpu < bound || !TIMED) && mcpu >= tu.cpu - 1e-6 && mwall >= tu.wall - 1e-6,
 	    "the loop's longest turn meanwhile, as gpxd measured it: %.3f ms of its CPU time (bound %.2f: 2 ms and "
 	    "%u page faults at %.2f us, as this machine takes them; %.3f before the child came; the metric says "
-	    "%.3f), %.3f ms of wall time", tu.cpu * 1e3, bound * 1e3, T_TURN_LIST / 4096, fault * 1e6, tu0.cpu * 1e3,
-	    mcpu * 1e3, tu.wall * 1e3);
+	    "%.3f), %.3f ms of wall time%s", tu.cpu * 1e3, bound * 1e3, T_TURN_LIST / 4096, fault * 1e6, tu0.cpu * 1e3,
+	    mcpu * 1e3, tu.wall * 1e3, TIMED_SAYS);
 	child_end(&ch);
 	/* One that goes while its list is checked (gpxd unmaps its segment area once the check ends). */
 	struct child gone;
