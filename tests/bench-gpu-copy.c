@@ -144,13 +144,13 @@ mode_bidir(struct bench_ctx *b)
 }
 
 /*
- * The leanest broker there could be, for gpu-latency: a second process (this program run
- * again with GPX_BENCH_BROKER set) maps the two buffers from their exported fds and, for each
- * request a word in shared memory raises, does what the direct column does (cuMemcpyAsync on
- * its own stream of the same device, then cuStreamSynchronize) and raises a second word; both
- * sides spin.  What any daemon pays at the least for doing a copy on a client's behalf: a
- * second context and the hand-off between two processes' cores, with no socket, no check, no
- * queue and no other client.
+ * The leanest broker there could be, for gpu-latency and gpu-copy: a second process (this
+ * program run again with GPX_BENCH_BROKER set, once for each size it copies) maps the two
+ * buffers from their exported fds and, for each request a word in shared memory raises, does
+ * what the direct column does (cuMemcpyAsync on its own stream of the same device, then
+ * cuStreamSynchronize) and raises a second word; both sides spin.  What any daemon pays at the
+ * least for doing a copy on a client's behalf: a second context and the hand-off between two
+ * processes' cores, with no socket, no check, no queue and no other client.
  */
 struct broker_shm {
 	_Alignas(64) volatile uint64_t req;      /* the client's request number; UINT64_MAX: quit */
