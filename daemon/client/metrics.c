@@ -379,6 +379,8 @@ render(struct evbuffer *b, struct snapshot *sn)
 	    "next request comes.", early_wakes);
 	single(b, "gpx_gpu_naps_total", "counter", "Times a GPU's copy worker napped through copies it "
 	    "predicted to run long, instead of polling for their end.", gpu_naps());
+	single(b, "gpx_gpu_prewakes_total", "counter", "Requests whose check woke their GPU's idle copy worker "
+	    "before their job was queued, so that its wake-up overlapped the check.", engine_prewakes());
 	single(b, "gpx_gpu_batched_chunks_total", "counter", "Small copies a GPU's copy worker issued together "
 	    "with others queued behind them, in one launch of its copy kernel.", gpu_batched());
 	uint64_t kept, taken;

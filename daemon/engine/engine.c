@@ -39,6 +39,7 @@ static pthread_mutex_t elock = PTHREAD_MUTEX_INITIALIZER;
 static struct epath paths[NPATHS];
 static TAILQ_HEAD(, job) live = TAILQ_HEAD_INITIALIZER(live);
 static atomic_uint nlive;            /* jobs in `live`: changed under elock, read without */
+static atomic_uint_fast64_t prewoken; /* engine_prewakes */
 static uint64_t chunk_size = 2 << 20;
 static bool quit;
 static int cancel_status = GPX__STATUS__ECANCELED;
@@ -183,6 +184,13 @@ engine_prewake(enum path_kind pk)
 	p->prewakes++;
 	pthread_cond_broadcast(&p->cond);
 	pthread_mutex_unlock(&elock);
+	atomic_fetch_add_explicit(&prewoken, 1, memory_order_relaxed);
+}
+
+uint64_t
+engine_prewakes(void)
+{
+	return atomic_load_explicit(&prewoken, memory_order_relaxed);
 }
 
 int

@@ -40,6 +40,7 @@ void engine_nap(enum path_kind, uint64_t ns);
 bool engine_idle(enum path_kind, uint64_t ns);
 /* A request for the path is built, its check to come: an idle worker of it looks (engine_idle). */
 void engine_prewake(enum path_kind);
+uint64_t engine_prewakes(void);      /* engine_prewake calls that found a worker waiting */
 uint32_t engine_pair_of(const struct job *, uint32_t seg);
 int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */
 enum path_kind engine_path_for(const struct region *src, const struct region *dst);

@@ -459,8 +459,22 @@ charge_keep(struct charge *ch, struct job *head)
 }
 
 /*
+ * The job names its first pair's regions, and has its path (a page job the kernel runs has
+ * one already): from here on, before its lists are checked, xfer_build wakes that path's
+ * worker.
+ */
+static void
+job_route(struct job *j)
+{
+	j->src = j->pairs[0].src;
+	j->dst = j->pairs[0].dst;
+	if (j->pages == NULL)
+		j->path = engine_path_for(j->src, j->dst);
+}
+
+/*
  * Takes a mapping user and a reference on both regions of every pair of the checked job, or
- * none at all; the job then names its first pair's regions too.
+ * none at all; then routes it (job_route).
  */
 static int
 job_hold(struct job *j, char *err, size_t errlen)
@@ -480,8 +494,7 @@ job_hold(struct job *j, char *err, size_t errlen)
 				return -GPX__STATUS__EREVOKED;
 			}
 	}
-	j->src = j->pairs[0].src;
-	j->dst = j->pairs[0].dst;
+	job_route(j);
 	return 0;
 }
 
@@ -494,7 +507,7 @@ job_drop(struct job *j)
 	engine_free_job(j);
 }
 
-/* What every job of a transfer carries; its path, unless the page kernel chose one. */
+/* What every job of a transfer carries. */
 static void
 job_finish_build(struct job *j, const struct xfer_check *k)
 {
@@ -502,8 +515,6 @@ job_finish_build(struct job *j, const struct xfer_check *k)
 	j->flags = k->flags;
 	j->client = k->client;
 	j->t_build = k->t_build;
-	if (j->pages == NULL)
-		j->path = engine_path_for(j->src, j->dst);
 	j->t_submit = now_s();
 }
 
@@ -878,8 +889,7 @@ resolved:
 		/* the kept pairs' holds stand for the pairs' own */
 		atomic_fetch_add(&k->kept->refs, 1);
 		j->kept = k->kept;
-		j->src = j->pairs[0].src;
-		j->dst = j->pairs[0].dst;
+		job_route(j);
 	}
 	for (struct job *j = k->head; j != NULL && r == 0 && k->kept == NULL; j = j->gnext)
 		if ((r = job_hold(j, err, errlen)) < 0)

@@ -268,6 +268,39 @@ test_small_batched(gpx_conn *c, struct buf *a, struct buf *b, size_t size, size_
 }
 
 /*
+ * A GPU's copy worker idle for a while (past its first spin, within busy_poll_us) waits for the
+ * event loop to have a request for its GPU in hand: the request's check wakes it, as soon as
+ * its regions are found, so that the wake-up runs while the loop checks the rest
+ * (gpx_gpu_prewakes_total).  Copies of 4 KiB a millisecond apart, each checked byte for byte.
+ */
+void
+test_prewake(gpx_conn *c, struct buf *a, struct buf *b)
+{
+	const size_t size = 4096, n = 20;
+	unsigned char got[4096];
+	bool good = true;
+	char *page = harness_metrics(the_harness);
+	const double before = page ? metrics_sample(page, "gpx_gpu_prewakes_total") : -1;
+
+	free(page);
+	for (size_t i = 0; i < n && good; i++) {
+		const uint64_t so = (rnd() % (BUF / size)) * size, d = i * size;
+		struct timespec ms = { 0, 1000000 };
+		nanosleep(&ms, NULL);
+		memmove(b->mirror + d, a->mirror + so, size);
+		good = gpx_copy_sync(c, a->region, so, b->region, d, size) == 0;
+		buf_read(b, d, got, size);
+		good = good && memcmp(got, b->mirror + d, size) == 0;
+	}
+	ok(good, "%zu copies of 4 KiB %s -> %s, a millisecond apart: every byte in place", n, a->name, b->name);
+	page = harness_metrics(the_harness);
+	const double after = page ? metrics_sample(page, "gpx_gpu_prewakes_total") : -1;
+	free(page);
+	ok(before >= 0 && after - before >= (double)(n / 2), "their checks woke the idle copy worker of GPU%d, "
+	    "at least %zu times (%.0f)", a->dev, n / 2, after - before);
+}
+
+/*
  * A completion means every byte is in place, also for a copy made by one launch of many blocks
  * on the quick stream, which writes its own completion word (copy-kernel.cu: the last block
  * to finish writes it).  GPU -> pinned host memory, whose bytes this process reads itself the
