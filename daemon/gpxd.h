@@ -312,6 +312,13 @@ struct charge {
  */
 int budget_charge(struct charge *, uint64_t bytes, char *err, size_t errlen);
 void budget_release(struct cq *, struct user *, uint64_t bytes);
+/*
+ * Asks the cache for the lines a charge and a release of a connection's transfer write (its
+ * queue's and uid's counts, the totals), without waiting: the other thread wrote them last (the
+ * loop at the check, a copy worker at the end), and fetched together their misses overlap
+ * instead of following one another.  A hint: nothing is read or changed.
+ */
+void budget_warm(const struct cq *, const struct user *);
 void budget_entry_release(uint64_t *entries, struct user *, uint64_t bytes);
 const char *budget_name(enum budget_scope);
 uint64_t budget_limit(enum budget_scope);
@@ -388,6 +395,8 @@ void region_unref(struct region *);
 bool region_use(struct region *);   /* takes a mapping user; false if revoked */
 void region_unuse(struct region *);
 bool region_hold(struct region *);  /* a user and a reference at once; false if revoked */
+/* A hint (budget_warm): the line of the counts that region_hold and region_drop write. */
+#define region_warm(r) __builtin_prefetch(&(r)->counts, 1)
 void region_drop(struct region *);  /* gives both back */
 uint32_t region_refs(const struct region *);
 uint32_t region_users(const struct region *);
@@ -419,20 +428,27 @@ struct uqueue {
 };
 
 /* ---- cq.c: a connection's completion ring and eventfd doorbell ---- */
+/*
+ * Three lines (cq_new allocates it on a line's boundary): what the event loop reads every time
+ * it polls the submission queue, which nothing writes once the client is set up; the credit and
+ * the post, written by the loop at each transfer's check and by a copy worker at its end; the
+ * counts of both.  In one line, the loop's polling during a copy took the lock's line back from
+ * the worker, which then waited for it again to post the copy's end (engine_chunk_warm).
+ */
 struct cq {
-	atomic_int refs;
-	pthread_mutex_t lock;
 	struct gpx_ring_hdr *ring;
 	size_t ring_len;
 	int ring_fd;                 /* sent to the client once, then closed */
 	int efd;                     /* the client's eventfd */
 	uint32_t entries;
+	uint64_t client;
+	struct user *user;
+	_Alignas(64) pthread_mutex_t lock;
 	uint32_t inflight;           /* accepted, not yet posted (under lock) */
 	uint64_t head;               /* our copy of the ring's head: the shared one is never read back */
 	bool broken;                 /* ring or eventfd misused: the loop disconnects the client */
 	const char *broken_why;      /* how (a string constant) */
-	uint64_t client;
-	struct user *user;
+	_Alignas(64) atomic_int refs;
 	atomic_uint_fast64_t charged;   /* bytes of the connection's budget its transfers hold */
 	/* per-client counters, read by gpxctl */
 	atomic_uint_fast64_t bytes, transfers, errors;
@@ -443,6 +459,8 @@ void cq_ref(struct cq *);
 void cq_unref(struct cq *);
 /* Reserves a credit for a new transfer; false if the ring could fill. */
 int cq_reserve(struct cq *);
+/* A hint (budget_warm): the lines cq_reserve reads and writes, the client's tail among them. */
+void cq_warm(const struct cq *);
 void cq_unreserve(struct cq *);
 /* Posts the record of a reserved transfer and rings the doorbell (unless the client spins). */
 void cq_post(struct cq *, uint64_t tag, int status, uint64_t bytes);
@@ -575,6 +593,10 @@ struct chunk_source {
 	/* The last chunk of its job (c->last) should end in a little while: wakes a client that
 	 * sleeps on its completion, so that it looks when the record comes (engine_chunk_soon). */
 	void (*soon)(const struct chunk *);
+	/* The last chunk of its job is on the device, alone there: fetches, without waiting, the
+	 * lines its end writes, so that their misses do not come one after another once it ends
+	 * (engine_chunk_warm). */
+	void (*warm_end)(const struct chunk *);
 	/* Chunks on the device end in a little while (a nap through them ran its length): wakes
 	 * the event loop if it naps, so that it polls when the next request comes. */
 	void (*ending)(void);

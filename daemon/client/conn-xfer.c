@@ -152,6 +152,9 @@ transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfd
 	char err[512];
 	int r;
 
+	/* The lines the credit and the charges below write, a copy worker's since the last end. */
+	cq_warm(c->cq);
+	budget_warm(c->cq, c->user);
 	if (nfds > 1) {
 		refuse(c, seq, m->tag, GPX__STATUS__EPROTO, "Transfer takes at most one fd");
 		return false;

@@ -50,12 +50,13 @@ cq_set_broken_hook(void (*fn)(struct cq *))
 struct cq *
 cq_new(uint32_t entries, int efd, uint64_t client, char *err, size_t errlen)
 {
-	struct cq *q = calloc(1, sizeof(*q));
+	struct cq *q = aligned_alloc(64, (sizeof(*q) + 63) & ~(size_t)63);
 
 	if (q == NULL) {
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
+	memset(q, 0, sizeof(*q));
 	atomic_init(&q->refs, 1);
 	pthread_mutex_init(&q->lock, NULL);
 	q->efd = efd;
@@ -148,6 +149,14 @@ cq_reserve(struct cq *q)
 		q->inflight++;
 	pthread_mutex_unlock(&q->lock);
 	return r;
+}
+
+void
+cq_warm(const struct cq *q)
+{
+	__builtin_prefetch(&q->lock, 1);        /* (and inflight, head) */
+	__builtin_prefetch(&q->refs, 1);        /* (and the counts) */
+	__builtin_prefetch(&q->ring->tail, 0);
 }
 
 void

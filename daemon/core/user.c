@@ -112,6 +112,16 @@ budget_limit(enum budget_scope s)
 	}
 }
 
+void
+budget_warm(const struct cq *q, const struct user *u)
+{
+	if (q != NULL)
+		__builtin_prefetch(&q->charged, 1);
+	__builtin_prefetch(&u->charged, 1);     /* (and inflight, in the same line) */
+	__builtin_prefetch(&total_charged, 1);
+	__builtin_prefetch(&high_water, 1);
+}
+
 uint64_t
 budget_used(void)
 {

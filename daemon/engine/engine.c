@@ -15,6 +15,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,14 @@ struct epath {
 	atomic_int nsmall;           /* jobs of ENGINE_SMALL_JOB bytes or less not yet handed out */
 	atomic_int napping;          /* workers in engine_nap: every new job wakes them */
 	atomic_int idle;             /* workers in engine_idle: engine_prewake's hint */
+	/*
+	 * The last job queued (its lines, its list, its queues, its regions), left by the loop
+	 * for the path's worker: before it takes the lock it asks the cache for them all at once
+	 * (warm_take), and the misses of the take (each a line the loop wrote last) overlap
+	 * instead of following one another.  Addresses only: never read through, and the job
+	 * may be gone.
+	 */
+	_Atomic(const void *) last[6];
 	uint64_t prewakes;           /* engine_prewake calls that found one (under elock) */
 	pthread_cond_t cond;
 	atomic_uint_fast64_t transfers, bytes, errors;
@@ -193,6 +202,52 @@ engine_prewakes(void)
 	return atomic_load_explicit(&prewoken, memory_order_relaxed);
 }
 
+void
+engine_warm(enum path_kind pk, const struct cq *q, const struct user *u)
+{
+	__builtin_prefetch(&paths[pk], 1);
+	__builtin_prefetch(&elock, 1);
+	__builtin_prefetch(&q->eq[pk], 1);
+	if (u->uq != NULL)
+		__builtin_prefetch(&u->uq[pk], 1);
+}
+
+/* Under the lock: j, queued on p, is the one warm_take fetches next. */
+static void
+leave_last(struct epath *p, const struct job *j, const struct equeue *q, const struct uqueue *u)
+{
+	const void *const v[6] = { j, j->segs, q, u, j->src, j->dst };
+
+	for (int i = 0; i < 6; i++)
+		atomic_store_explicit(&p->last[i], v[i], memory_order_relaxed);
+}
+
+/*
+ * What a take of the job last queued on p reads and writes, fetched together before the lock:
+ * the path's counts and the lock, the job (written), its list (read), its connection's and
+ * uid's queues (written), and the line of each region that issuing it reads.
+ */
+static void
+warm_take(struct epath *p)
+{
+	__builtin_prefetch(p, 1);                  /* (its counts: the take writes them) */
+	__builtin_prefetch(&elock, 1);
+	const char *j = atomic_load_explicit(&p->last[0], memory_order_relaxed);
+
+	if (j == NULL)
+		return;
+	for (size_t o = 0; o < sizeof(struct job); o += 64)
+		__builtin_prefetch(j + o, 1);
+	__builtin_prefetch(atomic_load_explicit(&p->last[1], memory_order_relaxed), 0);
+	__builtin_prefetch(atomic_load_explicit(&p->last[2], memory_order_relaxed), 1);
+	__builtin_prefetch(atomic_load_explicit(&p->last[3], memory_order_relaxed), 1);
+	for (int i = 4; i < 6; i++) {
+		const char *r = atomic_load_explicit(&p->last[i], memory_order_relaxed);
+		if (r != NULL)
+			__builtin_prefetch(r + offsetof(struct region, revoked), 0);
+	}
+}
+
 int
 engine_queues(enum path_kind p)
 {
@@ -283,6 +338,7 @@ engine_init(int nthreads, uint64_t chunk)
 		.ending = loop_wake_early,
 		.idle = engine_idle,
 		.soon = engine_chunk_soon,
+		.warm_end = engine_chunk_warm,
 	};
 	pthread_condattr_t ca;
 
@@ -391,6 +447,7 @@ engine_submit_many(struct job *const *jobs, int n)
 		}
 		TAILQ_INSERT_TAIL(&q->jobs, j, qe);
 		queue_link(p, u, q);
+		leave_last(p, j, q, u);
 		if (j->total <= ENGINE_SMALL_JOB)
 			atomic_fetch_add(&p->nsmall, 1);
 		if (atomic_load_explicit(&p->napping, memory_order_relaxed) > 0)
@@ -556,6 +613,7 @@ engine_next_chunk(enum path_kind pk, struct chunk *c, bool wait, uint64_t max_by
 	double now = 0;
 	bool got;
 
+	warm_take(p);
 	pthread_mutex_lock(&elock);
 	while (TAILQ_FIRST(&p->active) == NULL) {
 		if (quit || !wait) {
@@ -584,6 +642,7 @@ engine_next_small_chunks(enum path_kind pk, struct chunk *c, int n, uint32_t max
 
 	if (atomic_load_explicit(&p->nsmall, memory_order_relaxed) == 0)
 		return 0;
+	warm_take(p);
 	pthread_mutex_lock(&elock);
 	while (got < n && take_locked(p, &c[got], ENGINE_SMALL_JOB, max_segs, ENGINE_SMALL_JOB, &now))
 		got++;
@@ -842,6 +901,27 @@ engine_chunk_soon(const struct chunk *c)
 	pthread_mutex_unlock(&elock);
 	if (end)
 		cq_wake(j->cq);
+}
+
+/*
+ * While a job's last chunk runs, and nothing else of its worker does (a client waiting for each
+ * copy before its next), the lines job_finish and the post write are fetched for that worker's
+ * core: the queue's and uid's counts and budgets (budget_warm), the regions' counts, the
+ * queue's lock, the path's counters.  The loop wrote most of them last, at the check, and does
+ * not write them again before the client hears of the end.  A hint: j lives (c is out).
+ */
+void
+engine_chunk_warm(const struct chunk *c)
+{
+	const struct job *j = c->job;
+
+	budget_warm(j->cq, j->user);
+	cq_warm(j->cq);
+	region_warm(j->src);
+	region_warm(j->dst);
+	__builtin_prefetch(&paths[j->path].transfers, 1);
+	__builtin_prefetch(&elock, 1);
+	__builtin_prefetch(&live, 1);    /* (the loop added the job to the list, the end takes it out) */
 }
 
 /*

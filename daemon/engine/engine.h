@@ -41,12 +41,15 @@ bool engine_idle(enum path_kind, uint64_t ns);
 /* A request for the path is built, its check to come: an idle worker of it looks (engine_idle). */
 void engine_prewake(enum path_kind);
 uint64_t engine_prewakes(void);      /* engine_prewake calls that found a worker waiting */
+/* A hint (budget_warm): the engine's lines that handing a job of this connection to the path writes. */
+void engine_warm(enum path_kind, const struct cq *, const struct user *);
 uint32_t engine_pair_of(const struct job *, uint32_t seg);
 int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */
 enum path_kind engine_path_for(const struct region *src, const struct region *dst);
 void engine_chunk_done(struct chunk *, bool ok);
 void engine_chunks_done(struct chunk *, int n, bool ok);  /* c[0..n), together */
 void engine_chunk_soon(const struct chunk *);
+void engine_chunk_warm(const struct chunk *);
 void engine_free_job(struct job *);
 void engine_path_stats(enum path_kind, uint64_t *xfers, uint64_t *bytes, uint64_t *errors);
 const char *engine_path_name(enum path_kind);

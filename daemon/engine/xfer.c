@@ -425,17 +425,18 @@ job_new(uint32_t npairs, struct charge *ch, const struct xfer_from *c, int *r, c
 
 	if ((*r = xfer_charge(ch, job_bytes(npairs), c, err, errlen)) < 0)
 		return NULL;
-	*r = -GPX__STATUS__ENOMEM;
-	snprintf(err, errlen, "out of memory for a transfer");
-	if ((j = calloc(1, sizeof(*j))) == NULL)
-		return NULL;
-	j->pairs = &j->one;
-	if (npairs > 1 && (j->pairs = calloc(npairs, sizeof(*j->pairs))) == NULL) {
+	if ((j = calloc(1, sizeof(*j))) != NULL && npairs > 1 && (j->pairs = calloc(npairs, sizeof(*j->pairs))) == NULL) {
 		free(j);
+		j = NULL;
+	}
+	if (j == NULL) {
+		*r = -GPX__STATUS__ENOMEM;
+		snprintf(err, errlen, "out of memory for a transfer");
 		return NULL;
 	}
+	if (npairs <= 1)
+		j->pairs = &j->one;
 	j->npairs = npairs;
-	*r = 0;
 	err[0] = '\0';
 	return j;
 }
@@ -953,6 +954,10 @@ build_one(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct x
 
 	if ((r = resolve_pair(c, t->src_region, t->dst_region, &sh, &dh, err, errlen)) < 0)
 		return r;
+	/* What the hold and the hand-over to the engine write, fetched while the rest is checked. */
+	region_warm(sh);
+	region_warm(dh);
+	engine_warm(engine_path_for(sh, dh), c->cq, c->user);
 	if (t->page_size > 0 && (c->version < 2 || t->seg_count == 0 || segfd >= 0)) {
 		snprintf(err, errlen, c->version < 2 ? "page transfers need protocol 2 (this connection speaks %u)"
 		    : "a page list comes as seg_count records in the segment area", c->version);

@@ -550,6 +550,8 @@ issue_on(struct gdev *g, struct chunk *c, bool ce)
 	if (rate > 0 && base != UINT64_MAX)
 		due = (base > now ? base : now) + (uint64_t)(c->bytes * rate);
 	pend_push(g, s, c, cls, ++g->issued[s], now, due, slot, mark);
+	if (c->last && g->npend[S_BULK] + g->npend[S_BULK2] + g->npend[S_QUICK] == 1)
+		chunks->warm_end(c);
 	return 0;
 }
 
