@@ -19,6 +19,26 @@
 
 #define AREA_MIN (2u << 20)
 
+/*
+ * Every page of a new area, allocated and mapped for writing now, once: the lists go round the
+ * whole area, and a page touched for the first time by a list costs that list a fault (12-30
+ * us each on a virtual machine: a Python client's submit of a 256-page list took 34 us until
+ * the area had gone round once, 9.5 us after).  The area is this process's own memory.
+ */
+static void
+area_fault_in(struct area *a, size_t len)
+{
+	const long page = sysconf(_SC_PAGESIZE);
+
+#ifdef MADV_POPULATE_WRITE
+	if (madvise(a->p, len, MADV_POPULATE_WRITE) == 0)
+		return;
+#endif
+	/* (kernels before 5.14: a write to each page; the area holds no list yet) */
+	for (size_t off = 0; off < len; off += page > 0 ? (size_t)page : 4096)
+		((volatile unsigned char *)a->p)[off] = 0;
+}
+
 /* Makes an area of at least `need` bytes and hands it to the daemon, replacing the old one. */
 static int
 area_grow(gpx_conn *c, size_t need)
@@ -41,6 +61,7 @@ area_grow(gpx_conn *c, size_t need)
 		client_area_free(&a);
 		return client_error(c, GPX_ESYS, "cannot create the segment area");
 	}
+	area_fault_in(&a, len);
 	a.len = len;
 	sa.length = len;
 	m.body_case = GPX__CLIENT_MSG__BODY_SEG_AREA;
