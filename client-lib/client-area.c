@@ -20,10 +20,14 @@
 #define AREA_MIN (2u << 20)
 
 /*
- * Every page of a new area, allocated and mapped for writing now, once: the lists go round the
+ * The pages of a new area, allocated and mapped for writing now, once: the lists go round the
  * whole area, and a page touched for the first time by a list costs that list a fault (12-30
  * us each on a virtual machine: a Python client's submit of a 256-page list took 34 us until
- * the area had gone round once, 9.5 us after).  The area is this process's own memory.
+ * the area had gone round once, 9.5 us after).  The area is this process's own memory.  Only
+ * an area of the first size, for lists shorter than 1 MiB: one grown for longer lists is left
+ * to take its faults as they are written, in proportion to their length (faulting in such an
+ * area at once, even its first 4 MiB, made the loop of a gpxd on the same 2 CPUs slower at its
+ * own faults: one turn of budget.test's took 8-16 ms of CPU instead of 3.5-3.9).
  */
 static void
 area_fault_in(struct area *a, size_t len)
@@ -61,7 +65,8 @@ area_grow(gpx_conn *c, size_t need)
 		client_area_free(&a);
 		return client_error(c, GPX_ESYS, "cannot create the segment area");
 	}
-	area_fault_in(&a, len);
+	if (len == AREA_MIN)
+		area_fault_in(&a, len);
 	a.len = len;
 	sa.length = len;
 	m.body_case = GPX__CLIENT_MSG__BODY_SEG_AREA;
