@@ -117,7 +117,8 @@ budget_warm(const struct cq *q, const struct user *u)
 {
 	if (q != NULL)
 		__builtin_prefetch(&q->charged, 1);
-	__builtin_prefetch(&u->charged, 1);     /* (and inflight, in the same line) */
+	if (u != NULL)
+		__builtin_prefetch(&u->charged, 1);     /* (and inflight, in the same line) */
 	__builtin_prefetch(&total_charged, 1);
 	__builtin_prefetch(&high_water, 1);
 }

@@ -207,8 +207,9 @@ engine_warm(enum path_kind pk, const struct cq *q, const struct user *u)
 {
 	__builtin_prefetch(&paths[pk], 1);
 	__builtin_prefetch(&elock, 1);
-	__builtin_prefetch(&q->eq[pk], 1);
-	if (u->uq != NULL)
+	if (q != NULL)
+		__builtin_prefetch(&q->eq[pk], 1);
+	if (u != NULL && u->uq != NULL)
 		__builtin_prefetch(&u->uq[pk], 1);
 }
 

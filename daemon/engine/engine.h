@@ -41,7 +41,8 @@ bool engine_idle(enum path_kind, uint64_t ns);
 /* A request for the path is built, its check to come: an idle worker of it looks (engine_idle). */
 void engine_prewake(enum path_kind);
 uint64_t engine_prewakes(void);      /* engine_prewake calls that found a worker waiting */
-/* A hint (budget_warm): the engine's lines that handing a job of this connection to the path writes. */
+/* A hint (budget_warm): the engine's lines that handing a job of this connection to the path
+ * writes (q and u may be NULL: a request built without them, as the unit tests build some). */
 void engine_warm(enum path_kind, const struct cq *, const struct user *);
 uint32_t engine_pair_of(const struct job *, uint32_t seg);
 int engine_queues(enum path_kind);   /* connections with work on the path (a hint) */
