@@ -191,6 +191,32 @@ gpx_copy_pages(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, ui
 	return transfer_send(c, &t);
 }
 
+API int
+gpx_copy_pages_table(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,
+    uint64_t page_size, gpx_region table, uint64_t table_off, size_t n, uint64_t tag)
+{
+	Gpx__Transfer t = GPX__TRANSFER__INIT;
+	int r;
+
+	if ((r = segs_usable(c, n)) < 0)
+		return r;
+	if (page_size == 0 || table == 0)
+		return client_error(c, GPX_EINVAL, "a page transfer needs a page size and the region of its table");
+	if (c->outstanding >= c->entries)
+		return client_error(c, GPX_EBUSY, "no credit left: collect completions first");
+	c->area.resv_n = 0;        /* any transfer ends a reservation */
+	t.tag = tag;
+	t.src_region = src;
+	t.dst_region = dst;
+	t.seg_count = n;
+	t.page_size = page_size;
+	t.src_offset = src_off;
+	t.dst_offset = dst_off;
+	t.list_region = table;
+	t.list_offset = table_off;
+	return transfer_send(c, &t);
+}
+
 _Static_assert(sizeof(struct gpx_pair) == sizeof(struct gpx_wire_pair), "pair layout");
 
 /*

@@ -172,6 +172,19 @@ int gpx_segs_reserve(gpx_conn *c, size_t n, struct gpx_seg **out);
 int gpx_copy_pages(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,
     uint64_t page_size, const uint32_t *src_pages, const uint32_t *dst_pages, size_t n, uint64_t tag);
 /*
+ * Pages whose numbers lie in GPU memory, as a program's block table does: at table_off of the
+ * registered (or imported) GPU region table, n source page numbers, then n destination page
+ * numbers (uint32_t each; table_off a multiple of 4).  Nothing of the list crosses the host:
+ * the page kernel of the GPU that runs the copy reads the numbers in place and checks each
+ * one as it reads it, so a page out of its side's region is not copied and the transfer
+ * completes with GPX_ERANGE (the others are copied).  Finish the GPU work that writes the
+ * table before submitting, and leave it alone until the completion, as with the pages
+ * themselves.  Needs a copy the page kernel runs (both sides GPU memory, on one GPU or two
+ * with peer access); else GPX_ENOTSUP.  (GPXCLIENT_0.6)
+ */
+int gpx_copy_pages_table(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,
+    uint64_t page_size, gpx_region table, uint64_t table_off, size_t n, uint64_t tag);
+/*
  * Batches: many (source region, destination region) pairs in one request.  A KV-cache
  * handoff moves the same block numbers out of every layer's K and V tensors into another
  * process's; a weight push moves every tensor of a model.  The whole batch is checked before

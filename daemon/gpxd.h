@@ -535,6 +535,12 @@ struct job {
 	                              * as in pages; then segs is NULL too */
 	uint32_t npages;
 	uint64_t page_size;
+	struct region *list;         /* a page list in GPU memory (protocol 4), held until the job
+	                              * ends, or NULL; then pages holds no list, only the pairs' */
+	uint64_t list_addr;          /* ... its page numbers in the kernel's context (npages
+	                              * source numbers, then npages destination numbers) */
+	uint32_t lim_src, lim_dst;   /* ... the kernel copies a page only below these */
+	volatile uint32_t *oob;      /* ... where it says that some page was not (pinned) */
 	uint64_t charged;            /* bytes of the budgets it holds (user.c) */
 	uint64_t *blocks;            /* blocks[k]: bytes of the segments before (k + 1) * SEG_BLOCK
 	                              * (of all, for the last block): chunking in O(log n) */

@@ -12,9 +12,10 @@
 #include <sys/types.h>
 #include <protobuf-c/protobuf-c.h>
 
-#define GPX_PROTO_VERSION 3            /* 2: page transfers (Transfer.page_size); 3: VMM
+#define GPX_PROTO_VERSION 4            /* 2: page transfers (Transfer.page_size); 3: VMM
                                         * pieces (Register.piece_count, Pieces), batches
-                                        * (Transfer.pair_count) */
+                                        * (Transfer.pair_count); 4: page lists in GPU memory
+                                        * (Transfer.list_region) */
 #define GPX_PROTO_MIN 1                /* the oldest a daemon still speaks */
 #define GPX_MSG_MAX (64 * 1024)        /* largest datagram either side sends or accepts */
 #define GPX_MAX_FDS 32                 /* most fds any message carries (Pieces) */

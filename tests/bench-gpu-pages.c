@@ -5,7 +5,9 @@
  *   gpu-pages    65,536 scattered 4 KiB and 16 KiB pages in one request, against what a
  *                program does without gpx: its own gather-scatter kernel over all pages in
  *                one launch (tests/bench-gather.cu; the strongest, and the target's baseline),
- *                cuMemcpyBatchAsync of all pages, and one cuMemcpyAsync per page
+ *                cuMemcpyBatchAsync of all pages, and one cuMemcpyAsync per page; and
+ *                gpxd's own page kernel launched here, once, as gpxd launches it, which
+ *                tells the kernel's speed from what a request costs around it
  *   gpu-idle     the same page requests between the client's own GPU work: after 1 ms of
  *                it, after 1 ms of nothing, and while it runs, against back to back; and
  *                what gpxd's threads cost in CPU meanwhile and once idle
@@ -27,6 +29,7 @@
 #include "tests/util.h"
 
 extern const unsigned char bench_gather_fatbin[];
+extern const unsigned char gpx_copy_fatbin[];      /* gpxd's kernels (daemon/gpu/copy-kernel.cu) */
 
 struct pages {
 	struct bench_ctx *b;
@@ -38,10 +41,12 @@ struct pages {
 	CUdeviceptr dsp, ddp;       /* the page numbers in GPU0's memory, for the program's kernel */
 	CUdeviceptr *bsrc, *bdst;   /* the pages as cuMemcpyBatchAsync takes them */
 	size_t *blen;
+	CUdeviceptr klist, kpair;   /* gpxd's kernel's list and pair, in pinned host memory */
+	gpx_region table;           /* the page numbers in GPU0's memory, registered (gpx_copy_pages_table) */
 };
 
-/* The program's own gather-scatter kernel on the source's GPU, and its grid. */
-static CUfunction gather_fn;
+/* The program's own gather-scatter kernel on the source's GPU, and its grid; gpxd's page kernel. */
+static CUfunction gather_fn, kpages_fn;
 static unsigned gather_blocks;
 
 /* Whether cuMemcpyBatchAsync runs here (the batch column), and else why not. */
@@ -57,6 +62,7 @@ pages_baselines_load(int dev)
 
 	cuCtxSetCurrent(bench_gpu_ctx(dev));
 	if (!CK(cuModuleLoadData(&m, bench_gather_fatbin)) || !CK(cuModuleGetFunction(&gather_fn, m, "bench_gather")) ||
+	    !CK(cuModuleLoadData(&m, gpx_copy_fatbin)) || !CK(cuModuleGetFunction(&kpages_fn, m, "gpx_copy_pages")) ||
 	    !CK(cuCtxGetDevice(&d)) || !CK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d)))
 		return -1;
 	/* Eight blocks of 256 threads per SM: every SM full, as a program launches it on an idle GPU. */
@@ -76,6 +82,43 @@ pages_fused(void *arg)
 
 	cuCtxSetCurrent(bench_gpu_ctx(o->src->dev));
 	if (cuLaunchKernel(gather_fn, blocks, 1, 1, 256, 1, 1, 0, st, args, NULL) != CUDA_SUCCESS)
+		return -GPX_EIO;
+	return cuStreamSynchronize(st) == CUDA_SUCCESS ? 0 : -GPX_EIO;
+}
+
+/* The same pages with their numbers in GPU memory, as the program's kernel has them. */
+static int
+pages_gpx_table(void *arg)
+{
+	struct pages *o = arg;
+	struct gpx_completion c;
+	int r = gpx_copy_pages_table(o->b->conn, o->src->region, 0, o->dst->region, 0, o->page, o->table, 0, o->n,
+	    ++o->tag);
+
+	if (r < 0)
+		return r;
+	while ((r = gpx_poll(o->b->conn, &c, 1)) == 0)
+		;
+	return r < 0 ? r : c.status;
+}
+
+/*
+ * gpxd's page kernel, launched here once over all pages as gpxd launches it (a block of 256
+ * for every 8 pages, the default of cuda.sm_copy_blocks), its list read in place from pinned
+ * host memory as gpxd's checked copy is: the kernel's own speed, without what a request
+ * costs around it (the client's writing of the list, gpxd's check of it, the hand-offs).
+ */
+static int
+pages_kernel_here(void *arg)
+{
+	struct pages *o = arg;
+	CUstream st = bench_gpu_stream(o->src->dev);
+	uint32_t n = (uint32_t)o->n, item0 = 0, stride = 2, lim = UINT32_MAX;
+	uint64_t size = o->page, head = 0, bytes = o->n * o->page, sp = o->klist, dp = o->klist + 4, oob = 0;
+	void *args[] = { &sp, &dp, &stride, &n, &o->kpair, &item0, &n, &size, &head, &bytes, &lim, &lim, &oob };
+
+	cuCtxSetCurrent(bench_gpu_ctx(o->src->dev));
+	if (cuLaunchKernel(kpages_fn, (n + 7) / 8, 1, 1, 256, 1, 1, 0, st, args, NULL) != CUDA_SUCCESS)
 		return -GPX_EIO;
 	return cuStreamSynchronize(st) == CUDA_SUCCESS ? 0 : -GPX_EIO;
 }
@@ -175,7 +218,7 @@ mode_pages(struct bench_ctx *b)
 	int r = bench_gpu_setup(b, "gpu-pages", 1);
 	const size_t n = 65536;
 	struct gbuf a, z;
-	char what[64], title[400];
+	char what[64], title[800];
 
 	if (r)
 		return r;
@@ -201,9 +244,20 @@ mode_pages(struct bench_ctx *b)
 	uint32_t *sp = malloc(n * sizeof(*sp)), *dp = malloc(n * sizeof(*dp));
 	CUdeviceptr *bs = malloc(n * sizeof(*bs)), *bd = malloc(n * sizeof(*bd));
 	size_t *bl = malloc(n * sizeof(*bl));
-	CUdeviceptr dsp, ddp;
+	CUdeviceptr dsp, ddp, klist, kpair;
+	struct gbuf tab;             /* the page numbers again in GPU0's memory, for gpx_copy_pages_table */
+	uint32_t *hlist;             /* gpxd's kernel's list: (source, destination) page numbers */
+	uint64_t *hpair;             /* and its one pair's bases */
+	char beyond[160] = "";       /* a request's time beyond gpxd's kernel alone, each page size */
 	if (s == NULL || sp == NULL || dp == NULL || bs == NULL || bd == NULL || bl == NULL ||
-	    !CK(cuMemAlloc(&dsp, n * sizeof(*sp))) || !CK(cuMemAlloc(&ddp, n * sizeof(*dp))))
+	    !CK(cuMemAlloc(&dsp, n * sizeof(*sp))) || !CK(cuMemAlloc(&ddp, n * sizeof(*dp))) ||
+	    !CK(cuMemHostAlloc((void **)&hlist, n * 2 * sizeof(*hlist), CU_MEMHOSTALLOC_DEVICEMAP)) ||
+	    !CK(cuMemHostAlloc((void **)&hpair, 2 * sizeof(*hpair), CU_MEMHOSTALLOC_DEVICEMAP)) ||
+	    !CK(cuMemHostGetDevicePointer(&klist, hlist, 0)) || !CK(cuMemHostGetDevicePointer(&kpair, hpair, 0)))
+		return -1;
+	hpair[0] = a.d;
+	hpair[1] = z.d;
+	if (gbuf_new(b, 0, 2 * n * sizeof(*sp), &tab) < 0)
 		return -1;
 	for (size_t page = 4096; page <= 16384; page *= 4) {
 		size_t slots = a.len / page;
@@ -215,12 +269,16 @@ mode_pages(struct bench_ctx *b)
 			bs[i] = a.d + (CUdeviceptr)sp[i] * page;
 			bd[i] = z.d + (CUdeviceptr)dp[i] * page;
 			bl[i] = page;
+			hlist[2 * i] = sp[i];
+			hlist[2 * i + 1] = dp[i];
 		}
 		cuCtxSetCurrent(bench_gpu_ctx(0));
-		if (!CK(cuMemcpyHtoD(dsp, sp, n * sizeof(*sp))) || !CK(cuMemcpyHtoD(ddp, dp, n * sizeof(*dp))))
+		if (!CK(cuMemcpyHtoD(dsp, sp, n * sizeof(*sp))) || !CK(cuMemcpyHtoD(ddp, dp, n * sizeof(*dp))) ||
+		    !CK(cuMemcpyHtoD(tab.d, sp, n * sizeof(*sp))) || !CK(cuMemcpyHtoD(tab.d + n * sizeof(*sp), dp, n * sizeof(*dp))))
 			return -1;
 		struct pages o = { .b = b, .src = &a, .dst = &z, .segs = s, .sp = sp, .dp = dp, .n = n, .page = page,
-			.dsp = dsp, .ddp = ddp, .bsrc = bs, .bdst = bd, .blen = bl };
+			.dsp = dsp, .ddp = ddp, .bsrc = bs, .bdst = bd, .blen = bl, .klist = klist, .kpair = kpair,
+			.table = tab.region };
 		static const struct {
 			const char *metric;
 			bench_op direct, gpx;
@@ -228,10 +286,13 @@ mode_pages(struct bench_ctx *b)
 			const char *target;
 		} rows[] = {
 			{ "GB/s kernel", pages_fused, pages_gpx_numbers, "gpx_copy_pages", "gpu.pages.fused" },
+			{ "GB/s kernel", pages_fused, pages_gpx_table, "gpx_copy_pages_table", "gpu.pages.fused" },
 			{ "GB/s kernel", pages_fused, pages_gpx, "gpx_copyv", "gpu.pages.fused" },
 			{ "GB/s batch", NULL, pages_gpx_numbers, "gpx_copy_pages", NULL },
 			{ "GB/s per page", pages_direct, pages_gpx_numbers, "gpx_copy_pages", NULL },
+			{ "GB/s kernel", pages_fused, pages_kernel_here, "gpxd's kernel alone", NULL },
 		};
+		double t_request = NAN;
 		/* A driver that refuses a batch this long leaves the column out, saying why. */
 		if (batch_ok && pages_batch(&o) < 0) {
 			fprintf(stderr, "gpx-bench-gpu: gpu-pages: %s\n", batch_why);
@@ -239,7 +300,9 @@ mode_pages(struct bench_ctx *b)
 		}
 		if (pages_check(&o, pages_fused, "the program's kernel") < 0 ||
 		    (batch_ok && pages_check(&o, pages_batch, "cuMemcpyBatchAsync") < 0) ||
-		    pages_check(&o, pages_gpx_numbers, "gpx_copy_pages") < 0 || pages_check(&o, pages_gpx, "gpx_copyv") < 0)
+		    pages_check(&o, pages_gpx_numbers, "gpx_copy_pages") < 0 || pages_check(&o, pages_gpx, "gpx_copyv") < 0 ||
+		    pages_check(&o, pages_kernel_here, "gpxd's kernel alone") < 0 ||
+		    pages_check(&o, pages_gpx_table, "gpx_copy_pages_table") < 0)
 			return -1;
 		for (size_t k = 0; k < sizeof(rows) / sizeof(rows[0]); k++) {
 			bench_op direct = rows[k].direct != NULL ? rows[k].direct : batch_ok ? pages_batch : NULL;
@@ -253,16 +316,27 @@ mode_pages(struct bench_ctx *b)
 				return -1;
 			bench_gpu_row_t(b, what, rows[k].metric, n * page / p.direct / 1e9, n * page / p.gpx / 1e9, false,
 			    n * page, rows[k].target);
+			if (k == 0)
+				t_request = p.gpx;
+			else if (rows[k].gpx == pages_kernel_here)
+				snprintf(beyond + strlen(beyond), sizeof(beyond) - strlen(beyond), "%s%zu KiB %.1f us",
+				    beyond[0] ? ", " : "", page / 1024, (t_request - p.gpx) * 1e6);
 			bench_pair_free(&p);
 		}
 	}
 	snprintf(title, sizeof(title), "direct: kernel = one launch of the program's own gather-scatter kernel "
 	    "(tests/bench-gather.cu, %u blocks of 256), batch = cuMemcpyBatchAsync%s%s, per page = one "
-	    "cuMemcpyAsync each; every way checked byte for byte first", gather_blocks,
-	    !batch_ok ? ": " : "", !batch_ok ? batch_why : "");
+	    "cuMemcpyAsync each; gpx_copy_pages_table = the page numbers in GPU0's memory, as the program's "
+	    "kernel has them; gpxd's kernel alone = gpxd's gpx_copy_pages launched here once as gpxd "
+	    "launches it, its list in pinned host memory (a gpx_copy_pages request took longer by %s: the "
+	    "client's writing of the list, gpxd's check of it, the hand-offs and launch); every way checked "
+	    "byte for byte first", gather_blocks, !batch_ok ? ": " : "", !batch_ok ? batch_why : "", beyond);
 	bench_table_end(b, title);
 	cuMemFree(dsp);
 	cuMemFree(ddp);
+	gbuf_free(b, &tab);
+	cuMemFreeHost(hlist);
+	cuMemFreeHost(hpair);
 	free(s);
 	free(sp);
 	free(dp);

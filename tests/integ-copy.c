@@ -14,9 +14,12 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 
 #include "client-lib/gpx.h"
+#include "proto/wire.h"
+#include "tests/harness.h"
 #include "tests/integ.h"
 #include "tests/tclient.h"
 #include "tests/tap.h"
@@ -460,6 +463,99 @@ test_pages(void)
 	buf_free(&b);
 	free(sp);
 	free(dp);
+}
+
+/*
+ * Page lists in GPU memory (gpx_copy_pages_table, protocol 4): every refusal a machine
+ * without a GPU can see.  The table's bounds are checked before whether it is GPU memory, so
+ * that a host region of 800 bytes shows them: 100 pages (two uint32_t each) fit from offset 0,
+ * 99 from offset 4, 100 from 4 do not.  The copies themselves are the GPU tests'.
+ */
+void
+test_pages_table(void)
+{
+	const uint32_t page = 4096, slots = 64;
+	struct buf a, b, t;
+	uint64_t seed = 77;
+	gpx_conn *c = client("integ-pages-table");
+
+	if (c == NULL || buf_new(&a, (size_t)slots * page) < 0 || buf_new(&b, (size_t)slots * page) < 0 ||
+	    buf_new(&t, 800) < 0 || buf_reg(c, &a, 0) < 0 || buf_reg(c, &b, 0) < 0 || buf_reg(c, &t, 0) < 0)
+		tap_bail("cannot set up the page table test");
+	uint32_t *tab = (uint32_t *)t.p;
+	for (uint32_t i = 0; i < 100; i++)
+		tab[i] = tab[100 + i] = i % slots;
+	fill_random(a.p, a.len, &seed);
+	fill_random(b.p, b.len, &seed);
+	const uint64_t before = fnv(b.p, b.len);
+	static const struct {
+		uint64_t off;
+		uint32_t n;
+		int status;
+		const char *say, *what;
+	} cases[] = {
+		{ 0, 100, GPX_EINVAL, "GPU memory", "a table in host memory" },
+		{ 4, 99, GPX_EINVAL, "GPU memory", "99 pages from offset 4 (the table's last byte): in bounds, host memory" },
+		{ 0, 101, GPX_ERANGE, "inside its region", "101 pages (808 bytes) of an 800-byte table" },
+		{ 4, 100, GPX_ERANGE, "inside its region", "100 pages from offset 4, 4 bytes past its end" },
+		{ 2, 10, GPX_ERANGE, "aligned", "a table at an offset that is not a multiple of 4" },
+		{ UINT64_MAX - 3, 1, GPX_ERANGE, "inside its region", "an offset that wraps" },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		int r = gpx_copy_pages_table(c, a.r, 0, b.r, 0, page, t.r, cases[i].off, cases[i].n, 300 + i);
+		r = r < 0 ? r : wait_tag(c, 300 + i, NULL);
+		ok(r == -cases[i].status && strstr(gpx_last_error(c), cases[i].say) != NULL, "%s: %s (%s)", cases[i].what,
+		    gpx_strerror(r), gpx_last_error(c));
+	}
+	int r = gpx_copy_pages_table(c, a.r, 0, b.r, 0, page, t.r + 1000, 0, 10, 310);
+	ok((r < 0 ? r : wait_tag(c, 310, NULL)) == -GPX_ENOENT, "a table region that does not exist: ENOENT");
+	ok(fnv(b.p, b.len) == before, "no byte of the refused transfers reached the destination");
+	ok(gpx_copy_pages_table(c, a.r, 0, b.r, 0, 0, t.r, 0, 10, 311) == -GPX_EINVAL &&
+	    gpx_copy_pages_table(c, a.r, 0, b.r, 0, page, 0, 0, 10, 312) == -GPX_EINVAL &&
+	    gpx_copy_pages_table(c, a.r, 0, b.r, 0, page, t.r, 0, 0, 313) == -GPX_EINVAL,
+	    "the library refuses page size 0, table 0 and 0 pages");
+
+	/* On the wire: what the library never sends. */
+	unsigned char *area;
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__Transfer x = GPX__TRANSFER__INIT;
+	m.seq = 5;
+	m.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
+	m.transfer = &x;
+	static const struct {
+		uint32_t version;
+		uint64_t page_size, list_region, list_offset, area_offset;
+		uint32_t pair_count;
+		const char *what;
+	} wire[] = {
+		{ 3, 4096, 7, 0, 0, 0, "a table on a protocol 3 connection" },
+		{ GPX_PROTO_VERSION, 0, 7, 0, 0, 0, "a table without a page size" },
+		{ GPX_PROTO_VERSION, 4096, 0, 8, 0, 0, "a table offset without its region" },
+		{ GPX_PROTO_VERSION, 4096, 7, 0, 64, 0, "a table and a list in the segment area" },
+		{ GPX_PROTO_VERSION, 4096, 7, 0, 0, 1, "a table in a batch" },
+	};
+	for (size_t i = 0; i < sizeof(wire) / sizeof(wire[0]); i++) {
+		int s = harness_area_client(&H, wire[i].version, &area, 1 << 16);
+		if (s < 0)
+			tap_bail("cannot set up a raw client");
+		x.tag = 320 + i;
+		x.src_region = x.dst_region = 5;
+		x.seg_count = 10;
+		x.page_size = wire[i].page_size;
+		x.list_region = wire[i].list_region;
+		x.list_offset = wire[i].list_offset;
+		x.area_offset = wire[i].area_offset;
+		x.pair_count = wire[i].pair_count;
+		if (x.pair_count > 0)
+			x.src_region = x.dst_region = 0;
+		ok(harness_request(s, &m, NULL, 0, 5000, NULL) == GPX__STATUS__EPROTO, "%s: EPROTO", wire[i].what);
+		close(s);
+		munmap(area, 1 << 16);
+	}
+	gpx_close(c);
+	buf_free(&a);
+	buf_free(&b);
+	buf_free(&t);
 }
 
 static long

@@ -40,6 +40,7 @@ main(void)
 	test_big_vector();
 	test_bounds();
 	test_pages();
+	test_pages_table();
 	test_area_faulted();
 	test_foreign_region();
 	test_exports();

@@ -13,6 +13,7 @@ void test_concurrent(void);
 void test_big_vector(void);
 void test_bounds(void);
 void test_pages(void);
+void test_pages_table(void);
 void test_area_faulted(void);
 
 /* tests/integ-share.c: region ids, exports and imports, export rules */

@@ -672,6 +672,8 @@ engine_free_job(struct job *j)
 		if (p->dst != NULL)
 			region_drop(p->dst);
 	}
+	if (j->list != NULL)
+		region_drop(j->list);
 	if (j->pairs != &j->one)
 		free(j->pairs);
 	gpu_pages_free(j->pages);
@@ -811,7 +813,9 @@ finish_flush(struct finish *f)
 static void
 job_finish(struct job *j, struct finish *f)
 {
-	int status = j->failed ? GPX__STATUS__EIO : j->cancelled ? cancel_status : 0;
+	/* (a page the kernel found out of its region, in a list in GPU memory: not copied) */
+	int status = j->failed ? GPX__STATUS__EIO : j->cancelled ? cancel_status :
+	    j->oob != NULL && *j->oob != 0 ? GPX__STATUS__ERANGE : 0;
 	struct epath *p = &paths[j->path];
 	struct jgroup *g = j->group;
 	bool post = true;

@@ -172,6 +172,36 @@ pages_copy_of(const struct job *j)
 }
 
 /*
+ * A list in GPU memory (protocol 4): the kernel of the GPU that runs the pairs reads it in
+ * place and copies only the pages below each side's limit (the same limits as the check of
+ * a list in host memory: the fewest whole pages any pair has on that side), so that nothing
+ * here reads it, and the client may write it with its own GPU work.  No other path reads GPU
+ * memory as a list: a job that kernel cannot run is refused.
+ */
+static int
+pages_in_gpu(struct job *j, uint64_t ps, const struct region *list, uint64_t list_off, char *err, size_t errlen)
+{
+	uint64_t ls, ld;
+	int dev;
+
+	if (!pages_limits(j, ps, &ls, &ld)) {
+		snprintf(err, errlen, "a side of the pairs holds no whole page of %llu bytes", (unsigned long long)ps);
+		return -GPX__STATUS__ERANGE;
+	}
+	if ((j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, 0, list, list_off, &j->list_addr, &j->oob,
+	    &dev)) == NULL) {
+		snprintf(err, errlen, "a page list in GPU memory is read by the page kernel of the GPU that runs "
+		    "the copy, and none runs this one (a side in host memory, pairs on several GPUs, a page size "
+		    "or alignment it does not take, or the list not mapped on that GPU)");
+		return -GPX__STATUS__ENOTSUP;
+	}
+	j->lim_src = (uint32_t)ls;
+	j->lim_dst = (uint32_t)ld;
+	j->path = (enum path_kind)(PATH_GPU0 + dev);
+	return 0;
+}
+
+/*
  * Sets j up for a list of n pages of ps bytes for every pair of j (j->pairs with their bases
  * are set), and charges the private memory its records go to (*want: what the check
  * allocates): the kernel's pinned list when a GPU runs the job as pages (allocated here); on
@@ -181,8 +211,8 @@ pages_copy_of(const struct job *j)
  * bytes xfer_pages_check will write.
  */
 int
-xfer_pages_prepare(struct job *j, uint32_t n, uint64_t ps, const struct xfer_from *c, struct charge *ch,
-    uint64_t *work, enum xfer_list *want, char *err, size_t errlen)
+xfer_pages_prepare(struct job *j, uint32_t n, uint64_t ps, const struct region *list, uint64_t list_off,
+    const struct xfer_from *c, struct charge *ch, uint64_t *work, enum xfer_list *want, char *err, size_t errlen)
 {
 	const uint64_t items = (uint64_t)j->npairs * n;
 	int dev;
@@ -205,9 +235,11 @@ xfer_pages_prepare(struct job *j, uint32_t n, uint64_t ps, const struct xfer_fro
 		j->pairs[k].seg_end = (k + 1) * n;
 		j->pairs[k].bytes = n * ps;
 	}
+	if (list != NULL)
+		return pages_in_gpu(j, ps, list, list_off, err, errlen);
 	*work += (uint64_t)n * sizeof(struct gpx_wire_page);
 	/* (the kernel's list lies in an arena of fixed size, allocated at start: not charged) */
-	if ((j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, n, &dev)) != NULL) {
+	if ((j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, n, NULL, 0, NULL, NULL, &dev)) != NULL) {
 		j->path = (enum path_kind)(PATH_GPU0 + dev);      /* that GPU's kernel runs it */
 		return 0;
 	}
@@ -236,6 +268,8 @@ xfer_pages_check(struct job *j, const unsigned char *in, bool on_loop, char *err
 	bool bad;
 	int r;
 
+	if (j->oob != NULL)
+		return 0;            /* in GPU memory: the kernel checks each page as it reads it */
 	/* (copied whole even when some side has no page, so that the refusal reads a copy) */
 	bad = !pages_limits(j, ps, &ls, &ld);
 	bad |= (on_loop ? pages_copy2 : pages_copy)(pg, in, n, (uint32_t)(ls - 1), (uint32_t)(ld - 1));

@@ -49,10 +49,11 @@ enum xfer_list { LIST_NONE, LIST_SEGS, LIST_PAGES };
  * each of its pairs, its private list charged (*want: the list to allocate before the check,
  * *work grows by what the check writes); then, on any thread, the records at `in` copied in and
  * checked (on_loop: the loop thread's, which may lend half of a long list to an idle GPU
- * worker).
+ * worker).  With list, the page numbers lie in that region (GPU memory) at list_off: the
+ * GPU's page kernel reads and checks them, and nothing is left to check here.
  */
-int xfer_pages_prepare(struct job *, uint32_t n, uint64_t page_size, const struct xfer_from *, struct charge *,
-    uint64_t *work, enum xfer_list *want, char *err, size_t errlen);
+int xfer_pages_prepare(struct job *, uint32_t n, uint64_t page_size, const struct region *list, uint64_t list_off,
+    const struct xfer_from *, struct charge *, uint64_t *work, enum xfer_list *want, char *err, size_t errlen);
 int xfer_pages_check(struct job *, const unsigned char *in, bool on_loop, char *err, size_t errlen);
 
 #endif

@@ -66,6 +66,7 @@ struct xfer_check {
 	unsigned char *plist;        /* a page batch of several groups: the list, copied once for all */
 	struct gpx_wire_pair *pr;    /* a batch's pairs as sent */
 	struct xfer_pairs *kept;     /* the kept pairs it took them from, while building */
+	struct region *list;         /* a page list's region (protocol 4), held until its job has it */
 	uint32_t *idx;               /* their indexes, group after group in the order of the jobs */
 	uint32_t gfirst[NPATHS];     /* where each group's indexes begin */
 	unsigned char want[NPATHS];  /* each job's private list, to allocate when checking (enum xfer_list) */
@@ -786,7 +787,8 @@ build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct
 	int r = 0;
 
 	if (c->version < 3 || np > GPX_PAIRS_MAX || segfd >= 0 || t->n_segments > 0 || n == 0 ||
-	    t->src_region != 0 || t->dst_region != 0 || t->src_offset != 0 || t->dst_offset != 0) {
+	    t->src_region != 0 || t->dst_region != 0 || t->src_offset != 0 || t->dst_offset != 0 ||
+	    t->list_region != 0 || t->list_offset != 0) {
 		snprintf(err, errlen, "a batch (protocol 3) is 1..%u pairs and its list, both in the segment "
 		    "area, and nothing else", GPX_PAIRS_MAX);
 		return -GPX__STATUS__EPROTO;
@@ -883,7 +885,7 @@ resolved:
 	int g = 0;
 	for (struct job *j = k->head; j != NULL && r == 0 && pages; j = j->gnext, g++) {
 		enum xfer_list want;
-		r = xfer_pages_prepare(j, n, t->page_size, c, &k->ch, &k->work, &want, err, errlen);
+		r = xfer_pages_prepare(j, n, t->page_size, NULL, 0, c, &k->ch, &k->work, &want, err, errlen);
 		k->want[g] = want;
 	}
 	for (struct job *j = k->head; j != NULL && r == 0 && k->kept != NULL; j = j->gnext) {
@@ -942,6 +944,39 @@ check_batch_segs(struct xfer_check *k, char *err, size_t errlen)
 	return 0;
 }
 
+/*
+ * A page list in GPU memory (protocol 4): its region (this connection's, or one it imported)
+ * resolved and held for the request, and the list's n source and n destination numbers
+ * inside it.  Nothing of the list itself is read here.
+ */
+static int
+list_take(const struct xfer_from *c, const Gpx__Transfer *t, uint32_t n, struct xfer_check *k, char *err,
+    size_t errlen)
+{
+	struct region *r;
+	bool ro;
+	int e;
+
+	if ((e = resolve(c, t->list_region, "page list", &r, &ro, err, errlen)) < 0)
+		return e;
+	if (t->list_offset % 4 != 0 || !inside(t->list_offset, 8ull * n, r->length)) {
+		snprintf(err, errlen, "a list of %u pages (%llu bytes) at %llu: 4-byte aligned and inside its region "
+		    "(%llu bytes)", n, 8ull * n, (unsigned long long)t->list_offset, (unsigned long long)r->length);
+		return -GPX__STATUS__ERANGE;
+	}
+	if (r->dev == DEV_HOST || r->kind == GPX__MEM_KIND__MEM_REMOTE) {
+		snprintf(err, errlen, "page list region %#llx is not GPU memory of this node (a list in host memory "
+		    "comes in the segment area)", (unsigned long long)t->list_region);
+		return -GPX__STATUS__EINVAL;
+	}
+	if (!region_hold(r)) {
+		snprintf(err, errlen, "page list region was withdrawn by its owner");
+		return -GPX__STATUS__EREVOKED;
+	}
+	k->list = r;
+	return 0;
+}
+
 /* A single transfer: its regions resolved and held, its job and private list allocated. */
 static int
 build_one(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct xfer_check *k, char *err,
@@ -952,6 +987,13 @@ build_one(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct x
 	uint32_t n;
 	int r;
 
+	if ((t->list_region != 0 || t->list_offset != 0) && (c->version < 4 || t->list_region == 0 ||
+	    t->page_size == 0 || t->seg_count == 0 || t->area_offset != 0 || segfd >= 0 || t->n_segments > 0)) {
+		snprintf(err, errlen, c->version < 4 ? "a page list in a region needs protocol 4 (this connection "
+		    "speaks %u)" : "a page list in a region is a page transfer's (page_size, seg_count pages), named "
+		    "by list_region, with nothing in the segment area, no memfd, no inline segments", c->version);
+		return -GPX__STATUS__EPROTO;
+	}
 	if ((r = resolve_pair(c, t->src_region, t->dst_region, &sh, &dh, err, errlen)) < 0)
 		return r;
 	/* What the hold and the hand-over to the engine write, fetched while the rest is checked. */
@@ -972,8 +1014,10 @@ build_one(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct x
 		snprintf(err, errlen, "%u segments (1..%u allowed)", n, cfg->max_segs);
 		return -GPX__STATUS__EINVAL;
 	}
-	/* The claimed count is checked against the area or memfd before anything is allocated. */
-	if (t->seg_count > 0 && segfd < 0 &&
+	/* The claimed count is checked against the area, memfd or region before anything is allocated. */
+	if (t->list_region != 0 && (r = list_take(c, t, n, k, err, errlen)) < 0)
+		return r;
+	if (t->seg_count > 0 && segfd < 0 && t->list_region == 0 &&
 	    (table = xfer_area(c->area, c->area_len, t->area_offset, (uint64_t)n * (t->page_size > 0 ?
 	    sizeof(struct gpx_wire_page) : sizeof(struct gpx_wire_seg)))) == NULL) {
 		snprintf(err, errlen, "%u segments at %llu leave the segment area (%zu bytes)", n,
@@ -993,7 +1037,8 @@ build_one(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct x
 	    .dst_base = t->dst_offset, .seg_end = n };
 	if (t->page_size > 0) {
 		enum xfer_list want;
-		r = xfer_pages_prepare(j, n, t->page_size, c, &k->ch, &k->work, &want, err, errlen);
+		r = xfer_pages_prepare(j, n, t->page_size, k->list, t->list_offset, c, &k->ch, &k->work, &want, err,
+		    errlen);
 		k->want[0] = want;
 	} else {
 		j->nseg = n;
@@ -1015,6 +1060,10 @@ build_one(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct x
 	}
 	if (r == 0)
 		r = job_hold(j, err, errlen);
+	if (r == 0 && k->list != NULL) {
+		j->list = k->list;           /* the job's hold from here on */
+		k->list = NULL;
+	}
 	return r;
 }
 
@@ -1159,6 +1208,8 @@ xfer_build(const struct xfer_from *c, const Gpx__Transfer *t, int *segfd, struct
 			job_drop(k.head);      /* no regions held: its lists and itself */
 			k.head = nx;
 		}
+		if (k.list != NULL)
+			region_drop(k.list);
 		if (k.ch.cq != NULL)
 			budget_release(k.ch.cq, k.ch.user, k.ch.bytes);
 		check_free(&k);

@@ -129,15 +129,20 @@ gpx_copy_few(const struct gpx_kfew f)
 /*
  * Pages: items [item0, item0 + n) of a page job, item i being page i % npages of the job's
  * list for pair i / npages (a batch's pairs share one list; a single transfer is one pair).
- * The list (pairs of page numbers, source and destination) and the pairs' bases are gpxd's
- * checked private copy in pinned host memory, read in place: each warp loads the page of its
- * next item before copying the current one, so the bus latency of the list hides behind the
- * copy.  Page p of a side lies at its pair's base + p * size.  A chunk is bytes [head, head +
- * bytes) of the items from item0 on: the first and last may be cut.
+ * Entry e of the list is page sp[e * stride] of the source and dp[e * stride] of the
+ * destination: gpxd's checked private copy in pinned host memory, read in place (pairs of
+ * numbers, stride 2), or the client's own list in GPU memory (two arrays, stride 1), which
+ * only this kernel reads: a page is copied only if it lies below lim_s and lim_d, and one
+ * that does not sets *oob instead (which the job's end reads).  The pairs' bases are in
+ * pinned host memory.  Each warp loads the page of its next item before copying the current
+ * one, so the latency of the list hides behind the copy.  Page p of a side lies at its pair's
+ * base + p * size.  A chunk is bytes [head, head + bytes) of the items from item0 on: the
+ * first and last may be cut.
  */
 extern "C" __global__ void __launch_bounds__(256)
-gpx_copy_pages(const uint2 *__restrict__ pages, uint32_t npages, const ulonglong2 *__restrict__ pairs,
-    uint32_t item0, uint32_t n, uint64_t size, uint64_t head, uint64_t bytes)
+gpx_copy_pages(const uint32_t *__restrict__ sp, const uint32_t *__restrict__ dp, uint32_t stride, uint32_t npages,
+    const ulonglong2 *__restrict__ pairs, uint32_t item0, uint32_t n, uint64_t size, uint64_t head, uint64_t bytes,
+    uint32_t lim_s, uint32_t lim_d, uint32_t *oob)
 {
 	const uint32_t lane = threadIdx.x & 31;
 	const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -147,14 +152,26 @@ gpx_copy_pages(const uint2 *__restrict__ pages, uint32_t npages, const ulonglong
 	if (warp >= n)
 		return;
 	uint32_t item = item0 + warp;
-	uint2 cur = pages[item % npages];
+	uint64_t e = (uint64_t)(item % npages) * stride;
+	uint32_t cs = sp[e], cd = dp[e];
 	for (uint32_t k = warp; k < n; k += warps, item += warps) {
-		const uint2 next = k + warps < n ? pages[(item + warps) % npages] : cur;
+		uint32_t ns = cs, nd = cd;
+		if (k + warps < n) {
+			e = (uint64_t)((item + warps) % npages) * stride;
+			ns = sp[e];
+			nd = dp[e];
+		}
 		const ulonglong2 base = pairs[item / npages];
 		const uint64_t at = (uint64_t)k * size;
 		const uint64_t lo = head > at ? head - at : 0;
 		const uint64_t hi = end < at + size ? end - at : size;
-		copy_one((const char *)(base.x + cur.x * size + lo), (char *)(base.y + cur.y * size + lo), hi - lo, lane);
-		cur = next;
+		if (cs < lim_s && cd < lim_d)
+			copy_one((const char *)(base.x + cs * size + lo), (char *)(base.y + cd * size + lo), hi - lo, lane);
+		else if (lane == 0) {
+			*(volatile uint32_t *)oob = 1;
+			__threadfence_system();
+		}
+		cs = ns;
+		cd = nd;
 	}
 }

@@ -419,10 +419,12 @@ cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, 
 }
 
 int
-cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t npages, const void *pairs, uint32_t item0,
+cuda_kernel_pages(int dev, void *s, const struct gpu_plist *l, uint32_t npages, const void *pairs, uint32_t item0,
     uint32_t nitems, uint64_t size, uint64_t head, uint64_t bytes, uint32_t blocks)
 {
-	void *args[] = { &pages, &npages, &pairs, &item0, &nitems, &size, &head, &bytes };
+	struct gpu_plist a = *l;
+	void *args[] = { &a.sp, &a.dp, &a.stride, &npages, &pairs, &item0, &nitems, &size, &head, &bytes, &a.lim_src,
+		&a.lim_dst, &a.oob };
 
 	return launch(kfn_pages[dev], s, nitems, blocks, args);
 }

@@ -174,7 +174,8 @@ kpairs_at(uint32_t n)
 }
 
 struct gpx_wire_page *
-gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size, uint32_t n, int *devp)
+gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size, uint32_t n, const struct region *list,
+    uint64_t list_off, uint64_t *list_addr, volatile uint32_t **oob, int *devp)
 {
 	/*
 	 * Between two GPUs the destination's kernel runs it, loading over the link and storing
@@ -182,9 +183,11 @@ gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size, 
 	 * Every pair of the job must be one that kernel runs.
 	 */
 	const int dev = pairs[0].dst->dev != DEV_HOST ? pairs[0].dst->dev : pairs[0].src->dev;
-	const uint64_t bytes = kpairs_at(n) + (uint64_t)npairs * sizeof(struct gpu_kpair);
+	const uint64_t at = kpairs_at(list != NULL ? 0 : n) + (uint64_t)npairs * sizeof(struct gpu_kpair);
+	const uint64_t bytes = at + (list != NULL ? sizeof(uint32_t) : 0);
 	const uint64_t need = (bytes + ARENA_GRAIN - 1) / ARENA_GRAIN;
 	struct gpx_wire_page *p = NULL;
+	uint64_t la = 0;
 
 	if (arena == NULL || dev == DEV_HOST || dev >= ngpus || need > ARENA_GRAINS)
 		return NULL;
@@ -192,6 +195,8 @@ gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size, 
 		if ((pairs[k].dst->dev != DEV_HOST ? pairs[k].dst->dev : pairs[k].src->dev) != dev ||
 		    !kernel_takes(dev, pairs[k].src, pairs[k].dst, page_size))
 			return NULL;
+	if (list != NULL && (list->dev == DEV_HOST || (la = addr_on(list, dev)) == 0))
+		return NULL;
 	pthread_mutex_lock(&arena_lock);
 	for (uint32_t i = 0, run = 0; i < ARENA_GRAINS; i++) {
 		run = arena_used[i] ? 0 : run + 1;
@@ -205,10 +210,15 @@ gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size, 
 	}
 	pthread_mutex_unlock(&arena_lock);
 	if (p != NULL) {
-		struct gpu_kpair *kp = (struct gpu_kpair *)((unsigned char *)p + kpairs_at(n));
+		struct gpu_kpair *kp = (struct gpu_kpair *)((unsigned char *)p + kpairs_at(list != NULL ? 0 : n));
 		for (uint32_t k = 0; k < npairs; k++)
 			kp[k] = (struct gpu_kpair){ addr_on(pairs[k].src, dev) + pairs[k].src_base,
 			    addr_on(pairs[k].dst, dev) + pairs[k].dst_base };
+		if (list != NULL) {
+			*oob = (volatile uint32_t *)((unsigned char *)p + at);
+			**oob = 0;
+			*list_addr = la + list_off;
+		}
 	}
 	*devp = dev;
 	return p;
@@ -526,12 +536,16 @@ issue_on(struct gdev *g, struct chunk *c, bool ce)
 	}
 	if (mark && signal_next(g, s, &g->started[s]) < 0)
 		mark = false;
-	if (j->pages != NULL)
+	if (j->pages != NULL) {
 		/* Only taken where the kernel runs (gpu_pages_alloc): the list is read in place. */
-		r = cuda_kernel_pages(g->index, g->stream[s], j->pages, j->npages,
-		    (const unsigned char *)j->pages + kpairs_at(j->npages), c->seg, pieces, j->page_size, c->off,
-		    c->bytes, gcfg()->sm_copy_blocks);
-	else if (!ce && j->npairs == 1 && pieces >= KERNEL_MIN_SEGS && (s != S_QUICK || pieces > GPU_KFEW_MAX) &&
+		const uint64_t sp = j->list != NULL ? j->list_addr : (uint64_t)(uintptr_t)j->pages;
+		const struct gpu_plist l = j->list != NULL ?
+		    (struct gpu_plist){ sp, sp + 4ull * j->npages, 1, j->lim_src, j->lim_dst, (uint64_t)(uintptr_t)j->oob } :
+		    (struct gpu_plist){ sp, sp + 4, 2, UINT32_MAX, UINT32_MAX, 0 };
+		r = cuda_kernel_pages(g->index, g->stream[s], &l, j->npages,
+		    (const unsigned char *)j->pages + kpairs_at(j->list != NULL ? 0 : j->npages), c->seg, pieces,
+		    j->page_size, c->off, c->bytes, gcfg()->sm_copy_blocks);
+	} else if (!ce && j->npairs == 1 && pieces >= KERNEL_MIN_SEGS && (s != S_QUICK || pieces > GPU_KFEW_MAX) &&
 	    kernel_takes(g->index, j->src, j->dst, c->bytes / pieces))
 		r = issue_kernel(g, c, slot, s);
 	else

@@ -46,9 +46,14 @@ int gpu_dev_by_uuid(const uint8_t uuid[16]);            /* -1: no such GPU here 
  * struct gpx_wire_page) in pinned memory the kernel reads in place, followed by the pairs'
  * addresses (filled in here from their regions and bases), and in *dev the GPU whose worker
  * runs it; else NULL (then the pages go as plain segments).  Freed with gpu_pages_free.
+ * With list (a client's page list in GPU memory, at list_off of that region), no room for
+ * records: the pairs, then the word the kernel sets for a page out of its region (*oob,
+ * cleared), and in *list_addr where that GPU's kernel reads the list; NULL where no such
+ * kernel can (nor a mapping of list on its GPU).
  */
 struct gpx_wire_page *gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size,
-    uint32_t n, int *dev);
+    uint32_t n, const struct region *list, uint64_t list_off, uint64_t *list_addr, volatile uint32_t **oob,
+    int *dev);
 void gpu_pages_free(struct gpx_wire_page *);
 
 /* ---- vmm.c: cuda-vmm memory, mirrors of clients' reservations (mem_cuda_vmm_ops) ---- */

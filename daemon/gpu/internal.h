@@ -60,11 +60,24 @@ int cuda_kernel_copy(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, 
 int cuda_kernel_copy_few(int dev, void *s, const struct gpu_kseg *segs, uint32_t n, uint64_t bytes, uint32_t blocks,
     uint64_t word, uint64_t seq);
 /*
- * pages: npages struct gpx_wire_page and the pairs' struct gpu_kpair, in pinned host memory
- * read by the kernel in place; items [item0, item0 + nitems) of pairs x pages, bytes [head,
- * head + bytes) of them
+ * Where the page kernel reads a list of npages entries: entry e is page number sp[e * stride]
+ * of the source and dp[e * stride] of the destination (uint32_t each).  gpxd's checked copy
+ * (struct gpx_wire_page in pinned host memory: dp = sp + 4, stride 2, no limits, oob 0), or
+ * a client's list in GPU memory (stride 1, checked by the kernel against lim_src / lim_dst,
+ * which sets the word at oob for a page it leaves out).
  */
-int cuda_kernel_pages(int dev, void *s, const void *pages, uint32_t npages, const void *pairs, uint32_t item0,
+struct gpu_plist {
+	uint64_t sp, dp;
+	uint32_t stride;
+	uint32_t lim_src, lim_dst;
+	uint64_t oob;
+};
+/*
+ * pages: the list as above and the pairs' struct gpu_kpair in pinned host memory, read by the
+ * kernel in place; items [item0, item0 + nitems) of pairs x pages, bytes [head, head + bytes)
+ * of them
+ */
+int cuda_kernel_pages(int dev, void *s, const struct gpu_plist *l, uint32_t npages, const void *pairs, uint32_t item0,
     uint32_t nitems, uint64_t size, uint64_t head, uint64_t bytes, uint32_t blocks);
 int cuda_host_register(void *p, size_t n, bool read_only);
 void cuda_host_unregister(void *p);

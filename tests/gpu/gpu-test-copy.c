@@ -189,6 +189,79 @@ test_pages_big(gpx_conn *c)
 	free(dp);
 }
 
+/*
+ * Pages whose numbers lie in GPU memory (gpx_copy_pages_table): a table on GPU tdev, 64 bytes
+ * into its allocation, n source numbers then n destination numbers, read in place by the page
+ * kernel of the GPU that runs the copy.  Then one source number past the region: that page is
+ * left out, every other one copied, and the transfer ends in GPX_ERANGE; the table's region is
+ * deregistered as soon as that transfer is submitted (its job holds it).  Pages of 1 MiB go to
+ * copy engines, which read no table: refused.
+ */
+void
+test_pages_table(gpx_conn *c, struct buf *a, struct buf *b, int tdev, size_t page, uint32_t n)
+{
+	const size_t slots = BUF / page, tlen = 2 * (size_t)n * sizeof(uint32_t);
+	uint32_t *t = malloc(tlen), *perm = shuffled(slots);
+	unsigned char *got = malloc(BUF);
+	struct gpx_completion done;
+	CUdeviceptr d;
+	gpx_region rt;
+
+	if (n > slots)
+		tap_bail("test_pages_table: %u pages of %zu do not fit", n, page);
+	for (uint32_t i = 0; i < n; i++) {
+		t[i] = rnd() % slots;
+		t[n + i] = perm[i];      /* distinct destinations, in a random order */
+	}
+	CK(cuCtxSetCurrent(ctx[tdev]));
+	CK(cuMemAlloc(&d, tlen + 64));
+	CK(cuMemcpyHtoD(d + 64, t, tlen));
+	CK(cuCtxSetCurrent(ctx[0]));
+	int r = gpx_register_cuda(c, (void *)d, tlen + 64, 0, &rt);
+	r = r ? r : gpx_copy_pages_table(c, a->region, 0, b->region, 0, page, rt, 64, n, 85);
+	r = r ? r : gpx_wait_tag(c, 85, &done, 30000);
+	r = r ? r : done.status;
+	for (uint32_t i = 0; i < n && r == 0; i++)
+		memmove(b->mirror + (size_t)t[n + i] * page, a->mirror + (size_t)t[i] * page, page);
+	buf_read(b, 0, got, BUF);
+	ok(r == 0 && memcmp(got, b->mirror, BUF) == 0, "pages %u x %zu from a table on GPU%d, %s -> %s verified", n,
+	    page, tdev, a->name, b->name);
+	if (r != 0)
+		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
+
+	const uint32_t out = n / 2;
+	for (uint32_t i = 0; i < n; i++)
+		t[i] = rnd() % slots;
+	t[out] = (uint32_t)slots;       /* one past the source's last page */
+	CK(cuCtxSetCurrent(ctx[tdev]));
+	CK(cuMemcpyHtoD(d + 64, t, tlen));
+	CK(cuCtxSetCurrent(ctx[0]));
+	int e = gpx_copy_pages_table(c, a->region, 0, b->region, 0, page, rt, 64, n, 86);
+	int g = gpx_deregister(c, rt);
+	e = e ? e : gpx_wait_tag(c, 86, &done, 30000);
+	e = e ? e : done.status;
+	ok(e == -GPX_ERANGE && g == 0, "a source page out of its region in the table: GPX_ERANGE (%s), the table "
+	    "deregistered while the copy ran", gpx_strerror(e));
+	for (uint32_t i = 0; i < n; i++)
+		if (i != out)
+			memmove(b->mirror + (size_t)t[n + i] * page, a->mirror + (size_t)t[i] * page, page);
+	buf_read(b, 0, got, BUF);
+	ok(memcmp(got, b->mirror, BUF) == 0, "every other page copied, the one out left alone");
+	r = gpx_register_cuda(c, (void *)d, tlen + 64, 0, &rt);
+	r = r ? r : gpx_copy_pages_table(c, a->region, 0, b->region, 0, 1 << 20, rt, 64, 8, 87);
+	r = r ? r : gpx_wait_tag(c, 87, &done, 30000);
+	r = r ? r : done.status;
+	ok(r == -GPX_ENOTSUP, "pages of 1 MiB (copy engines, which read no table): refused with %s (%s)",
+	    gpx_strerror(r), gpx_last_error(c));
+	gpx_deregister(c, rt);
+	CK(cuCtxSetCurrent(ctx[tdev]));
+	cuMemFree(d);
+	CK(cuCtxSetCurrent(ctx[0]));
+	free(got);
+	free(perm);
+	free(t);
+}
+
 /* An interior pointer of a larger cuMemAlloc, as PyTorch's caching allocator hands out. */
 void
 test_interior(gpx_conn *c, struct buf *src)

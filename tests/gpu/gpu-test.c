@@ -251,6 +251,11 @@ main(int argc, char **argv)
 		test_pages(c, &bufs[4], &bufs[1], 1000, 4000, 3, 0);
 	}
 	test_pages_big(c);
+	test_pages_table(c, &bufs[1], &bufs[2], 0, 4096, 4096);
+	if (ndev > 1) {
+		test_pages_table(c, &bufs[1], &bufs[4], 0, 4096, 4096);   /* GPU1's kernel reads GPU0's table */
+		test_pages_table(c, &bufs[3], &bufs[2], 1, 16384, 1000);
+	}
 	test_interior(c, &bufs[0]);
 	test_small_batched(c, &bufs[1], &bufs[2], 4096, 64);
 	test_small_batched(c, &bufs[1], &bufs[2], (128u << 10) + 3, 32);

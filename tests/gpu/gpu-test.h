@@ -67,6 +67,7 @@ void test_prewake(gpx_conn *c, struct buf *a, struct buf *b);
 void test_vectored(gpx_conn *c, struct buf *a, struct buf *b, size_t page, int n, bool odd);
 void test_pages(gpx_conn *c, struct buf *a, struct buf *b, size_t page, uint32_t n, size_t so, size_t dof);
 void test_pages_big(gpx_conn *c);
+void test_pages_table(gpx_conn *c, struct buf *a, struct buf *b, int tdev, size_t page, uint32_t n);
 void test_interior(gpx_conn *c, struct buf *src);
 void test_cached_registration(gpx_conn *c, struct buf *b);
 void test_cache_shared(const char *sock, struct buf *ipc, struct buf *vmm);
