@@ -259,6 +259,17 @@ static PyMethodDef conn_methods[] = {
 	  "dst_pages[i] of dst, page_size bytes each: KV-cache blocks by number.  The page lists are "
 	  "int32/uint32 arrays or CPU tensors read in place (or sequences of ints); negative numbers "
 	  "are refused." },
+	{ "copy_pages_table", FAST(transfer_copy_pages_table),
+	  "copy_pages_table(src, dst, page_size, table, n, *, table_offset=0, src_offset=0, dst_offset=0, "
+	  "tag=None) -> Transfer\n--\n\n"
+	  "copy_pages with the page numbers in GPU memory, as a block table is: table is a region of "
+	  "this connection (a registered or imported CUDA tensor) holding, from table_offset (a "
+	  "multiple of 4), n source page numbers then n destination page numbers, 32 bits each (a "
+	  "(2, n) int32 tensor: torch.stack((src_pages, dst_pages))).  Nothing of the list crosses the "
+	  "host: gpxd's page kernel reads and checks each number as it copies.  A page out of its "
+	  "region is left out and the Transfer's wait raises gpx.RangeError; the others are "
+	  "copied.  Synchronize the work that writes the table first.  Needs both sides in GPU memory "
+	  "(else NotSupportedError)." },
 	{ "copy_batch", FAST(transfer_copy_batch),
 	  "copy_batch(pairs, *, tag=None) -> Transfer\n--\n\n"
 	  "Many region pairs in one request, checked whole before any byte moves and complete once "

@@ -1,6 +1,6 @@
 /*
- * gpx._gpx, submitting transfers: Conn.copy, copyv, copy_pages, copy_batch and
- * copy_pages_batch check their arguments (regions of this connection, offsets, segment and
+ * gpx._gpx, submitting transfers: Conn.copy, copyv, copy_pages, copy_pages_table, copy_batch
+ * and copy_pages_batch check their arguments (regions of this connection, offsets, segment and
  * page lists read in place), submit through libgpxclient with the GIL released for long lists,
  * and hand back a Transfer.  A batch's pairs may be parsed once into a gpx.Batch (Conn.batch)
  * and submitted many times.  Also the benchmark's C loops (Conn._c_bench), which measure the
@@ -198,6 +198,43 @@ transfer_copy_pages(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObj
 out:
 	mem_pages_release(&sp);
 	mem_pages_release(&dp);
+	return (PyObject *)t;
+}
+
+PyObject *
+transfer_copy_pages_table(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+	static const struct argspec spec = { "copy_pages_table", 5, 5,
+		{ "src", "dst", "page_size", "table", "n", "table_offset", "src_offset", "dst_offset", "tag", NULL } };
+	Conn *s = (Conn *)op;
+	PyObject *a[9];
+	Region *src, *dst, *tab;
+	uint64_t psize, n, toff = 0, soff = 0, doff = 0;
+	struct callres cr;
+	PyThreadState *ts;
+	Transfer *t;
+
+	if (gpxpy_args(&spec, args, nargs, kwnames, a) < 0 || conn_usable(s) < 0 ||
+	    transfer_regions(s, a[0], a[1], &src, &dst) < 0 || gpxpy_u64(a[2], "page_size", &psize) < 0 ||
+	    gpxpy_u64(a[4], "n", &n) < 0 || (a[5] != NULL && gpxpy_u64(a[5], "table_offset", &toff) < 0) ||
+	    (a[6] != NULL && gpxpy_u64(a[6], "src_offset", &soff) < 0) ||
+	    (a[7] != NULL && gpxpy_u64(a[7], "dst_offset", &doff) < 0))
+		return NULL;
+	/* the table: a region of this connection, like src */
+	if (transfer_regions(s, a[3], a[1], &tab, &dst) < 0)
+		return NULL;
+	if (psize == 0 || n == 0) {
+		PyErr_SetString(PyExc_ValueError, psize == 0 ? "page_size must be at least 1" : "no pages");
+		return NULL;
+	}
+	if ((t = transfer_start(s, a[8])) == NULL)
+		return NULL;
+	ts = conn_lock_quick(s);
+	gpxpy_note(&cr, s->c, s->c != NULL ? gpx_copy_pages_table(s->c, src->id, soff, dst->id, doff, psize, tab->id,
+	    toff, n, t->tag) : -GPX_ECONN);
+	conn_unlock(s, ts);
+	if (cr.r < 0)
+		return transfer_abort(t, &cr);
 	return (PyObject *)t;
 }
 

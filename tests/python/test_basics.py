@@ -211,6 +211,27 @@ def test_copy_pages_refuses_bad_lists(conn):
     assert conn.outstanding == 0
 
 
+def test_copy_pages_table_refusals(conn):
+    # A table in host memory is refused by gpxd (its page kernel reads tables in GPU memory only);
+    # what the module can see is refused before anything is sent.
+    hb, v = host(1 << 16)
+    r = conn.register(hb)
+    tb, tv = host(4096)
+    tv[:] = 0
+    rt = conn.register(tb)
+    with pytest.raises(gpx.InvalidError, match="not GPU memory"):
+        conn.copy_pages_table(r, r, 4096, rt, 8).wait()
+    with pytest.raises(gpx.RangeError, match="inside its region"):
+        conn.copy_pages_table(r, r, 4096, rt, 600).wait()     # 4,800 bytes of a 4,096-byte table
+    with pytest.raises(ValueError, match="page_size"):
+        conn.copy_pages_table(r, r, 0, rt, 8)
+    with pytest.raises(ValueError, match="no pages"):
+        conn.copy_pages_table(r, r, 4096, rt, 0)
+    with pytest.raises(TypeError, match="gpx.Region"):
+        conn.copy_pages_table(r, r, 4096, tb, 8)
+    assert conn.outstanding == 0
+
+
 def test_register_refuses_what_gpxd_cannot_map(conn):
     with pytest.raises(ValueError, match="host_alloc"):
         conn.register(np.zeros(4096, dtype=np.uint8))

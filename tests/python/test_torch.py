@@ -5,6 +5,7 @@ tensors inside larger blocks; the same GPU and GPU 0 -> GPU 1; every byte checke
 of each side's tensor, or checksums computed on the GPU where numpy is missing)."""
 import json
 import os
+import random
 import select
 import subprocess
 import sys
@@ -204,6 +205,15 @@ def pair(sock, alloc, devs):
             peer.ok(op="register", key="mine-" + key)
             assert peer.ok(op="copy", src="their-" + key, dst="mine-" + key)["bytes"] == n
             assert peer.ok(op="sha", key="mine-" + key)["sha"] == made[key]["sha"], (alloc, shape, "pull")
+            if shape == "whole":
+                # pages by number from a table in the peer's GPU memory: every page, shuffled
+                page, npg = 4096, n // 4096
+                perm = random.Random(5).sample(range(npg), npg)
+                got = peer.ok(op="copy_table", src="their-" + key, dst="mine-" + key, page=page,
+                              src_pages=perm, dst_pages=list(range(npg)))
+                assert got["bytes"] == n, got
+                want = owner.ok(op="sha", key=key, page=page, pages=perm)["sha"]
+                assert peer.ok(op="sha", key="mine-" + key)["sha"] == want, (alloc, "pages from a table")
             # push: the peer writes fresh bytes into the owner's tensor
             pushed = peer.ok(op="make", key="new-" + key, shape="whole", nbytes=n, seed=200 + i)
             peer.ok(op="register", key="new-" + key)

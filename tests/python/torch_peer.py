@@ -96,8 +96,25 @@ def main():
                 ans = {"kind": r.kind, "length": r.length}
             elif op == "copy":
                 ans = {"bytes": conn.copy(regions[req["src"]], regions[req["dst"]]).wait(timeout=60)}
+            elif op == "copy_table":
+                # pages by number, the numbers in a (2, n) int32 tensor of this process's GPU
+                sp, dp = req["src_pages"], req["dst_pages"]
+                if pool is not None:
+                    with torch.cuda.use_mem_pool(pool, device=dev):
+                        tab = torch.tensor([sp, dp], dtype=torch.int32, device=dev)
+                else:
+                    tab = torch.tensor([sp, dp], dtype=torch.int32, device=dev)
+                torch.cuda.synchronize(dev)
+                rt = conn.register(tab)
+                n = conn.copy_pages_table(regions[req["src"]], regions[req["dst"]], req["page"], rt,
+                                          len(sp)).wait(timeout=60)
+                rt.deregister()
+                ans = {"bytes": n, "kind": rt.kind}
             elif op == "sha":
-                ans = {"sha": sha(tensors[req["key"]])}
+                t = tensors[req["key"]]
+                if "pages" in req:         # those pages of it, in that order
+                    t = t.view(-1, req["page"]).index_select(0, torch.tensor(req["pages"], device=t.device))
+                ans = {"sha": sha(t)}
             elif op == "quit":
                 if conn is not None:       # (a peer told to quit before init has none)
                     conn.close()
