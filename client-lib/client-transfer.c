@@ -226,7 +226,7 @@ _Static_assert(sizeof(struct gpx_pair) == sizeof(struct gpx_wire_pair), "pair la
 static int
 batch_send(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, size_t nrecs, size_t recs,
     uint64_t page_size, void (*fill)(void *at, const void *a, const void *b, size_t n),
-    const void *a, const void *b, uint64_t tag)
+    const void *a, const void *b, gpx_region table, uint64_t table_off, uint64_t tag)
 {
 	Gpx__Transfer t = GPX__TRANSFER__INIT;
 	unsigned char *p;
@@ -240,16 +240,20 @@ batch_send(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, size_t nrec
 	if (c->outstanding >= c->entries)
 		return client_error(c, GPX_EBUSY, "no credit left: collect completions first");
 	c->area.resv_n = 0;        /* any transfer ends a reservation */
-	if ((r = client_area_take(c, npairs * sizeof(*pairs) + nrecs * recs, (void **)&p, &off)) < 0)
+	/* (a page table in GPU memory: only the pairs go into the area) */
+	if ((r = client_area_take(c, npairs * sizeof(*pairs) + (table ? 0 : nrecs * recs), (void **)&p, &off)) < 0)
 		return r;
 	memcpy(p, pairs, npairs * sizeof(*pairs));
-	fill(p + npairs * sizeof(*pairs), a, b, nrecs);
+	if (!table)
+		fill(p + npairs * sizeof(*pairs), a, b, nrecs);
 	t.tag = tag;
 	t.pair_count = npairs;
 	t.pair_offset = off;
 	t.seg_count = nrecs;
-	t.area_offset = off + npairs * sizeof(*pairs);
+	t.area_offset = table ? 0 : off + npairs * sizeof(*pairs);
 	t.page_size = page_size;
+	t.list_region = table;
+	t.list_offset = table_off;
 	return transfer_send(c, &t);
 }
 
@@ -277,7 +281,7 @@ gpx_copy_batch(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, const s
 {
 	if (segs == NULL)
 		return client_error(c, GPX_EINVAL, "a batch of segments needs its segment list");
-	return batch_send(c, pairs, npairs, nsegs, sizeof(*segs), 0, fill_segs, segs, NULL, tag);
+	return batch_send(c, pairs, npairs, nsegs, sizeof(*segs), 0, fill_segs, segs, NULL, 0, 0, tag);
 }
 
 API int
@@ -287,7 +291,16 @@ gpx_copy_pages_batch(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, u
 	if (page_size == 0 || src_pages == NULL || dst_pages == NULL)
 		return client_error(c, GPX_EINVAL, "a page transfer needs a page size and both page lists");
 	return batch_send(c, pairs, npairs, npages, sizeof(struct gpx_wire_page), page_size, fill_pages,
-	    src_pages, dst_pages, tag);
+	    src_pages, dst_pages, 0, 0, tag);
+}
+
+API int
+gpx_copy_pages_batch_table(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, uint64_t page_size,
+    gpx_region table, uint64_t table_off, size_t npages, uint64_t tag)
+{
+	if (page_size == 0 || table == 0)
+		return client_error(c, GPX_EINVAL, "a page transfer needs a page size and the region of its table");
+	return batch_send(c, pairs, npairs, npages, 0, page_size, NULL, NULL, NULL, table, table_off, tag);
 }
 
 API int

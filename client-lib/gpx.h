@@ -209,6 +209,13 @@ int gpx_copy_batch(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, con
     size_t nsegs, uint64_t tag);
 int gpx_copy_pages_batch(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, uint64_t page_size,
     const uint32_t *src_pages, const uint32_t *dst_pages, size_t npages, uint64_t tag);
+/*
+ * gpx_copy_pages_batch with the page numbers in GPU memory, as gpx_copy_pages_table takes
+ * them: every pair copies the table's pages.  Every pair must be one that the same GPU's page
+ * kernel runs (GPX_ENOTSUP otherwise).  (GPXCLIENT_0.6)
+ */
+int gpx_copy_pages_batch_table(gpx_conn *c, const struct gpx_pair *pairs, size_t npairs, uint64_t page_size,
+    gpx_region table, uint64_t table_off, size_t npages, uint64_t tag);
 int gpx_cancel(gpx_conn *c, uint64_t tag);
 /* Blocking: submits and waits for this transfer's own completion; returns its status. */
 int gpx_copy_sync(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region dst, uint64_t dst_off,

@@ -510,6 +510,18 @@ test_pages_table(void)
 	int r = gpx_copy_pages_table(c, a.r, 0, b.r, 0, page, t.r + 1000, 0, 10, 310);
 	ok((r < 0 ? r : wait_tag(c, 310, NULL)) == -GPX_ENOENT, "a table region that does not exist: ENOENT");
 	ok(fnv(b.p, b.len) == before, "no byte of the refused transfers reached the destination");
+	/* A batch's table: the same checks, and the same refusal of host memory. */
+	struct gpx_pair pr[2] = { { .src = a.r, .dst = b.r }, { .src = a.r, .dst = b.r, .dst_offset = 4096 } };
+	r = gpx_copy_pages_batch_table(c, pr, 2, page, t.r, 0, 100, 314);
+	r = r < 0 ? r : wait_tag(c, 314, NULL);
+	ok(r == -GPX_EINVAL && strstr(gpx_last_error(c), "GPU memory") != NULL, "a batch's table in host memory: %s (%s)",
+	    gpx_strerror(r), gpx_last_error(c));
+	r = gpx_copy_pages_batch_table(c, pr, 2, page, t.r, 4, 100, 315);
+	r = r < 0 ? r : wait_tag(c, 315, NULL);
+	ok(r == -GPX_ERANGE && strstr(gpx_last_error(c), "inside its region") != NULL,
+	    "a batch's table 4 bytes past its region: %s (%s)", gpx_strerror(r), gpx_last_error(c));
+	ok(gpx_copy_pages_batch_table(c, pr, 2, page, 0, 0, 10, 316) == -GPX_EINVAL,
+	    "the library refuses a batch's table of region 0");
 	ok(gpx_copy_pages_table(c, a.r, 0, b.r, 0, 0, t.r, 0, 10, 311) == -GPX_EINVAL &&
 	    gpx_copy_pages_table(c, a.r, 0, b.r, 0, page, 0, 0, 10, 312) == -GPX_EINVAL &&
 	    gpx_copy_pages_table(c, a.r, 0, b.r, 0, page, t.r, 0, 0, 313) == -GPX_EINVAL,
@@ -532,7 +544,9 @@ test_pages_table(void)
 		{ GPX_PROTO_VERSION, 0, 7, 0, 0, 0, "a table without a page size" },
 		{ GPX_PROTO_VERSION, 4096, 0, 8, 0, 0, "a table offset without its region" },
 		{ GPX_PROTO_VERSION, 4096, 7, 0, 64, 0, "a table and a list in the segment area" },
-		{ GPX_PROTO_VERSION, 4096, 7, 0, 0, 1, "a table in a batch" },
+		{ 3, 4096, 7, 0, 0, 1, "a table in a batch on a protocol 3 connection" },
+		{ GPX_PROTO_VERSION, 4096, 7, 0, 64, 1, "a batch's table and a list in the segment area" },
+		{ GPX_PROTO_VERSION, 0, 7, 0, 0, 1, "a batch's table without a page size" },
 	};
 	for (size_t i = 0; i < sizeof(wire) / sizeof(wire[0]); i++) {
 		int s = harness_area_client(&H, wire[i].version, &area, 1 << 16);

@@ -282,6 +282,7 @@ PyObject *transfer_copy(PyObject *op, PyObject *const *args, Py_ssize_t nargs, P
 PyObject *transfer_copyv(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_pages(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_pages_table(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+PyObject *transfer_copy_pages_batch_table(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 PyObject *transfer_copy_pages_batch(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 extern PyType_Spec batch_spec;

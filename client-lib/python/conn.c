@@ -289,6 +289,11 @@ static PyMethodDef conn_methods[] = {
 	  "every layer's K and V tensors), checked whole and complete once.  Each pair is a tuple "
 	  "(src, dst) or (src, dst, src_offset, dst_offset), the bases its pages are numbered from; "
 	  "the page lists are read as for copy_pages.  pairs may be a Batch from batch(pairs, pages=True)." },
+	{ "copy_pages_batch_table", FAST(transfer_copy_pages_batch_table),
+	  "copy_pages_batch_table(pairs, page_size, table, n, *, table_offset=0, tag=None) -> Transfer\n--\n\n"
+	  "copy_pages_batch with the page numbers in GPU memory, in table as copy_pages_table takes them: "
+	  "every pair copies the table's n pages (a KV-cache handoff whose block table is a CUDA tensor).  "
+	  "Every pair must run on the one GPU's page kernel that reads the table (else NotSupportedError)." },
 	{ "poll", FAST(route_poll),
 	  "poll(max=64) -> list[Completion]\n--\n\nCompletions not consumed by a Transfer, without "
 	  "blocking: those kept while waiting first, then what has arrived." },

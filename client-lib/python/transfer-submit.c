@@ -1,6 +1,6 @@
 /*
- * gpx._gpx, submitting transfers: Conn.copy, copyv, copy_pages, copy_pages_table, copy_batch
- * and copy_pages_batch check their arguments (regions of this connection, offsets, segment and
+ * gpx._gpx, submitting transfers: Conn.copy, copyv, copy_pages, copy_pages_table, copy_batch,
+ * copy_pages_batch and copy_pages_batch_table check their arguments (regions of this connection, offsets, segment and
  * page lists read in place), submit through libgpxclient with the GIL released for long lists,
  * and hand back a Transfer.  A batch's pairs may be parsed once into a gpx.Batch (Conn.batch)
  * and submitted many times.  Also the benchmark's C loops (Conn._c_bench), which measure the
@@ -40,6 +40,24 @@ transfer_regions(Conn *s, PyObject *a, PyObject *b, Region **src, Region **dst)
 	}
 	*src = r[0];
 	*dst = r[1];
+	return 0;
+}
+
+/* A page table: a Region of s that is still registered. */
+static int
+table_region(Conn *s, PyObject *o, Region **out)
+{
+	if (!Py_IS_TYPE(o, s->st->region_type)) {
+		PyErr_Format(PyExc_TypeError, "table must be a gpx.Region (a registered or imported CUDA tensor), not %s",
+		    TNAME(o));
+		return -1;
+	}
+	*out = (Region *)o;
+	if ((*out)->conn != s || !(*out)->live) {
+		PyErr_SetString(PyExc_ValueError, (*out)->conn != s ? "table is a region of another connection" :
+		    "table was deregistered");
+		return -1;
+	}
 	return 0;
 }
 
@@ -220,8 +238,7 @@ transfer_copy_pages_table(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
 	    (a[6] != NULL && gpxpy_u64(a[6], "src_offset", &soff) < 0) ||
 	    (a[7] != NULL && gpxpy_u64(a[7], "dst_offset", &doff) < 0))
 		return NULL;
-	/* the table: a region of this connection, like src */
-	if (transfer_regions(s, a[3], a[1], &tab, &dst) < 0)
+	if (table_region(s, a[3], &tab) < 0)
 		return NULL;
 	if (psize == 0 || n == 0) {
 		PyErr_SetString(PyExc_ValueError, psize == 0 ? "page_size must be at least 1" : "no pages");
@@ -586,6 +603,43 @@ out:
 		mem_pages_release(&sp);
 	if (have_dp)
 		mem_pages_release(&dp);
+	pairs_release(&pa);
+	return (PyObject *)t;
+}
+
+PyObject *
+transfer_copy_pages_batch_table(PyObject *op, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+	static const struct argspec spec = { "copy_pages_batch_table", 4, 4,
+		{ "pairs", "page_size", "table", "n", "table_offset", "tag", NULL } };
+	Conn *s = (Conn *)op;
+	PyObject *a[6];
+	struct pairs_arg pa;
+	uint64_t psize, n, toff = 0;
+	Region *tab;
+	struct callres cr;
+	Transfer *t = NULL;
+
+	if (gpxpy_args(&spec, args, nargs, kwnames, a) < 0 || conn_usable(s) < 0 ||
+	    gpxpy_u64(a[1], "page_size", &psize) < 0 || table_region(s, a[2], &tab) < 0 ||
+	    gpxpy_u64(a[3], "n", &n) < 0 || (a[4] != NULL && gpxpy_u64(a[4], "table_offset", &toff) < 0))
+		return NULL;
+	if (psize == 0 || n == 0) {
+		PyErr_SetString(PyExc_ValueError, psize == 0 ? "page_size must be at least 1" : "no pages");
+		return NULL;
+	}
+	if (pairs_take(s, a[0], true, &pa) < 0)
+		return NULL;
+	if ((t = transfer_start(s, a[5])) != NULL) {
+		PyThreadState *ts = conn_lock_quick(s);
+		gpxpy_note(&cr, s->c, s->c != NULL ? gpx_copy_pages_batch_table(s->c, pa.pr, pa.n, psize, tab->id, toff, n,
+		    t->tag) : -GPX_ECONN);
+		conn_unlock(s, ts);
+		if (cr.r < 0) {
+			transfer_abort(t, &cr);
+			t = NULL;
+		}
+	}
 	pairs_release(&pa);
 	return (PyObject *)t;
 }

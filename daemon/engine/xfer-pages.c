@@ -182,14 +182,20 @@ static int
 pages_in_gpu(struct job *j, uint64_t ps, const struct region *list, uint64_t list_off, char *err, size_t errlen)
 {
 	uint64_t ls, ld;
-	int dev;
+	int dev = -1;
 
 	if (!pages_limits(j, ps, &ls, &ld)) {
 		snprintf(err, errlen, "a side of the pairs holds no whole page of %llu bytes", (unsigned long long)ps);
 		return -GPX__STATUS__ERANGE;
 	}
 	if ((j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, 0, list, list_off, &j->list_addr, &j->oob,
-	    &dev)) == NULL) {
+	    &dev)) == NULL && dev >= 0) {
+		/* (the kernel would run it, but its pinned arena is taken by page transfers in flight) */
+		snprintf(err, errlen, "GPU%d's page kernel has no room left for another transfer in flight "
+		    "(its pinned arena is full): retry once some have ended", dev);
+		return -GPX__STATUS__EBUSY;
+	}
+	if (j->pages == NULL) {
 		snprintf(err, errlen, "a page list in GPU memory is read by the page kernel of the GPU that runs "
 		    "the copy, and none runs this one (a side in host memory, pairs on several GPUs, a page size "
 		    "or alignment it does not take, or the list not mapped on that GPU)");

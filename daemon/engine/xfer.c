@@ -768,6 +768,39 @@ fail:
 }
 
 /*
+ * A page list in GPU memory (protocol 4): its region (this connection's, or one it imported)
+ * resolved and held for the request, and the list's n source and n destination numbers
+ * inside it.  Nothing of the list itself is read here.
+ */
+static int
+list_take(const struct xfer_from *c, const Gpx__Transfer *t, uint32_t n, struct xfer_check *k, char *err,
+    size_t errlen)
+{
+	struct region *r;
+	bool ro;
+	int e;
+
+	if ((e = resolve(c, t->list_region, "page list", &r, &ro, err, errlen)) < 0)
+		return e;
+	if (t->list_offset % 4 != 0 || !inside(t->list_offset, 8ull * n, r->length)) {
+		snprintf(err, errlen, "a list of %u pages (%llu bytes) at %llu: 4-byte aligned and inside its region "
+		    "(%llu bytes)", n, 8ull * n, (unsigned long long)t->list_offset, (unsigned long long)r->length);
+		return -GPX__STATUS__ERANGE;
+	}
+	if (r->dev == DEV_HOST || r->kind == GPX__MEM_KIND__MEM_REMOTE) {
+		snprintf(err, errlen, "page list region %#llx is not GPU memory of this node (a list in host memory "
+		    "comes in the segment area)", (unsigned long long)t->list_region);
+		return -GPX__STATUS__EINVAL;
+	}
+	if (!region_hold(r)) {
+		snprintf(err, errlen, "page list region was withdrawn by its owner");
+		return -GPX__STATUS__EREVOKED;
+	}
+	k->list = r;
+	return 0;
+}
+
+/*
  * A batch (protocol 3): the pairs copied out of the segment area and resolved, grouped by
  * path; then per group one job, with its segment array (each pair's run, rebased) or its page
  * list allocated.  Any refusal refuses the whole batch, before any job is handed over.
@@ -778,7 +811,7 @@ build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct
 {
 	const bool pages = t->page_size > 0;
 	const uint32_t np = t->pair_count, n = t->seg_count;
-	const unsigned char *wp, *list;
+	const unsigned char *wp, *list = NULL;
 	struct gpx_wire_pair *pr;
 	struct jpair *jp = NULL;
 	enum path_kind *path = NULL;
@@ -786,21 +819,24 @@ build_batch(const struct xfer_from *c, const Gpx__Transfer *t, int segfd, struct
 	uint32_t used = 0;
 	int r = 0;
 
+	const bool table = t->list_region != 0 || t->list_offset != 0;
 	if (c->version < 3 || np > GPX_PAIRS_MAX || segfd >= 0 || t->n_segments > 0 || n == 0 ||
 	    t->src_region != 0 || t->dst_region != 0 || t->src_offset != 0 || t->dst_offset != 0 ||
-	    t->list_region != 0 || t->list_offset != 0) {
+	    (table && (c->version < 4 || t->list_region == 0 || !pages || t->area_offset != 0))) {
 		snprintf(err, errlen, "a batch (protocol 3) is 1..%u pairs and its list, both in the segment "
-		    "area, and nothing else", GPX_PAIRS_MAX);
+		    "area (or, protocol 4, its pages' table in a region), and nothing else", GPX_PAIRS_MAX);
 		return -GPX__STATUS__EPROTO;
 	}
 	if (n > cfg->max_segs || (wp = xfer_area(c->area, c->area_len, t->pair_offset, (uint64_t)np * sizeof(*pr))) == NULL ||
-	    (list = xfer_area(c->area, c->area_len, t->area_offset, (uint64_t)n * (pages ? sizeof(struct gpx_wire_page) :
-	    sizeof(struct gpx_wire_seg)))) == NULL) {
+	    (!table && (list = xfer_area(c->area, c->area_len, t->area_offset, (uint64_t)n * (pages ?
+	    sizeof(struct gpx_wire_page) : sizeof(struct gpx_wire_seg)))) == NULL)) {
 		snprintf(err, errlen, "%u pairs at %llu and %u %s at %llu: at most %u, inside the segment "
 		    "area (%zu bytes)", np, (unsigned long long)t->pair_offset, n, pages ? "pages" : "segments",
 		    (unsigned long long)t->area_offset, cfg->max_segs, c->area_len);
 		return -GPX__STATUS__EINVAL;
 	}
+	if (table && (r = list_take(c, t, n, k, err, errlen)) < 0)
+		return r;
 	if ((r = xfer_charge(&k->ch, (uint64_t)np * (sizeof(*pr) + sizeof(*jp) + sizeof(*path) + sizeof(*k->idx)),
 	    c, err, errlen)) < 0)
 		return r;
@@ -876,6 +912,11 @@ resolved:
 		if ((r = xfer_segs_charge(j, &k->ch, c, err, errlen)) < 0)
 			break;
 	}
+	if (r == 0 && k->list != NULL && k->ngroups > 1) {
+		snprintf(err, errlen, "a page table in GPU memory is read by one GPU's page kernel: every pair of "
+		    "the batch on the GPUs that kernel runs (its pairs take %d paths)", k->ngroups);
+		r = -GPX__STATUS__ENOTSUP;
+	}
 	if (r == 0 && pages && k->ngroups > 1) {
 		/* Several groups read one private copy; one group reads the area itself. */
 		k->work += (uint64_t)n * sizeof(struct gpx_wire_page);
@@ -885,7 +926,8 @@ resolved:
 	int g = 0;
 	for (struct job *j = k->head; j != NULL && r == 0 && pages; j = j->gnext, g++) {
 		enum xfer_list want;
-		r = xfer_pages_prepare(j, n, t->page_size, NULL, 0, c, &k->ch, &k->work, &want, err, errlen);
+		r = xfer_pages_prepare(j, n, t->page_size, k->list, t->list_offset, c, &k->ch, &k->work, &want, err,
+		    errlen);
 		k->want[g] = want;
 	}
 	for (struct job *j = k->head; j != NULL && r == 0 && k->kept != NULL; j = j->gnext) {
@@ -903,6 +945,10 @@ resolved:
 					region_drop(h->pairs[q].dst);
 				}
 			}
+	if (r == 0 && k->list != NULL) {
+		k->head->list = k->list;     /* (one job: a table's batch has one group) */
+		k->list = NULL;
+	}
 out:
 	if (k->kept != NULL) {
 		xfer_pairs_unref(k->kept);   /* the check's: its jobs have theirs */
@@ -941,39 +987,6 @@ check_batch_segs(struct xfer_check *k, char *err, size_t errlen)
 		}
 		j->total = total;
 	}
-	return 0;
-}
-
-/*
- * A page list in GPU memory (protocol 4): its region (this connection's, or one it imported)
- * resolved and held for the request, and the list's n source and n destination numbers
- * inside it.  Nothing of the list itself is read here.
- */
-static int
-list_take(const struct xfer_from *c, const Gpx__Transfer *t, uint32_t n, struct xfer_check *k, char *err,
-    size_t errlen)
-{
-	struct region *r;
-	bool ro;
-	int e;
-
-	if ((e = resolve(c, t->list_region, "page list", &r, &ro, err, errlen)) < 0)
-		return e;
-	if (t->list_offset % 4 != 0 || !inside(t->list_offset, 8ull * n, r->length)) {
-		snprintf(err, errlen, "a list of %u pages (%llu bytes) at %llu: 4-byte aligned and inside its region "
-		    "(%llu bytes)", n, 8ull * n, (unsigned long long)t->list_offset, (unsigned long long)r->length);
-		return -GPX__STATUS__ERANGE;
-	}
-	if (r->dev == DEV_HOST || r->kind == GPX__MEM_KIND__MEM_REMOTE) {
-		snprintf(err, errlen, "page list region %#llx is not GPU memory of this node (a list in host memory "
-		    "comes in the segment area)", (unsigned long long)t->list_region);
-		return -GPX__STATUS__EINVAL;
-	}
-	if (!region_hold(r)) {
-		snprintf(err, errlen, "page list region was withdrawn by its owner");
-		return -GPX__STATUS__EREVOKED;
-	}
-	k->list = r;
 	return 0;
 }
 

@@ -49,7 +49,8 @@ int gpu_dev_by_uuid(const uint8_t uuid[16]);            /* -1: no such GPU here 
  * With list (a client's page list in GPU memory, at list_off of that region), no room for
  * records: the pairs, then the word the kernel sets for a page out of its region (*oob,
  * cleared), and in *list_addr where that GPU's kernel reads the list; NULL where no such
- * kernel can (nor a mapping of list on its GPU).
+ * kernel can (nor a mapping of list on its GPU), and NULL with *dev set where it could but the
+ * arena has no room.
  */
 struct gpx_wire_page *gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size,
     uint32_t n, const struct region *list, uint64_t list_off, uint64_t *list_addr, volatile uint32_t **oob,

@@ -38,9 +38,13 @@ wait_tag(gpx_conn *c, uint64_t tag, uint64_t *bytes)
 	return e.status;
 }
 
-/* 2 x layers tensors of blocks x bs bytes a side; the same n blocks of each to new places. */
+/*
+ * 2 x layers tensors of blocks x bs bytes a side; the same n blocks of each to new places.
+ * With table, the block numbers go in a block table on the destination's GPU
+ * (gpx_copy_pages_batch_table), as a program keeps them.
+ */
 static void
-test_kv(gpx_conn *c, int sdev, int ddev, int layers, uint32_t blocks, uint32_t bs, uint32_t n, bool vmm)
+test_kv(gpx_conn *c, int sdev, int ddev, int layers, uint32_t blocks, uint32_t bs, uint32_t n, bool vmm, bool table)
 {
 	const int np = 2 * layers;
 	struct dbuf *src = calloc(np, sizeof(*src)), *dst = calloc(np, sizeof(*dst));
@@ -62,16 +66,27 @@ test_kv(gpx_conn *c, int sdev, int ddev, int layers, uint32_t blocks, uint32_t b
 	}
 	for (uint32_t i = 0; i < n; i++)
 		sp[i] = xorshift(&seed) % blocks;
-	int r = gpx_copy_pages_batch(c, pr, np, bs, sp, dp, n, 100);
+	struct dbuf tb;
+	int r;
+	if (table) {
+		dbuf_new(&tb, c, ctx[ddev], ddev, 2 * (size_t)n * sizeof(uint32_t), vmm, NULL);
+		CK(cuMemcpyHtoD(tb.d, sp, n * sizeof(*sp)));
+		CK(cuMemcpyHtoD(tb.d + n * sizeof(*sp), dp, n * sizeof(*dp)));
+		r = gpx_copy_pages_batch_table(c, pr, np, bs, tb.r, 0, n, 100);
+	} else
+		r = gpx_copy_pages_batch(c, pr, np, bs, sp, dp, n, 100);
 	r = r < 0 ? r : wait_tag(c, 100, &bytes);
+	if (table)
+		dbuf_free(c, &tb);
 	for (int k = 0; k < np; k++)
 		for (uint32_t i = 0; i < n; i++)
 			memcpy(dst[k].host + (size_t)dp[i] * bs, src[k].host + (size_t)sp[i] * bs, bs);
 	bool all = r == 0 && bytes == (uint64_t)np * n * bs;
 	for (int k = 0; k < np && all; k++)
 		all = dbuf_holds(&dst[k], dst[k].host);
-	ok(all, "KV handoff GPU%d -> GPU%d: %u blocks of %u bytes out of %d tensors (%s -> %s) in one batch, "
-	    "every byte where it belongs", sdev, ddev, n, bs, np, vmm ? "vmm" : "cudaMalloc", vmm ? "cudaMalloc" : "vmm");
+	ok(all, "KV handoff GPU%d -> GPU%d: %u blocks of %u bytes out of %d tensors (%s -> %s) in one batch%s, "
+	    "every byte where it belongs", sdev, ddev, n, bs, np, vmm ? "vmm" : "cudaMalloc", vmm ? "cudaMalloc" : "vmm",
+	    table ? ", its block numbers in a table on the GPU" : "");
 	if (r < 0)
 		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
 	for (int k = 0; k < np; k++) {
@@ -192,17 +207,20 @@ main(void)
 		tap_bail("cannot start gpxd");
 	if (gpx_connect(h.sock, "gpu-batch", &c) < 0)
 		tap_bail("cannot connect");
-	test_kv(c, 0, 0, 32, 512, 32768, 400, true);
-	test_kv(c, 0, 0, 4, 2048, 4096, 2048, false);
-	test_kv(c, 0, 0, 2, 64, 1 << 20, 64, true);        /* large blocks: not the kernel */
+	test_kv(c, 0, 0, 32, 512, 32768, 400, true, false);
+	test_kv(c, 0, 0, 4, 2048, 4096, 2048, false, false);
+	test_kv(c, 0, 0, 2, 64, 1 << 20, 64, true, false);        /* large blocks: not the kernel */
+	test_kv(c, 0, 0, 32, 512, 32768, 400, true, true);
+	test_kv(c, 0, 0, 4, 2048, 4096, 2048, false, true);
 	test_weights(c, 0, 0, 300);
 	test_paths(c);
 	if (ndev > 1) {
-		test_kv(c, 0, 1, 32, 512, 32768, 400, true);
-		test_kv(c, 1, 0, 8, 2048, 4096, 2048, false);
+		test_kv(c, 0, 1, 32, 512, 32768, 400, true, false);
+		test_kv(c, 1, 0, 8, 2048, 4096, 2048, false, false);
+		test_kv(c, 0, 1, 32, 512, 32768, 400, true, true);
 		test_weights(c, 0, 1, 300);
 	} else
-		tap_skip(3, "one GPU: no batch between two");
+		tap_skip(4, "one GPU: no batch between two");
 	gpx_close(c);
 	harness_finish(&h);
 	return tap_done();

@@ -227,8 +227,15 @@ def test_copy_pages_table_refusals(conn):
         conn.copy_pages_table(r, r, 0, rt, 8)
     with pytest.raises(ValueError, match="no pages"):
         conn.copy_pages_table(r, r, 4096, rt, 0)
-    with pytest.raises(TypeError, match="gpx.Region"):
+    with pytest.raises(TypeError, match="table must be a gpx.Region"):
         conn.copy_pages_table(r, r, 4096, tb, 8)
+    # a batch's table: the same refusals
+    with pytest.raises(gpx.InvalidError, match="not GPU memory"):
+        conn.copy_pages_batch_table([(r, r)], 4096, rt, 8).wait()
+    with pytest.raises(ValueError, match="no pages"):
+        conn.copy_pages_batch_table([(r, r)], 4096, rt, 0)
+    with pytest.raises(TypeError, match="table must be a gpx.Region"):
+        conn.copy_pages_batch_table([(r, r)], 4096, tb, 8)
     assert conn.outstanding == 0
 
 

@@ -1037,20 +1037,30 @@ def _pages_user(sock, devs, cache_bytes, prefix, runs, alloc, q, done, out_q):
             def gpx_way():
                 c.copy_pages(theirs, mine, page, sp, dp).wait()
 
-            for way in (torch_way, gpx_way):
+            # the same page numbers in this process's GPU memory, as its block table
+            table = torch.stack((sp, dp)).to(dev)
+            torch.cuda.synchronize(dev)
+            rt = c.register(table)
+
+            def gpx_table():
+                c.copy_pages_table(theirs, mine, page, rt, n).wait()
+
+            for way in (torch_way, gpx_way, gpx_table):
                 dst.zero_()
                 torch.cuda.synchronize(dev)  # (gpxd's copies are not ordered with our streams)
                 way()
                 if not torch.equal(dv.index_select(0, d_idx), sv.index_select(0, s_idx).to(dev)):
                     raise SystemExit("gpx.bench pages: a page is not what its source holds")
-            t_torch, t_gpx = _median_time(torch_way, runs), _median_time(gpx_way, runs)
+            t_torch, t_gpx, t_table = (_median_time(torch_way, runs), _median_time(gpx_way, runs),
+                                       _median_time(gpx_table, runs))
             after = []
             for _ in range(runs):
                 own_work()
                 t0 = time.perf_counter()
                 gpx_way()
                 after.append(time.perf_counter() - t0)
-            rows.append((page, n, t_torch, t_gpx, statistics.median(after)))
+            rows.append((page, n, t_torch, t_gpx, statistics.median(after), t_table))
+            rt.deregister()
 
         def torch_flat():
             dst.copy_(src)
@@ -1064,7 +1074,7 @@ def _pages_user(sock, devs, cache_bytes, prefix, runs, alloc, q, done, out_q):
             way()
             if not torch.equal(dst, src.to(dev)):
                 raise SystemExit("gpx.bench pages: the flat copy is not what its source holds")
-        rows.append(("flat", 1, _median_time(torch_flat, runs), _median_time(gpx_flat, runs), None))
+        rows.append(("flat", 1, _median_time(torch_flat, runs), _median_time(gpx_flat, runs), None, None))
     done.put(True)
     out_q.put((rows, reps))
 
@@ -1083,15 +1093,17 @@ def _pages_gpu(sock, devs, runs, alloc):
     _join(procs)
     print(f"pages: one 256 MiB cache, GPU{devs[0]} -> GPU{devs[1]}, two processes, {ALLOC_NAMES[alloc]}, "
           f"median of {runs}")
-    for page, n, t_torch, t_gpx, t_after in rows:
+    for page, n, t_torch, t_gpx, t_after, t_table in rows:
         nbytes = cache if page == "flat" else page * n
         gb = nbytes / 1e9
         if page == "flat":
             _row("flat 256 MiB", "copy_", gb / t_torch, gb / t_gpx, "GB/s")
             continue
         _row(f"{n} x {page >> 10} KiB, back to back", "PyTorch", gb / t_torch, gb / t_gpx, "GB/s")
+        _row(f"{n} x {page >> 10} KiB, numbers in GPU memory", "PyTorch", gb / t_torch, gb / t_table, "GB/s")
         _row(f"{n} x {page >> 10} KiB, each after 1 ms of GPU work", "back2back", gb / t_gpx, gb / t_after, "GB/s")
-    print("  PyTorch: CUDA IPC share, index_select, copy, index_copy_; gpx: one copy_pages; "
+    print("  PyTorch: CUDA IPC share, index_select, copy, index_copy_; gpx: one copy_pages (the page numbers "
+          "in GPU memory: one copy_pages_table of a (2, n) int32 CUDA tensor); "
           "the second row of each compares gpx after the program's own GPU work with gpx back to back")
 
 
