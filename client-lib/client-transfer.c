@@ -204,7 +204,6 @@ gpx_copy_pages_table(gpx_conn *c, gpx_region src, uint64_t src_off, gpx_region d
 		return client_error(c, GPX_EINVAL, "a page transfer needs a page size and the region of its table");
 	if (c->outstanding >= c->entries)
 		return client_error(c, GPX_EBUSY, "no credit left: collect completions first");
-	c->area.resv_n = 0;        /* any transfer ends a reservation */
 	t.tag = tag;
 	t.src_region = src;
 	t.dst_region = dst;

@@ -86,20 +86,27 @@ pages_fused(void *arg)
 	return cuStreamSynchronize(st) == CUDA_SUCCESS ? 0 : -GPX_EIO;
 }
 
-/* The same pages with their numbers in GPU memory, as the program's kernel has them. */
+/* A request just submitted (r, what its submission returned), spun on until it completes: its status. */
 static int
-pages_gpx_table(void *arg)
+pages_wait(struct pages *o, int r)
 {
-	struct pages *o = arg;
 	struct gpx_completion c;
-	int r = gpx_copy_pages_table(o->b->conn, o->src->region, 0, o->dst->region, 0, o->page, o->table, 0, o->n,
-	    ++o->tag);
 
 	if (r < 0)
 		return r;
 	while ((r = gpx_poll(o->b->conn, &c, 1)) == 0)
 		;
 	return r < 0 ? r : c.status;
+}
+
+/* The same pages with their numbers in GPU memory, as the program's kernel has them. */
+static int
+pages_gpx_table(void *arg)
+{
+	struct pages *o = arg;
+
+	return pages_wait(o, gpx_copy_pages_table(o->b->conn, o->src->region, 0, o->dst->region, 0, o->page, o->table,
+	    0, o->n, ++o->tag));
 }
 
 /*
@@ -149,29 +156,17 @@ static int
 pages_gpx(void *arg)
 {
 	struct pages *o = arg;
-	struct gpx_completion c;
-	int r = gpx_copyv(o->b->conn, o->src->region, o->dst->region, o->segs, o->n, ++o->tag);
 
-	if (r < 0)
-		return r;
-	while ((r = gpx_poll(o->b->conn, &c, 1)) == 0)
-		;
-	return r < 0 ? r : c.status;
+	return pages_wait(o, gpx_copyv(o->b->conn, o->src->region, o->dst->region, o->segs, o->n, ++o->tag));
 }
 
 static int
 pages_gpx_numbers(void *arg)
 {
 	struct pages *o = arg;
-	struct gpx_completion c;
-	int r = gpx_copy_pages(o->b->conn, o->src->region, 0, o->dst->region, 0, o->page, o->sp, o->dp, o->n,
-	    ++o->tag);
 
-	if (r < 0)
-		return r;
-	while ((r = gpx_poll(o->b->conn, &c, 1)) == 0)
-		;
-	return r < 0 ? r : c.status;
+	return pages_wait(o, gpx_copy_pages(o->b->conn, o->src->region, 0, o->dst->region, 0, o->page, o->sp, o->dp,
+	    o->n, ++o->tag));
 }
 
 /*

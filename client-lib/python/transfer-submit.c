@@ -15,50 +15,32 @@
 
 #define INLINE_SEGS 64               /* up to this many segments travel inside the request */
 
-/* src and dst as Regions of s that are still registered. */
+/* The argument `name` as a Region of s that is still registered. */
 static int
-transfer_regions(Conn *s, PyObject *a, PyObject *b, Region **src, Region **dst)
-{
-	PyObject *o[2] = { a, b };
-	Region *r[2];
-
-	for (int i = 0; i < 2; i++) {
-		if (!Py_IS_TYPE(o[i], s->st->region_type)) {
-			PyErr_Format(PyExc_TypeError, "%s must be a gpx.Region (from register() or import_()), not %s",
-			    i ? "dst" : "src", TNAME(o[i]));
-			return -1;
-		}
-		r[i] = (Region *)o[i];
-		if (r[i]->conn != s) {
-			PyErr_Format(PyExc_ValueError, "%s is a region of another connection", i ? "dst" : "src");
-			return -1;
-		}
-		if (!r[i]->live) {
-			PyErr_Format(PyExc_ValueError, "%s was deregistered", i ? "dst" : "src");
-			return -1;
-		}
-	}
-	*src = r[0];
-	*dst = r[1];
-	return 0;
-}
-
-/* A page table: a Region of s that is still registered. */
-static int
-table_region(Conn *s, PyObject *o, Region **out)
+region_arg(Conn *s, PyObject *o, const char *name, Region **out)
 {
 	if (!Py_IS_TYPE(o, s->st->region_type)) {
-		PyErr_Format(PyExc_TypeError, "table must be a gpx.Region (a registered or imported CUDA tensor), not %s",
+		PyErr_Format(PyExc_TypeError, "%s must be a gpx.Region (from register() or import_()), not %s", name,
 		    TNAME(o));
 		return -1;
 	}
 	*out = (Region *)o;
-	if ((*out)->conn != s || !(*out)->live) {
-		PyErr_SetString(PyExc_ValueError, (*out)->conn != s ? "table is a region of another connection" :
-		    "table was deregistered");
+	if ((*out)->conn != s) {
+		PyErr_Format(PyExc_ValueError, "%s is a region of another connection", name);
+		return -1;
+	}
+	if (!(*out)->live) {
+		PyErr_Format(PyExc_ValueError, "%s was deregistered", name);
 		return -1;
 	}
 	return 0;
+}
+
+/* src and dst as Regions of s that are still registered. */
+static int
+transfer_regions(Conn *s, PyObject *a, PyObject *b, Region **src, Region **dst)
+{
+	return region_arg(s, a, "src", src) < 0 || region_arg(s, b, "dst", dst) < 0 ? -1 : 0;
 }
 
 PyObject *
@@ -238,7 +220,7 @@ transfer_copy_pages_table(PyObject *op, PyObject *const *args, Py_ssize_t nargs,
 	    (a[6] != NULL && gpxpy_u64(a[6], "src_offset", &soff) < 0) ||
 	    (a[7] != NULL && gpxpy_u64(a[7], "dst_offset", &doff) < 0))
 		return NULL;
-	if (table_region(s, a[3], &tab) < 0)
+	if (region_arg(s, a[3], "table", &tab) < 0)
 		return NULL;
 	if (psize == 0 || n == 0) {
 		PyErr_SetString(PyExc_ValueError, psize == 0 ? "page_size must be at least 1" : "no pages");
@@ -621,7 +603,7 @@ transfer_copy_pages_batch_table(PyObject *op, PyObject *const *args, Py_ssize_t 
 	Transfer *t = NULL;
 
 	if (gpxpy_args(&spec, args, nargs, kwnames, a) < 0 || conn_usable(s) < 0 ||
-	    gpxpy_u64(a[1], "page_size", &psize) < 0 || table_region(s, a[2], &tab) < 0 ||
+	    gpxpy_u64(a[1], "page_size", &psize) < 0 || region_arg(s, a[2], "table", &tab) < 0 ||
 	    gpxpy_u64(a[3], "n", &n) < 0 || (a[4] != NULL && gpxpy_u64(a[4], "table_offset", &toff) < 0))
 		return NULL;
 	if (psize == 0 || n == 0) {
