@@ -134,6 +134,12 @@ do_status(int argc, char **argv)
 		J_ADD(lp, "max_list_bytes", J_U64(s->loop_list_max));
 		if (s->loop_cpu_max_s >= 0)
 			J_ADD(lp, "max_cpu_s", J_DBL(s->loop_cpu_max_s));
+		if (s->n_loop_cpu_top_s > 0) {
+			json_object *top = json_object_new_array();
+			for (size_t i = 0; i < s->n_loop_cpu_top_s; i++)
+				json_object_array_add(top, J_DBL(s->loop_cpu_top_s[i]));
+			J_ADD(lp, "top_cpu_s", top);
+		}
 		J_ADD(o, "event_loop", lp);
 		json_object *hc = json_object_new_object();
 		J_ADD(hc, "ipc", J_U64(s->cache_ipc));

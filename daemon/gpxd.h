@@ -634,6 +634,13 @@ extern const char *gpxd_socket_path;
 double loop_turn_begin(void);
 void loop_turn_end(double since);
 /*
+ * Whether this turn has run LOOP_TURN_SLICE_S: a callback that takes one request after another
+ * (a connection's messages, a pass over the submission queues) stops there, having taken at
+ * least one, and leaves the rest to the next turn.  False outside a turn.
+ */
+#define LOOP_TURN_SLICE_S 0.5e-3
+bool loop_turn_over(void);
+/*
  * The loop naps in epoll while clients only wait for copies in flight; loop_wake (any thread,
  * after posting a completion) writes the eventfd it watches (loop_nap_init) if it naps.
  */
@@ -648,5 +655,12 @@ uint64_t loop_turn_list(void);
 double loop_turn_max(void);
 uint64_t loop_turn_list_max(void);
 double loop_turn_cpu_max(void);
+/*
+ * The CPU times of the LOOP_TURN_TOP longest turns, longest first (NULL without
+ * GPXD_LOOP_CLOCKS=1).  One may be the host's: where a virtual machine's host takes its CPU
+ * away and the guest is not told (no steal time), the thread on it is charged for that time.
+ */
+#define LOOP_TURN_TOP 4
+const double *loop_turn_cpu_top(void);
 
 #endif

@@ -522,7 +522,8 @@ levent_dispatch(void)
 		double t0 = loop_turn_begin();
 		double active = conn_last_input > woken_at ? conn_last_input : woken_at;
 		bool busy = t0 - active < cfg->busy_poll_us / 1e6;
-		if (busy && (t0 - active < NAP_AFTER_S || engine_inflight() == 0)) {
+		/* (a pass cut at the turn's slice left submissions: the next comes before any sleep) */
+		if (conn_sq_left() || (busy && (t0 - active < NAP_AFTER_S || engine_inflight() == 0))) {
 			conn_poll_all(polling ? SQ_POLL : SQ_POLLING);
 			loop_turn_end(t0);
 			polling = true;

@@ -157,64 +157,7 @@ test_credits_lib(void)
 	buf_free(&b);
 }
 
-/* A raw client with a ring: Hello with an eventfd, the ring mapped, one memfd registered. */
-struct raw {
-	int sock;
-	int efd;
-	struct gpx_ring_hdr *ring;
-	size_t ring_len;
-	uint32_t entries;
-	uint64_t region;
-	struct buf mem;
-	uint32_t seq;
-};
-
-static int
-raw_open_v(struct raw *w, uint32_t version)
-{
-	int ring_fd;
-
-	memset(w, 0, sizeof(*w));
-	w->seq = 10;
-	if ((w->sock = harness_connect(&H)) < 0 || (w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
-		return -1;
-	Gpx__DaemonMsg *m = harness_hello(w->sock, version, w->efd, &ring_fd);
-	if (m == NULL || m->reply->status != 0 || ring_fd < 0 || m->reply->welcome->version != version) {
-		if (m)
-			gpx__daemon_msg__free_unpacked(m, NULL);
-		return -1;
-	}
-	w->entries = m->reply->welcome->ring_entries;
-	gpx__daemon_msg__free_unpacked(m, NULL);
-	w->ring_len = gpx_ring_size(w->entries);
-	w->ring = mmap(NULL, w->ring_len, PROT_READ | PROT_WRITE, MAP_SHARED, ring_fd, 0);
-	close(ring_fd);
-	if (w->ring == MAP_FAILED || buf_new(&w->mem, 65536) < 0)
-		return -1;
-
-	Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
-	Gpx__Register reg = GPX__REGISTER__INIT;
-	reg.kind = GPX__MEM_KIND__MEM_HOST;
-	reg.length = w->mem.len;
-	cm.seq = ++w->seq;
-	cm.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
-	cm.register_ = &reg;
-	if (harness_send(w->sock, &cm, &w->mem.fd, 1) < 0 ||
-	    (m = harness_recv(w->sock, WAIT_MS, NULL, NULL, NULL)) == NULL)
-		return -1;
-	int r = m->reply->status == 0 && m->reply->body_case == GPX__REPLY__BODY_REGISTERED ? 0 : -1;
-	if (r == 0)
-		w->region = m->reply->registered->region;
-	gpx__daemon_msg__free_unpacked(m, NULL);
-	return r;
-}
-
-static int
-raw_open(struct raw *w)
-{
-	return raw_open_v(w, GPX_PROTO_VERSION);
-}
-
+/* A Transfer of one byte, offset 0 to 4096 of the raw client's memfd. */
 static int
 raw_transfer(struct raw *w, uint64_t tag)
 {
@@ -234,37 +177,6 @@ raw_transfer(struct raw *w, uint64_t tag)
 	cm.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
 	cm.transfer = &t;
 	return harness_send(w->sock, &cm, NULL, 0);
-}
-
-static void
-raw_close(struct raw *w)
-{
-	if (w->ring != NULL && w->ring != MAP_FAILED)
-		munmap(w->ring, w->ring_len);
-	if (w->sock >= 0)
-		close(w->sock);
-	if (w->efd >= 0)
-		close(w->efd);
-	if (w->mem.p != NULL)
-		buf_free(&w->mem);
-}
-
-static uint64_t
-ring_head(struct raw *w)
-{
-	return __atomic_load_n(&w->ring->head, __ATOMIC_ACQUIRE);
-}
-
-static bool
-wait_head(struct raw *w, uint64_t want)
-{
-	for (int i = 0; i < WAIT_MS && ring_head(w) < want; i++) {
-		struct pollfd p = { .fd = w->efd, .events = POLLIN };
-		uint64_t v;
-		if (poll(&p, 1, 1) == 1)
-			(void)!read(w->efd, &v, sizeof(v));
-	}
-	return ring_head(w) == want;
 }
 
 void

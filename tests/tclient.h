@@ -6,6 +6,7 @@
 #ifndef GPX_TESTS_TCLIENT_H
 #define GPX_TESTS_TCLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,6 +39,27 @@ gpx_conn *client(const char *name);
 int wait_tag(gpx_conn *c, uint64_t tag, uint64_t *bytes);
 /* Collects every completion already delivered or arriving within ms. */
 int drain(gpx_conn *c, struct gpx_completion *out, int max, int ms);
+
+/*
+ * A raw client with a ring, for what the library would not do: Hello with an eventfd, the ring
+ * mapped, one memfd of 64 KiB registered (region); ring_head is the records gpxd posted,
+ * wait_head waits until there are want of them.
+ */
+struct raw {
+	int sock;
+	int efd;
+	struct gpx_ring_hdr *ring;
+	size_t ring_len;
+	uint32_t entries;
+	uint64_t region;
+	struct buf mem;
+	uint32_t seq;
+};
+int raw_open_v(struct raw *w, uint32_t version);
+int raw_open(struct raw *w);
+void raw_close(struct raw *w);
+uint64_t ring_head(struct raw *w);
+bool wait_head(struct raw *w, uint64_t want);
 
 /* Starts H with the tests' configuration, stdout line-buffered, SIGPIPE ignored; bails out if it cannot. */
 void start_gpxd(void);

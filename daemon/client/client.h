@@ -45,6 +45,7 @@ struct conn {
 	uint32_t nhandles, hcap;
 	uint32_t nseq_errors;
 	uint64_t sq_head;            /* submissions taken from the shared queue (our copy) */
+	bool sq_more;                /* its last pass was cut at the turn's slice: more wait there */
 	struct logrl log;            /* its share of the log (log.c) */
 	uint32_t version;            /* the protocol it speaks (Hello) */
 	const unsigned char *area;   /* the segment area, mapped read-only */
@@ -97,9 +98,12 @@ int conn_charge(struct conn *, uint64_t bytes, const char *what, char *err, size
 void conn_uncharge(struct conn *, uint64_t bytes);
 /* A deferred operation of the connection ended (c->pending--); a dead one is reaped after its last. */
 void conn_settle(struct conn *);
-int conn_poll_sq(struct conn *);      /* takes queued submissions; returns how many */
+/* Takes queued submissions, up to the turn's slice (then c->sq_more); returns how many. */
+int conn_poll_sq(struct conn *);
 enum { SQ_POLL, SQ_POLLING, SQ_SLEEPING };
 int conn_poll_all(int mode);          /* every connection's queue (and, by mode, sq_wakeup) */
+bool conn_sq_left(void);              /* a pass was cut since the last call: poll again before sleeping */
+void conn_poll_forget(struct conn *); /* c goes: the next pass does not begin with it */
 uint32_t conn_count(void);
 struct conn *conn_by_id(uint64_t);
 struct rhandle *conn_handle(struct conn *, uint64_t id);

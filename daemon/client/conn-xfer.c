@@ -213,6 +213,9 @@ req_transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int
 /* The seq of refusals of queued submissions, which came without a message of their own. */
 #define SQ_SEQ 0xffffffffu
 
+static struct conn *sq_from;    /* where the next pass over the queues begins; NULL: the first */
+static bool sq_left;            /* a pass was cut at the turn's slice */
+
 int
 conn_poll_sq(struct conn *c)
 {
@@ -220,6 +223,7 @@ conn_poll_sq(struct conn *c)
 	uint64_t head, tail;
 	int n = 0;
 
+	c->sq_more = false;
 	if (c->cq == NULL || c->state == CONN_DEAD || c->state == CONN_HELLO || c->checking != NULL)
 		return 0;
 	h = c->cq->ring;
@@ -255,7 +259,12 @@ conn_poll_sq(struct conn *c)
 		t.segments = &sp;
 		transfer(c, SQ_SEQ, &t, NULL, 0);
 		n++;
+		if (loop_turn_over())
+			break;
 	}
+	/* (cut at the turn's slice: the rest waits for the next pass, before any message of c's) */
+	c->sq_more = head != tail && c->state != CONN_DEAD && c->checking == NULL;
+	sq_left |= c->sq_more;
 	batch_flush();
 	nbatch = -1;
 	if (c->state == CONN_DEAD)
@@ -271,11 +280,16 @@ conn_poll_sq(struct conn *c)
  * kick; SQ_SLEEPING tells them they must (the loop is about to block) and reads the queues
  * again after a full fence, so a submission published at that moment is either seen here or
  * followed by its client's kick.
+ *
+ * A pass ends at the turn's slice (loop_turn_over), within a queue or between two; the next
+ * begins with the connection after the last one served, so that none waits behind the same
+ * others every time, and the loop does not sleep before it (conn_sq_left).
  */
 int
 conn_poll_all(int mode)
 {
 	struct conn *c, *t;
+	uint32_t left = conn_count();
 	int n = 0;
 
 	if (mode != SQ_POLL)
@@ -286,9 +300,37 @@ conn_poll_all(int mode)
 		}
 	if (mode == SQ_SLEEPING)
 		__atomic_thread_fence(__ATOMIC_SEQ_CST);
-	TAILQ_FOREACH_SAFE(c, &conns, entry, t)
+	c = sq_from != NULL ? sq_from : TAILQ_FIRST(&conns);
+	sq_from = NULL;
+	for (; c != NULL && left > 0; left--) {
+		struct conn *next = TAILQ_NEXT(c, entry) != NULL ? TAILQ_NEXT(c, entry) : TAILQ_FIRST(&conns);
 		n += conn_poll_sq(c);
+		if (c->state == CONN_DEAD && next == c)
+			break;                   /* (it was the only one) */
+		if (left > 1 && loop_turn_over()) {
+			sq_from = next;
+			sq_left = true;
+			break;
+		}
+		c = next;
+	}
 	return n;
+}
+
+bool
+conn_sq_left(void)
+{
+	bool was = sq_left;
+
+	sq_left = false;
+	return was;
+}
+
+void
+conn_poll_forget(struct conn *c)
+{
+	if (sq_from == c)
+		sq_from = TAILQ_NEXT(c, entry);
 }
 
 void

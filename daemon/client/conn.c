@@ -549,7 +549,10 @@ dispatch(struct conn *c, const Gpx__ClientMsg *m, int *fds, int nfds)
 	}
 }
 
-/* Loop thread: the socket is readable.  Handles a bounded number of messages per wake-up. */
+/*
+ * Loop thread: the socket is readable.  Handles up to MSGS_PER_WAKE messages, and none after the
+ * turn's slice (loop_turn_over): the socket is still readable, so the loop comes back for them.
+ */
 void
 conn_input(struct conn *c)
 {
@@ -557,9 +560,9 @@ conn_input(struct conn *c)
 
 	/* (a transfer whose lists a task thread checks holds the rest back: conn-xfer.c) */
 	for (int i = 0; i < MSGS_PER_WAKE && c->state != CONN_DEAD && c->checking == NULL; i++) {
-		/* Submissions queued before this message was sent come first. */
+		/* Submissions queued before this message was sent come first, all of them. */
 		conn_poll_sq(c);
-		if (c->state == CONN_DEAD || c->checking != NULL)
+		if (c->state == CONN_DEAD || c->checking != NULL || c->sq_more || (i > 0 && loop_turn_over()))
 			return;
 		ssize_t n = wire_recv(c->fd, msgbuf, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
 		if (n == -EAGAIN)
@@ -619,6 +622,7 @@ conn_kill(struct conn *c, const char *why)
 		log_client(c, LOG_L_INFO, "client %llu (%s, uid %u pid %d) gone: %s", (unsigned long long)c->id,
 		    c->name[0] ? c->name : "-", (unsigned)c->uid, (int)c->pid, why);
 	hello_leave(c);
+	conn_poll_forget(c);
 	c->state = CONN_DEAD;
 	conn_loop->unwatch(c);
 	close(c->fd);

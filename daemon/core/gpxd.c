@@ -122,10 +122,11 @@ now_ns(void)
  * each turn is measured too (two reads of the thread's CPU clock a turn, a system call each),
  * which tells the loop's work from the machine's load.
  */
-static double turn_max, turn_cpu_max;
+static double turn_max, turn_cpu_top[LOOP_TURN_TOP];    /* the CPU times: longest first */
 static uint64_t turn_list, turn_list_max;    /* bytes of lists checked in this turn; the most */
 static int loop_clocks = -1;                 /* GPXD_LOOP_CLOCKS, read at the first turn */
 static double turn_cpu0;
+static double turn_t0;                       /* when this turn began; 0 between turns */
 
 static double
 thread_cpu_s(void)
@@ -145,7 +146,13 @@ loop_turn_begin(void)
 	}
 	if (loop_clocks)
 		turn_cpu0 = thread_cpu_s();
-	return now_s();
+	return turn_t0 = now_s();
+}
+
+bool
+loop_turn_over(void)
+{
+	return turn_t0 > 0 && now_s() - turn_t0 > LOOP_TURN_SLICE_S;
 }
 
 void
@@ -153,13 +160,18 @@ loop_turn_end(double since)
 {
 	double d = now_s() - since;
 
+	turn_t0 = 0;
 	if (d > turn_max)
 		turn_max = d;
 	if (turn_list > turn_list_max)
 		turn_list_max = turn_list;
 	turn_list = 0;
-	if (loop_clocks > 0 && (d = thread_cpu_s() - turn_cpu0) > turn_cpu_max)
-		turn_cpu_max = d;
+	if (loop_clocks > 0 && (d = thread_cpu_s() - turn_cpu0) > turn_cpu_top[LOOP_TURN_TOP - 1]) {
+		int i = LOOP_TURN_TOP - 1;
+		for (; i > 0 && turn_cpu_top[i - 1] < d; i--)
+			turn_cpu_top[i] = turn_cpu_top[i - 1];
+		turn_cpu_top[i] = d;
+	}
 }
 
 void
@@ -189,5 +201,11 @@ loop_turn_list_max(void)
 double
 loop_turn_cpu_max(void)
 {
-	return loop_clocks > 0 ? turn_cpu_max : -1;
+	return loop_clocks > 0 ? turn_cpu_top[0] : -1;
+}
+
+const double *
+loop_turn_cpu_top(void)
+{
+	return loop_clocks > 0 ? turn_cpu_top : NULL;
 }
