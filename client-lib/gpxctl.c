@@ -132,6 +132,7 @@ do_status(int argc, char **argv)
 		json_object *lp = json_object_new_object();
 		J_ADD(lp, "max_s", J_DBL(s->loop_max_s));
 		J_ADD(lp, "max_list_bytes", J_U64(s->loop_list_max));
+		J_ADD(lp, "max_work", J_U64(s->loop_work_max));
 		if (s->loop_cpu_max_s >= 0)
 			J_ADD(lp, "max_cpu_s", J_DBL(s->loop_cpu_max_s));
 		if (s->n_loop_cpu_top_s > 0) {
@@ -174,8 +175,8 @@ do_status(int argc, char **argv)
 		printf("cuda:       %s\n", s->cuda);
 		printf("legacy IPC: %s\n", s->trust_legacy ? "accepted (one trust domain)" : "refused (multi-tenant)");
 		printf("fabric:     %s\n", s->fabric[0] ? s->fabric : "off");
-		printf("event loop: longest turn %.3f ms; most lists checked in one turn %s\n", s->loop_max_s * 1e3,
-		    human(s->loop_list_max, b1, sizeof(b1)));
+		printf("event loop: longest turn %.3f ms; most lists checked in one turn %s, most requests "
+		    "and handles %u\n", s->loop_max_s * 1e3, human(s->loop_list_max, b1, sizeof(b1)), s->loop_work_max);
 		printf("handles:    %u entries (%u cuda-ipc, %u cuda-pool, %u cuda-vmm pieces), "
 		    "%llu driver opens, %llu hits\n", s->cache_ipc + s->cache_pool + s->cache_vmm, s->cache_ipc,
 		    s->cache_pool, s->cache_vmm, (unsigned long long)s->cache_opens,

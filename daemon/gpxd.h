@@ -634,12 +634,14 @@ extern const char *gpxd_socket_path;
 double loop_turn_begin(void);
 void loop_turn_end(double since);
 /*
- * Whether this turn has run LOOP_TURN_SLICE_S: a callback that takes one request after another
- * (a connection's messages, a pass over the submission queues) stops there, having taken at
- * least one, and leaves the rest to the next turn.  False outside a turn.
+ * Whether this turn has run LOOP_TURN_SLICE_S: a callback that takes one piece of work after
+ * another (a connection's messages, a pass over the submission queues, a gone client's handles)
+ * asks after each, stops there, having done at least one, and leaves the rest to the next turn.
+ * False outside a turn.  Each call counts one piece: loop_turn_work_max is the most one turn did.
  */
 #define LOOP_TURN_SLICE_S 0.5e-3
 bool loop_turn_over(void);
+uint32_t loop_turn_work_max(void);
 /*
  * The loop naps in epoll while clients only wait for copies in flight; loop_wake (any thread,
  * after posting a completion) writes the eventfd it watches (loop_nap_init) if it naps.

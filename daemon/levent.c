@@ -129,7 +129,11 @@ reap_cb(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	(void)arg;
 	double t0 = loop_turn_begin();
-	conn_reap();
+	/* (a gone client's handles, a slice at a time: the rest after the next look at the sockets) */
+	if (conn_reap()) {
+		struct timeval now = { 0, 0 };
+		event_add(reap_ev, &now);
+	}
 	loop_turn_end(t0);
 }
 

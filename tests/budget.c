@@ -22,8 +22,10 @@
  *    everything it held is given back, and gpxd lives on.
  *  - queue: two raw clients, as nobody and another uid, each fill their whole submission queue
  *    at once and send as many Transfer messages back to back, four times: all served, every
- *    byte right, and no turn of the loop but the longest two took 4 ms of its CPU time (it
- *    takes requests for 0.5 ms a turn; all of a queue in one turn is 12 ms of it and more).
+ *    byte right, and no turn of the loop took more than a quarter of a queue's requests (it
+ *    takes them for 0.5 ms a turn; without that, a whole queue in one turn, 12-57 ms of it).
+ *  - gone: three clients of three uids that hold 8,192 regions and 1,300 exports each go one
+ *    after another: everything given back, and no turn gave back half of one's handles.
  *  - entries: a connection budget of 64 KiB; as nobody, regions registered, exports with
  *    64-byte names and peer lists of 4 KB, and imports, each on a connection of its own, until
  *    refused: each refusal is busy naming the connection budget and the request, far below the
@@ -653,8 +655,10 @@ gone_child(void *unused, int out, int stop)
  * times of the four longest (GPXD_LOOP_CLOCKS=1).  A bound is held by all but the longest two:
  * on a virtual machine whose host takes the CPU away without saying so (no steal time), the
  * thread that ran is charged for it, and a thread that does nothing but read its CPU clock
- * sees it jump by 1.5-2 ms a few times in 10 s there.  A loop that did too much in a turn
- * does it in many here: six long lists, eight full queues.
+ * sees it jump by 1.5-2 ms a few times in 10 s there, and beside other tests of the suite
+ * three of one loop's turns took 4.8-6.0 ms where 0.8-1.7 ms was usual.  A loop that checked
+ * a whole list in a turn would do it six times here.  Where work can be counted (requests,
+ * handles), the parts below bound the count and show the times.
  */
 #define TOP 4
 #define TOP_HELD 2
@@ -662,6 +666,7 @@ struct turns {
 	double wall, cpu;
 	uint64_t list;
 	double top[TOP];
+	uint32_t work;           /* the most requests taken and handles given back in one turn */
 };
 
 static const char *
@@ -685,7 +690,7 @@ loop_max(gpx_conn *c, struct turns *t)
 	free(buf);
 	if (q != NULL && q->status != NULL) {
 		*t = (struct turns){ q->status->loop_max_s, q->status->loop_cpu_max_s, q->status->loop_list_max,
-			{ -1, -1, -1, -1 } };
+			{ -1, -1, -1, -1 }, q->status->loop_work_max };
 		for (size_t i = 0; i < q->status->n_loop_cpu_top_s && i < TOP; i++)
 			t->top[i] = q->status->loop_cpu_top_s[i];
 		r = 0;
@@ -712,7 +717,7 @@ test_turns(void)
 	if (c == NULL || buf_new(&bs, 4096) < 0 || buf_new(&bd, 4096) < 0 || buf_reg(c, &bs, 0) < 0 ||
 	    buf_reg(c, &bd, 0) < 0)
 		tap_bail("bystander");
-	struct turns tu0 = { -1, -1, 0, { 0 } }, tu = { -1, -1, UINT64_MAX, { 0 } };
+	struct turns tu0 = { -1, -1, 0, { 0 }, 0 }, tu = { -1, -1, UINT64_MAX, { 0 }, 0 };
 	struct budgets b0 = { 0 };
 	loop_max(c, &tu0);
 	budgets(c, &b0);
@@ -787,15 +792,15 @@ test_turns(void)
  * 0.7-3.5 us each (the first time, with the faults of the jobs' fresh memory, the most), a
  * message's at 20-80 us on a virtual machine whose system calls are slow: a whole queue taken
  * in one pass is 12-57 ms of its CPU time there, 64 messages in one turn 1.3-5 ms.  It stops
- * at its slice (LOOP_TURN_SLICE_S, 0.5 ms) and takes the rest in the turns after, so that no
- * turn but the longest two (struct turns) takes 4 ms meanwhile (Q_TURN_CPU): the slice and
- * what the request in hand when it ends may take beyond it, 1.3 ms at most in 14 runs here (a
- * host's jump of the CPU clock, the faults of fresh memory); no lists are checked here.
+ * at its slice (LOOP_TURN_SLICE_S, 0.5 ms) and takes the rest in the turns after: the most
+ * requests one turn took (as gpxd counts them, Status.loop_work_max) stays under a quarter of
+ * a queue, where one pass takes all of it (16,384) without the slice.  The turns' CPU times
+ * are shown, not bounded: 0.8-1.7 ms here alone, but in a run of the whole suite beside other
+ * tests three turns of each loop took 4.8-6.0 ms of it on this machine (see struct turns).
  */
 #define Q_ROUNDS 4
 #define Q_COPY 4096u
 #define Q_ENTRIES 16384u
-#define Q_TURN_CPU 0.004
 #define Q_CONF "[daemon]\nring_entries = 16384\n"   /* Q_ENTRIES */
 
 struct queue_res {
@@ -905,7 +910,7 @@ queue_run(const char *conf, const char *loop)
 	if (c == NULL || buf_new(&bs, 4096) < 0 || buf_new(&bd, 4096) < 0 || buf_reg(c, &bs, 0) < 0 ||
 	    buf_reg(c, &bd, 0) < 0)
 		tap_bail("bystander");
-	struct turns tu0 = { -1, -1, 0, { 0 } }, tu = { -1, -1, 0, { 0 } };
+	struct turns tu0 = { -1, -1, 0, { 0 }, 0 }, tu = { -1, -1, 0, { 0 }, 0 };
 	loop_max(c, &tu0);
 	child_start(&ch[0], UID_NOBODY, queue_child, NULL);
 	child_start(&ch[1], UID_OTHER, queue_child, NULL);
@@ -930,10 +935,12 @@ queue_run(const char *conf, const char *loop)
 	    lat[n ? n - 1 : 0] * 1e3, bad);
 	int q = loop_max(c, &tu);
 	char top[128];
-	ok(q == 0 && tu.cpu >= 0 && (tu.top[TOP_HELD] < Q_TURN_CPU || !TIMED),
-	    "%s: the loop's longest turns meanwhile, as gpxd measured them: %s ms of its CPU time, all but the "
-	    "longest two under %.1f (%.3f before the clients came), the longest %.3f ms of wall time%s", loop,
-	    turns_top(&tu, top, sizeof(top)), Q_TURN_CPU * 1e3, tu0.cpu * 1e3, tu.wall * 1e3, TIMED_SAYS);
+	ok(q == 0 && tu.work > 0 && tu.work <= Q_ENTRIES / 4,
+	    "%s: no turn of the loop took more than %u requests meanwhile: %u at most (%u before the clients came)",
+	    loop, Q_ENTRIES / 4, tu.work, tu0.work);
+	diag("%s: the loop's longest turns, as gpxd measured them: %s ms of its CPU time (%.3f before the "
+	    "clients came), the longest %.3f ms of wall time", loop, turns_top(&tu, top, sizeof(top)), tu0.cpu * 1e3,
+	    tu.wall * 1e3);
 	child_end(&ch[0]);
 	child_end(&ch[1]);
 	gpx_close(c);
@@ -948,6 +955,157 @@ test_queue(void)
 {
 	queue_run(Q_CONF, "polling");
 	queue_run(Q_CONF "busy_poll_us = 0\n", "sleeping");
+}
+
+/* ---- gone: clients that held thousands of regions go ---- */
+
+/*
+ * Three clients of three uids: G_REGIONS registrations each of 4 KiB slices of one memfd, each
+ * a mapping of gpxd's, G_EXPORTS of them exported; then they exit one after another.  Given
+ * back in the turn that saw it go, one such client is 6-16 ms of the loop's CPU time here (an
+ * unmapping handed to a task thread and the table's entry a region, its exports); a slice at
+ * a time, 200-760 handles a turn, no turn gives back half of them, a bystander's copies
+ * go on meanwhile, and everything is given back after each: the budgets' bytes, the mappings
+ * (but for what gpxd's own allocator keeps), the exports.  gpxd runs with 8,192 descriptors
+ * here (start): before a host region let go of its memfd once mapped, the 8,143rd registration
+ * found gpxd out of them (its SCM_RIGHTS truncated).
+ */
+#define G_CLIENTS 3
+#define G_REGIONS 8192
+#define G_EXPORTS 1300
+#define G_MAPS_SLACK 64
+
+static void
+regions_child(void *arg, int out, int stop)
+{
+	int res[2] = { 0, 0 };       /* registered, exported */
+	gpx_conn *c = NULL;
+	void *p;
+	int fd;
+
+	if (gpx_connect(H.sock, "budget-regions", &c) == 0 && gpx_host_alloc((size_t)G_REGIONS * 4096, &fd, &p) == 0)
+		for (int i = 0; i < G_REGIONS; i++) {
+			gpx_region r;
+			char name[32];
+			if (gpx_register_host(c, fd, (uint64_t)i * 4096, 4096, 0, &r) < 0)
+				break;
+			res[0]++;
+			snprintf(name, sizeof(name), "budget-%d-%d", *(const int *)arg, i);
+			if (i < G_EXPORTS && gpx_export(c, r, name, NULL) == 0)
+				res[1]++;
+		}
+	put(out, res, sizeof(res));
+	wait_stop(stop);
+}
+
+/* Exports gpxd has (its status), or -1. */
+static int
+exports_of(gpx_conn *c)
+{
+	void *buf;
+	size_t len;
+	int n = -1;
+
+	if (gpx_query(c, GPX_Q_STATUS, &buf, &len) < 0)
+		return -1;
+	Gpx__QueryReply *q = gpx__query_reply__unpack(NULL, len, buf);
+	free(buf);
+	if (q != NULL && q->status != NULL)
+		n = (int)q->status->exports;
+	if (q != NULL)
+		gpx__query_reply__free_unpacked(q, NULL);
+	return n;
+}
+
+/* Lines of gpxd's /proc/PID/maps: its mappings. */
+static int
+maps(void)
+{
+	char path[64], line[512];
+	int n = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)H.pid);
+	if ((f = fopen(path, "re")) == NULL)
+		return -1;
+	while (fgets(line, sizeof(line), f) != NULL)
+		n += strchr(line, '\n') != NULL;
+	fclose(f);
+	return n;
+}
+
+static void
+test_gone(void)
+{
+	static const int who[G_CLIENTS] = { 0, 1, 2 };
+	static const uid_t uids[G_CLIENTS] = { UID_NOBODY, UID_OTHER, UID_OTHER - 1 };
+	struct child ch[G_CLIENTS];
+	struct buf bs, bd;
+	struct budgets b0 = { 0 }, b = { 0 };
+	size_t cap = 1 << 20, n = 0;
+	double *lat = malloc(cap * sizeof(*lat));
+	int res[G_CLIENTS][2] = { { 0 } }, bad = 0;
+
+	setenv("GPXD_LOOP_CLOCKS", "1", 1);
+	start("");
+	unsetenv("GPXD_LOOP_CLOCKS");
+	gpx_conn *c = client("bystander");
+	if (c == NULL || buf_new(&bs, 4096) < 0 || buf_new(&bd, 4096) < 0 || buf_reg(c, &bs, 0) < 0 ||
+	    buf_reg(c, &bd, 0) < 0)
+		tap_bail("bystander");
+	budgets(c, &b0);
+	const int maps0 = maps(), fds0 = harness_fds(&H);
+	bool got = true;
+	for (int i = 0; i < G_CLIENTS; i++)
+		child_start(&ch[i], uids[i], regions_child, (void *)&who[i]);
+	for (int i = 0; i < G_CLIENTS; i++)
+		got &= child_result(&ch[i], res[i], sizeof(res[i]), 300000) && res[i][0] == G_REGIONS &&
+		    res[i][1] == G_EXPORTS;
+	const int maps1 = maps(), exports1 = exports_of(c), fds1 = harness_fds(&H);
+	ok(got && maps1 >= maps0 + G_CLIENTS * G_REGIONS && exports1 == G_CLIENTS * G_EXPORTS && fds1 - fds0 < 64,
+	    "%d clients of %d uids each register %d regions of 4 KiB, each a mapping of gpxd's (%d more) and none "
+	    "a descriptor (%d more, of a limit of 8192), and export %d (%d listed)", G_CLIENTS, G_CLIENTS, G_REGIONS,
+	    maps1 - maps0, fds1 - fds0, G_EXPORTS, exports1);
+	struct turns tu0 = { -1, -1, 0, { 0 }, 0 }, tu = { -1, -1, 0, { 0 }, 0 };
+	loop_max(c, &tu0);
+	/* They go one by one; the bystander copies until each has given everything back, 10 s at most. */
+	bool back = true;
+	double most = 0;
+	for (int i = 0; i < G_CLIENTS; i++) {
+		double t0 = now();
+		child_end(&ch[i]);
+		const bool last = i == G_CLIENTS - 1;
+		while (n < cap && now() - t0 < 10 && (budgets(c, &b) < 0 || (last && b.used > b0.used) ||
+		    maps() > maps0 + (G_CLIENTS - 1 - i) * G_REGIONS + G_MAPS_SLACK)) {
+			double t = now();
+			if (gpx_copy(c, bs.r, 0, bd.r, 0, 4096, 101) < 0 || wait_tag(c, 101, NULL) != 0)
+				bad++;
+			lat[n++] = now() - t;
+		}
+		most = now() - t0 > most ? now() - t0 : most;
+		back &= budgets(c, &b) == 0 && (!last || b.used == b0.used);
+	}
+	const int maps2 = maps(), exports2 = exports_of(c);
+	ok(back && b.used == b0.used && maps2 <= maps0 + G_MAPS_SLACK && exports2 == 0,
+	    "as each goes everything it held is given back, within %.2f s at most: in the end %llu bytes held "
+	    "(%llu before they came), %d mappings (%d), %d exports", most, (unsigned long long)b.used,
+	    (unsigned long long)b0.used, maps2, maps0, exports2);
+	double p99 = pct(lat, n, 0.99);
+	diag("a bystander's 4 KiB copies meanwhile: %zu, p99 %.2f ms, max %.2f ms, %d failed", n, p99 * 1e3,
+	    lat[n ? n - 1 : 0] * 1e3, bad);
+	int q = loop_max(c, &tu);
+	char top[128], top0[128];
+	ok(q == 0 && tu.work > 0 && tu.work <= G_REGIONS / 2,
+	    "no turn of the loop gave back more than %d handles, nor took more requests: %u at most (%u before "
+	    "they went)", G_REGIONS / 2, tu.work, tu0.work);
+	diag("the loop's longest turns, as gpxd measured them: %s ms of its CPU time (%s before they went), the "
+	    "longest %.3f ms of wall time", turns_top(&tu, top, sizeof(top)), turns_top(&tu0, top0, sizeof(top0)),
+	    tu.wall * 1e3);
+	gpx_close(c);
+	buf_free(&bs);
+	buf_free(&bd);
+	free(lat);
+	stop();
 }
 
 /* ---- leave: many lists in the heap, given back when their client goes ---- */
@@ -1563,9 +1721,10 @@ main(int argc, char **argv)
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
-	/* Run one part by name: budget largest|turns|queue|leave|entries|each|many|kept */
+	/* Run one part by name: budget largest|turns|queue|gone|leave|entries|each|many|kept */
 	static const struct test_part parts[] = {
-		{ "largest", test_largest }, { "turns", test_turns }, { "queue", test_queue }, { "leave", test_leave },
+		{ "largest", test_largest }, { "turns", test_turns }, { "queue", test_queue }, { "gone", test_gone },
+		{ "leave", test_leave },
 		{ "entries", test_entries }, { "each", test_each }, { "many", test_many }, { "kept", test_kept },
 	};
 	run_parts(argc, argv, parts, sizeof(parts) / sizeof(parts[0]));

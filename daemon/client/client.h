@@ -43,6 +43,7 @@ struct conn {
 	uint32_t pending;            /* deferred operations still holding this connection */
 	struct rhandle **htab;       /* chained hash of handles by serial */
 	uint32_t nhandles, hcap;
+	uint32_t hswept;             /* gone: the slots of htab given back so far (handles_release) */
 	uint32_t nseq_errors;
 	uint64_t sq_head;            /* submissions taken from the shared queue (our copy) */
 	bool sq_more;                /* its last pass was cut at the turn's slice: more wait there */
@@ -82,7 +83,7 @@ struct conn *conn_accept(int fd, bool admins_only);
 struct creds conn_creds(const struct conn *);
 void conn_input(struct conn *);
 void conn_kill(struct conn *, const char *why);
-void conn_reap(void);
+bool conn_reap(void);                /* true: more to give back, in a later turn */
 /* Looks the admin group up now (at start and reload), with a warning when there is none. */
 void conn_admin_check(void);
 /* The log's lines about a client, within its share and its uid's (log.c): a refusal, or any line. */

@@ -33,7 +33,7 @@ struct rhandle *handle_add(struct conn *, struct region *, bool imported, bool r
 /* What a handle costs: an import's; a registration's adds its region and its pieces. */
 #define HANDLE_BYTES sizeof(struct rhandle)
 #define REGION_BYTES(npieces) (sizeof(struct region) + (uint64_t)(npieces) * sizeof(struct gpx_wire_piece))
-void handles_release(struct conn *);
+bool handles_release(struct conn *);   /* a gone one's, a slice at a time: true once all are */
 void reply_registered(struct conn *, uint32_t seq, const struct rhandle *);
 void req_register(struct conn *, uint32_t seq, const Gpx__Register *, int *fds, int nfds);
 void req_pieces(struct conn *, uint32_t seq, const Gpx__Pieces *, int *fds, int nfds);

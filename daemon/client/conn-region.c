@@ -102,7 +102,8 @@ handle_release(struct conn *c, struct rhandle *h)
 	c->user->regions--;
 	if (!h->imported) {
 		c->user->region_bytes -= r->length;
-		export_remove_region(r);
+		if (c->state != CONN_DEAD)
+			export_remove_region(r);     /* (a gone client's exports went at once: conn_kill) */
 		region_revoke(r);
 	} else {
 		struct export *e;
@@ -136,20 +137,29 @@ reply_registered(struct conn *c, uint32_t seq, const struct rhandle *h)
 	conn_reply(c, seq, 0, NULL, &rep, NULL, 0);
 }
 
-/* Lets go of every handle of a connection that ends. */
-void
+/*
+ * Lets go of the handles of a connection that ended, until the loop's turn has had its slice
+ * (loop_turn_over; at least one handle): a client that held tens of thousands of regions is
+ * given back over many turns, each unmapping its share, and other clients are served between
+ * them.  True once all are (conn_reap calls again until then).
+ */
+bool
 handles_release(struct conn *c)
 {
-	for (uint32_t i = 0; i < c->hcap; i++)
-		while (c->htab[i] != NULL) {
-			struct rhandle *h = c->htab[i];
-			c->htab[i] = h->next;
+	for (; c->hswept < c->hcap; c->hswept++)
+		while (c->htab[c->hswept] != NULL) {
+			struct rhandle *h = c->htab[c->hswept];
+			c->htab[c->hswept] = h->next;
+			c->nhandles--;
 			handle_release(c, h);
+			if (loop_turn_over() && (c->htab[c->hswept] != NULL || c->hswept + 1 < c->hcap))
+				return false;
 		}
 	free(c->htab);
 	conn_uncharge(c, (uint64_t)c->hcap * sizeof(*c->htab));
 	c->htab = NULL;
-	c->hcap = c->nhandles = 0;
+	c->hcap = c->nhandles = c->hswept = 0;
+	return true;
 }
 
 /* ---- Register ---- */

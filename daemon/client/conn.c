@@ -19,7 +19,8 @@
  * the message type takes) and only then calls a handler.  Handlers borrow the message; any fd
  * a handler does not take is closed by the dispatcher.  A connection is never freed inside its
  * own callback: conn_kill() releases what it holds and marks it dead, conn_reap() frees it
- * once no deferred operation refers to it any more.
+ * once no deferred operation refers to it any more.  Its handles go a slice of a turn at a
+ * time (handles_release): conn_kill takes the first, conn_reap the rest, a turn each.
  */
 #include "config.h"
 
@@ -634,7 +635,8 @@ conn_kill(struct conn *c, const char *why)
 	TAILQ_FOREACH_SAFE(e, &exports, entry, et)
 		if (e->owner == c->id)
 			export_remove(e);
-	handles_release(c);
+	if (!handles_release(c))
+		c->pending++;      /* (the rest in the turns after, conn_reap; its memory stays till then) */
 	vmm_sweep(c->id);      /* pieces sent and never taken up by a region */
 	xfer_drop_area(&c->area, &c->area_len, c->checking);
 	if (c->cq != NULL) {
@@ -648,7 +650,7 @@ conn_kill(struct conn *c, const char *why)
 	conn_loop->request_reap();
 }
 
-/* Frees dead connections that no deferred operation refers to. */
+/* A deferred operation of c ended: a dead c is reaped after its last. */
 void
 conn_settle(struct conn *c)
 {
@@ -656,18 +658,31 @@ conn_settle(struct conn *c)
 		conn_loop->request_reap();
 }
 
-void
+/*
+ * Gives back the handles of dead connections and frees those that no deferred operation refers
+ * to; true while some still hold handles (call again, in a later turn).
+ */
+bool
 conn_reap(void)
 {
 	struct conn *c, *t;
+	bool more = false;
 
 	TAILQ_FOREACH_SAFE(c, &conns, entry, t)
 		if (c->cq != NULL && c->cq->broken)
 			conn_kill(c, c->cq->broken_why);
 	TAILQ_FOREACH_SAFE(c, &dead, entry, t) {
+		if (c->htab != NULL) {
+			if (!handles_release(c)) {
+				more = true;
+				continue;
+			}
+			c->pending--;
+		}
 		if (c->pending > 0)
 			continue;
 		TAILQ_REMOVE(&dead, c, entry);
 		free(c);
 	}
+	return more;
 }

@@ -368,6 +368,9 @@ render(struct evbuffer *b, struct snapshot *sn)
 	evbuffer_add_printf(b, "gpx_event_loop_max_seconds %.6f\n", loop_turn_max());
 	single(b, "gpx_event_loop_max_list_bytes", "gauge", "The most bytes of request lists the event loop "
 	    "copied and checked in one turn since start.", loop_turn_list_max());
+	single(b, "gpx_event_loop_max_work", "gauge", "The most requests the event loop took from a connection's "
+	    "socket or queue, and handles of a gone client it gave back, in one turn since start.",
+	    loop_turn_work_max());
 	uint64_t naps, wakes, early_wakes;
 	loop_nap_counts(&naps, &wakes, &early_wakes);
 	single(b, "gpx_event_loop_naps_total", "counter", "Times the event loop napped instead of polling "

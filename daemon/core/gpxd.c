@@ -124,6 +124,7 @@ now_ns(void)
  */
 static double turn_max, turn_cpu_top[LOOP_TURN_TOP];    /* the CPU times: longest first */
 static uint64_t turn_list, turn_list_max;    /* bytes of lists checked in this turn; the most */
+static uint32_t turn_work, turn_work_max;    /* requests taken and handles given back in it; the most */
 static int loop_clocks = -1;                 /* GPXD_LOOP_CLOCKS, read at the first turn */
 static double turn_cpu0;
 static double turn_t0;                       /* when this turn began; 0 between turns */
@@ -146,13 +147,21 @@ loop_turn_begin(void)
 	}
 	if (loop_clocks)
 		turn_cpu0 = thread_cpu_s();
+	turn_work = 0;
 	return turn_t0 = now_s();
 }
 
 bool
 loop_turn_over(void)
 {
+	turn_work++;
 	return turn_t0 > 0 && now_s() - turn_t0 > LOOP_TURN_SLICE_S;
+}
+
+uint32_t
+loop_turn_work_max(void)
+{
+	return turn_work_max;
 }
 
 void
@@ -166,6 +175,9 @@ loop_turn_end(double since)
 	if (turn_list > turn_list_max)
 		turn_list_max = turn_list;
 	turn_list = 0;
+	if (turn_work > turn_work_max)
+		turn_work_max = turn_work;
+	turn_work = 0;
 	if (loop_clocks > 0 && (d = thread_cpu_s() - turn_cpu0) > turn_cpu_top[LOOP_TURN_TOP - 1]) {
 		int i = LOOP_TURN_TOP - 1;
 		for (; i > 0 && turn_cpu_top[i - 1] < d; i--)

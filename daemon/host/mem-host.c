@@ -262,6 +262,9 @@ host_open(struct region *r, char *err, size_t errlen)
 		return -GPX__STATUS__ENOMEM;
 	}
 	r->host = (char *)r->map + (r->offset - start);
+	/* The mapping keeps the memfd: a region holds no descriptor of gpxd's, however many a client has. */
+	close(r->fd);
+	r->fd = -1;
 	if (gpu_count() > 0)
 		gpu_host_register(r);
 	return 0;
