@@ -134,7 +134,7 @@ Gpx__Reply *
 client_recv(gpx_conn *c, bool block, int *fds, int *nfds, int *err)
 {
 	int lfds[GPX_MAX_FDS], lnfds;
-	ssize_t n = wire_recv(c->sock, c->buf, fds ? fds : lfds, nfds ? nfds : &lnfds, GPX_MAX_FDS,
+	ssize_t n = wire_recv(c->sock, c->buf, NULL, fds ? fds : lfds, nfds ? nfds : &lnfds, GPX_MAX_FDS,
 	    block ? 0 : MSG_DONTWAIT);
 
 	*err = 0;

@@ -118,7 +118,7 @@ wire_send_msg(int sock, const ProtobufCMessage *msg, const int *fds, int nfds)
 }
 
 ssize_t
-wire_recv(int sock, void *buf, int *fds, int *nfds, int maxfds, int flags)
+wire_recv(int sock, void *buf, size_t *len, int *fds, int *nfds, int maxfds, int flags)
 {
 	union {
 		struct cmsghdr h;
@@ -157,6 +157,13 @@ wire_recv(int sock, void *buf, int *fds, int *nfds, int maxfds, int flags)
 		/* An empty datagram reads like EOF, and is handled as one: nothing it carried stays open. */
 		wire_close_fds(got, ngot);
 		return 0;
+	}
+	if (len != NULL)
+		*len = (size_t)n;
+	/* Truncated with room left: the kernel could not install them all (EMFILE), not too many. */
+	if ((mh.msg_flags & MSG_CTRUNC) && !bad && ngot < WIRE_CMSG_FDS) {
+		wire_close_fds(got, ngot);
+		return -EMFILE;
 	}
 	if ((mh.msg_flags & MSG_CTRUNC) || bad) {
 		wire_close_fds(got, ngot);

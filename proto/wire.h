@@ -47,10 +47,13 @@ int wire_send_msg(int sock, const ProtobufCMessage *msg, const int *fds, int nfd
 /*
  * Receives one datagram into buf (which must hold GPX_MSG_MAX bytes) and its fds (close-on-exec).
  * Returns the length, 0 on EOF (or an empty datagram), or -errno: -EAGAIN, -EMSGSIZE for a
- * truncated datagram, -EBADMSG for truncated or foreign control data, -E2BIG for more than
- * maxfds fds.  On 0 and on every error all received fds are closed and *nfds is 0.
+ * truncated datagram, -EBADMSG for foreign control data or more fds than its room for them
+ * (WIRE_CMSG_FDS), -EMFILE for fds the kernel could not give this process (its descriptor
+ * limit), -E2BIG for more than maxfds fds.  On 0 and on every error all received fds are
+ * closed and *nfds is 0.  With -EBADMSG, -EMFILE and -E2BIG the bytes came whole: *len (if
+ * len is not NULL) is their number, so that the message can be answered.
  */
-ssize_t wire_recv(int sock, void *buf, int *fds, int *nfds, int maxfds, int flags);
+ssize_t wire_recv(int sock, void *buf, size_t *len, int *fds, int *nfds, int maxfds, int flags);
 
 void wire_close_fds(int *fds, int nfds);
 

@@ -198,8 +198,8 @@ drain_replies(int sock)
 	int fds[GPX_MAX_FDS], nfds;
 
 	for (;;) {
-		ssize_t n = wire_recv(sock, buf, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
-		if (n <= 0 && n != -EMSGSIZE && n != -EBADMSG && n != -E2BIG)
+		ssize_t n = wire_recv(sock, buf, NULL, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
+		if (n <= 0 && n != -EMSGSIZE && n != -EBADMSG && n != -EMFILE && n != -E2BIG)
 			break;
 		wire_close_fds(fds, nfds);
 	}

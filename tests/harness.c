@@ -135,7 +135,7 @@ harness_recv(int sock, int timeout_ms, int *fds, int *nfds, bool *eof)
 		*nfds = 0;
 	if (poll(&p, 1, timeout_ms) != 1)
 		return NULL;
-	n = wire_recv(sock, buf, lfds, &lnfds, GPX_MAX_FDS, MSG_DONTWAIT);
+	n = wire_recv(sock, buf, NULL, lfds, &lnfds, GPX_MAX_FDS, MSG_DONTWAIT);
 	if (n <= 0) {
 		if (eof != NULL)
 			*eof = n == 0 || n == -ECONNRESET;

@@ -125,7 +125,7 @@ raw_ready(void)
 	return s;
 }
 
-/* A Query round trip: the reply's status, or -1 if none came. */
+/* A Query round trip: the reply's status, -1 if none came, -2 if it came under another seq. */
 static int
 query_status(int s, uint32_t seq, const int *fds, int nfds)
 {
@@ -135,7 +135,7 @@ query_status(int s, uint32_t seq, const int *fds, int nfds)
 	if (send_fds(s, buf, n, fds, nfds) != (ssize_t)n)
 		return -1;
 	Gpx__DaemonMsg *m = harness_recv(s, WAIT_MS, NULL, NULL, NULL);
-	int st = m != NULL ? (int)m->reply->status : -1;
+	int st = m == NULL ? -1 : m->reply->seq != seq ? -2 : (int)m->reply->status;
 	if (m != NULL)
 		gpx__daemon_msg__free_unpacked(m, NULL);
 	return st;
@@ -271,10 +271,11 @@ test_protocol(void)
 	int many[100];
 	for (int i = 0; i < 100; i++)
 		many[i] = efd;
-	ok(query_status(s, 11, many, 1) == GPX__STATUS__EPROTO, "a Query carrying one fd: EPROTO");
+	ok(query_status(s, 11, many, 1) == GPX__STATUS__EPROTO, "a Query carrying one fd: EPROTO, under its seq");
 	ok(query_status(s, 12, many, GPX_MAX_FDS + 1) == GPX__STATUS__EPROTO,
-	    "a Query carrying GPX_MAX_FDS + 1 fds (more than any message takes): EPROTO");
-	ok(query_status(s, 13, many, 100) == GPX__STATUS__EPROTO, "a Query carrying 100 fds (control data truncated): EPROTO");
+	    "a Query carrying GPX_MAX_FDS + 1 fds (more than any message takes): EPROTO, under its seq");
+	ok(query_status(s, 13, many, 100) == GPX__STATUS__EPROTO,
+	    "a Query carrying 100 fds (control data truncated): EPROTO, under its seq");
 	ok(query_status(s, 14, NULL, 0) == 0, "the connection still works");
 	ok(harness_wait_fds(&H, with_s, WAIT_MS) == with_s, "every one of those fds was closed in gpxd");
 	/* 10,000 times over, in bursts: the daemon never runs out of descriptors. */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -51,7 +52,7 @@ test_wire(void)
 		tap_bail("socketpair");
 	int two[2] = { efd, mfd };
 	ok(wire_send(sp[0], "hello", 5, two, 2) == 0, "wire_send: 5 bytes and 2 fds");
-	n = wire_recv(sp[1], buf, fds, &nfds, GPX_MAX_FDS, 0);
+	n = wire_recv(sp[1], buf, NULL, fds, &nfds, GPX_MAX_FDS, 0);
 	ok(n == 5 && memcmp(buf, "hello", 5) == 0 && nfds == 2, "wire_recv: the bytes and 2 fds arrive");
 	ok(nfds == 2 && same_file(fds[0], efd) && same_file(fds[1], mfd), "wire_recv: the fds are the ones sent, in order");
 	ok(nfds == 2 && (fcntl(fds[0], F_GETFD) & FD_CLOEXEC) && (fcntl(fds[1], F_GETFD) & FD_CLOEXEC),
@@ -66,30 +67,43 @@ test_wire(void)
 	ok(wire_send(sp[0], "x", 1, over, GPX_MAX_FDS + 1) == -EMSGSIZE, "wire_send: more than GPX_MAX_FDS fds refused");
 	ok(wire_send(sp[0], "x", 1, over, -1) == -EMSGSIZE, "wire_send: a negative fd count refused");
 	ok(wire_send(sp[0], big, GPX_MSG_MAX, NULL, 0) == 0 &&
-	    wire_recv(sp[1], buf, fds, &nfds, GPX_MAX_FDS, 0) == GPX_MSG_MAX, "exactly GPX_MSG_MAX bytes pass");
+	    wire_recv(sp[1], buf, NULL, fds, &nfds, GPX_MAX_FDS, 0) == GPX_MSG_MAX, "exactly GPX_MSG_MAX bytes pass");
 
 	/* Over the cap: MSG_TRUNC -> -EMSGSIZE, and the fds that came along are closed. */
 	base = count_fds();
 	n = send_fds(sp[0], big, GPX_MSG_MAX + 1, two, 2);
 	nfds = 99;
-	ok(n == GPX_MSG_MAX + 1 && wire_recv(sp[1], buf, fds, &nfds, GPX_MAX_FDS, 0) == -EMSGSIZE && nfds == 0,
+	ok(n == GPX_MSG_MAX + 1 && wire_recv(sp[1], buf, NULL, fds, &nfds, GPX_MAX_FDS, 0) == -EMSGSIZE && nfds == 0,
 	    "wire_recv: a datagram over the cap is -EMSGSIZE");
 	ok(count_fds() == base, "wire_recv: the fds of a truncated datagram are closed");
 	/* More fds than the caller takes: -E2BIG, all closed. */
 	n = send_fds(sp[0], "y", 1, two, 2);
-	ok(n == 1 && wire_recv(sp[1], buf, fds, &nfds, 1, 0) == -E2BIG && nfds == 0,
+	ok(n == 1 && wire_recv(sp[1], buf, NULL, fds, &nfds, 1, 0) == -E2BIG && nfds == 0,
 	    "wire_recv: 2 fds where 1 is allowed is -E2BIG");
 	ok(count_fds() == base, "wire_recv: all of them are closed");
 	int many[100];
 	for (int i = 0; i < 100; i++)
 		many[i] = efd;
 	n = send_fds(sp[0], "z", 1, many, GPX_MAX_FDS + 1);
-	ok(n == 1 && wire_recv(sp[1], buf, fds, &nfds, GPX_MAX_FDS, 0) == -E2BIG && count_fds() == base,
+	ok(n == 1 && wire_recv(sp[1], buf, NULL, fds, &nfds, GPX_MAX_FDS, 0) == -E2BIG && count_fds() == base,
 	    "wire_recv: GPX_MAX_FDS + 1 fds -> -E2BIG, all closed");
 	n = send_fds(sp[0], "z", 1, many, 100);
-	ok(n == 1 && wire_recv(sp[1], buf, fds, &nfds, GPX_MAX_FDS, 0) == -EBADMSG && count_fds() == base,
+	ok(n == 1 && wire_recv(sp[1], buf, NULL, fds, &nfds, GPX_MAX_FDS, 0) == -EBADMSG && count_fds() == base,
 	    "wire_recv: 100 fds overflow the control buffer -> -EBADMSG, all closed");
-	ok(wire_recv(sp[1], buf, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT) == -EAGAIN, "wire_recv: nothing there -> -EAGAIN");
+	/* Fds this process cannot take (its descriptor limit): -EMFILE, the bytes' length told, none left open. */
+	struct rlimit rl0, rl;
+	size_t len = 0;
+	getrlimit(RLIMIT_NOFILE, &rl0);
+	int lowest = dup(0);            /* the lowest free number: the limit lets that one be had */
+	close(lowest);
+	rl = (struct rlimit){ (rlim_t)lowest + 1, rl0.rlim_max };
+	n = send_fds(sp[0], "four", 4, many, 3);
+	int cut = setrlimit(RLIMIT_NOFILE, &rl);
+	ssize_t got = wire_recv(sp[1], buf, &len, fds, &nfds, GPX_MAX_FDS, 0);
+	setrlimit(RLIMIT_NOFILE, &rl0);
+	ok(n == 4 && cut == 0 && got == -EMFILE && len == 4 && nfds == 0 && count_fds() == base,
+	    "wire_recv: 3 fds when 1 more may be open -> -EMFILE, the 4 bytes told (%zd, %zu), all closed", got, len);
+	ok(wire_recv(sp[1], buf, NULL, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT) == -EAGAIN, "wire_recv: nothing there -> -EAGAIN");
 
 	/* A message that packs larger than the cap is refused by wire_send_msg. */
 	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
@@ -107,7 +121,7 @@ test_wire(void)
 	m.transfer = &t;
 	ok(wire_send_msg(sp[0], &m.base, NULL, 0) == -EMSGSIZE, "wire_send_msg: a message packing over the cap is refused");
 	t.n_segments = 1;
-	ok(wire_send_msg(sp[0], &m.base, NULL, 0) == 0 && (n = wire_recv(sp[1], buf, fds, &nfds, 0, 0)) > 0,
+	ok(wire_send_msg(sp[0], &m.base, NULL, 0) == 0 && (n = wire_recv(sp[1], buf, NULL, fds, &nfds, 0, 0)) > 0,
 	    "wire_send_msg: a small one goes through");
 	Gpx__ClientMsg *u = n > 0 ? gpx__client_msg__unpack(NULL, n, buf) : NULL;
 	ok(u != NULL && u->body_case == GPX__CLIENT_MSG__BODY_TRANSFER && u->transfer->n_segments == 1 &&
@@ -119,10 +133,10 @@ test_wire(void)
 
 	/* An empty datagram reads as EOF: whatever rode along with it must not stay open. */
 	n = send_fds(sp[0], "", 0, two, 2);
-	ok(n == 0 && wire_recv(sp[1], buf, fds, &nfds, GPX_MAX_FDS, 0) == 0 && nfds == 0 && count_fds() == base,
+	ok(n == 0 && wire_recv(sp[1], buf, NULL, fds, &nfds, GPX_MAX_FDS, 0) == 0 && nfds == 0 && count_fds() == base,
 	    "wire_recv: an empty datagram with 2 fds is 0, and the fds are closed");
 	close(sp[0]);
-	ok(wire_recv(sp[1], buf, fds, &nfds, GPX_MAX_FDS, 0) == 0, "wire_recv: EOF is 0");
+	ok(wire_recv(sp[1], buf, NULL, fds, &nfds, GPX_MAX_FDS, 0) == 0, "wire_recv: EOF is 0");
 	ok(wire_send(sp[1], "x", 1, NULL, 0) == -EPIPE, "wire_send: to a closed peer is -EPIPE, no SIGPIPE");
 	close(sp[1]);
 	close(efd);

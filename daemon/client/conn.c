@@ -551,6 +551,27 @@ dispatch(struct conn *c, const Gpx__ClientMsg *m, int *fds, int nfds)
 }
 
 /*
+ * A message dropped for its control data: its bytes came whole, so the refusal goes under its
+ * own seq (and a transfer's tag), and a request waiting for its answer ends now.  Undecodable,
+ * it goes under seq 0.
+ */
+static void
+dropped(struct conn *c, size_t len, int status, const char *why)
+{
+	Gpx__Reply rep = GPX__REPLY__INIT;
+	uint32_t seq = 0;
+
+	wire_arena_reset(arena);
+	Gpx__ClientMsg *m = gpx__client_msg__unpack(&arena->pa, len, msgbuf);
+	if (m != NULL) {
+		seq = m->seq;
+		if (m->body_case == GPX__CLIENT_MSG__BODY_TRANSFER)
+			rep.tag = m->transfer->tag;
+	}
+	conn_reply(c, seq, status, why, &rep, NULL, 0);
+}
+
+/*
  * Loop thread: the socket is readable.  Handles up to MSGS_PER_WAKE messages, and none after the
  * turn's slice (loop_turn_over): the socket is still readable, so the loop comes back for them.
  */
@@ -565,7 +586,8 @@ conn_input(struct conn *c)
 		conn_poll_sq(c);
 		if (c->state == CONN_DEAD || c->checking != NULL || c->sq_more || (i > 0 && loop_turn_over()))
 			return;
-		ssize_t n = wire_recv(c->fd, msgbuf, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
+		size_t len = 0;
+		ssize_t n = wire_recv(c->fd, msgbuf, &len, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
 		if (n == -EAGAIN)
 			return;
 		c->t_last = conn_last_input = now_s();
@@ -578,12 +600,13 @@ conn_input(struct conn *c)
 			conn_kill(c, "message over the size cap");
 			return;
 		}
-		if (n == -EBADMSG || n == -E2BIG) {
-			log_audit(c, "%s", n == -E2BIG ? "too many file descriptors in one message" :
-			    "truncated or foreign control data");
-			reply_err(c, 0, GPX__STATUS__EPROTO, n == -E2BIG ?
-			    "too many file descriptors: the message was dropped and they were closed" :
-			    "truncated control data: the message was dropped");
+		if (n == -EBADMSG || n == -E2BIG || n == -EMFILE) {
+			log_audit(c, "%s", n == -E2BIG ? "too many file descriptors in one message" : n == -EMFILE ?
+			    "file descriptors gpxd could not take (its descriptor limit)" : "truncated or foreign control data");
+			dropped(c, len, n == -EMFILE ? GPX__STATUS__EBUSY : GPX__STATUS__EPROTO, n == -E2BIG ?
+			    "too many file descriptors: the message was dropped and they were closed" : n == -EMFILE ?
+			    "gpxd is out of file descriptors and could not take this message's: it was dropped" :
+			    "truncated or foreign control data: the message was dropped");
 			if (c->state == CONN_HELLO) {
 				/* Whatever it was, it was not a Hello. */
 				conn_kill(c, "first message was not Hello");
