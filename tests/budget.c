@@ -153,21 +153,31 @@ struct budgets {
 	uint64_t used, total, uid, connection, request, busy, large, entries;
 };
 
-static int
-budgets(gpx_conn *c, struct budgets *b)
+/* gpxd's status, unpacked (free with gpx__query_reply__free_unpacked); NULL if it did not answer. */
+static Gpx__QueryReply *
+status_query(gpx_conn *c)
 {
 	void *buf;
 	size_t len;
 
 	if (gpx_query(c, GPX_Q_STATUS, &buf, &len) < 0)
-		return -1;
+		return NULL;
 	Gpx__QueryReply *q = gpx__query_reply__unpack(NULL, len, buf);
 	free(buf);
-	if (q == NULL || q->status == NULL) {
-		if (q != NULL)
-			gpx__query_reply__free_unpacked(q, NULL);
-		return -1;
+	if (q != NULL && q->status == NULL) {
+		gpx__query_reply__free_unpacked(q, NULL);
+		q = NULL;
 	}
+	return q;
+}
+
+static int
+budgets(gpx_conn *c, struct budgets *b)
+{
+	Gpx__QueryReply *q = status_query(c);
+
+	if (q == NULL)
+		return -1;
 	*b = (struct budgets){ q->status->budget_used, q->status->budget_total, q->status->budget_uid,
 		q->status->budget_connection, q->status->budget_request, q->status->budget_refused_busy,
 		q->status->budget_refused_large, q->status->budget_entries };
@@ -680,24 +690,16 @@ turns_top(const struct turns *t, char *s, size_t len)
 static int
 loop_max(gpx_conn *c, struct turns *t)
 {
-	void *buf;
-	size_t len;
-	int r = -1;
+	Gpx__QueryReply *q = status_query(c);
 
-	if (gpx_query(c, GPX_Q_STATUS, &buf, &len) < 0)
+	if (q == NULL)
 		return -1;
-	Gpx__QueryReply *q = gpx__query_reply__unpack(NULL, len, buf);
-	free(buf);
-	if (q != NULL && q->status != NULL) {
-		*t = (struct turns){ q->status->loop_max_s, q->status->loop_cpu_max_s, q->status->loop_list_max,
-			{ -1, -1, -1, -1 }, q->status->loop_work_max };
-		for (size_t i = 0; i < q->status->n_loop_cpu_top_s && i < TOP; i++)
-			t->top[i] = q->status->loop_cpu_top_s[i];
-		r = 0;
-	}
-	if (q != NULL)
-		gpx__query_reply__free_unpacked(q, NULL);
-	return r;
+	*t = (struct turns){ q->status->loop_max_s, q->status->loop_cpu_max_s, q->status->loop_list_max,
+		{ -1, -1, -1, -1 }, q->status->loop_work_max };
+	for (size_t i = 0; i < q->status->n_loop_cpu_top_s && i < TOP; i++)
+		t->top[i] = q->status->loop_cpu_top_s[i];
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
 }
 
 static void
@@ -1002,16 +1004,9 @@ regions_child(void *arg, int out, int stop)
 static int
 exports_of(gpx_conn *c)
 {
-	void *buf;
-	size_t len;
-	int n = -1;
+	Gpx__QueryReply *q = status_query(c);
+	int n = q != NULL ? (int)q->status->exports : -1;
 
-	if (gpx_query(c, GPX_Q_STATUS, &buf, &len) < 0)
-		return -1;
-	Gpx__QueryReply *q = gpx__query_reply__unpack(NULL, len, buf);
-	free(buf);
-	if (q != NULL && q->status != NULL)
-		n = (int)q->status->exports;
 	if (q != NULL)
 		gpx__query_reply__free_unpacked(q, NULL);
 	return n;
