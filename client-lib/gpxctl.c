@@ -159,6 +159,11 @@ do_status(int argc, char **argv)
 		J_ADD(b, "refused_busy", J_U64(s->budget_refused_busy));
 		J_ADD(b, "refused_too_large", J_U64(s->budget_refused_large));
 		J_ADD(o, "budgets", b);
+		json_object *mp = json_object_new_object();
+		J_ADD(mp, "used", J_U64(s->maps_used));
+		J_ADD(mp, "limit", J_U64(s->maps_limit));
+		J_ADD(mp, "refused", J_U64(s->maps_refused));
+		J_ADD(o, "mappings", mp);
 		print_json(o);
 	} else {
 		printf("gpxd %s (protocol %u), pid %d, up %.0f s\n", s->version, s->proto, s->pid, s->uptime_s);
@@ -190,6 +195,8 @@ do_status(int argc, char **argv)
 		    human(s->budget_request, b5, sizeof(b5)));
 		printf("refused:    %llu busy, %llu too large (budgets)\n", (unsigned long long)s->budget_refused_busy,
 		    (unsigned long long)s->budget_refused_large);
+		printf("mappings:   %u of %u held for clients (regions, rings, areas); %llu refused\n", s->maps_used,
+		    s->maps_limit, (unsigned long long)s->maps_refused);
 	}
 	gpx__query_reply__free_unpacked(q, NULL);
 	return 0;

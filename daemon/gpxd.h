@@ -139,6 +139,7 @@ struct conf {
 	uint64_t max_region_bytes_per_uid;
 	uint32_t max_exports_per_uid;
 	uint32_t max_inflight_per_uid;
+	uint32_t max_mappings;       /* of clients' memory in gpxd, all clients (user.c: maps_take) */
 	/* budgets: bytes of gpxd's memory that clients' transfers may hold (user.c) */
 	uint64_t budget_request;
 	uint64_t budget_connection;
@@ -325,6 +326,19 @@ uint64_t budget_limit(enum budget_scope);
 uint64_t budget_used(void);              /* the daemon's total */
 uint64_t budget_entries(void);           /* of it, what entries hold */
 uint64_t budget_refused(enum budget_scope, bool busy);
+/*
+ * Mappings.  Each host region, completion ring and segment area a client makes gpxd map is one
+ * mapping of gpxd's, and the kernel gives a process vm.max_map_count of them (65,530 by
+ * default): past that every mmap of gpxd fails, its own and every tenant's.  So they are
+ * counted against limits.mappings (three quarters of vm.max_map_count unless set), taken on
+ * the loop thread before the mmap, given back by whichever thread lets the mapping go.
+ * maps_take: 0, or -GPX__STATUS__EBUSY with why in err.
+ */
+int maps_take(const char *what, char *err, size_t errlen);
+void maps_give(void);
+uint32_t maps_used(void);
+uint64_t maps_refused(void);             /* requests refused by it */
+uint32_t maps_default(void);             /* three quarters of vm.max_map_count */
 
 /* ---- mem-*.c: memory kinds behind one interface ---- */
 #define DEV_HOST (-1)
@@ -359,6 +373,7 @@ struct region {
 	uint64_t dptr;               /* device address in the daemon's context (GPU kinds) */
 	uint64_t length;
 	bool read_only;
+	bool map_counted;            /* its mapping counts against limits.mappings until it goes */
 	uint64_t owner;              /* client id */
 	uid_t uid;
 	/* kind-private state */
@@ -443,6 +458,7 @@ struct cq {
 	uint32_t entries;
 	uint64_t client;
 	struct user *user;
+	bool map_counted;            /* its ring counts against limits.mappings (maps_take) */
 	_Alignas(64) pthread_mutex_t lock;
 	uint32_t inflight;           /* accepted, not yet posted (under lock) */
 	uint64_t head;               /* our copy of the ring's head: the shared one is never read back */

@@ -31,6 +31,11 @@
  *    refused: each refusal is busy naming the connection budget and the request, far below the
  *    count caps; each entry holds what it costs; gpxctl status and the metrics count it; all of
  *    it is given back when the client goes.
+ *  - maps: limits.mappings of 48: nobody registers up to its regions_per_uid (24), another uid
+ *    until gpxd holds 48 mappings of clients' memory and is told busy naming the key, and a new
+ *    connection of root's too (its ring is one); gpxd's own mappings (/proc/PID/maps) grew by
+ *    what was counted and shrink back when they go; unset, the limit is three quarters of
+ *    vm.max_map_count.
  *  - each: small budgets, and requests that stay in flight (page batches of millions of one-byte
  *    pages): a request larger than the request budget is refused as too large and names it,
  *    one connection filled past its budget is told busy naming the connection budget, a second
@@ -1502,6 +1507,181 @@ test_entries(void)
 	stop();
 }
 
+/* ---- maps: gpxd's mappings of clients' memory, all clients together ---- */
+
+#define P_LIMIT 48
+#define P_PER_UID 24
+
+struct maps_res {
+	int n;                       /* regions registered */
+	int refused;                 /* the status of the first refusal */
+	char why[512];
+};
+
+/* Registers regions of one 4 KiB memfd on one connection until refused; arg: the most to try. */
+static void
+maps_child(void *arg, int out, int stop)
+{
+	const int most = *(const int *)arg;
+	struct maps_res res = { 0 };
+	gpx_conn *c = NULL;
+	struct buf b;
+
+	if (gpx_connect(H.sock, "budget-maps", &c) < 0 || buf_new(&b, 4096) < 0) {
+		res.refused = 1;
+		goto out;
+	}
+	while (res.n < most) {
+		gpx_region r;
+		int e = gpx_register_host(c, b.fd, 0, b.len, 0, &r);
+		if (e < 0) {
+			res.refused = e;
+			snprintf(res.why, sizeof(res.why), "%s", gpx_last_error(c));
+			break;
+		}
+		res.n++;
+	}
+out:
+	put(out, &res, sizeof(res));
+	wait_stop(stop);
+}
+
+/* Lines of /proc/PID/maps: the mappings gpxd has. */
+static int
+maps_of_gpxd(void)
+{
+	char path[64], line[512];
+	int n = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/maps", (int)H.pid);
+	if ((f = fopen(path, "re")) == NULL)
+		return -1;
+	while (fgets(line, sizeof(line), f) != NULL)
+		n += strchr(line, '\n') != NULL;
+	fclose(f);
+	return n;
+}
+
+struct maps_status {
+	uint32_t used, limit;
+	uint64_t refused;
+};
+
+static int
+maps_status(gpx_conn *c, struct maps_status *m)
+{
+	Gpx__QueryReply *q = status_query(c);
+
+	if (q == NULL)
+		return -1;
+	*m = (struct maps_status){ q->status->maps_used, q->status->maps_limit, q->status->maps_refused };
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
+}
+
+/*
+ * limits.mappings of 48 and regions_per_uid of 24: nobody registers up to its 24, another uid
+ * until gpxd holds 48 mappings for clients, and is told busy naming limits.mappings; root's
+ * new connection too (its ring is one).  gpxd's own maps grew by what was counted, and all of
+ * it comes back when they go.  Without the key, the limit is three quarters of vm.max_map_count.
+ */
+static void
+test_maps(void)
+{
+	char conf[128];
+	struct maps_res rn, ro;
+	struct maps_status m0 = { 0 }, m1 = { 0 }, m2 = { 0 }, m3 = { 0 };
+	struct child cn, co;
+	int most = 1000;
+
+	snprintf(conf, sizeof(conf), "[daemon]\nmetrics = 127.0.0.1:0\n[limits]\nmappings = %d\nregions_per_uid = %d\n",
+	    P_LIMIT, P_PER_UID);
+	start(conf);
+	gpx_conn *q = client("watcher");
+	/* The watcher's ring, two regions, and the segment area a long list makes its client send. */
+	struct buf vs, vd;
+	struct gpx_seg *vg = calloc(4096, sizeof(*vg));
+	struct gpx_completion ce;
+	for (int i = 0; i < 4096; i++)
+		vg[i] = (struct gpx_seg){ (uint64_t)i, 4095 - (uint64_t)i, 1 };
+	bool vok = buf_new(&vs, 4096) == 0 && buf_new(&vd, 4096) == 0 && buf_reg(q, &vs, 0) == 0 &&
+	    buf_reg(q, &vd, 0) == 0 && gpx_copyv(q, vs.r, vd.r, vg, 4096, 1) == 0 && gpx_wait_tag(q, 1, &ce, 5000) == 0 &&
+	    ce.status == 0;
+	int g0 = maps_of_gpxd(), s0 = maps_status(q, &m0);
+	ok(vok && s0 == 0 && m0.limit == P_LIMIT && m0.used == 4, "gpxd says it holds %u mappings for clients (the "
+	    "watcher's ring, two regions, the segment area of a list of 4,096 segments), of %u", m0.used, m0.limit);
+	child_start(&cn, UID_NOBODY, maps_child, &most);
+	bool gn = child_result(&cn, &rn, sizeof(rn), 60000);
+	ok(gn && rn.n == P_PER_UID && rn.refused == -GPX_EQUOTA, "nobody registers %d regions, then is refused "
+	    "at its own limit, regions_per_uid (%d: %s)", rn.n, rn.refused, rn.why);
+	child_start(&co, UID_OTHER, maps_child, &most);
+	bool go = child_result(&co, &ro, sizeof(ro), 60000);
+	int want = P_LIMIT - (int)m0.used - 1 - P_PER_UID - 1;   /* (the two children's rings) */
+	ok(go && ro.n == want && ro.refused == -GPX_EBUSY && strstr(ro.why, "limits.mappings") != NULL &&
+	    strstr(ro.why, "registration") != NULL,
+	    "another uid registers %d (%d wanted), then is told busy naming limits.mappings and the request (%s)",
+	    ro.n, want, ro.why);
+	gpx_conn *late = NULL;
+	int e = gpx_connect(H.sock, "budget-maps-late", &late);
+	bool logged = false;
+	for (int i = 0; i < 200 && !(logged = harness_log_has(&H, "no mapping left for its completion ring (limits.mappings)")); i++)
+		usleep(10000);          /* (gpxd logs it as it closes the connection, after the reply) */
+	ok(e == -GPX_EBUSY && logged,
+	    "a new connection, root's, is told busy too: its ring would be one more (%s)", gpx_strerror(e));
+	if (late != NULL)
+		gpx_close(late);
+	int g1 = maps_of_gpxd();
+	char *page = harness_metrics(&H);
+	double mu = page ? metrics_sample(page, "gpx_mappings") : -1, ml = page ? metrics_sample(page, "gpx_mappings_limit") : -1;
+	free(page);
+	int s1 = maps_status(q, &m1);
+	ok(s1 == 0 && m1.used == P_LIMIT && m1.refused == 2 && mu == P_LIMIT && ml == P_LIMIT &&
+	    g1 - g0 >= P_LIMIT - (int)m0.used,
+	    "gpxd holds %u of %u (metrics %.0f of %.0f), 2 refused, and has %d mappings more than before (%d -> %d)",
+	    m1.used, m1.limit, mu, ml, g1 - g0, g0, g1);
+	child_end(&cn);
+	for (int i = 0; i < 500 && (maps_status(q, &m2) < 0 || m2.used > P_LIMIT - P_PER_UID - 1); i++)
+		usleep(10000);
+	struct buf b;
+	gpx_region r;
+	int er = buf_new(&b, 4096) == 0 ? gpx_register_host(q, b.fd, 0, b.len, 0, &r) : -1;
+	ok(m2.used == P_LIMIT - P_PER_UID - 1 && er == 0,
+	    "once nobody is gone its %d are given back (%u held), and root registers one (%d)", P_PER_UID + 1,
+	    m2.used, er);
+	child_end(&co);
+	gpx_close(q);
+	buf_free(&b);
+	buf_free(&vs);
+	buf_free(&vd);
+	free(vg);
+	q = client("watcher");
+	for (int i = 0; i < 500 && (maps_status(q, &m3) < 0 || m3.used > 1); i++)
+		usleep(10000);
+	int g3 = -1;
+	for (int i = 0; i < 500 && (g3 = maps_of_gpxd()) > g0; i++)
+		usleep(10000);          /* (unmapping is a task thread's) */
+	ok(m3.used == 1 && g3 <= g0, "once all are gone: %u held (the new watcher's ring), and gpxd has %d "
+	    "mappings, no more than with the first watcher's (%d)", m3.used, g3, g0);
+	gpx_close(q);
+	stop();
+
+	/* The default: three quarters of the kernel's vm.max_map_count. */
+	FILE *f = fopen("/proc/sys/vm/max_map_count", "re");
+	unsigned long mmc = 0;
+	if (f == NULL || fscanf(f, "%lu", &mmc) != 1)
+		mmc = 0;
+	if (f != NULL)
+		fclose(f);
+	start(NULL);
+	q = client("watcher");
+	s0 = maps_status(q, &m0);
+	ok(s0 == 0 && mmc > 0 && m0.limit == mmc / 4 * 3,
+	    "without limits.mappings: %u, three quarters of vm.max_map_count (%lu)", m0.limit, mmc);
+	gpx_close(q);
+	stop();
+}
+
 /* ---- many: 256 connections each at its budget ---- */
 
 #define M_PAIRS 1024
@@ -1716,11 +1896,11 @@ main(int argc, char **argv)
 	}
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN);
-	/* Run one part by name: budget largest|turns|queue|gone|leave|entries|each|many|kept */
+	/* Run one part by name: budget largest|turns|queue|gone|leave|entries|maps|each|many|kept */
 	static const struct test_part parts[] = {
 		{ "largest", test_largest }, { "turns", test_turns }, { "queue", test_queue }, { "gone", test_gone },
 		{ "leave", test_leave },
-		{ "entries", test_entries }, { "each", test_each }, { "many", test_many }, { "kept", test_kept },
+		{ "entries", test_entries }, { "maps", test_maps }, { "each", test_each }, { "many", test_many }, { "kept", test_kept },
 	};
 	run_parts(argc, argv, parts, sizeof(parts) / sizeof(parts[0]));
 	return tap_done();

@@ -83,6 +83,21 @@ harness_wait_fds(const struct harness *h, int want, int timeout_ms)
 	return n;
 }
 
+bool
+harness_log_has(const struct harness *h, const char *needle)
+{
+	char line[2048];
+	bool hit = false;
+	FILE *f = fopen(h->log, "re");
+
+	if (f == NULL)
+		return false;
+	while (!hit && fgets(line, sizeof(line), f) != NULL)
+		hit = strstr(line, needle) != NULL;
+	fclose(f);
+	return hit;
+}
+
 void
 harness_dump_log(const struct harness *h)
 {

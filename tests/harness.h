@@ -44,6 +44,8 @@ int harness_stop(struct harness *h);
 int harness_respawn(struct harness *h);
 /* Removes the temporary directory. */
 void harness_cleanup(struct harness *h);
+/* Whether a line of the daemon's log holds needle. */
+bool harness_log_has(const struct harness *h, const char *needle);
 /* Prints the daemon's log as TAP comments (after a failure). */
 void harness_dump_log(const struct harness *h);
 /* The page of gpxd's metrics endpoint (malloc'ed), from the port its log announced; NULL if none. */

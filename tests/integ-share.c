@@ -56,21 +56,6 @@ watchdog_disarm(void)
 
 /* ---- region ids are scoped to their connection ---- */
 
-static bool
-log_contains(const char *needle)
-{
-	char line[2048];
-	bool hit = false;
-	FILE *f = fopen(H.log, "r");
-
-	if (f == NULL)
-		return false;
-	while (!hit && fgets(line, sizeof(line), f) != NULL)
-		hit = strstr(line, needle) != NULL;
-	fclose(f);
-	return hit;
-}
-
 void
 test_foreign_region(void)
 {
@@ -90,7 +75,7 @@ test_foreign_region(void)
 	r = gpx_copy_sync(ca, b.r, 0, a.r, 0, 4096);
 	ok(r == -GPX_EACCES, "a copy out of another connection's region id is refused (%s)", gpx_strerror(r));
 	ok(fnv(a.p, a.len) == ha, "and nothing was copied out of it");
-	ok(log_contains("is not this connection's") && log_contains("refused client"),
+	ok(harness_log_has(&H, "is not this connection's") && harness_log_has(&H, "refused client"),
 	    "gpxd logged the refusal, naming the offender");
 	gpx_region forged = (a.r & ~0xffffffffULL) | 0xfffff;
 	ok(gpx_copy_sync(ca, a.r, 0, forged, 0, 1) == -GPX_ENOENT, "an unknown region id of this connection: ENOENT");

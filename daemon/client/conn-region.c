@@ -323,8 +323,15 @@ req_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int
 	/* Its region, pieces and handle, and this request until it is answered, against the budgets. */
 	const uint64_t cost = sizeof(struct reg_op) + HANDLE_BYTES + REGION_BYTES(m->kind == GPX__MEM_KIND__MEM_CUDA_VMM ?
 	    (pieces != NULL ? m->piece_count : 1) : 0);
+	const bool mapped = m->kind == GPX__MEM_KIND__MEM_HOST;   /* one mapping of gpxd's */
 	int e;
+	if (mapped && (e = maps_take("registration", err, sizeof(err))) < 0) {
+		reply_err(c, seq, -e, err);
+		return;
+	}
 	if ((e = conn_charge(c, cost, "registration", err, sizeof(err))) < 0) {
+		if (mapped)
+			maps_give();
 		reply_err(c, seq, -e, err);
 		return;
 	}
@@ -335,9 +342,12 @@ req_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int
 		free(op);
 		free(r);
 		conn_uncharge(c, cost);
+		if (mapped)
+			maps_give();
 		reply_err(c, seq, GPX__STATUS__ENOMEM, "out of memory");
 		return;
 	}
+	r->map_counted = mapped;
 	op->charged = cost;
 	r->ops = ops;
 	r->kind = m->kind;

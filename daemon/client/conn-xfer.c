@@ -343,7 +343,15 @@ req_seg_area(struct conn *c, uint32_t seq, const Gpx__SegArea *m, int *fds, int 
 		reply_err(c, seq, GPX__STATUS__EPROTO, "SegArea takes exactly one memfd");
 		return;
 	}
+	/* (one a connection: a second takes the place of the first) */
+	const bool first = c->area == NULL;
+	if (first && (r = maps_take("segment area", err, sizeof(err))) < 0) {
+		reply_err(c, seq, -r, err);
+		return;
+	}
 	if ((r = xfer_set_area(&c->area, &c->area_len, fds[0], m->length, err, sizeof(err))) < 0) {
+		if (first)
+			maps_give();   /* (a failed one leaves the first in place) */
 		log_audit(c, "segment area: %s", err);
 		reply_err(c, seq, -r, err);
 		return;

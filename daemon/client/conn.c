@@ -424,14 +424,22 @@ on_hello(struct conn *c, uint32_t seq, const Gpx__Hello *h, int *fds, int nfds)
 		return;
 	}
 	if (!h->no_ring) {
-		int efd = fds[0];
+		int efd = fds[0], e;
 		fds[0] = -1;
+		if ((e = maps_take("connection's completion ring", err, sizeof(err))) < 0) {
+			close(efd);
+			reply_err(c, seq, -e, err);
+			conn_kill(c, "no mapping left for its completion ring (limits.mappings)");
+			return;
+		}
 		if ((c->cq = cq_new(cfg->ring_entries, efd, c->id, err, sizeof(err))) == NULL) {
+			maps_give();
 			close(efd);
 			reply_err(c, seq, GPX__STATUS__ENOMEM, err);
 			conn_kill(c, err);
 			return;
 		}
+		c->cq->map_counted = true;
 		c->cq->user = c->user;
 	}
 	c->version = h->version;
@@ -661,6 +669,8 @@ conn_kill(struct conn *c, const char *why)
 	if (!handles_release(c))
 		c->pending++;      /* (the rest in the turns after, conn_reap; its memory stays till then) */
 	vmm_sweep(c->id);      /* pieces sent and never taken up by a region */
+	if (c->area != NULL)
+		maps_give();
 	xfer_drop_area(&c->area, &c->area_len, c->checking);
 	if (c->cq != NULL) {
 		cq_unref(c->cq);

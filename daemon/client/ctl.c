@@ -72,6 +72,9 @@ q_status(Gpx__QueryReply *q, Gpx__DaemonStatus *s)
 	s->loop_list_max = loop_turn_list_max();
 	s->loop_cpu_max_s = loop_turn_cpu_max();
 	s->loop_work_max = loop_turn_work_max();
+	s->maps_used = maps_used();
+	s->maps_limit = cfg->max_mappings;
+	s->maps_refused = maps_refused();
 	if (loop_turn_cpu_top() != NULL) {
 		s->loop_cpu_top_s = (double *)loop_turn_cpu_top();
 		s->n_loop_cpu_top_s = LOOP_TURN_TOP;

@@ -348,6 +348,11 @@ render_budgets(struct evbuffer *b)
 		for (int busy = 1; busy >= 0; busy--)
 			evbuffer_add_printf(b, "gpx_budget_refused_total{budget=\"%s\",reason=\"%s\"} %llu\n",
 			    budget_name(i), busy ? "busy" : "too_large", (unsigned long long)budget_refused(i, busy));
+	single(b, "gpx_mappings", "gauge", "Mappings of clients' memory gpxd holds: host regions, completion "
+	    "rings, segment areas.", maps_used());
+	single(b, "gpx_mappings_limit", "gauge", "Their limit ([limits] mappings).", cfg->max_mappings);
+	single(b, "gpx_mappings_refused_total", "counter", "Requests refused because gpxd held its limit of "
+	    "mappings.", maps_refused());
 }
 
 static void

@@ -56,10 +56,13 @@ const struct conf_key conf_keys[] = {
 	{ "cuda", "sm_copy", K_BOOL, F(sm_copy), "yes", NULL, NULL, CONF_LIVE },
 	{ "cuda", "sm_copy_blocks", K_INT, F(sm_copy_blocks), "65535", "1", "65535", CONF_LIVE },
 	{ "limits", "connections_per_uid", K_U32, F(max_conns_per_uid), "256", "1", "1M", CONF_LIVE },
-	{ "limits", "regions_per_uid", K_U32, F(max_regions_per_uid), "65536", "1", "16M", CONF_LIVE },
+	/* A third of the mappings a default kernel leaves gpxd (limits.mappings): one uid's regions
+	 * cannot use them all. */
+	{ "limits", "regions_per_uid", K_U32, F(max_regions_per_uid), "16384", "1", "16M", CONF_LIVE },
 	{ "limits", "region_bytes_per_uid", K_U64, F(max_region_bytes_per_uid), "0", "0", NULL, CONF_LIVE },
 	{ "limits", "exports_per_uid", K_U32, F(max_exports_per_uid), "4096", "0", "1M", CONF_LIVE },
 	{ "limits", "inflight_per_uid", K_U32, F(max_inflight_per_uid), "65536", "1", "16M", CONF_LIVE },
+	{ "limits", "mappings", K_U32, F(max_mappings), NULL, "16", "16M", CONF_LIVE },
 	/*
 	 * Budgets (user.c): the largest request the protocol allows fits one request's budget
 	 * (a vectored copy of max_segments: 24 MiB; a page batch of 16,384 pairs: 9 MiB), and the
@@ -396,6 +399,8 @@ conf_defaults(struct conf *c)
 			fatalx("default of %s.%s: %s", k->sec, k->name, why);
 	/* Busy polling needs a core to spare: on small machines it would take one from the copies. */
 	c->busy_poll_us = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 5000 : 0;
+	/* The rest of the kernel's vm.max_map_count is gpxd's own: libraries, threads, CUDA. */
+	c->max_mappings = maps_default();
 }
 
 void

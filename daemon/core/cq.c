@@ -98,6 +98,8 @@ cq_unref(struct cq *q)
 	if (atomic_fetch_sub(&q->refs, 1) != 1)
 		return;
 	munmap(q->ring, q->ring_len);
+	if (q->map_counted)
+		maps_give();
 	if (q->ring_fd >= 0)
 		close(q->ring_fd);
 	if (q->efd >= 0)

@@ -68,9 +68,20 @@ region_users(const struct region *r)
 	return users_of(atomic_load(&r->counts));
 }
 
+/* Its mapping no longer counts against limits.mappings (it is gone, or was never made). */
+static void
+map_uncount(struct region *r)
+{
+	if (r->map_counted) {
+		r->map_counted = false;
+		maps_give();
+	}
+}
+
 static void
 region_free(struct region *r)
 {
+	map_uncount(r);
 	if (r->notify_cq != NULL)
 		cq_unref(r->notify_cq);
 	free(r->pieces);
@@ -86,6 +97,7 @@ mapping_gone(struct region *r)
 		gone_hook(r);
 	if (r->ops != NULL)
 		r->ops->close(r);
+	map_uncount(r);
 	/*
 	 * No job holds the region any more and none can take it (it is revoked), so no copy
 	 * worker reads notify_cq again: the owner's queue (and its eventfd) goes now, not when

@@ -212,6 +212,62 @@ budget_entry_release(uint64_t *entries, struct user *u, uint64_t bytes)
 	atomic_fetch_sub(&total_charged, bytes);
 }
 
+/* ---- mappings (limits.mappings) ---- */
+
+static atomic_uint maps_held;
+static atomic_uint_fast64_t maps_refusals;
+
+uint32_t
+maps_default(void)
+{
+	FILE *f = fopen("/proc/sys/vm/max_map_count", "re");
+	unsigned long n = 0;
+
+	if (f != NULL) {
+		if (fscanf(f, "%lu", &n) != 1)
+			n = 0;
+		fclose(f);
+	}
+	if (n < 1024 || n > UINT32_MAX)
+		n = n < 1024 ? 65530 : UINT32_MAX;   /* (the kernel's default when unreadable) */
+	return (uint32_t)(n / 4 * 3);
+}
+
+/* Only the loop thread takes: a count seen with room here still has it at the mmap. */
+int
+maps_take(const char *what, char *err, size_t errlen)
+{
+	uint32_t held = atomic_load(&maps_held);
+
+	if (held >= cfg->max_mappings) {
+		atomic_fetch_add(&maps_refusals, 1);
+		snprintf(err, errlen, "busy: gpxd holds %u mappings of clients' memory (host regions, completion "
+		    "rings, segment areas), its limit (limits.mappings, %u): this %s needs one more; retry when "
+		    "some are released", held, cfg->max_mappings, what);
+		return -GPX__STATUS__EBUSY;
+	}
+	atomic_fetch_add(&maps_held, 1);
+	return 0;
+}
+
+void
+maps_give(void)
+{
+	atomic_fetch_sub(&maps_held, 1);
+}
+
+uint32_t
+maps_used(void)
+{
+	return atomic_load(&maps_held);
+}
+
+uint64_t
+maps_refused(void)
+{
+	return atomic_load(&maps_refusals);
+}
+
 static void *
 trim(void *unused)
 {
