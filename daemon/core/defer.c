@@ -69,11 +69,20 @@ defer_main(void *unused)
 	return NULL;
 }
 
-/* Loop thread: run the done functions of finished tasks. */
+/*
+ * Loop thread: runs the done functions of finished tasks, in the order their work ended, for
+ * the turn's slice (loop_turn_over; at least one): a client that had thousands of tasks end at
+ * once (the unmapping of its regions when it goes) does not hold the loop for all of them.
+ * The rest wait in `ready`, and a count written to the eventfd brings the loop back to them
+ * after it has looked at the sockets.  At shutdown (reap_all) every one runs.
+ */
+static struct task *ready, **ready_tail = &ready;
+static bool reap_all;
+
 static void
 defer_reap(evutil_socket_t fd, short what, void *unused)
 {
-	struct task *t, *fifo = NULL;
+	struct task *t, *fifo = NULL, *last = NULL;
 	uint64_t v;
 
 	double t0 = loop_turn_begin();
@@ -81,17 +90,30 @@ defer_reap(evutil_socket_t fd, short what, void *unused)
 	(void)what;
 	(void)unused;
 	(void)!read(fd, &v, sizeof(v));
-	/* Newest first: reversed, so that done functions run in the order their work ended. */
+	/* Newest first: reversed, behind those an earlier turn left. */
 	for (t = atomic_exchange(&defer_done, NULL); t != NULL;) {
 		struct task *nx = t->next_done;
+		if (last == NULL)
+			last = t;
 		t->next_done = fifo;
 		fifo = t;
 		t = nx;
 	}
-	while ((t = fifo) != NULL) {
-		fifo = t->next_done;
+	if (fifo != NULL) {
+		*ready_tail = fifo;
+		ready_tail = &last->next_done;
+	}
+	while ((t = ready) != NULL) {
+		if ((ready = t->next_done) == NULL)
+			ready_tail = &ready;
 		t->done(t->arg);
 		free(t);
+		bool over = loop_turn_over();     /* (counts it as the turn's work) */
+		if (ready != NULL && over && !reap_all) {
+			uint64_t one = 1;
+			(void)!write(defer_efd, &one, sizeof(one));
+			break;
+		}
 	}
 	loop_turn_end(t0);
 }
@@ -123,6 +145,7 @@ defer_shutdown(void)
 	pthread_mutex_unlock(&defer_lock);
 	for (int i = 0; i < defer_nthreads; i++)
 		pthread_join(defer_threads[i], NULL);
+	reap_all = true;
 	defer_reap(defer_efd, EV_READ, NULL);
 	free(defer_threads);
 	defer_threads = NULL;
