@@ -1659,10 +1659,12 @@ test_maps(void)
 	for (int i = 0; i < 500 && (maps_status(q, &m3) < 0 || m3.used > 1); i++)
 		usleep(10000);
 	int g3 = -1;
-	for (int i = 0; i < 500 && (g3 = maps_of_gpxd()) > g0; i++)
-		usleep(10000);          /* (unmapping is a task thread's) */
-	ok(m3.used == 1 && g3 <= g0, "once all are gone: %u held (the new watcher's ring), and gpxd has %d "
-	    "mappings, no more than with the first watcher's (%d)", m3.used, g3, g0);
+	/* (unmapping is a task thread's; a few of gpxd's own may have come meanwhile: under ASan its
+	 * allocator's) */
+	for (int i = 0; i < 500 && (g3 = maps_of_gpxd()) > g0 + 4; i++)
+		usleep(10000);
+	ok(m3.used == 1 && g3 <= g0 + 4, "once all are gone: %u held (the new watcher's ring), and gpxd has %d "
+	    "mappings, within 4 of what it had with the first watcher's three (%d)", m3.used, g3, g0);
 	gpx_close(q);
 	stop();
 
