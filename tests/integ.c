@@ -49,6 +49,7 @@ main(void)
 	test_cancel();
 	test_credits_lib();
 	test_credits_raw();
+	test_sq_order();
 	test_disconnect();
 	test_bad_fds();
 	test_protocol();

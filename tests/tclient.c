@@ -149,13 +149,13 @@ finish(void)
 /* ---- a raw client with a ring (tclient.h) ---- */
 
 int
-raw_open_v(struct raw *w, uint32_t version)
+raw_open_on(struct raw *w, const struct harness *h, uint32_t version)
 {
 	int ring_fd;
 
 	memset(w, 0, sizeof(*w));
 	w->seq = 10;
-	if ((w->sock = harness_connect(&H)) < 0 || (w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
+	if ((w->sock = harness_connect(h)) < 0 || (w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0)
 		return -1;
 	Gpx__DaemonMsg *m = harness_hello(w->sock, version, w->efd, &ring_fd);
 	if (m == NULL || m->reply->status != 0 || ring_fd < 0 || m->reply->welcome->version != version) {
@@ -186,6 +186,12 @@ raw_open_v(struct raw *w, uint32_t version)
 		w->region = m->reply->registered->region;
 	gpx__daemon_msg__free_unpacked(m, NULL);
 	return r;
+}
+
+int
+raw_open_v(struct raw *w, uint32_t version)
+{
+	return raw_open_on(w, &H, version);
 }
 
 int

@@ -55,6 +55,7 @@ struct raw {
 	struct buf mem;
 	uint32_t seq;
 };
+int raw_open_on(struct raw *w, const struct harness *h, uint32_t version);     /* a daemon other than H */
 int raw_open_v(struct raw *w, uint32_t version);
 int raw_open(struct raw *w);
 void raw_close(struct raw *w);

@@ -47,6 +47,14 @@ struct conn {
 	uint32_t nseq_errors;
 	uint64_t sq_head;            /* submissions taken from the shared queue (our copy) */
 	bool sq_more;                /* its last pass was cut at the turn's slice: more wait there */
+	/*
+	 * A message read while submissions queued before it still waited (the turn's slice came,
+	 * or a list went to a task thread): kept with its descriptors, and charged to its entries,
+	 * until they have been taken; no other message is read meanwhile (conn_input).
+	 */
+	unsigned char *held;
+	size_t held_len;
+	int held_fds[GPX_MAX_FDS], held_nfds;
 	struct logrl log;            /* its share of the log (log.c) */
 	uint32_t version;            /* the protocol it speaks (Hello) */
 	const unsigned char *area;   /* the segment area, mapped read-only */

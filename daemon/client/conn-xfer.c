@@ -134,6 +134,8 @@ tcheck_done(void *arg)
 		if (tc->area && c->state != CONN_DEAD)
 			__atomic_fetch_add(&c->cq->ring->segs_consumed, 1, __ATOMIC_RELEASE);
 		conn_poll_sq(c);             /* what was queued meanwhile */
+		if (c->held != NULL)
+			conn_input(c);           /* and a message kept behind it (its socket may say nothing more) */
 	}
 	cq_unref(tc->cq);
 	free(tc);
@@ -305,6 +307,8 @@ conn_poll_all(int mode)
 	for (; c != NULL && left > 0; left--) {
 		struct conn *next = TAILQ_NEXT(c, entry) != NULL ? TAILQ_NEXT(c, entry) : TAILQ_FIRST(&conns);
 		n += conn_poll_sq(c);
+		if (c->held != NULL && !c->sq_more)
+			conn_input(c);           /* a message kept behind what this pass took */
 		if (c->state == CONN_DEAD && next == c)
 			break;                   /* (it was the only one) */
 		if (left > 1 && loop_turn_over()) {

@@ -579,14 +579,122 @@ dropped(struct conn *c, size_t len, int status, const char *why)
 	conn_reply(c, seq, status, why, &rep, NULL, 0);
 }
 
+/* Whether c's queue has submissions not yet taken (nothing is taken). */
+static bool
+sq_waiting(const struct conn *c)
+{
+	return c->cq != NULL && c->state != CONN_HELLO &&
+	    __atomic_load_n(&c->cq->ring->sq_tail, __ATOMIC_ACQUIRE) != c->sq_head;
+}
+
 /*
- * Loop thread: the socket is readable.  Handles up to MSGS_PER_WAKE messages, and none after the
- * turn's slice (loop_turn_over): the socket is still readable, so the loop comes back for them.
+ * The message of len bytes in msgbuf, and its fds, kept until the submissions queued before it
+ * have been taken (charged to c's entries while kept); refused busy if its budget has no room.
+ */
+static void
+hold(struct conn *c, size_t len, int *fds, int nfds)
+{
+	char err[512];
+	int e;
+
+	if ((e = conn_charge(c, len, "message behind queued submissions", err, sizeof(err))) < 0 ||
+	    (c->held = malloc(len)) == NULL) {
+		if (e == 0)
+			conn_uncharge(c, len);
+		wire_close_fds(fds, nfds);
+		dropped(c, len, e < 0 ? -e : GPX__STATUS__ENOMEM, e < 0 ? err : "out of memory");
+		return;
+	}
+	memcpy(c->held, msgbuf, len);
+	c->held_len = len;
+	memcpy(c->held_fds, fds, (size_t)nfds * sizeof(*fds));
+	c->held_nfds = nfds;
+}
+
+/* The kept message back in msgbuf and fds: its turn has come.  Its length. */
+static size_t
+unhold(struct conn *c, int *fds, int *nfds)
+{
+	size_t len = c->held_len;
+
+	memcpy(msgbuf, c->held, len);
+	memcpy(fds, c->held_fds, (size_t)c->held_nfds * sizeof(*fds));
+	*nfds = c->held_nfds;
+	free(c->held);
+	c->held = NULL;
+	conn_uncharge(c, len);
+	return len;
+}
+
+/*
+ * The next message of c's socket into msgbuf and fds: its length, or 0 when there is none to
+ * handle now (none came, or the connection ended, or it was dropped or kept: *next says whether
+ * to look for another).
+ */
+static size_t
+next_message(struct conn *c, int *fds, int *nfds, bool *next)
+{
+	size_t len = 0;
+	ssize_t n = wire_recv(c->fd, msgbuf, &len, fds, nfds, GPX_MAX_FDS, MSG_DONTWAIT);
+
+	*next = false;
+	if (n == -EAGAIN)
+		return 0;
+	c->t_last = conn_last_input = now_s();
+	if (n == 0 || n == -ECONNRESET) {
+		conn_kill(c, "disconnected");
+		return 0;
+	}
+	if (n == -EMSGSIZE) {
+		log_audit(c, "message larger than %d bytes", GPX_MSG_MAX);
+		conn_kill(c, "message over the size cap");
+		return 0;
+	}
+	if (n == -EBADMSG || n == -E2BIG || n == -EMFILE) {
+		log_audit(c, "%s", n == -E2BIG ? "too many file descriptors in one message" : n == -EMFILE ?
+		    "file descriptors gpxd could not take (its descriptor limit)" : "truncated or foreign control data");
+		dropped(c, len, n == -EMFILE ? GPX__STATUS__EBUSY : GPX__STATUS__EPROTO, n == -E2BIG ?
+		    "too many file descriptors: the message was dropped and they were closed" : n == -EMFILE ?
+		    "gpxd is out of file descriptors and could not take this message's: it was dropped" :
+		    "truncated or foreign control data: the message was dropped");
+		if (c->state == CONN_HELLO)
+			conn_kill(c, "first message was not Hello");   /* whatever it was, it was not a Hello */
+		else
+			*next = true;
+		return 0;
+	}
+	if (n < 0) {
+		conn_kill(c, strerror((int)-n));
+		return 0;
+	}
+	/*
+	 * The client published to its queue before it sent this, so what it queued first is in
+	 * sight now, though the pass before the read did not see it: taken first.  What this turn
+	 * has no time left for, or a list a task thread now checks, keeps the message waiting.
+	 */
+	if (sq_waiting(c)) {
+		conn_poll_sq(c);
+		if (c->state == CONN_DEAD) {
+			wire_close_fds(fds, *nfds);
+			return 0;
+		}
+		if (c->sq_more || c->checking != NULL) {
+			hold(c, (size_t)n, fds, *nfds);
+			return 0;
+		}
+	}
+	return (size_t)n;
+}
+
+/*
+ * Loop thread: the socket is readable, or a message kept behind queued submissions may now go.
+ * Handles up to MSGS_PER_WAKE messages, and none after the turn's slice (loop_turn_over): the
+ * socket is still readable, or the loop's pass over the queues (conn_poll_all) comes back.
  */
 void
 conn_input(struct conn *c)
 {
-	int fds[GPX_MAX_FDS], nfds;
+	int fds[GPX_MAX_FDS], nfds = 0;
 
 	/* (a transfer whose lists a task thread checks holds the rest back: conn-xfer.c) */
 	for (int i = 0; i < MSGS_PER_WAKE && c->state != CONN_DEAD && c->checking == NULL; i++) {
@@ -594,43 +702,31 @@ conn_input(struct conn *c)
 		conn_poll_sq(c);
 		if (c->state == CONN_DEAD || c->checking != NULL || c->sq_more || (i > 0 && loop_turn_over()))
 			return;
-		size_t len = 0;
-		ssize_t n = wire_recv(c->fd, msgbuf, &len, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
-		if (n == -EAGAIN)
-			return;
-		c->t_last = conn_last_input = now_s();
-		if (n == 0 || n == -ECONNRESET) {
-			conn_kill(c, "disconnected");
-			return;
+		/*
+		 * For the test of the order next_message keeps (integ-ring): GPXD_TEST_READ_DELAY_US=N
+		 * waits N us between the pass over the queue and each read after a turn's first, so
+		 * that a client's answer to the last message, its submission and its next message
+		 * all fall in between.  Read once; 0 (unset) in any real use.
+		 */
+		static long read_delay_us = -1;
+		if (read_delay_us < 0) {
+			const char *e = getenv("GPXD_TEST_READ_DELAY_US");
+			read_delay_us = e != NULL && atol(e) > 0 && atol(e) <= 1000000 ? atol(e) : 0;
 		}
-		if (n == -EMSGSIZE) {
-			log_audit(c, "message larger than %d bytes", GPX_MSG_MAX);
-			conn_kill(c, "message over the size cap");
-			return;
-		}
-		if (n == -EBADMSG || n == -E2BIG || n == -EMFILE) {
-			log_audit(c, "%s", n == -E2BIG ? "too many file descriptors in one message" : n == -EMFILE ?
-			    "file descriptors gpxd could not take (its descriptor limit)" : "truncated or foreign control data");
-			dropped(c, len, n == -EMFILE ? GPX__STATUS__EBUSY : GPX__STATUS__EPROTO, n == -E2BIG ?
-			    "too many file descriptors: the message was dropped and they were closed" : n == -EMFILE ?
-			    "gpxd is out of file descriptors and could not take this message's: it was dropped" :
-			    "truncated or foreign control data: the message was dropped");
-			if (c->state == CONN_HELLO) {
-				/* Whatever it was, it was not a Hello. */
-				conn_kill(c, "first message was not Hello");
-				return;
-			}
-			continue;
-		}
-		if (n < 0) {
-			conn_kill(c, strerror((int)-n));
+		if (i > 0 && read_delay_us > 0)
+			usleep((useconds_t)read_delay_us);
+		bool next = false;
+		size_t n = c->held != NULL ? unhold(c, fds, &nfds) : next_message(c, fds, &nfds, &next);
+		if (n == 0) {
+			if (next)
+				continue;
 			return;
 		}
 		wire_arena_reset(arena);
 		Gpx__ClientMsg *m = gpx__client_msg__unpack(&arena->pa, n, msgbuf);
 		if (m == NULL) {
 			wire_close_fds(fds, nfds);
-			log_audit(c, "undecodable message (%zd bytes)", n);
+			log_audit(c, "undecodable message (%zu bytes)", n);
 			reply_err(c, 0, GPX__STATUS__EPROTO, "undecodable message");
 			conn_kill(c, "undecodable message");
 			return;
@@ -672,6 +768,12 @@ conn_kill(struct conn *c, const char *why)
 	if (c->area != NULL)
 		maps_give();
 	xfer_drop_area(&c->area, &c->area_len, c->checking);
+	if (c->held != NULL) {
+		wire_close_fds(c->held_fds, c->held_nfds);
+		free(c->held);
+		c->held = NULL;
+		conn_uncharge(c, c->held_len);
+	}
 	if (c->cq != NULL) {
 		cq_unref(c->cq);
 		c->cq = NULL;
