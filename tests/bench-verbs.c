@@ -259,12 +259,25 @@ struct verbs_client {
 	int nqps, rails;
 };
 
-/* Waits for the next event of the channel; it must be want.  Fills o from a connection's offer. */
+/*
+ * Waits for the next event of the channel, 10 s at most (a peer that never answers is an error,
+ * not a hang); it must be want.  Fills o from a connection's offer.
+ */
+#define EVENT_WAIT_MS 10000
+
 static int
 expect(struct verbs_client *c, enum rdma_cm_event_type want, struct offer *o, char *why, size_t whylen)
 {
+	struct pollfd pf = { .fd = c->ch->fd, .events = POLLIN };
 	struct rdma_cm_event *ev;
+	int n;
 
+	while ((n = poll(&pf, 1, EVENT_WAIT_MS)) < 0 && errno == EINTR)
+		;
+	if (n == 0) {
+		snprintf(why, whylen, "no %s within %d s", rdma_event_str(want), EVENT_WAIT_MS / 1000);
+		return -1;
+	}
 	if (rdma_get_cm_event(c->ch, &ev) < 0) {
 		snprintf(why, whylen, "rdma_get_cm_event: %s", strerror(errno));
 		return -1;
