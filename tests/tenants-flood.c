@@ -2,7 +2,8 @@
  * The tenants' floods (tests/tenants.c runs them): connections that never say Hello, from four
  * processes of one uid, against connections_per_uid and a gpxd limited to 1,024 descriptors;
  * the daemon-wide cap on connections waiting for Hello (hello_max); and the descriptor reserve
- * with the table full.  All along another uid connects and copies (a well-behaved tenant),
+ * with the table full (where a message's descriptor gpxd cannot take is refused busy under the
+ * message's own request).  All along another uid connects and copies (a well-behaved tenant),
  * root's status queries are answered within a deadline, gpxd's CPU and descriptors stay
  * bounded and its log stays short.
  */
@@ -372,6 +373,12 @@ test_reserve(void)
 	watch(&F, 1.5, &queries, &answered);
 	ok(queries > 0 && answered == queries, "with gpxd's descriptor table full, root's status queries are answered "
 	    "(%d of %d within 2 s)", answered, queries);
+	/* Root's client, in through the reserve, with a memfd to register once the table is full. */
+	gpx_conn *rc = NULL;
+	void *hp = NULL;
+	int hfd = -1;
+	if (gpx_connect(F.sock, "reserve-root", &rc) < 0 || gpx_host_alloc(4096, &hfd, &hp) < 0)
+		tap_bail("root's client or its memfd");
 	child_start(&vi, UID_B, UID_B, NULL, 0, 0, victim, &va);
 	bool vgot = child_wait(&vi, &vr, sizeof(vr), 15000);
 	ok(vgot && vr.rounds >= 1 && vr.bad == 0 && vr.worst_ms < 1000, "another uid is refused at once with EBUSY, "
@@ -386,11 +393,23 @@ test_reserve(void)
 	msleep(1500);
 	double cpu = (daemon_cpu(&F) - cpu0) / (now() - t0);
 	ok(cpu >= 0 && cpu < 0.25, "with nothing left to accept with, gpxd does not spin: %.0f%% of a CPU", cpu * 100);
+	/* A message whose descriptor gpxd has no slot for is refused under its own request, at once. */
+	gpx_region reg;
+	double r0 = now();
+	int rr = gpx_register_host(rc, hfd, 0, 4096, 0, &reg);
+	double rms = (now() - r0) * 1e3;
+	ok(rr == -GPX_EBUSY && strstr(gpx_last_error(rc), "out of file descriptors") != NULL && rms < 5000,
+	    "root's registration, its memfd with no slot left in gpxd's table, is refused busy in %.0f ms, not left "
+	    "waiting (%s)", rms, rr < 0 ? gpx_last_error(rc) : "registered");
 	child_stop(&fl);
 	bool fgot = child_wait(&fl, &fr, sizeof(fr), 10000);
 	diag("uid %d held %d connections", UID_A, fgot ? fr.held : -1);
 	for (int i = 0; i < nheld; i++)
 		close(held[i]);
+	ok(gpx_register_host(rc, hfd, 0, 4096, 0, &reg) == 0, "the same registration succeeds once descriptors are "
+	    "free (%s)", gpx_last_error(rc));
+	gpx_close(rc);
+	gpx_host_free(hfd, hp, 4096);
 	ok(harness_wait_fds(&F, F.baseline, 10000) == F.baseline, "after the flood gpxd is back to its baseline "
 	    "descriptors (the reserve held again)");
 	int lines = log_lines(&F) - lines0;
