@@ -635,6 +635,8 @@ bool export_node_name_ok(const char *name);
 /* ---- gpxd.c: the daemon's clock, when it started, the socket it serves (set by levent.c) ---- */
 double now_s(void);                 /* CLOCK_MONOTONIC, in seconds */
 uint64_t now_ns(void);               /* CLOCK_MONOTONIC, in nanoseconds */
+/* The number a file such as /proc/sys/vm/max_map_count holds; 0 if it cannot be read. */
+unsigned long long sysctl_number(const char *path);
 /* Names the calling thread "gpxd-" and the rest (top -H, /proc/PID/task/TID/comm): at its start. */
 void thread_name(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 extern double gpxd_start_time;

@@ -177,13 +177,7 @@ nofile_raise(void)
 		rlim_t want = rl.rlim_max;
 		rl.rlim_cur = want;
 		if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
-			FILE *f = fopen("/proc/sys/fs/nr_open", "re");
-			unsigned long long n = 0;
-			if (f != NULL) {
-				if (fscanf(f, "%llu", &n) != 1)
-					n = 0;
-				fclose(f);
-			}
+			unsigned long long n = sysctl_number("/proc/sys/fs/nr_open");
 			rl.rlim_cur = n > was && n < (unsigned long long)want ? (rlim_t)n : (rlim_t)was;
 			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
 				rl.rlim_cur = was;

@@ -1546,23 +1546,6 @@ out:
 	wait_stop(stop);
 }
 
-/* Lines of /proc/PID/maps: the mappings gpxd has. */
-static int
-maps_of_gpxd(void)
-{
-	char path[64], line[512];
-	int n = 0;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/maps", (int)H.pid);
-	if ((f = fopen(path, "re")) == NULL)
-		return -1;
-	while (fgets(line, sizeof(line), f) != NULL)
-		n += strchr(line, '\n') != NULL;
-	fclose(f);
-	return n;
-}
-
 struct maps_status {
 	uint32_t used, limit;
 	uint64_t refused;
@@ -1608,7 +1591,7 @@ test_maps(void)
 	bool vok = buf_new(&vs, 4096) == 0 && buf_new(&vd, 4096) == 0 && buf_reg(q, &vs, 0) == 0 &&
 	    buf_reg(q, &vd, 0) == 0 && gpx_copyv(q, vs.r, vd.r, vg, 4096, 1) == 0 && gpx_wait_tag(q, 1, &ce, 5000) == 0 &&
 	    ce.status == 0;
-	int g0 = maps_of_gpxd(), s0 = maps_status(q, &m0);
+	int g0 = maps(), s0 = maps_status(q, &m0);
 	ok(vok && s0 == 0 && m0.limit == P_LIMIT && m0.used == 4, "gpxd says it holds %u mappings for clients (the "
 	    "watcher's ring, two regions, the segment area of a list of 4,096 segments), of %u", m0.used, m0.limit);
 	child_start(&cn, UID_NOBODY, maps_child, &most);
@@ -1631,7 +1614,7 @@ test_maps(void)
 	    "a new connection, root's, is told busy too: its ring would be one more (%s)", gpx_strerror(e));
 	if (late != NULL)
 		gpx_close(late);
-	int g1 = maps_of_gpxd();
+	int g1 = maps();
 	char *page = harness_metrics(&H);
 	double mu = page ? metrics_sample(page, "gpx_mappings") : -1, ml = page ? metrics_sample(page, "gpx_mappings_limit") : -1;
 	free(page);
@@ -1661,7 +1644,7 @@ test_maps(void)
 	int g3 = -1;
 	/* (unmapping is a task thread's; a few of gpxd's own may have come meanwhile: under ASan its
 	 * allocator's) */
-	for (int i = 0; i < 500 && (g3 = maps_of_gpxd()) > g0 + 4; i++)
+	for (int i = 0; i < 500 && (g3 = maps()) > g0 + 4; i++)
 		usleep(10000);
 	ok(m3.used == 1 && g3 <= g0 + 4, "once all are gone: %u held (the new watcher's ring), and gpxd has %d "
 	    "mappings, within 4 of what it had with the first watcher's three (%d)", m3.used, g3, g0);

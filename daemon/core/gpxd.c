@@ -93,6 +93,20 @@ loop_wake_early(void)
 		atomic_fetch_add_explicit(&early_wakes, 1, memory_order_relaxed);
 }
 
+unsigned long long
+sysctl_number(const char *path)
+{
+	FILE *f = fopen(path, "re");
+	unsigned long long n = 0;
+
+	if (f != NULL) {
+		if (fscanf(f, "%llu", &n) != 1)
+			n = 0;
+		fclose(f);
+	}
+	return n;
+}
+
 double
 now_s(void)
 {

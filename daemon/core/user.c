@@ -220,14 +220,8 @@ static atomic_uint_fast64_t maps_refusals;
 uint32_t
 maps_default(void)
 {
-	FILE *f = fopen("/proc/sys/vm/max_map_count", "re");
-	unsigned long n = 0;
+	unsigned long long n = sysctl_number("/proc/sys/vm/max_map_count");
 
-	if (f != NULL) {
-		if (fscanf(f, "%lu", &n) != 1)
-			n = 0;
-		fclose(f);
-	}
 	if (n < 1024 || n > UINT32_MAX)
 		n = n < 1024 ? 65530 : UINT32_MAX;   /* (the kernel's default when unreadable) */
 	return (uint32_t)(n / 4 * 3);
