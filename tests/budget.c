@@ -1221,10 +1221,27 @@ fill_conn(gpx_conn *c, gpx_conn *q, struct buf *src, struct buf *dst, const uint
 	f->refused = 0;
 	for (int i = 0; i < 64 && f->refused == 0; i++) {
 		struct gpx_completion e;
+		struct budgets b0 = { 0 };
+		if (budgets(q, &b0) < 0)
+			break;
 		int r = page_batch(c, src, dst, E_PAIRS, 1, 0, pg, pg, E_PAGES, ++*tag);
-		/* A refusal comes back at once; an accepted transfer runs for seconds. */
-		if (r == 0 && gpx_wait_tag(c, *tag, &e, 20) == 0)
-			r = e.status;
+		/*
+		 * An accepted transfer runs for seconds; a refused one is answered at once, but "at
+		 * once" is no clock on a loaded machine.  The status tells which: what is held grows,
+		 * or a refusal is counted (and its completion is then waited for).
+		 */
+		for (int ms = 0; r == 0 && ms < 10000; ms += 5) {
+			if (gpx_wait_tag(c, *tag, &e, 5) == 0) {
+				r = e.status;
+				break;
+			}
+			if (budgets(q, &b) < 0)
+				r = -1;
+			else if (b.busy + b.large > b0.busy + b0.large)
+				r = gpx_wait_tag(c, *tag, &e, 10000) == 0 ? e.status : -1;
+			else if (b.used > b0.used)
+				break;
+		}
 		if (r == 0)
 			f->accepted++;
 		else {
