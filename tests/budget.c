@@ -190,11 +190,18 @@ budgets(gpx_conn *c, struct budgets *b)
 	return 0;
 }
 
-/* The most of gpxd's VmRSS seen while sampling runs (every 2 ms). */
+/*
+ * The most of gpxd's VmRSS seen while sampling runs (every 2 ms), and how late those 2 ms sleeps
+ * woke: the machine's own scheduling delay meanwhile, which a bound on a bystander's latency
+ * adds to what it allows gpxd (a loaded CI machine's, not gpxd's).
+ */
+#define LATE_MAX 65536
 static struct {
 	pthread_t th;
 	atomic_bool stop;
 	_Atomic uint64_t max, max_anon;
+	double late[LATE_MAX];
+	size_t nlate;
 } sampler;
 
 static void *
@@ -207,7 +214,10 @@ sample(void *unused)
 			atomic_store(&sampler.max, r);
 		if (a > (uint64_t)atomic_load(&sampler.max_anon))
 			atomic_store(&sampler.max_anon, a);
+		double t = now();
 		usleep(2000);
+		if (sampler.nlate < LATE_MAX)
+			sampler.late[sampler.nlate++] = now() - t - 0.002;
 	}
 	return NULL;
 }
@@ -218,17 +228,22 @@ sampler_start(void)
 	atomic_store(&sampler.stop, false);
 	atomic_store(&sampler.max, rss());
 	atomic_store(&sampler.max_anon, rss_anon());
+	sampler.nlate = 0;
 	pthread_create(&sampler.th, NULL, sample, NULL);
 }
 
-/* The most VmRSS seen; the most RssAnon in *anon. */
+static double pct(double *v, size_t n, double p);
+
+/* The most VmRSS seen; the most RssAnon in *anon, the p99 of the sleeps' lateness in *late99. */
 static uint64_t
-sampler_end(uint64_t *anon)
+sampler_end(uint64_t *anon, double *late99)
 {
 	atomic_store(&sampler.stop, true);
 	pthread_join(sampler.th, NULL);
 	if (anon != NULL)
 		*anon = atomic_load(&sampler.max_anon);
+	if (late99 != NULL)
+		*late99 = pct(sampler.late, sampler.nlate, 0.99);
 	return atomic_load(&sampler.max);
 }
 
@@ -472,7 +487,8 @@ test_largest(void)
 		lat[n++] = now() - t;
 	}
 	bool got = child_result(&ch, &res, sizeof(res), 120000);
-	uint64_t peak = sampler_end(NULL);
+	double late99;
+	uint64_t peak = sampler_end(NULL, &late99);
 	ok(got && res.conn == 0 && res.reg == 0, "nobody connects and registers two buffers");
 	ok(got && res.batch[0] == 0 && res.batch[1] == 0 && res.batch_done[0] == 0 && res.batch_done[1] == 0 &&
 	    res.batch_bytes[0] == (uint64_t)L_PAIRS * L_PAGES && res.batch_bytes[1] == (uint64_t)L_PAIRS * L_PAGES,
@@ -490,9 +506,9 @@ test_largest(void)
 	ok_rss(peak <= idle + 2 * b0.request + 64 * MIB, "and under idle + two request budgets + 64 MiB "
 	    "(%.1f MiB more than idle)", (peak - idle) / (double)MIB);
 	double p99 = pct(lat, n, 0.99);
-	ok(bad == 0 && n >= 100 && (p99 < 0.010 || !TIMED), "a bystander's 4 KiB copies meanwhile: %zu, p99 %.2f ms "
-	    "(bound 10), max %.2f ms, %d failed, over %.1f s%s", n, p99 * 1e3, lat[n ? n - 1 : 0] * 1e3, bad, res.secs,
-	    TIMED_SAYS);
+	ok(bad == 0 && n >= 100 && (p99 < 0.010 + 4 * late99 || !TIMED), "a bystander's 4 KiB copies meanwhile: "
+	    "%zu, p99 %.2f ms (bound 10 ms + 4 x the machine's wake-up delay, %.2f ms at p99), max %.2f ms, %d failed, "
+	    "over %.1f s%s", n, p99 * 1e3, late99 * 1e3, lat[n ? n - 1 : 0] * 1e3, bad, res.secs, TIMED_SAYS);
 	child_end(&ch);
 	/* Its connection ends with the process: what it held goes back to the system. */
 	usleep(1000000);
@@ -728,6 +744,7 @@ test_turns(void)
 	struct budgets b0 = { 0 };
 	loop_max(c, &tu0);
 	budgets(c, &b0);
+	sampler_start();
 	child_start(&ch, UID_NOBODY, turns_child, NULL);
 	struct pollfd p = { .fd = ch.rd, .events = POLLIN };
 	while (poll(&p, 1, 0) == 0 && n < cap) {
@@ -737,6 +754,8 @@ test_turns(void)
 		lat[n++] = now() - t;
 	}
 	bool got = child_result(&ch, &res, sizeof(res), 120000) && res.setup;
+	double late99;
+	sampler_end(NULL, &late99);
 	bool all = got && res.right;
 	for (int k = 0; k < T_ROUNDS; k++)
 		all &= res.sent[k] == 0 && res.done[k] == 0 && res.bytes[k] == T_SEGS;
@@ -749,9 +768,9 @@ test_turns(void)
 	    strstr(res.over_why, "request budget") != NULL,
 	    "one of %u segments is refused as too large for the request budget (%s)", T_OVER, res.over_why);
 	double p99 = pct(lat, n, 0.99);
-	ok(bad == 0 && n >= 100 && (p99 < 0.010 || !TIMED), "a bystander's 4 KiB copies meanwhile: %zu, p99 %.2f ms "
-	    "(bound 10), max %.2f ms, %d failed, over %.1f s%s", n, p99 * 1e3, lat[n ? n - 1 : 0] * 1e3, bad, res.secs,
-	    TIMED_SAYS);
+	ok(bad == 0 && n >= 100 && (p99 < 0.010 + 4 * late99 || !TIMED), "a bystander's 4 KiB copies meanwhile: "
+	    "%zu, p99 %.2f ms (bound 10 ms + 4 x the machine's wake-up delay, %.2f ms at p99), max %.2f ms, %d failed, "
+	    "over %.1f s%s", n, p99 * 1e3, late99 * 1e3, lat[n ? n - 1 : 0] * 1e3, bad, res.secs, TIMED_SAYS);
 	int q = loop_max(c, &tu);
 	char *page = harness_metrics(&H);
 	double mwall = page ? metrics_sample(page, "gpx_event_loop_max_seconds") : -1;
@@ -1748,7 +1767,7 @@ test_many(void)
 	sampler_start();
 	child_start(&ch, UID_NOBODY, many_child, &n);
 	bool got = child_result(&ch, &res, sizeof(res), 60000);
-	uint64_t peak = sampler_end(&anon);
+	uint64_t peak = sampler_end(&anon, NULL);
 	ok(got && res.connected == n && res.accepted == n, "%d connections of nobody: each has a transfer in flight "
 	    "(%d accepted)", n, res.accepted);
 	ok(got && res.busy_conn == n, "a second one on each is busy naming the connection budget (%d of %d; %s)",
