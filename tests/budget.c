@@ -450,6 +450,48 @@ pct(double *v, size_t n, double p)
 	return n ? v[(size_t)(p * (n - 1))] : 0;
 }
 
+/*
+ * What gpxd's status says of its loop's longest turns; -1 if it did not answer.  top: the CPU
+ * times of the four longest (GPXD_LOOP_CLOCKS=1).  A bound is held by all but the longest two:
+ * on a virtual machine whose host takes the CPU away without saying so (no steal time), the
+ * thread that ran is charged for it, and a thread that does nothing but read its CPU clock
+ * sees it jump by 1.5-2 ms a few times in 10 s there, and beside other tests of the suite
+ * three of one loop's turns took 4.8-6.0 ms where 0.8-1.7 ms was usual.  A loop that checked
+ * a whole list in a turn would do it six times here.  Where work can be counted (requests,
+ * handles), the parts below bound the count and show the times.
+ */
+#define TOP 4
+#define TOP_HELD 2
+struct turns {
+	double wall, cpu;
+	uint64_t list;
+	double top[TOP];
+	uint32_t work;           /* the most requests taken and handles given back in one turn */
+};
+
+static const char *
+turns_top(const struct turns *t, char *s, size_t len)
+{
+	snprintf(s, len, "%.3f, %.3f, %.3f, %.3f", t->top[0] * 1e3, t->top[1] * 1e3, t->top[2] * 1e3,
+	    t->top[3] * 1e3);
+	return s;
+}
+
+static int
+loop_max(gpx_conn *c, struct turns *t)
+{
+	Gpx__QueryReply *q = status_query(c);
+
+	if (q == NULL)
+		return -1;
+	*t = (struct turns){ q->status->loop_max_s, q->status->loop_cpu_max_s, q->status->loop_list_max,
+		{ -1, -1, -1, -1 }, q->status->loop_work_max };
+	for (size_t i = 0; i < q->status->n_loop_cpu_top_s && i < TOP; i++)
+		t->top[i] = q->status->loop_cpu_top_s[i];
+	gpx__query_reply__free_unpacked(q, NULL);
+	return 0;
+}
+
 static void
 test_largest(void)
 {
@@ -509,6 +551,10 @@ test_largest(void)
 	ok(bad == 0 && n >= 100 && (p99 < 0.010 + 4 * late99 || !TIMED), "a bystander's 4 KiB copies meanwhile: "
 	    "%zu, p99 %.2f ms (bound 10 ms + 4 x the machine's wake-up delay, %.2f ms at p99), max %.2f ms, %d failed, "
 	    "over %.1f s%s", n, p99 * 1e3, late99 * 1e3, lat[n ? n - 1 : 0] * 1e3, bad, res.secs, TIMED_SAYS);
+	struct turns tu;
+	int q = loop_max(c, &tu);
+	ok(q == 0 && tu.list > 0 && tu.list <= 1u << 20, "no turn of the loop checked more than 1 MiB of their lists "
+	    "(the rest went to task threads): %llu bytes at most", (unsigned long long)tu.list);
 	child_end(&ch);
 	/* Its connection ends with the process: what it held goes back to the system. */
 	usleep(1000000);
@@ -679,48 +725,6 @@ gone_child(void *unused, int out, int stop)
 		r = -1;
 	put(out, &r, sizeof(r));
 	_exit(0);
-}
-
-/*
- * What gpxd's status says of its loop's longest turns; -1 if it did not answer.  top: the CPU
- * times of the four longest (GPXD_LOOP_CLOCKS=1).  A bound is held by all but the longest two:
- * on a virtual machine whose host takes the CPU away without saying so (no steal time), the
- * thread that ran is charged for it, and a thread that does nothing but read its CPU clock
- * sees it jump by 1.5-2 ms a few times in 10 s there, and beside other tests of the suite
- * three of one loop's turns took 4.8-6.0 ms where 0.8-1.7 ms was usual.  A loop that checked
- * a whole list in a turn would do it six times here.  Where work can be counted (requests,
- * handles), the parts below bound the count and show the times.
- */
-#define TOP 4
-#define TOP_HELD 2
-struct turns {
-	double wall, cpu;
-	uint64_t list;
-	double top[TOP];
-	uint32_t work;           /* the most requests taken and handles given back in one turn */
-};
-
-static const char *
-turns_top(const struct turns *t, char *s, size_t len)
-{
-	snprintf(s, len, "%.3f, %.3f, %.3f, %.3f", t->top[0] * 1e3, t->top[1] * 1e3, t->top[2] * 1e3,
-	    t->top[3] * 1e3);
-	return s;
-}
-
-static int
-loop_max(gpx_conn *c, struct turns *t)
-{
-	Gpx__QueryReply *q = status_query(c);
-
-	if (q == NULL)
-		return -1;
-	*t = (struct turns){ q->status->loop_max_s, q->status->loop_cpu_max_s, q->status->loop_list_max,
-		{ -1, -1, -1, -1 }, q->status->loop_work_max };
-	for (size_t i = 0; i < q->status->n_loop_cpu_top_s && i < TOP; i++)
-		t->top[i] = q->status->loop_cpu_top_s[i];
-	gpx__query_reply__free_unpacked(q, NULL);
-	return 0;
 }
 
 static void
