@@ -69,10 +69,13 @@ gpx_strerror(int err)
 	return "unknown error";
 }
 
+/* Why this thread's last gpx_connect failed (there is no connection to hold it). */
+static _Thread_local char connect_error[512];
+
 API const char *
 gpx_last_error(const gpx_conn *c)
 {
-	return c->last_error;
+	return c != NULL ? c->last_error : connect_error;
 }
 
 API uint64_t
@@ -318,6 +321,26 @@ wait_spin_s(void)
 	return sysconf(_SC_NPROCESSORS_ONLN) >= CLIENT_SPIN_BIG_CPUS ? CLIENT_WAIT_SPIN_BIG_S : CLIENT_WAIT_SPIN_S;
 }
 
+/*
+ * A failed connect: why, for gpx_last_error(NULL) (gpxd's own refusal where it sent one, else
+ * what and errno's text where errno tells), c closed; returns r.
+ */
+static int
+connect_failed(gpx_conn *c, const char *path, int r, const char *what)
+{
+	int e = errno;
+
+	if (c != NULL && c->last_error[0] != '\0')
+		snprintf(connect_error, sizeof(connect_error), "gpxd at %s: %s", path, c->last_error);
+	else if (r == -GPX_ESYS || r == -GPX_ECONN)
+		snprintf(connect_error, sizeof(connect_error), "%s %s: %s", what, path, strerror(e));
+	else
+		snprintf(connect_error, sizeof(connect_error), "%s %s: %s", what, path, gpx_strerror(r));
+	if (c != NULL)
+		gpx_close(c);
+	return r;
+}
+
 API int
 gpx_connect_opts(const struct gpx_connect_opts *o, gpx_conn **out)
 {
@@ -329,19 +352,18 @@ gpx_connect_opts(const struct gpx_connect_opts *o, gpx_conn **out)
 	if (path == NULL && (path = getenv("GPX_SOCKET")) == NULL)
 		path = GPX_DEFAULT_SOCKET;
 	if ((c = calloc(1, sizeof(*c))) == NULL)
-		return -GPX_ENOMEM;
+		return connect_failed(NULL, path, -GPX_ENOMEM, "no memory for a connection to");
 	c->efd = c->epfd = -1;
 	c->area.fd = -1;
 	c->spin_s = wait_spin_s();
 	if ((c->arena = wire_arena_new(GPX_ARENA_SIZE)) == NULL) {
 		free(c);
-		return -GPX_ENOMEM;
+		return connect_failed(NULL, path, -GPX_ENOMEM, "no memory for a connection to");
 	}
 	if ((c->sock = connect_sock(path)) < 0) {
 		r = c->sock;
 		c->sock = -1;
-		gpx_close(c);
-		return r;
+		return connect_failed(c, path, r, r == -GPX_EINVAL ? "socket path too long:" : "cannot connect to gpxd at");
 	}
 	if (!o->no_ring) {
 		if (o->eventfd >= 0)
@@ -350,10 +372,8 @@ gpx_connect_opts(const struct gpx_connect_opts *o, gpx_conn **out)
 			c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 			c->own_efd = true;
 		}
-		if (c->efd < 0) {
-			gpx_close(c);
-			return -GPX_ESYS;
-		}
+		if (c->efd < 0)
+			return connect_failed(c, path, -GPX_ESYS, "no eventfd for a connection to");
 	}
 
 	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
@@ -365,14 +385,11 @@ gpx_connect_opts(const struct gpx_connect_opts *o, gpx_conn **out)
 	h.no_ring = o->no_ring != 0;
 	m.body_case = GPX__CLIENT_MSG__BODY_HELLO;
 	m.hello = &h;
-	if ((r = client_rpc(c, &m, c->efd >= 0 ? &c->efd : NULL, c->efd >= 0, &rep, rfds, &rnfds)) < 0) {
-		gpx_close(c);
-		return r;
-	}
+	if ((r = client_rpc(c, &m, c->efd >= 0 ? &c->efd : NULL, c->efd >= 0, &rep, rfds, &rnfds)) < 0)
+		return connect_failed(c, path, r, "no welcome from gpxd at");
 	if (rep->body_case != GPX__REPLY__BODY_WELCOME || rnfds != (o->no_ring ? 0 : 1)) {
 		wire_close_fds(rfds, rnfds);
-		gpx_close(c);
-		return -GPX_EPROTO;
+		return connect_failed(c, path, -GPX_EPROTO, "no welcome from gpxd at");
 	}
 	c->client_id = rep->welcome->client_id;
 	c->max_inline = rep->welcome->max_inline_segs;
@@ -380,18 +397,15 @@ gpx_connect_opts(const struct gpx_connect_opts *o, gpx_conn **out)
 	if (!o->no_ring) {
 		r = map_ring(c, rfds[0], rep->welcome->ring_entries);
 		close(rfds[0]);
-		if (r < 0) {
-			gpx_close(c);
-			return r;
-		}
+		if (r < 0)
+			return connect_failed(c, path, r, "cannot map the completion ring of gpxd at");
 	}
 	struct epoll_event ev = { .events = EPOLLIN };
 	if ((c->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
 	    epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->sock, &ev) < 0 ||
-	    (c->efd >= 0 && epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->efd, &ev) < 0)) {
-		gpx_close(c);
-		return -GPX_ESYS;
-	}
+	    (c->efd >= 0 && epoll_ctl(c->epfd, EPOLL_CTL_ADD, c->efd, &ev) < 0))
+		return connect_failed(c, path, -GPX_ESYS, "no epoll for a connection to");
+	connect_error[0] = '\0';
 	*out = c;
 	return 0;
 }

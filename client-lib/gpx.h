@@ -81,7 +81,10 @@ int gpx_connect(const char *socket, const char *name, gpx_conn **out);
 int gpx_connect_opts(const struct gpx_connect_opts *opts, gpx_conn **out);
 void gpx_close(gpx_conn *c);
 uint64_t gpx_client_id(const gpx_conn *c);
-/* The daemon's explanation of the last refused request on c (never NULL). */
+/*
+ * The daemon's explanation of the last refused request on c (never NULL); with c NULL, why this
+ * thread's last gpx_connect failed, naming the socket (the system's reason, or gpxd's refusal).
+ */
 const char *gpx_last_error(const gpx_conn *c);
 const char *gpx_strerror(int err);
 

@@ -819,8 +819,7 @@ main(int argc, char **argv)
 		struct gpx_connect_opts co = { .socket = sock, .name = "gpxctl", .eventfd = -1, .no_ring = 1 };
 		int r = gpx_connect_opts(&co, &conn);
 		if (r < 0) {
-			const char *p = sock ? sock : getenv("GPX_SOCKET") ? getenv("GPX_SOCKET") : "/run/gpx/gpxd.sock";
-			fprintf(stderr, "gpxctl: cannot talk to gpxd at %s: %s (is gpxd running?)\n", p, gpx_strerror(r));
+			fprintf(stderr, "gpxctl: %s%s\n", gpx_last_error(NULL), r == -GPX_ECONN ? " (is gpxd running?)" : "");
 			return 1;
 		}
 		r = o->fn(argc, argv);

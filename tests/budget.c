@@ -1650,10 +1650,22 @@ test_maps(void)
 	bool logged = false;
 	for (int i = 0; i < 200 && !(logged = harness_log_has(&H, "no mapping left for its completion ring (limits.mappings)")); i++)
 		usleep(10000);          /* (gpxd logs it as it closes the connection, after the reply) */
-	ok(e == -GPX_EBUSY && logged,
-	    "a new connection, root's, is told busy too: its ring would be one more (%s)", gpx_strerror(e));
+	char why[512];
+	snprintf(why, sizeof(why), "%s", gpx_last_error(NULL));
+	ok(e == -GPX_EBUSY && logged && strstr(why, H.sock) != NULL && strstr(why, "limits.mappings") != NULL &&
+	    strstr(why, "completion ring") != NULL,
+	    "a new connection, root's, is told busy too: its ring would be one more (%s: %s)", gpx_strerror(e), why);
 	if (late != NULL)
 		gpx_close(late);
+	/* A query-only connection (gpxctl's) maps nothing: the operator still sees the status. */
+	struct gpx_connect_opts qo = { .socket = H.sock, .name = "budget-maps-ctl", .eventfd = -1, .no_ring = 1 };
+	gpx_conn *ctl = NULL;
+	struct maps_status mc = { 0 };
+	int ec = gpx_connect_opts(&qo, &ctl), sc = ec == 0 ? maps_status(ctl, &mc) : -1;
+	ok(ec == 0 && sc == 0 && mc.used == P_LIMIT, "a query-only connection, as gpxctl's, is admitted and answered "
+	    "meanwhile (%d: %u of %u held)", ec, mc.used, mc.limit);
+	if (ctl != NULL)
+		gpx_close(ctl);
 	int g1 = maps();
 	char *page = harness_metrics(&H);
 	double mu = page ? metrics_sample(page, "gpx_mappings") : -1, ml = page ? metrics_sample(page, "gpx_mappings_limit") : -1;

@@ -161,8 +161,7 @@ main(int argc, char **argv)
 		b.socket = "/run/gpx/gpxd.sock";
 
 	if ((r = gpx_connect(b.socket, "gpx-bench", &b.conn)) < 0) {
-		fprintf(stderr, "gpx-bench: cannot connect to gpxd at %s: %s%s\n", b.socket,
-		    gpx_strerror(r), spawn ? "" : " (start one, or use --spawn)");
+		fprintf(stderr, "gpx-bench: %s%s\n", gpx_last_error(NULL), spawn ? "" : " (start one, or use --spawn)");
 		if (spawn)
 			bench_daemon_stop(&d);
 		return 1;

@@ -389,12 +389,9 @@ conn_connect(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject
 	r = gpx_connect_opts(&o, &c);
 	Py_END_ALLOW_THREADS
 	if (r < 0) {
-		char why[200];
-		const char *path = sock ? sock : getenv("GPX_SOCKET") ? getenv("GPX_SOCKET") : GPX_DEFAULT_SOCKET;
 		int e = errno;
-		snprintf(why, sizeof(why), "cannot connect to gpxd at %s", path);
 		Py_DECREF(s);
-		return gpxpy_raise_errno(st, r, why, e);
+		return gpxpy_raise_errno(st, r, gpx_last_error(NULL), e);   /* (this thread's connect) */
 	}
 	client_doorbell_plain(c);     /* nobody counts its writes: spins skip them, sleeps get them early */
 	s->c = c;

@@ -32,6 +32,7 @@ def test_connect_refused_names_the_socket(tmp_path):
     with pytest.raises(gpx.ConnectionLostError) as e:
         gpx.connect(path)
     assert path in str(e.value) and e.value.code == -gpx.ECONN
+    assert "No such file or directory" in str(e.value)   # the system's reason, not only the code
     assert isinstance(e.value, ConnectionError)
 
 
