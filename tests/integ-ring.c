@@ -8,6 +8,7 @@
 #include "config.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdbool.h>
@@ -613,6 +614,114 @@ raw_rpc(struct raw *w, Gpx__ClientMsg *cm)
 	if (m != NULL)
 		gpx__daemon_msg__free_unpacked(m, NULL);
 	return st;
+}
+
+/* What gpxd's status says is held against its budgets; UINT64_MAX if it did not answer. */
+static uint64_t
+budget_used(gpx_conn *q)
+{
+	void *buf;
+	size_t len;
+	uint64_t u = UINT64_MAX;
+
+	if (gpx_query(q, GPX_Q_STATUS, &buf, &len) < 0)
+		return u;
+	Gpx__QueryReply *r = gpx__query_reply__unpack(NULL, len, buf);
+	free(buf);
+	if (r != NULL && r->status != NULL)
+		u = r->status->budget_used;
+	if (r != NULL)
+		gpx__query_reply__free_unpacked(r, NULL);
+	return u;
+}
+
+/*
+ * A message kept behind queued submissions when its connection is killed: its descriptors
+ * closed, its charge given back (conn_kill).  In gpxd's wait a raw client queues a full ring of
+ * 4 KiB copies and sends a Register with a memfd of its own; gpxd takes a copy, keeps the
+ * Register (the turn's slice is over) and goes on with the queue a slice a turn.  Once a copy
+ * has completed the client moves its queue's tail out of range, and gpxd kills the connection
+ * with the Register still kept: no answer comes to it.
+ */
+#define HELD_ROUNDS 4
+
+void
+test_sq_held_kill(void)
+{
+	struct harness Lh, *L = &Lh;
+	gpx_conn *q = NULL;
+	int held = 0, fds0, fds1 = -1, first = -1;
+	uint64_t used0, used1 = UINT64_MAX;
+
+	/* (a ring of 16,384 copies: gpxd takes them for some 100 ms after it kept the message) */
+	setenv("GPXD_TEST_READ_DELAY_US", "20000", 1);
+	int e = harness_start(L, "[daemon]\nring_entries = 16384\n");
+	unsetenv("GPXD_TEST_READ_DELAY_US");
+	if (e < 0)
+		tap_bail("held test: no gpxd");
+	if (gpx_connect(L->sock, "held-watcher", &q) < 0)
+		tap_bail("held test: no watcher");
+	used0 = budget_used(q);
+	fds0 = harness_fds(L);
+	for (int k = 0; k < HELD_ROUNDS; k++) {
+		struct raw w;
+		if (raw_open_on(&w, L, GPX_PROTO_VERSION) < 0)
+			tap_bail("held test: no raw client");
+		Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
+		Gpx__Cancel x = GPX__CANCEL__INIT;
+		x.tag = 999;
+		cm.body_case = GPX__CLIENT_MSG__BODY_CANCEL;
+		cm.cancel = &x;
+		(void)raw_rpc(&w, &cm);
+		for (uint32_t i = 0; i < w.entries; i++)
+			*gpx_sq_slot(w.ring, w.entries, i) = (struct gpx_sqe){ .tag = 1 + i, .src_region = w.region,
+			    .dst_region = w.region, .src_offset = 0, .dst_offset = 32768, .length = 4096 };
+		__atomic_store_n(&w.ring->sq_tail, w.entries, __ATOMIC_RELEASE);
+		int mfd = memfd_create("gpx-held", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		if (mfd < 0 || ftruncate(mfd, 4096) < 0 || fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK) < 0)
+			tap_bail("held test: memfd");
+		Gpx__ClientMsg rm = GPX__CLIENT_MSG__INIT;
+		Gpx__Register reg = GPX__REGISTER__INIT;
+		reg.kind = GPX__MEM_KIND__MEM_HOST;
+		reg.length = 4096;
+		rm.seq = ++w.seq;
+		rm.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
+		rm.register_ = &reg;
+		if (harness_send(w.sock, &rm, &mfd, 1) < 0)
+			tap_bail("held test: send");
+		close(mfd);
+		for (int i = 0; i < 5000 && ring_head(&w) == 0; i++)
+			usleep(1000);
+		bool started = ring_head(&w) > 0 && ring_head(&w) < w.entries;
+		__atomic_store_n(&w.ring->sq_tail, 3ull * w.entries, __ATOMIC_RELEASE);
+		bool answered = false, eof = false;
+		for (int i = 0; i < 5000 && !eof; i++) {
+			Gpx__DaemonMsg *m = harness_recv(w.sock, 1, NULL, NULL, &eof);
+			if (m != NULL && m->reply->seq == rm.seq)
+				answered = true;
+			if (m != NULL)
+				gpx__daemon_msg__free_unpacked(m, NULL);
+		}
+		held += started && !answered && eof;
+		if (!(started && !answered && eof) && first < 0)
+			first = (int)ring_head(&w) * 4 + answered * 2 + eof;
+		raw_close(&w);
+	}
+	fds1 = harness_wait_fds(L, fds0, 2000);
+	for (int i = 0; i < 200 && (used1 = budget_used(q)) != used0; i++)
+		usleep(10000);
+	ok(held == HELD_ROUNDS && fds1 == fds0 && used1 == used0 && harness_log_has(L, "submission queue corrupted"),
+	    "a message kept behind queued copies goes with its connection when that is killed: %d of %d kept to the "
+	    "end, gpxd's descriptors back to %d (%d, the message's memfd closed), %llu bytes held against the budgets "
+	    "(%llu before)", held, HELD_ROUNDS, fds1, fds0, (unsigned long long)used1, (unsigned long long)used0);
+	if (first >= 0)
+		diag("the first round not kept to the end: %d copies had completed, the Register %sanswered, %s",
+		    first / 4, first & 2 ? "" : "not ", first & 1 ? "then the end of the connection" : "no end seen");
+	gpx_close(q);
+	ok(harness_stop(L) == 0, "that gpxd stops cleanly");
+	if (tap_failed)
+		harness_dump_log(L);
+	harness_cleanup(L);
 }
 
 void

@@ -27,6 +27,7 @@ void test_cancel(void);
 void test_credits_lib(void);
 void test_credits_raw(void);
 void test_sq_order(void);
+void test_sq_held_kill(void);
 void test_doorbell(void);
 void test_doorbell_together(void);
 void test_backlog_doorbell(void);
