@@ -158,24 +158,6 @@ struct budgets {
 	uint64_t used, total, uid, connection, request, busy, large, entries;
 };
 
-/* gpxd's status, unpacked (free with gpx__query_reply__free_unpacked); NULL if it did not answer. */
-static Gpx__QueryReply *
-status_query(gpx_conn *c)
-{
-	void *buf;
-	size_t len;
-
-	if (gpx_query(c, GPX_Q_STATUS, &buf, &len) < 0)
-		return NULL;
-	Gpx__QueryReply *q = gpx__query_reply__unpack(NULL, len, buf);
-	free(buf);
-	if (q != NULL && q->status == NULL) {
-		gpx__query_reply__free_unpacked(q, NULL);
-		q = NULL;
-	}
-	return q;
-}
-
 static int
 budgets(gpx_conn *c, struct budgets *b)
 {
@@ -188,6 +170,14 @@ budgets(gpx_conn *c, struct budgets *b)
 		q->status->budget_refused_large, q->status->budget_entries };
 	gpx__query_reply__free_unpacked(q, NULL);
 	return 0;
+}
+
+/* Percentile p (0..1) of n latencies, sorted in place. */
+static double
+pct(double *v, size_t n, double p)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n ? v[(size_t)(p * (n - 1))] : 0;
 }
 
 /*
@@ -231,8 +221,6 @@ sampler_start(void)
 	sampler.nlate = 0;
 	pthread_create(&sampler.th, NULL, sample, NULL);
 }
-
-static double pct(double *v, size_t n, double p);
 
 /* The most VmRSS seen; the most RssAnon in *anon, the p99 of the sleeps' lateness in *late99. */
 static uint64_t
@@ -442,14 +430,6 @@ out:
 	/* (the process's end closes the connection and frees the buffers) */
 }
 
-/* Percentile p (0..1) of n latencies, sorted in place. */
-static double
-pct(double *v, size_t n, double p)
-{
-	qsort(v, n, sizeof(*v), cmp_double);
-	return n ? v[(size_t)(p * (n - 1))] : 0;
-}
-
 /*
  * What gpxd's status says of its loop's longest turns; -1 if it did not answer.  top: the CPU
  * times of the four longest (GPXD_LOOP_CLOCKS=1).  A bound is held by all but the longest two:
@@ -491,6 +471,20 @@ loop_max(gpx_conn *c, struct turns *t)
 	gpx__query_reply__free_unpacked(q, NULL);
 	return 0;
 }
+
+/*
+ * What one turn of the loop may do meanwhile: copy and check at most 1 MiB of lists (what
+ * gpxd.conf(5) says), about 0.4 ms of work, so take less than 2 ms of the loop thread's CPU
+ * time (GPXD_LOOP_CLOCKS=1), and what the kernel takes to fault in the pages of that copy
+ * (T_TURN_LIST / 4096 of them), as fault_cost measures it here: the bursts' lists are
+ * allocated after the long ones were given back to the system (budget_release's trim), and on
+ * a virtual machine whose host backs a page only when it is first touched one fault took
+ * 14-30 us (256 of them: 3.6-7.7 ms), where it takes well under 1 us on most.  A turn's wall
+ * time also holds what the scheduler gave other threads meanwhile, on this machine or any busy
+ * one: it is shown, not bounded.
+ */
+#define T_TURN_LIST (1u << 20)
+#define T_TURN_CPU 0.002
 
 static void
 test_largest(void)
@@ -553,7 +547,7 @@ test_largest(void)
 	    "over %.1f s%s", n, p99 * 1e3, late99 * 1e3, lat[n ? n - 1 : 0] * 1e3, bad, res.secs, TIMED_SAYS);
 	struct turns tu;
 	int q = loop_max(c, &tu);
-	ok(q == 0 && tu.list > 0 && tu.list <= 1u << 20, "no turn of the loop checked more than 1 MiB of their lists "
+	ok(q == 0 && tu.list > 0 && tu.list <= T_TURN_LIST, "no turn of the loop checked more than 1 MiB of their lists "
 	    "(the rest went to task threads): %llu bytes at most", (unsigned long long)tu.list);
 	child_end(&ch);
 	/* Its connection ends with the process: what it held goes back to the system. */
@@ -588,19 +582,6 @@ static uint32_t T_SEGS = T_MAX;
 #define T_ROUNDS 6              /* of them, two in flight at a time */
 #define T_BURST 8               /* then lists just under 1 MiB each, sent back to back */
 #define T_BURST_SEGS 40000
-/*
- * What one turn of the loop may do meanwhile: copy and check at most 1 MiB of lists (what
- * gpxd.conf(5) says), about 0.4 ms of work, so take less than 2 ms of the loop thread's CPU
- * time (GPXD_LOOP_CLOCKS=1), and what the kernel takes to fault in the pages of that copy
- * (T_TURN_LIST / 4096 of them), as fault_cost measures it here: the bursts' lists are
- * allocated after the long ones were given back to the system (budget_release's trim), and on
- * a virtual machine whose host backs a page only when it is first touched one fault took
- * 14-30 us (256 of them: 3.6-7.7 ms), where it takes well under 1 us on most.  A turn's wall
- * time also holds what the scheduler gave other threads meanwhile, on this machine or any busy
- * one: it is shown, not bounded.
- */
-#define T_TURN_LIST (1u << 20)
-#define T_TURN_CPU 0.002
 
 /*
  * Seconds of CPU time to fault in one page of fresh anonymous memory: the most of 5 tries (on

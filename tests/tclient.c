@@ -171,14 +171,7 @@ raw_open_on(struct raw *w, const struct harness *h, uint32_t version)
 	if (w->ring == MAP_FAILED || buf_new(&w->mem, 65536) < 0)
 		return -1;
 
-	Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
-	Gpx__Register reg = GPX__REGISTER__INIT;
-	reg.kind = GPX__MEM_KIND__MEM_HOST;
-	reg.length = w->mem.len;
-	cm.seq = ++w->seq;
-	cm.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
-	cm.register_ = &reg;
-	if (harness_send(w->sock, &cm, &w->mem.fd, 1) < 0 ||
+	if (raw_send_register(w, w->mem.fd, w->mem.len) == 0 ||
 	    (m = harness_recv(w->sock, WAIT_MS, NULL, NULL, NULL)) == NULL)
 		return -1;
 	int r = m->reply->status == 0 && m->reply->body_case == GPX__REPLY__BODY_REGISTERED ? 0 : -1;
@@ -186,6 +179,20 @@ raw_open_on(struct raw *w, const struct harness *h, uint32_t version)
 		w->region = m->reply->registered->region;
 	gpx__daemon_msg__free_unpacked(m, NULL);
 	return r;
+}
+
+uint32_t
+raw_send_register(struct raw *w, int fd, uint64_t len)
+{
+	Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
+	Gpx__Register reg = GPX__REGISTER__INIT;
+
+	reg.kind = GPX__MEM_KIND__MEM_HOST;
+	reg.length = len;
+	cm.seq = ++w->seq;
+	cm.body_case = GPX__CLIENT_MSG__BODY_REGISTER;
+	cm.register_ = &reg;
+	return harness_send(w->sock, &cm, &fd, 1) < 0 ? 0 : cm.seq;
 }
 
 int
@@ -230,3 +237,22 @@ wait_head(struct raw *w, uint64_t want)
 	}
 	return ring_head(w) == want;
 }
+
+/* gpxd's status, unpacked (free with gpx__query_reply__free_unpacked); NULL if it did not answer. */
+Gpx__QueryReply *
+status_query(gpx_conn *c)
+{
+	void *buf;
+	size_t len;
+
+	if (gpx_query(c, GPX_Q_STATUS, &buf, &len) < 0)
+		return NULL;
+	Gpx__QueryReply *q = gpx__query_reply__unpack(NULL, len, buf);
+	free(buf);
+	if (q != NULL && q->status == NULL) {
+		gpx__query_reply__free_unpacked(q, NULL);
+		q = NULL;
+	}
+	return q;
+}
+

@@ -39,6 +39,8 @@ gpx_conn *client(const char *name);
 int wait_tag(gpx_conn *c, uint64_t tag, uint64_t *bytes);
 /* Collects every completion already delivered or arriving within ms. */
 int drain(gpx_conn *c, struct gpx_completion *out, int max, int ms);
+/* gpxd's status, unpacked (free with gpx__query_reply__free_unpacked); NULL if it did not answer. */
+Gpx__QueryReply *status_query(gpx_conn *c);
 
 /*
  * A raw client with a ring, for what the library would not do: Hello with an eventfd, the ring
@@ -59,6 +61,8 @@ int raw_open_on(struct raw *w, const struct harness *h, uint32_t version);     /
 int raw_open_v(struct raw *w, uint32_t version);
 int raw_open(struct raw *w);
 void raw_close(struct raw *w);
+/* Sends a Register of len bytes of host memory fd on w (its reply is the caller's to read): its seq, or 0. */
+uint32_t raw_send_register(struct raw *w, int fd, uint64_t len);
 uint64_t ring_head(struct raw *w);
 bool wait_head(struct raw *w, uint64_t want);
 
