@@ -262,6 +262,7 @@ struct user {
 	uint32_t exports;
 	atomic_uint inflight;
 	atomic_uint_fast64_t charged;   /* bytes of its budget its transfers and entries hold */
+	atomic_uint pooled;          /* grains of a shared pool it holds (struct pool: the page arena) */
 	struct logrl log;            /* its share of the log (log.c) */
 	struct uqueue *uq;           /* its queues, one per path (engine.c, engine lock) */
 	TAILQ_ENTRY(user) entry;
@@ -339,6 +340,23 @@ void maps_give(void);
 uint32_t maps_used(void);
 uint64_t maps_refused(void);             /* requests refused by it */
 uint32_t maps_default(void);             /* three quarters of vm.max_map_count */
+/*
+ * A pool of fixed size that transfers in flight hold runs of, shared by the uids: the page
+ * kernel's pinned arena (gpu-copy.c).  One uid holds at most its share (half the pool), so
+ * that another always finds that much not held by it.  First fit; the caller locks.
+ * pool_take: the run's first grain, or -ENOSPC (no free run that long), -EDQUOT (the uid's
+ * share would be passed) or -E2BIG (longer than a share: never).
+ */
+struct pool {
+	uint32_t grains;             /* in all */
+	uint32_t share;              /* the most one uid holds */
+	uint16_t *len;               /* at a run's first grain: its grains; 0: none starts there */
+	struct user **owner;         /* at a run's first grain: who holds it */
+	bool *used;
+	uint64_t refused[2];         /* takes refused: [0] no free run, [1] the uid's share */
+};
+int64_t pool_take(struct pool *, uint32_t need, struct user *);
+void pool_give(struct pool *, uint32_t first);
 
 /* ---- mem-*.c: memory kinds behind one interface ---- */
 #define DEV_HOST (-1)

@@ -6,6 +6,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -391,4 +392,44 @@ test_engine_small_first(void)
 	engine_shutdown();
 	fake_conn_free(&f);
 	cq_unref(q);
+}
+
+/*
+ * A pool the uids share (user.c, the page kernel's arena): one uid holds at most its share,
+ * so another finds the rest; a take that finds no free run that long is told apart from one
+ * past the share; what is given back is the uid's again.
+ */
+void
+test_pool_shares(void)
+{
+	uint16_t len[16] = { 0 };
+	struct user *owner[16] = { NULL };
+	bool used[16] = { false };
+	struct pool p = { 16, 8, len, owner, used, { 0, 0 } };
+	struct user *a = user_get(5001), *b = user_get(5002), *c = user_get(5003);
+
+	ok(pool_take(&p, 4, a) == 0 && pool_take(&p, 4, a) == 4 && atomic_load(&a->pooled) == 8,
+	    "a uid takes runs up to its share (8 of 16 grains)");
+	ok(pool_take(&p, 1, a) == -EDQUOT && p.refused[1] == 1 && atomic_load(&a->pooled) == 8,
+	    "one grain more is past its share: -EDQUOT, counted, nothing taken");
+	ok(pool_take(&p, 8, b) == 8 && atomic_load(&b->pooled) == 8, "another uid takes the other half whole");
+	ok(pool_take(&p, 1, c) == -ENOSPC && p.refused[0] == 1 && atomic_load(&c->pooled) == 0,
+	    "a third finds no free grain: -ENOSPC, counted");
+	pool_give(&p, 0);
+	ok(atomic_load(&a->pooled) == 4 && !used[0] && !used[3] && used[4], "a run given back is free, and off its uid");
+	ok(pool_take(&p, 5, c) == -ENOSPC, "a run longer than any free one is not found");
+	ok(pool_take(&p, 4, c) == 0 && atomic_load(&c->pooled) == 4, "one that fits the free run is");
+	ok(pool_take(&p, 4, a) == -ENOSPC, "a uid within its share is still told when the pool is full");
+	pool_give(&p, 0);
+	pool_give(&p, 4);
+	pool_give(&p, 8);
+	bool any = false;
+	for (int i = 0; i < 16; i++)
+		any |= used[i] || len[i] != 0 || owner[i] != NULL;
+	ok(!any && atomic_load(&a->pooled) == 0 && atomic_load(&b->pooled) == 0 && atomic_load(&c->pooled) == 0,
+	    "all given back: the pool is empty and no uid holds a grain");
+	ok(pool_take(&p, 9, a) == -E2BIG && p.refused[1] == 1, "a run longer than the share is refused as never "
+	    "fitting (-E2BIG), not counted");
+	ok(pool_take(&p, 8, a) == 0, "and one of the whole share taken");
+	pool_give(&p, 0);
 }

@@ -37,6 +37,7 @@ main(void)
 	test_xfer_check();
 	test_engine_chunks();
 	test_engine_small_first();
+	test_pool_shares();
 
 	char cmd[128];
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);

@@ -22,5 +22,6 @@ void test_host_copy(void);
 void test_xfer_check(void);
 void test_engine_chunks(void);
 void test_engine_small_first(void);
+void test_pool_shares(void);
 
 #endif

@@ -327,6 +327,42 @@ uid_budget(struct user *u, void *arg)
 		    (unsigned long long)held);
 }
 
+struct arena_out {
+	struct evbuffer *b;
+	uint64_t grain;
+};
+
+static void
+uid_arena(struct user *u, void *arg)
+{
+	const struct arena_out *o = arg;
+	unsigned held = atomic_load(&u->pooled);
+
+	if (held > 0)
+		evbuffer_add_printf(o->b, "gpx_page_arena_uid_bytes{uid=\"%u\"} %llu\n", (unsigned)u->uid,
+		    (unsigned long long)(held * o->grain));
+}
+
+/* The page kernel's pinned arena (gpu-copy.c): its size, one uid's share, what each uid holds. */
+static void
+render_arena(struct evbuffer *b)
+{
+	struct gpu_arena a;
+
+	gpu_pages_stats(&a);
+	if (a.size == 0)
+		return;
+	struct arena_out o = { b, a.grain };
+	single(b, "gpx_page_arena_bytes", "gauge", "The page kernel's pinned arena for page lists in flight.", a.size);
+	single(b, "gpx_page_arena_share_bytes", "gauge", "The most of it one uid's transfers hold.", a.share);
+	head(b, "gpx_page_arena_uid_bytes", "gauge", "What a uid's page transfers in flight hold of the arena.");
+	user_visit(uid_arena, &o);
+	head(b, "gpx_page_arena_refused_total", "counter", "Page lists the arena did not take: full (no free run "
+	    "that long) or share (the uid's share would be passed); lists in host memory then go as segments.");
+	evbuffer_add_printf(b, "gpx_page_arena_refused_total{reason=\"full\"} %llu\n", (unsigned long long)a.refused[0]);
+	evbuffer_add_printf(b, "gpx_page_arena_refused_total{reason=\"share\"} %llu\n", (unsigned long long)a.refused[1]);
+}
+
 /* The budgets (user.c): what is held against them, their limits, the requests refused by each. */
 static void
 render_budgets(struct evbuffer *b)
@@ -414,6 +450,7 @@ render(struct evbuffer *b, struct snapshot *sn)
 		evbuffer_add_printf(b, "gpx_event_loop_max_cpu_seconds %.6f\n", loop_turn_cpu_max());
 	}
 	render_budgets(b);
+	render_arena(b);
 
 	struct fabric_gpu_stats st = { 0 };
 	if (fabric != NULL)

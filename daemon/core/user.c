@@ -7,10 +7,12 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <malloc.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "daemon/gpxd.h"
 
@@ -254,6 +256,41 @@ uint32_t
 maps_used(void)
 {
 	return atomic_load(&maps_held);
+}
+
+/* ---- a pool that uids hold runs of (the page arena) ---- */
+
+int64_t
+pool_take(struct pool *p, uint32_t need, struct user *u)
+{
+	if (need > p->share)
+		return -E2BIG;
+	if (atomic_load(&u->pooled) + (uint64_t)need > p->share) {
+		p->refused[1]++;
+		return -EDQUOT;
+	}
+	for (uint32_t i = 0, run = 0; i < p->grains; i++) {
+		run = p->used[i] ? 0 : run + 1;
+		if (run == need) {
+			uint32_t first = i + 1 - need;
+			memset(&p->used[first], 1, need);
+			p->len[first] = (uint16_t)need;
+			p->owner[first] = u;
+			atomic_fetch_add(&u->pooled, need);
+			return first;
+		}
+	}
+	p->refused[0]++;
+	return -ENOSPC;
+}
+
+void
+pool_give(struct pool *p, uint32_t first)
+{
+	memset(&p->used[first], 0, p->len[first]);
+	atomic_fetch_sub(&p->owner[first]->pooled, p->len[first]);
+	p->len[first] = 0;
+	p->owner[first] = NULL;
 }
 
 uint64_t

@@ -7,6 +7,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +173,27 @@ pages_copy_of(const struct job *j)
 }
 
 /*
+ * A page list the GPU's kernel would run but its pinned arena did not take (gpu_pages_alloc
+ * said why): busy, for it fits once some page transfers in flight have ended.
+ */
+static int
+arena_refusal(int dev, int refused, const struct user *u, char *err, size_t errlen)
+{
+	struct gpu_arena a;
+
+	gpu_pages_stats(&a);
+	if (refused == -EDQUOT)
+		snprintf(err, errlen, "GPU%d's page kernel: uid %u's page transfers in flight hold its share of the "
+		    "kernel's pinned arena for page lists (%llu of %llu bytes), and this one needs more: retry once "
+		    "some have ended", dev, (unsigned)u->uid, (unsigned long long)a.share, (unsigned long long)a.size);
+	else
+		snprintf(err, errlen, "GPU%d's page kernel has no room left for another transfer in flight (its "
+		    "pinned arena for page lists, %llu bytes, is taken): retry once some have ended", dev,
+		    (unsigned long long)a.size);
+	return -GPX__STATUS__EBUSY;
+}
+
+/*
  * A list in GPU memory (protocol 4): the kernel of the GPU that runs the pairs reads it in
  * place and copies only the pages below each side's limit (the same limits as the check of
  * a list in host memory: the fewest whole pages any pair has on that side), so that nothing
@@ -179,22 +201,20 @@ pages_copy_of(const struct job *j)
  * memory as a list: a job that kernel cannot run is refused.
  */
 static int
-pages_in_gpu(struct job *j, uint64_t ps, const struct region *list, uint64_t list_off, char *err, size_t errlen)
+pages_in_gpu(struct job *j, uint64_t ps, const struct region *list, uint64_t list_off, struct user *u, char *err,
+    size_t errlen)
 {
 	uint64_t ls, ld;
-	int dev = -1;
+	int dev = -1, refused;
 
 	if (!pages_limits(j, ps, &ls, &ld)) {
 		snprintf(err, errlen, "a side of the pairs holds no whole page of %llu bytes", (unsigned long long)ps);
 		return -GPX__STATUS__ERANGE;
 	}
-	if ((j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, 0, list, list_off, &j->list_addr, &j->oob,
-	    &dev)) == NULL && dev >= 0) {
-		/* (the kernel would run it, but its pinned arena is taken by page transfers in flight) */
-		snprintf(err, errlen, "GPU%d's page kernel has no room left for another transfer in flight "
-		    "(its pinned arena is full): retry once some have ended", dev);
-		return -GPX__STATUS__EBUSY;
-	}
+	j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, 0, list, list_off, &j->list_addr, &j->oob, u, &dev,
+	    &refused);
+	if (j->pages == NULL && refused != 0)
+		return arena_refusal(dev, refused, u, err, errlen);
 	if (j->pages == NULL) {
 		snprintf(err, errlen, "a page list in GPU memory is read by the page kernel of the GPU that runs "
 		    "the copy, and none runs this one (a side in host memory, pairs on several GPUs, a page size "
@@ -221,7 +241,7 @@ xfer_pages_prepare(struct job *j, uint32_t n, uint64_t ps, const struct region *
     const struct xfer_from *c, struct charge *ch, uint64_t *work, enum xfer_list *want, char *err, size_t errlen)
 {
 	const uint64_t items = (uint64_t)j->npairs * n;
-	int dev;
+	int dev = -1, refused, r;
 
 	*want = LIST_NONE;
 	for (uint32_t k = 0; k < j->npairs; k++)
@@ -242,10 +262,14 @@ xfer_pages_prepare(struct job *j, uint32_t n, uint64_t ps, const struct region *
 		j->pairs[k].bytes = n * ps;
 	}
 	if (list != NULL)
-		return pages_in_gpu(j, ps, list, list_off, err, errlen);
+		return pages_in_gpu(j, ps, list, list_off, c->user, err, errlen);
 	*work += (uint64_t)n * sizeof(struct gpx_wire_page);
-	/* (the kernel's list lies in an arena of fixed size, allocated at start: not charged) */
-	if ((j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, n, NULL, 0, NULL, NULL, &dev)) != NULL) {
+	/*
+	 * (the kernel's list lies in an arena of fixed size, allocated at start: not charged; where
+	 * it has no room, or not within the uid's share, the pages go as segments, charged)
+	 */
+	if ((j->pages = gpu_pages_alloc(j->pairs, j->npairs, ps, n, NULL, 0, NULL, NULL, c->user, &dev,
+	    &refused)) != NULL) {
 		j->path = (enum path_kind)(PATH_GPU0 + dev);      /* that GPU's kernel runs it */
 		return 0;
 	}
@@ -255,7 +279,10 @@ xfer_pages_prepare(struct job *j, uint32_t n, uint64_t ps, const struct region *
 	}
 	*want = LIST_SEGS;
 	*work += xfer_segs_bytes(j->nseg);
-	return xfer_segs_charge(j, ch, c, err, errlen);
+	r = xfer_segs_charge(j, ch, c, err, errlen);
+	if (r < 0 && refused != 0)
+		return arena_refusal(dev, refused, c->user, err, errlen);   /* (as segments it never fits) */
+	return r;
 }
 
 /*

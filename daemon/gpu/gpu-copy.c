@@ -141,14 +141,21 @@ gpu_chunks_from(const struct chunk_source *s)
 
 /* ---- the page arena: pinned page lists the kernel reads in place ---- */
 
-#define ARENA_SIZE (16u << 20)        /* 2M pages in flight */
+/*
+ * 4M pages in flight, one uid's at most 2M: a share holds the largest request under the
+ * default max_segments (1M pages for 16,384 pairs: 8.25 MiB).
+ */
+#define ARENA_SIZE (32u << 20)
 #define ARENA_GRAIN (64u << 10)
 #define ARENA_GRAINS (ARENA_SIZE / ARENA_GRAIN)
 
 static pthread_mutex_t arena_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned char *arena;                     /* NULL: none (no kernel) */
-static uint16_t arena_len[ARENA_GRAINS];        /* at a list's first grain: its grains; 0: free */
+static uint16_t arena_len[ARENA_GRAINS];
+static struct user *arena_owner[ARENA_GRAINS];
 static bool arena_used[ARENA_GRAINS];
+/* Runs of grains, one uid at most half of them (user.c: pool_take). */
+static struct pool arena_pool = { ARENA_GRAINS, ARENA_GRAINS / 2, arena_len, arena_owner, arena_used, { 0, 0 } };
 
 static bool kernel_takes(int dev, const struct region *src, const struct region *dst, uint64_t avg);
 
@@ -175,7 +182,7 @@ kpairs_at(uint32_t n)
 
 struct gpx_wire_page *
 gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size, uint32_t n, const struct region *list,
-    uint64_t list_off, uint64_t *list_addr, volatile uint32_t **oob, int *devp)
+    uint64_t list_off, uint64_t *list_addr, volatile uint32_t **oob, struct user *u, int *devp, int *refused)
 {
 	/*
 	 * Between two GPUs the destination's kernel runs it, loading over the link and storing
@@ -188,8 +195,11 @@ gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size, 
 	const uint64_t need = (bytes + ARENA_GRAIN - 1) / ARENA_GRAIN;
 	struct gpx_wire_page *p = NULL;
 	uint64_t la = 0;
+	int64_t first;
 
-	if (arena == NULL || dev == DEV_HOST || dev >= ngpus || need > ARENA_GRAINS)
+	*refused = 0;
+	/* (a list longer than one uid's share never runs from the arena) */
+	if (arena == NULL || dev == DEV_HOST || dev >= ngpus || need > arena_pool.share)
 		return NULL;
 	for (uint32_t k = 0; k < npairs; k++)
 		if ((pairs[k].dst->dev != DEV_HOST ? pairs[k].dst->dev : pairs[k].src->dev) != dev ||
@@ -198,18 +208,12 @@ gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size, 
 	if (list != NULL && (list->dev == DEV_HOST || (la = addr_on(list, dev)) == 0))
 		return NULL;
 	pthread_mutex_lock(&arena_lock);
-	for (uint32_t i = 0, run = 0; i < ARENA_GRAINS; i++) {
-		run = arena_used[i] ? 0 : run + 1;
-		if (run == need) {
-			uint32_t first = i + 1 - (uint32_t)need;
-			memset(&arena_used[first], 1, need);
-			arena_len[first] = (uint16_t)need;
-			p = (struct gpx_wire_page *)(arena + (size_t)first * ARENA_GRAIN);
-			break;
-		}
-	}
+	first = pool_take(&arena_pool, (uint32_t)need, u);
 	pthread_mutex_unlock(&arena_lock);
-	if (p != NULL) {
+	if (first < 0)
+		*refused = (int)first;
+	else {
+		p = (struct gpx_wire_page *)(arena + (size_t)first * ARENA_GRAIN);
 		struct gpu_kpair *kp = (struct gpu_kpair *)((unsigned char *)p + kpairs_at(list != NULL ? 0 : n));
 		for (uint32_t k = 0; k < npairs; k++)
 			kp[k] = (struct gpu_kpair){ addr_on(pairs[k].src, dev) + pairs[k].src_base,
@@ -231,8 +235,16 @@ gpu_pages_free(struct gpx_wire_page *p)
 		return;
 	uint32_t first = (uint32_t)(((unsigned char *)p - arena) / ARENA_GRAIN);
 	pthread_mutex_lock(&arena_lock);
-	memset(&arena_used[first], 0, arena_len[first]);
-	arena_len[first] = 0;
+	pool_give(&arena_pool, first);
+	pthread_mutex_unlock(&arena_lock);
+}
+
+void
+gpu_pages_stats(struct gpu_arena *s)
+{
+	pthread_mutex_lock(&arena_lock);
+	*s = (struct gpu_arena){ arena != NULL ? ARENA_SIZE : 0, ARENA_GRAIN, (uint64_t)arena_pool.share * ARENA_GRAIN,
+	    { arena_pool.refused[0], arena_pool.refused[1] } };
 	pthread_mutex_unlock(&arena_lock);
 }
 

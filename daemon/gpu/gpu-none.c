@@ -34,9 +34,11 @@ void gpu_host_unpin(void *map) { (void)map; }
 void gpu_cache_stats(struct gpu_cache *s) { memset(s, 0, sizeof(*s)); }
 bool gpu_released(struct region *r) { (void)r; return true; }
 struct gpx_wire_page *gpu_pages_alloc(const struct jpair *s, uint32_t np, uint64_t ps, uint32_t n,
-    const struct region *l, uint64_t lo, uint64_t *la, volatile uint32_t **oob, int *dev)
-{ (void)s; (void)np; (void)ps; (void)n; (void)l; (void)lo; (void)la; (void)oob; (void)dev; return NULL; }
+    const struct region *l, uint64_t lo, uint64_t *la, volatile uint32_t **oob, struct user *u, int *dev,
+    int *refused)
+{ (void)s; (void)np; (void)ps; (void)n; (void)l; (void)lo; (void)la; (void)oob; (void)u; (void)dev; *refused = 0; return NULL; }
 void gpu_pages_free(struct gpx_wire_page *p) { (void)p; }
+void gpu_pages_stats(struct gpu_arena *s) { memset(s, 0, sizeof(*s)); }
 bool gpu_vmm_fd_ok(int fd, char *err, size_t errlen) { (void)fd; snprintf(err, errlen, "no GPU support"); return false; }
 int vmm_check(const struct region *r, char *err, size_t errlen) { (void)r; snprintf(err, errlen, "no GPU support"); return -GPX__STATUS__ENOTSUP; }
 int vmm_bind(struct region *r, uint32_t *m, uint32_t *nm, char *err, size_t errlen)

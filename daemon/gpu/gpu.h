@@ -50,12 +50,19 @@ int gpu_dev_by_uuid(const uint8_t uuid[16]);            /* -1: no such GPU here 
  * records: the pairs, then the word the kernel sets for a page out of its region (*oob,
  * cleared), and in *list_addr where that GPU's kernel reads the list; NULL where no such
  * kernel can (nor a mapping of list on its GPU), and NULL with *dev set where it could but the
- * arena has no room.
+ * arena has no room: *refused -ENOSPC (no free run that long) or -EDQUOT (u, the uid the
+ * transfer is charged to, would hold more than its share, half the arena).
  */
 struct gpx_wire_page *gpu_pages_alloc(const struct jpair *pairs, uint32_t npairs, uint64_t page_size,
     uint32_t n, const struct region *list, uint64_t list_off, uint64_t *list_addr, volatile uint32_t **oob,
-    int *dev);
+    struct user *u, int *dev, int *refused);
 void gpu_pages_free(struct gpx_wire_page *);
+/* The arena: its size (0: none), grain and one uid's share in bytes, takes refused for room and for share. */
+struct gpu_arena {
+	uint64_t size, grain, share;
+	uint64_t refused[2];
+};
+void gpu_pages_stats(struct gpu_arena *);
 
 /* ---- vmm.c: cuda-vmm memory, mirrors of clients' reservations (mem_cuda_vmm_ops) ---- */
 int vmm_check(const struct region *r, char *err, size_t errlen);

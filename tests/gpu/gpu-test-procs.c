@@ -2,8 +2,9 @@
  * The GPU tests with other processes (tests/gpu/gpu-test.c runs them, and runs the child roles
  * when it is re-executed as one): a client that copies into another process's exported VMM
  * buffer and notifies it, a client killed mid-copy and what gpxd releases, an owner that
- * frees its buffer while a copy reads it, and the latency of 4 KiB copies while another
- * client (of another uid when run as root) keeps a GPU's copy worker full of 1 GiB copies.
+ * frees its buffer while a copy reads it, the latency of 4 KiB copies while another
+ * client (of another uid when run as root) keeps a GPU's copy worker full of 1 GiB copies,
+ * and the page kernel's arena shared by two uids.
  */
 #include "config.h"
 
@@ -417,4 +418,184 @@ test_owner_frees(const char *self, const char *sock, gpx_conn *c, struct buf *ds
 	gpx_deregister(c, r);
 	fclose(out);
 	fclose(in);
+}
+
+/*
+ * The page kernel's pinned arena (gpu-copy.c): this uid's page transfers in flight try to fill
+ * it, and past its share (half) the next is refused as busy, while another uid's transfer
+ * still finds room.  The other client is uid 1010 (so this runs as root), and uses no CUDA,
+ * only regions this process exports to it: it runs under MPS too.
+ */
+#define ARENA_JOBS 40             /* this uid's transfers: more than fill the arena */
+#define ARENA_PAIRS 256           /* each one's pairs, all alike: 128 GiB moved, tens of ms */
+#define ARENA_PAGES 131072        /* each one's host list: 1 MiB (the harness's max_segments) */
+#define OTHER_PAGES 8             /* the other uid's table, in GPU memory, for 16,384 pairs */
+#define ARENA_GRAIN (64u << 10)
+
+/* Imports the three regions, then on "GO" copies the table's pages for 16,384 pairs. */
+int
+child_arena(const char *sock)
+{
+	struct gpx_pair *p = calloc(GPX_PAIRS_MAX, sizeof(*p));
+	struct gpx_completion done;
+	gpx_region s, d, t;
+	uint64_t len;
+	gpx_conn *c;
+	char line[16];
+
+	if (geteuid() == 0 && (setgid(1010) < 0 || setuid(1010) < 0))
+		return 9;
+	if (gpx_connect(sock, "arena", &c) < 0)
+		return 10;
+	if (gpx_import(c, "gpu-test-arena-src", &s, &len) < 0 || gpx_import(c, "gpu-test-arena-dst", &d, &len) < 0 ||
+	    gpx_import(c, "gpu-test-arena-table", &t, &len) < 0)
+		return 11;
+	printf("READY\n");
+	fflush(stdout);
+	if (fgets(line, sizeof(line), stdin) == NULL)
+		return 12;
+	for (int i = 0; i < GPX_PAIRS_MAX; i++)
+		p[i] = (struct gpx_pair){ .src = s, .dst = d };
+	int r = gpx_copy_pages_batch_table(c, p, GPX_PAIRS_MAX, 4096, t, 0, OTHER_PAGES, 1);
+	r = r ? r : gpx_wait_tag(c, 1, &done, 60000);
+	r = r ? r : done.status;
+	printf("DONE %d %s\n", r, r != 0 ? gpx_last_error(c) : "");
+	fflush(stdout);
+	return 0;
+}
+
+static CUdeviceptr
+arena_buf(gpx_conn *c, size_t len, const void *from, const char *export, gpx_region *r)
+{
+	struct gpx_export_opts o = { .rule = GPX_EXPORT_ANY };
+	CUdeviceptr d;
+
+	CK(cuMemAlloc(&d, len));
+	if (from != NULL)
+		CK(cuMemcpyHtoD(d, from, len));
+	else
+		CK(cuMemsetD8(d, 0, len));
+	if (gpx_register_cuda(c, (void *)d, len, 0, r) < 0 || (export != NULL && gpx_export(c, *r, export, &o) < 0))
+		tap_bail("arena_buf: %s", gpx_last_error(c));
+	return d;
+}
+
+/* This uid's bytes of the arena and the share, from the metrics (-1: no line). */
+static void
+arena_held(double *mine, double *other, double *share, double *refused)
+{
+	char *page = harness_metrics(the_harness);
+
+	*mine = page ? metrics_sample(page, "gpx_page_arena_uid_bytes{uid=\"0\"}") : -1;
+	*other = page ? metrics_sample(page, "gpx_page_arena_uid_bytes{uid=\"1010\"}") : -1;
+	*share = page ? metrics_sample(page, "gpx_page_arena_share_bytes") : -1;
+	*refused = page ? metrics_sample(page, "gpx_page_arena_refused_total{reason=\"share\"}") : -1;
+	free(page);
+}
+
+void
+test_arena_share(const char *self, const char *sock, gpx_conn *c)
+{
+	const uint32_t slots = BUF / 4096;
+	unsigned char *src = malloc(BUF), *want = calloc(1, BUF), *want2 = calloc(1, BUF), *got = malloc(BUF);
+	uint32_t *sp = malloc(ARENA_PAGES * sizeof(*sp)), *dp = malloc(ARENA_PAGES * sizeof(*dp));
+	uint32_t t2[2 * OTHER_PAGES];
+	struct gpx_pair pa[ARENA_PAIRS];
+	struct gpx_completion done;
+	double mine, other, share, refused0, refused;
+	gpx_region rs, rd, rd2, rt2;
+	char line[512] = "";
+
+	if (geteuid() != 0) {
+		tap_skip(8, "the page arena's share: the other client must be another uid, so this runs as root");
+		return;
+	}
+	rnd_fill(src, BUF);
+	/* Each destination page always gets the same source page: the order of the writes is free. */
+	for (uint32_t i = 0; i < ARENA_PAGES; i++) {
+		dp[i] = (uint32_t)((i * 7919ull) % slots);
+		sp[i] = (uint32_t)((dp[i] * 2654435761ull >> 7) % slots);
+	}
+	for (uint32_t q = 0; q < slots; q++)
+		memcpy(want + (size_t)q * 4096, src + (size_t)((q * 2654435761ull >> 7) % slots) * 4096, 4096);
+	for (uint32_t k = 0; k < OTHER_PAGES; k++) {
+		t2[k] = (uint32_t)(rnd() % slots);
+		t2[OTHER_PAGES + k] = k * 523 % slots;     /* distinct */
+		memcpy(want2 + (size_t)t2[OTHER_PAGES + k] * 4096, src + (size_t)t2[k] * 4096, 4096);
+	}
+	CK(cuCtxSetCurrent(ctx[0]));
+	CUdeviceptr s = arena_buf(c, BUF, src, "gpu-test-arena-src", &rs), d = arena_buf(c, BUF, NULL, NULL, &rd),
+	    d2 = arena_buf(c, BUF, NULL, "gpu-test-arena-dst", &rd2),
+	    t = arena_buf(c, sizeof(t2), t2, "gpu-test-arena-table", &rt2);
+	for (int k = 0; k < ARENA_PAIRS; k++)
+		pa[k] = (struct gpx_pair){ .src = rs, .dst = rd };
+	arena_held(&mine, &other, &share, &refused0);
+
+	char *argv[] = { (char *)self, "arena", (char *)sock, NULL };
+	FILE *out, *in;
+	pid_t pid = spawn(self, argv, &out, &in);
+	if (!ok(pid > 0 && wait_line(out, "READY"), "a client of uid 1010 imported the regions")) {
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		return;
+	}
+	int sub = 0, busy = 0, fine = 0, bad = 0;
+	for (int i = 0; i < ARENA_JOBS; i++)
+		sub += gpx_copy_pages_batch(c, pa, ARENA_PAIRS, 4096, sp, dp, ARENA_PAGES, 7000 + i) == 0;
+	/* Up to the first refusal: the transfers before it are checked and hold their lists. */
+	while (busy == 0 && bad == 0 && gpx_wait(c, &done, 1, 30000) == 1)
+		done.status == -GPX_EBUSY ? busy++ : done.status == 0 ? fine++ : bad++;
+	arena_held(&mine, &other, &share, &refused);
+	ok(sub == ARENA_JOBS && busy == 1 && bad == 0 && share > 0 && mine <= share && mine > share - 17 * ARENA_GRAIN,
+	    "of %d page transfers of this uid in flight, each holding 17 of the arena's 64 KiB grains, one is "
+	    "refused as busy once they hold %.0f of its share of %.0f bytes (%d ended before: %s)", sub, mine, share,
+	    fine, gpx_last_error(c));
+
+	fputs("GO\n", in);
+	fflush(in);
+	bool said = line_within(out, line, sizeof(line), CHILD_WAIT_MS);
+	line[strcspn(line, "\n")] = '\0';
+	ok(said && strcmp(line, "DONE 0 ") == 0, "meanwhile uid 1010's page transfer finds room and ends: %s",
+	    said ? line : "it said nothing");
+	int e = gpx_copy_pages_batch(c, pa, ARENA_PAIRS, 4096, sp, dp, ARENA_PAGES, 7999);
+	e = e ? e : gpx_wait_tag(c, 7999, &done, 30000);
+	e = e ? e : done.status;
+	ok(e == -GPX_EBUSY && strstr(gpx_last_error(c), "its share") != NULL, "after it, this uid's next is still "
+	    "refused for its share (%s: %s): its transfers held it while the other's was checked", gpx_strerror(e),
+	    gpx_last_error(c));
+	if (e == 0)
+		fine++;
+	/* The rest: refused at once, or ended in order. */
+	while (busy + fine + bad < ARENA_JOBS && gpx_wait(c, &done, 1, 60000) == 1)
+		done.status == -GPX_EBUSY ? busy++ : done.status == 0 ? fine++ : bad++;
+	ok(bad == 0 && busy + fine == ARENA_JOBS && fine * 17 * ARENA_GRAIN <= share, "%d ended, %d refused as "
+	    "busy, none otherwise (%d): no more than a share's worth ran at once", fine, busy, bad);
+	arena_held(&mine, &other, &share, &refused);
+	ok(mine < 0 && other < 0 && refused - refused0 >= busy, "then neither uid holds any of the arena, and the "
+	    "metrics counted %.0f refusals for the share", refused - refused0);
+	CK(cuMemcpyDtoH(got, d, BUF));
+	ok(memcmp(got, want, BUF) == 0, "this uid's transfers that ran copied every page, verified");
+	CK(cuMemcpyDtoH(got, d2, BUF));
+	ok(memcmp(got, want2, BUF) == 0, "the other uid's %u pages x 16,384 pairs, verified", OTHER_PAGES);
+
+	waitpid(pid, NULL, 0);
+	fclose(out);
+	fclose(in);
+	gpx_unexport(c, "gpu-test-arena-src");
+	gpx_unexport(c, "gpu-test-arena-dst");
+	gpx_unexport(c, "gpu-test-arena-table");
+	gpx_deregister(c, rs);
+	gpx_deregister(c, rd);
+	gpx_deregister(c, rd2);
+	gpx_deregister(c, rt2);
+	cuMemFree(s);
+	cuMemFree(d);
+	cuMemFree(d2);
+	cuMemFree(t);
+	free(src);
+	free(want);
+	free(want2);
+	free(got);
+	free(sp);
+	free(dp);
 }

@@ -211,6 +211,8 @@ main(int argc, char **argv)
 		return child_victim(argv[2], atoi(argv[3]));
 	if (argc >= 5 && strcmp(argv[1], "freer") == 0)
 		return child_freer(argv[2], argv[3], atoi(argv[4]));
+	if (argc >= 3 && strcmp(argv[1], "arena") == 0)
+		return child_arena(argv[2]);
 	if (argc >= 5 && strcmp(argv[1], "hog") == 0)
 		return child_hog(argv[2], atoi(argv[3]), argv[4], argc >= 6 && strcmp(argv[5], "mps") == 0);
 
@@ -275,6 +277,7 @@ main(int argc, char **argv)
 	test_two_processes(self, h.sock, c, ndev > 1 ? 1 : 0);
 	test_client_dies(self, h.sock, c, &bufs[1], &bufs[2], 0);
 	test_owner_frees(self, h.sock, c, &bufs[2], 0);
+	test_arena_share(self, h.sock, c);
 	test_small_under_load(self, h.sock, c, &bufs[1], &bufs[2], 0);
 	test_matrix(c, bufs, nb > 3 ? 3 : nb);
 	test_forged(&h);

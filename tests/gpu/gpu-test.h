@@ -78,10 +78,12 @@ int child_owner(const char *sock, const char *name, int dev);
 int child_victim(const char *sock, int dev);
 int child_freer(const char *sock, const char *name, int dev);
 int child_hog(const char *sock, int dev, const char *mode, bool same_uid);
+int child_arena(const char *sock);
 void test_two_processes(const char *self, const char *sock, gpx_conn *c, int dev);
 void test_client_dies(const char *self, const char *sock, gpx_conn *c, struct buf *a, struct buf *b, int dev);
 void test_owner_frees(const char *self, const char *sock, gpx_conn *c, struct buf *dst, int dev);
 void test_small_under_load(const char *self, const char *sock, gpx_conn *c, struct buf *a, struct buf *b, int dev);
+void test_arena_share(const char *self, const char *sock, gpx_conn *c);
 
 /* ---- gpu-test-refuse.c ---- */
 
