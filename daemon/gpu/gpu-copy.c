@@ -66,6 +66,7 @@ enum { S_BULK, S_BULK2, S_QUICK, NSTREAMS };     /* bulk chunks alternate betwee
 struct pend {
 	struct chunk c;
 	uint64_t seq;
+	uint64_t seq2;                /* a split chunk's: and S_BULK2's word reaching this (0: none) */
 	uint64_t t_issue, due;        /* ns: when queued; when it should end (0: not known) */
 	int stream;
 	int slot;
@@ -110,6 +111,7 @@ struct gdev {
 static struct gdev *gpus;              /* one per device, allocated at start */
 static atomic_uint_fast64_t naps;       /* gpu_naps */
 static atomic_uint_fast64_t batched;    /* gpu_batched */
+static atomic_uint_fast64_t splits;     /* gpu_split */
 static int ngpus;                       /* workers started */
 /*
  * Fault injection for the test suite: GPXD_FAULT_INJECT=sticky makes the first copy launch a
@@ -409,7 +411,14 @@ tile_size(uint64_t bytes, uint32_t entries)
  * gpxd's bulk streams did; cuMemcpyBatchAsync 0.62x), a program's own kernel over 32 KiB
  * tiles with the whole GPU at 0.94x, and gpxd with tiles 0.77-0.82x
  * (tests/results/gpu-tensors-h200.txt).  Larger tensors keep the copy engine, which then loses
- * little to its per-copy cost; copies between GPUs and with host memory keep it too.
+ * little to its per-copy cost; copies with host memory keep it too.
+ * Between GPUs, a chunk of many large segments is split (split_worth): on S_BULK the copy
+ * engine takes its segments in order up to half its bytes, on S_BULK2 the kernel the rest, in
+ * tiles, and the chunk ends when both have.  Either alone leaves the link idle at times (a copy
+ * engine between its copies, the kernel as its warps run out of tiles); together they fill it.
+ * For the 338 tensors of a 2.9 GiB weight push GPU0 -> GPU1 on two H100 (NV18), against one
+ * flat copy: one cuMemcpyAsync each 0.884x, the kernel alone 0.933x, the two side by side
+ * 0.966x-0.970x; gpxd's push went from 0.91x to 0.96x (tests/results/gpu2-h100-split.txt).
  * A chunk of the quick stream sends every segment the kernel reaches to it, up to
  * GPU_KFEW_MAX of them by value (gpx_copy_few): such a copy uses no copy engine.  The stream's
  * priority orders copies within gpxd's copy engines only; under MPS the engines are shared
@@ -418,7 +427,7 @@ tile_size(uint64_t bytes, uint32_t entries)
  * (memory not mapped in this context) keep the copy engine.
  */
 static int
-issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, bool *signaled)
+issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, bool split, bool *signaled, uint64_t *seq2)
 {
 	struct job *j = c->job;
 	const uint32_t pieces = c->pieces ? c->pieces : 1;
@@ -429,8 +438,8 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, bool *sign
 	const uint64_t tile = tiles ? tile_size(c->bytes, KSEG_MAX - pieces) : 0;
 	struct gpu_kseg *k = g->kstage[slot];
 	uint32_t nk = 0, cur = UINT32_MAX;
-	uint64_t src = 0, dst = 0, off, len, kbytes = 0;
-	bool peer = false, reach = false, local = false;
+	uint64_t src = 0, dst = 0, off, len, kbytes = 0, cebytes = 0, split_kbytes = 0;
+	bool peer = false, reach = false, local = false, link = false;
 	const struct gpx_wire_seg *w;
 	struct walk wk;
 	int r = 0;
@@ -445,6 +454,8 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, bool *sign
 			reach = !ce && g->kernel_ok && gcfg()->sm_copy && kernel_reach(jp->src, g->index) &&
 			    kernel_reach(jp->dst, g->index);
 			local = reach && !peer && jp->src->dev == g->index && jp->dst->dev == g->index;
+			/* (both GPUs' memory mapped here, at least one side another GPU's) */
+			link = reach && !peer && !local && jp->src->dev != DEV_HOST && jp->dst->dev != DEV_HOST;
 		}
 		if (len == 0)
 			continue;
@@ -452,24 +463,39 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, bool *sign
 			k[nk++] = (struct gpu_kseg){ src + w->src_offset + off, dst + w->dst_offset + off, len };
 			kbytes += len;
 		}
-		else if (local && tiles && len <= TILE_SEG_MAX) {
+		else if ((local && tiles && len <= TILE_SEG_MAX) || (link && split && tiles && 2 * cebytes >= c->bytes)) {
 			for (uint64_t at = 0; at < len; at += tile)
 				k[nk++] = (struct gpu_kseg){ src + w->src_offset + off + at, dst + w->dst_offset + off + at,
 				    len - at < tile ? len - at : tile };
 			kbytes += len;
+			split_kbytes += link ? len : 0;
 		}
-		else if (peer)
+		else if (peer) {
 			r = cuda_copy_peer(g->stream[s], dst + w->dst_offset + off,
 			    j->pairs[p].dst->dev == DEV_HOST ? g->index : j->pairs[p].dst->dev, src + w->src_offset + off,
 			    j->pairs[p].src->dev == DEV_HOST ? g->index : j->pairs[p].src->dev, len);
-		else
+		}
+		else {
 			r = cuda_copy(g->stream[s], dst + w->dst_offset + off, src + w->src_offset + off, len);
+			cebytes += link ? len : 0;
+		}
 	}
 	if (r == 0 && quick && nk > 0 && nk <= GPU_KFEW_MAX) {
 		/* last on the stream for this chunk: the launch writes its completion word itself */
 		r = cuda_kernel_copy_few(g->index, g->stream[s], k, nk, kbytes, gcfg()->sm_copy_blocks,
 		    done_at(g, s), next_seq(g, s));
 		*signaled = r == 0;
+	}
+	else if (r == 0 && split_kbytes > 0) {
+		/* the kernel's half beside the copy engine's (s is S_BULK), with a completion word of its own */
+		r = cuda_kernel_copy(g->index, g->stream[S_BULK2], k, nk, gcfg()->sm_copy_blocks);
+		r = r ? r : signal_next(g, S_BULK2, &g->done[S_BULK2]);
+		if (r < 0)
+			cuda_stream_sync(g->stream[S_BULK2]);   /* (the caller waits for s only) */
+		else {
+			*seq2 = ++g->issued[S_BULK2];
+			atomic_fetch_add_explicit(&splits, 1, memory_order_relaxed);
+		}
 	}
 	else if (r == 0 && nk == 1 && !all)
 		r = cuda_copy(g->stream[s], k[0].dst, k[0].src, k[0].len);     /* a launch buys nothing */
@@ -499,21 +525,22 @@ chunk_class(const struct chunk *c)
 }
 
 /*
- * Chunk c is queued on stream s and ends when the stream's completion word reaches seq: the
- * next entry of the stream's pending ring, with its kind (chunk_class), when it should end (0:
- * untimed, and then so is what queues behind it) and its list slot (-1: none).
+ * Chunk c is queued on stream s and ends when the stream's completion word reaches seq (and,
+ * split, S_BULK2's reaches seq2): the next entry of the stream's pending ring, with its kind
+ * (chunk_class), when it should end (0: untimed, and then so is what queues behind it) and its
+ * list slot (-1: none).
  */
 static void
-pend_push(struct gdev *g, int s, const struct chunk *c, uint8_t cls, uint64_t seq, uint64_t now, uint64_t due,
-    int slot, bool mark)
+pend_push(struct gdev *g, int s, const struct chunk *c, uint8_t cls, uint64_t seq, uint64_t seq2, uint64_t now,
+    uint64_t due, int slot, bool mark)
 {
 	const int at = (g->phead[s] + g->npend[s]) % PEND_MAX;
 
 	if (g->npend[s] == 0)
 		g->last_end[s] = now;       /* the stream was idle: this chunk starts now */
 	g->tail_due[s] = due ? due : UINT64_MAX;
-	g->pend[s][at] = (struct pend){ .c = *c, .seq = seq, .t_issue = now, .due = due, .stream = s, .slot = slot,
-	    .cls = cls, .marked = mark };
+	g->pend[s][at] = (struct pend){ .c = *c, .seq = seq, .seq2 = seq2, .t_issue = now, .due = due, .stream = s,
+	    .slot = slot, .cls = cls, .marked = mark };
 	if (c->last && due != 0)
 		g->pend[s][at].wake = due > now + WAKE_LEAD_NS ? due - WAKE_LEAD_NS : now;
 	g->npend[s]++;
@@ -532,15 +559,35 @@ issue_failed(struct gdev *g, int s, struct chunk *c, int n)
 	chunks->done(c, n, false);
 }
 
+/*
+ * Whether bulk chunk c goes half to a copy engine, half to the kernel (issue_segs): many large
+ * segments, its first pair between two GPUs whose memory this GPU's kernel reaches.  The halves
+ * of every such chunk take the same streams, so that one stream's copy engine and the other's
+ * kernel run side by side from chunk to chunk, as in the measurement that chose this.
+ */
+static bool
+split_worth(const struct gdev *g, const struct chunk *c)
+{
+	const struct jpair *p = &c->job->pairs[0];
+	const uint32_t pieces = c->pieces ? c->pieces : 1;
+
+	return g->kernel_ok && gcfg()->sm_copy && c->job->pages == NULL && c->bytes > QUICK_MAX &&
+	    pieces >= KERNEL_MIN_SEGS && c->bytes / pieces > KERNEL_MAX_AVG && KSEG_MAX - pieces >= KSEG_MAX / 2 &&
+	    p->src->dev != DEV_HOST && p->dst->dev != DEV_HOST && (p->src->dev != g->index || p->dst->dev != g->index) &&
+	    addr_on(p->src, g->index) != 0 && addr_on(p->dst, g->index) != 0;
+}
+
 /* Chunk c onto a stream; ce: on copy engines only (a lone small copy between GPUs). */
 static int
 issue_on(struct gdev *g, struct chunk *c, bool ce)
 {
 	struct job *j = c->job;
 	const uint32_t pieces = c->pieces ? c->pieces : 1;
-	int s = c->bytes <= QUICK_MAX ? S_QUICK : g->npend[S_BULK] <= g->npend[S_BULK2] ? S_BULK : S_BULK2;
+	const bool split = !ce && split_worth(g, c);
+	int s = c->bytes <= QUICK_MAX ? S_QUICK : split || g->npend[S_BULK] <= g->npend[S_BULK2] ? S_BULK : S_BULK2;
 	int slot = free_slot(g), r;
 	bool mark = start_marks && j->t_launched == 0, signaled = false;
+	uint64_t seq2 = 0;
 
 	if (atomic_exchange(&fault_sticky, false)) {
 		log_warnx("GPU%d: injecting a sticky fault (GPXD_FAULT_INJECT=sticky)", g->index);
@@ -561,7 +608,7 @@ issue_on(struct gdev *g, struct chunk *c, bool ce)
 	    kernel_takes(g->index, j->src, j->dst, c->bytes / pieces))
 		r = issue_kernel(g, c, slot, s);
 	else
-		r = issue_segs(g, c, slot, s, ce, &signaled);
+		r = issue_segs(g, c, slot, s, ce, split, &signaled, &seq2);
 	if (r == 0 && !signaled)
 		r = signal_next(g, s, &g->done[s]);
 	if (r < 0) {
@@ -575,7 +622,7 @@ issue_on(struct gdev *g, struct chunk *c, bool ce)
 	uint64_t due = 0;
 	if (rate > 0 && base != UINT64_MAX)
 		due = (base > now ? base : now) + (uint64_t)(c->bytes * rate);
-	pend_push(g, s, c, cls, ++g->issued[s], now, due, slot, mark);
+	pend_push(g, s, c, cls, ++g->issued[s], seq2, now, due, slot, mark);
 	if (c->last && g->npend[S_BULK] + g->npend[S_BULK2] + g->npend[S_QUICK] == 1)
 		chunks->warm_end(c);
 	return 0;
@@ -689,7 +736,7 @@ issue_quick(struct gdev *g, struct chunk *c, enum path_kind path, int room)
 	if (n > 1)
 		atomic_fetch_add_explicit(&batched, (uint64_t)n, memory_order_relaxed);
 	for (int i = 0; i < n; i++)
-		pend_push(g, s, &batch[i], chunk_class(&batch[i]), seq, now, 0, -1, false);   /* one word, untimed */
+		pend_push(g, s, &batch[i], chunk_class(&batch[i]), seq, 0, now, 0, -1, false);   /* one word, untimed */
 	return n + extra;
 }
 
@@ -743,8 +790,9 @@ reap(struct gdev *g)
 	for (int s = 0; s < NSTREAMS; s++) {
 		if (start_marks)
 			reap_starts(g, s);
-		uint64_t done = __atomic_load_n(&g->done[s], __ATOMIC_ACQUIRE);
-		while (g->npend[s] > 0 && g->pend[s][g->phead[s]].seq <= done) {
+		const uint64_t done = __atomic_load_n(&g->done[s], __ATOMIC_ACQUIRE);
+		const uint64_t done2 = __atomic_load_n(&g->done[S_BULK2], __ATOMIC_ACQUIRE);
+		while (g->npend[s] > 0 && g->pend[s][g->phead[s]].seq <= done && g->pend[s][g->phead[s]].seq2 <= done2) {
 			struct pend *p = &g->pend[s][g->phead[s]];
 			learn(g, p, now, watching, late);
 			g->last_end[s] = now;
@@ -937,6 +985,12 @@ uint64_t
 gpu_naps(void)
 {
 	return atomic_load_explicit(&naps, memory_order_relaxed);
+}
+
+uint64_t
+gpu_split(void)
+{
+	return atomic_load_explicit(&splits, memory_order_relaxed);
 }
 
 uint64_t

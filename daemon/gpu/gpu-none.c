@@ -27,6 +27,7 @@ void gpu_shutdown(void) { }
 void gpu_topo(Gpx__QueryReply *q) { (void)q; }
 uint64_t gpu_naps(void) { return 0; }
 uint64_t gpu_batched(void) { return 0; }
+uint64_t gpu_split(void) { return 0; }
 void gpu_topo_free(Gpx__QueryReply *q) { (void)q; }
 const char *gpu_pci(int dev) { (void)dev; return NULL; }
 void gpu_host_register(struct region *r) { (void)r; }

@@ -84,6 +84,28 @@ test_vectored(gpx_conn *c, struct buf *a, struct buf *b, size_t page, int n, boo
 }
 
 /*
+ * Between GPUs, a chunk of many large segments goes half to a copy engine and half, in tiles,
+ * to the copy kernel on the worker's other bulk stream (gpu-copy.c issue_segs): 16 segments of
+ * 1 MiB, aligned and not, both ways, verified, and counted in gpx_gpu_split_chunks_total.
+ */
+void
+test_link_split(gpx_conn *c, struct buf *a, struct buf *b)
+{
+	char *page = harness_metrics(the_harness);
+	const double before = page ? metrics_sample(page, "gpx_gpu_split_chunks_total") : -1;
+
+	free(page);
+	test_vectored(c, a, b, 1 << 20, 16, false);
+	test_vectored(c, a, b, 1 << 20, 16, true);
+	test_vectored(c, b, a, 1 << 20, 16, false);
+	page = harness_metrics(the_harness);
+	const double after = page ? metrics_sample(page, "gpx_gpu_split_chunks_total") : -1;
+	ok(before >= 0 && after - before >= 3, "each went half to a copy engine, half to the kernel (%.0f chunks split)",
+	    after - before);
+	free(page);
+}
+
+/*
  * Pages by number (gpx_copy_pages): the copy kernel reads gpxd's checked list in place where it
  * runs the copy; pages above 256 KiB go to copy engines as plain segments.
  */

@@ -241,6 +241,7 @@ main(int argc, char **argv)
 		test_vectored(c, &bufs[3], &bufs[2], 65536, 200, true);
 		test_vectored(c, &bufs[1], &bufs[3], 4096, 4096, false);   /* ipc -> peer's ipc */
 		test_vectored(c, &bufs[4], &bufs[1], 4096, 1024, true);
+		test_link_split(c, &bufs[2], &bufs[4]);
 	}
 	test_pages(c, &bufs[2], &bufs[1], 4096, 4096, 0, 0);
 	test_pages(c, &bufs[1], &bufs[2], 1000, 8000, 13, 5);          /* unaligned steps */

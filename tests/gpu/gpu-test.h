@@ -65,6 +65,7 @@ void test_done_after_bytes_waves(void);
 void test_loop_early_wake(gpx_conn *c);
 void test_prewake(gpx_conn *c, struct buf *a, struct buf *b);
 void test_vectored(gpx_conn *c, struct buf *a, struct buf *b, size_t page, int n, bool odd);
+void test_link_split(gpx_conn *c, struct buf *a, struct buf *b);
 void test_pages(gpx_conn *c, struct buf *a, struct buf *b, size_t page, uint32_t n, size_t so, size_t dof);
 void test_pages_big(gpx_conn *c);
 void test_pages_table(gpx_conn *c, struct buf *a, struct buf *b, int tdev, size_t page, uint32_t n);
