@@ -343,7 +343,9 @@ uint32_t maps_default(void);             /* three quarters of vm.max_map_count *
 /*
  * A pool of fixed size that transfers in flight hold runs of, shared by the uids: the page
  * kernel's pinned arena (gpu-copy.c).  One uid holds at most its share (half the pool), so
- * that another always finds that much not held by it.  First fit; the caller locks.
+ * that another always finds that much not held by it, though maybe not in one run: a take
+ * goes to the shortest free run that holds it, so that short lists fill holes and long runs
+ * stay whole, but one uid's runs can still leave the rest in pieces.  The caller locks.
  * pool_take: the run's first grain, or -ENOSPC (no free run that long), -EDQUOT (the uid's
  * share would be passed) or -E2BIG (longer than a share: never).
  */

@@ -406,7 +406,7 @@ test_pool_shares(void)
 	struct user *owner[16] = { NULL };
 	bool used[16] = { false };
 	struct pool p = { 16, 8, len, owner, used, { 0, 0 } };
-	struct user *a = user_get(5001), *b = user_get(5002), *c = user_get(5003);
+	struct user *a = user_get(5001), *b = user_get(5002), *c = user_get(5003), *d = user_get(5004);
 
 	ok(pool_take(&p, 4, a) == 0 && pool_take(&p, 4, a) == 4 && atomic_load(&a->pooled) == 8,
 	    "a uid takes runs up to its share (8 of 16 grains)");
@@ -432,4 +432,18 @@ test_pool_shares(void)
 	    "fitting (-E2BIG), not counted");
 	ok(pool_take(&p, 8, a) == 0, "and one of the whole share taken");
 	pool_give(&p, 0);
+
+	/* Free runs of 6 (grains 0-5) and 2 (8-9): a take of 2 goes to the hole that fits it. */
+	ok(pool_take(&p, 6, b) == 0 && pool_take(&p, 2, c) == 6 && pool_take(&p, 2, c) == 8 &&
+	    pool_take(&p, 6, d) == 10, "runs at 0, 6, 8 and 10");
+	pool_give(&p, 0);
+	pool_give(&p, 8);
+	ok(pool_take(&p, 2, a) == 8, "a short run goes to the shortest free run that holds it (grain 8), not the first");
+	ok(pool_take(&p, 6, a) == 0, "so a long one still finds the long run whole");
+	pool_give(&p, 0);
+	pool_give(&p, 6);
+	pool_give(&p, 8);
+	pool_give(&p, 10);
+	ok(atomic_load(&a->pooled) == 0 && atomic_load(&b->pooled) == 0 && atomic_load(&c->pooled) == 0 &&
+	    atomic_load(&d->pooled) == 0, "and all given back");
 }

@@ -269,19 +269,28 @@ pool_take(struct pool *p, uint32_t need, struct user *u)
 		p->refused[1]++;
 		return -EDQUOT;
 	}
-	for (uint32_t i = 0, run = 0; i < p->grains; i++) {
-		run = p->used[i] ? 0 : run + 1;
-		if (run == need) {
-			uint32_t first = i + 1 - need;
-			memset(&p->used[first], 1, need);
-			p->len[first] = (uint16_t)need;
-			p->owner[first] = u;
-			atomic_fetch_add(&u->pooled, need);
-			return first;
+	/* The shortest free run that holds it (the first of those): longer runs stay whole. */
+	uint32_t best = UINT32_MAX, best_len = UINT32_MAX;
+	for (uint32_t i = 0, run = 0; i <= p->grains; i++) {
+		if (i < p->grains && !p->used[i]) {
+			run++;
+			continue;
 		}
+		if (run >= need && run < best_len) {
+			best = i - run;
+			best_len = run;
+		}
+		run = 0;
 	}
-	p->refused[0]++;
-	return -ENOSPC;
+	if (best == UINT32_MAX) {
+		p->refused[0]++;
+		return -ENOSPC;
+	}
+	memset(&p->used[best], 1, need);
+	p->len[best] = (uint16_t)need;
+	p->owner[best] = u;
+	atomic_fetch_add(&u->pooled, need);
+	return best;
 }
 
 void
