@@ -434,14 +434,19 @@ refuse:
 	return -1;
 }
 
-/* Graceful stop, step 2: once nothing is in flight (or after 5 s), close everything. */
+/*
+ * Graceful stop, step 2: once nothing is in flight and every submission queued before is
+ * taken (or after 5 s), close everything.  The loop takes them a turn's slice at a time, and
+ * those that end at their check are never in flight: without the second condition they went
+ * unanswered with the connection.
+ */
 static void
 stop_cb(evutil_socket_t fd, short what, void *arg)
 {
 	(void)fd;
 	(void)what;
 	(void)arg;
-	if (engine_inflight() > 0 && now_s() < stop_deadline) {
+	if ((engine_inflight() > 0 || conn_sq_pending()) && now_s() < stop_deadline) {
 		struct timeval tv = { 0, 10000 };
 		event_add(stop_ev, &tv);
 		return;

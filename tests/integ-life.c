@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 
 #include "client-lib/gpx.h"
+#include "proto/ring.h"
 #include "tests/harness.h"
 #include "tests/integ.h"
 #include "tests/tclient.h"
@@ -306,6 +307,58 @@ test_limits(void)
 }
 
 /* ---- SIGTERM with work in flight, a restart, and a SIGKILL ---- */
+
+/*
+ * SIGTERM while a client's submission queue holds more than one turn of the loop takes: gpxd
+ * takes every queued submission before it closes the connection, so that each ends once and
+ * none goes unanswered with the connection.  The 16,384 here copy nothing, and end at their
+ * check, so none is ever in flight: gpxd's wait for transfers in flight does not keep it up
+ * meanwhile (test_stop_restart checks 32 copies, which one turn takes).
+ */
+void
+test_stop_drains_queue(void)
+{
+	struct harness Lh, *L = &Lh;
+	struct raw w;
+	int twice = 0, strange = 0;
+
+	if (harness_start(L, "[daemon]\nring_entries = 16384\n") < 0 || raw_open_on(&w, L, GPX_PROTO_VERSION) < 0)
+		tap_bail("drain test: no gpxd or no raw client");
+	uint8_t *seen = calloc(w.entries + 1, 1);
+	for (uint32_t i = 0; i < w.entries; i++)
+		*gpx_sq_slot(w.ring, w.entries, i) = (struct gpx_sqe){ .tag = 1 + i, .src_region = w.region,
+		    .dst_region = w.region, .src_offset = 0, .dst_offset = 32768, .length = 0 };
+	__atomic_store_n(&w.ring->sq_tail, w.entries, __ATOMIC_RELEASE);
+	Gpx__ClientMsg km = GPX__CLIENT_MSG__INIT;
+	Gpx__SqKick k = GPX__SQ_KICK__INIT;
+	km.seq = ++w.seq;
+	km.body_case = GPX__CLIENT_MSG__BODY_SQ_KICK;
+	km.sq_kick = &k;
+	if (harness_send(w.sock, &km, NULL, 0) < 0)
+		tap_bail("drain test: the kick");
+	/* SIGTERM once gpxd has begun: one turn takes a few thousand. */
+	for (int i = 0; i < 25000 && ring_head(&w) == 0; i++)
+		usleep(200);
+	const uint64_t at_term = ring_head(&w);
+	int st = harness_stop(L);
+	const uint64_t records = ring_head(&w);
+	for (uint64_t i = 0; i < records && i < w.entries; i++) {
+		const struct gpx_cqe *e = gpx_ring_slot(w.ring, i);
+		if (e->tag < 1 || e->tag > w.entries || e->status != 0)
+			strange++;
+		else
+			twice += seen[e->tag]++ > 0;
+	}
+	ok(st == 0 && at_term < w.entries && records == w.entries && twice == 0 && strange == 0, "SIGTERM with %llu of "
+	    "%u queued submissions taken: each ended once before the connection closed (%llu records, %d twice, %d "
+	    "strange; status %d)", (unsigned long long)at_term, w.entries, (unsigned long long)records, twice, strange,
+	    st);
+	free(seen);
+	raw_close(&w);
+	if (tap_failed)
+		harness_dump_log(L);
+	harness_cleanup(L);
+}
 
 void
 test_stop_restart(void)

@@ -61,6 +61,7 @@ main(void)
 	test_limits();
 
 	ok(daemon_fds_settle(H.baseline) == H.baseline, "at the end gpxd holds exactly its baseline descriptors");
+	test_stop_drains_queue();
 	test_stop_restart();
 	return finish();
 }

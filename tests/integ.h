@@ -41,5 +41,6 @@ void test_protocol(void);
 void test_disconnect(void);
 void test_limits(void);
 void test_stop_restart(void);
+void test_stop_drains_queue(void);
 
 #endif

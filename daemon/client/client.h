@@ -112,6 +112,7 @@ int conn_poll_sq(struct conn *);
 enum { SQ_POLL, SQ_POLLING, SQ_SLEEPING };
 int conn_poll_all(int mode);          /* every connection's queue (and, by mode, sq_wakeup) */
 bool conn_sq_left(void);              /* a pass was cut since the last call: poll again before sleeping */
+bool conn_sq_pending(void);           /* submissions queued and not yet taken, on any connection */
 void conn_poll_forget(struct conn *); /* c goes: the next pass does not begin with it */
 uint32_t conn_count(void);
 struct conn *conn_by_id(uint64_t);

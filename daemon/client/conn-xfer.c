@@ -330,6 +330,26 @@ conn_sq_left(void)
 	return was;
 }
 
+/*
+ * Whether a connection still has submissions queued that gpxd has not taken, a message kept
+ * behind them, or a transfer whose lists a task thread checks: a stop waits for them (up to
+ * its deadline), so that each ends with its record or refusal, not with the connection.
+ */
+bool
+conn_sq_pending(void)
+{
+	struct conn *c;
+
+	TAILQ_FOREACH(c, &conns, entry) {
+		if (c->state == CONN_DEAD || c->state == CONN_HELLO)
+			continue;
+		if (c->held != NULL || c->checking != NULL ||
+		    (c->cq != NULL && __atomic_load_n(&c->cq->ring->sq_tail, __ATOMIC_ACQUIRE) != c->sq_head))
+			return true;
+	}
+	return false;
+}
+
 void
 conn_poll_forget(struct conn *c)
 {
