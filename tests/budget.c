@@ -857,13 +857,7 @@ queue_child(void *unused, int out, int stop)
 			    .dst_region = w.region, .src_offset = off, .dst_offset = half + off, .length = Q_COPY };
 		}
 		sq += w.entries;
-		__atomic_store_n(&w.ring->sq_tail, sq, __ATOMIC_RELEASE);
-		Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
-		Gpx__SqKick kick = GPX__SQ_KICK__INIT;
-		cm.seq = ++w.seq;
-		cm.body_case = GPX__CLIENT_MSG__BODY_SQ_KICK;
-		cm.sq_kick = &kick;
-		if (harness_send(w.sock, &cm, NULL, 0) < 0)
+		if (raw_kick(&w, sq) < 0)
 			break;
 		res.sent += w.entries;
 		queue_collect(&w, cq, cq + w.entries, &res);
@@ -884,7 +878,7 @@ queue_child(void *unused, int out, int stop)
 			t.src_region = t.dst_region = w.region;
 			t.n_segments = 2;
 			t.segments = sp;
-			cm = (Gpx__ClientMsg)GPX__CLIENT_MSG__INIT;
+			Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
 			cm.seq = ++w.seq;
 			cm.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
 			cm.transfer = &t;

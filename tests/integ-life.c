@@ -328,13 +328,7 @@ test_stop_drains_queue(void)
 	for (uint32_t i = 0; i < w.entries; i++)
 		*gpx_sq_slot(w.ring, w.entries, i) = (struct gpx_sqe){ .tag = 1 + i, .src_region = w.region,
 		    .dst_region = w.region, .src_offset = 0, .dst_offset = 32768, .length = 0 };
-	__atomic_store_n(&w.ring->sq_tail, w.entries, __ATOMIC_RELEASE);
-	Gpx__ClientMsg km = GPX__CLIENT_MSG__INIT;
-	Gpx__SqKick k = GPX__SQ_KICK__INIT;
-	km.seq = ++w.seq;
-	km.body_case = GPX__CLIENT_MSG__BODY_SQ_KICK;
-	km.sq_kick = &k;
-	if (harness_send(w.sock, &km, NULL, 0) < 0)
+	if (raw_kick(&w, w.entries) < 0)
 		tap_bail("drain test: the kick");
 	/* SIGTERM once gpxd has begun: one turn takes a few thousand. */
 	for (int i = 0; i < 25000 && ring_head(&w) == 0; i++)

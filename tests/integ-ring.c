@@ -368,13 +368,7 @@ test_doorbell_together(void)
 	for (uint64_t i = 0; i < N; i++)
 		*gpx_sq_slot(w.ring, w.entries, i) = (struct gpx_sqe){ .tag = 700 + i, .src_region = w.region,
 		    .dst_region = w.region, .src_offset = 0, .dst_offset = 4096, .length = 0 };
-	__atomic_store_n(&w.ring->sq_tail, N, __ATOMIC_RELEASE);
-	Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
-	Gpx__SqKick k = GPX__SQ_KICK__INIT;
-	cm.seq = ++w.seq;
-	cm.body_case = GPX__CLIENT_MSG__BODY_SQ_KICK;
-	cm.sq_kick = &k;
-	if (harness_send(w.sock, &cm, NULL, 0) < 0)
+	if (raw_kick(&w, N) < 0)
 		tap_bail("SqKick");
 	for (int i = 0; i < WAIT_MS && ring_head(&w) < N; i++)
 		usleep(1000);

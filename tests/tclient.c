@@ -181,6 +181,19 @@ raw_open_on(struct raw *w, const struct harness *h, uint32_t version)
 	return r;
 }
 
+int
+raw_kick(struct raw *w, uint64_t tail)
+{
+	Gpx__ClientMsg m = GPX__CLIENT_MSG__INIT;
+	Gpx__SqKick k = GPX__SQ_KICK__INIT;
+
+	__atomic_store_n(&w->ring->sq_tail, tail, __ATOMIC_RELEASE);
+	m.seq = ++w->seq;
+	m.body_case = GPX__CLIENT_MSG__BODY_SQ_KICK;
+	m.sq_kick = &k;
+	return harness_send(w->sock, &m, NULL, 0) < 0 ? -1 : 0;
+}
+
 uint32_t
 raw_send_register(struct raw *w, int fd, uint64_t len)
 {

@@ -63,6 +63,8 @@ int raw_open(struct raw *w);
 void raw_close(struct raw *w);
 /* Sends a Register of len bytes of host memory fd on w (its reply is the caller's to read): its seq, or 0. */
 uint32_t raw_send_register(struct raw *w, int fd, uint64_t len);
+/* Publishes w's submission queue up to tail and sends SqKick, as the library does when gpxd sleeps: 0 or -1. */
+int raw_kick(struct raw *w, uint64_t tail);
 uint64_t ring_head(struct raw *w);
 bool wait_head(struct raw *w, uint64_t want);
 
