@@ -556,7 +556,6 @@ struct job {
 	struct user *user;
 	uint64_t client;
 	uint64_t tag;
-	uint32_t flags;
 	struct region *src, *dst;    /* the first pair's (the only one's, but for batches) */
 	struct jpair *pairs;         /* &one, or a batch's */
 	struct xfer_pairs *kept;     /* the kept pairs whose holds stand for the pairs' own, or NULL */

@@ -74,7 +74,7 @@ struct gpx_sqe {
 	uint64_t src_offset;
 	uint64_t dst_offset;
 	uint64_t length;
-	uint32_t flags;
+	uint32_t flags;        /* as Transfer.flags: none defined yet, any bit set is refused */
 	uint32_t pad;
 	uint64_t pad2;
 };

@@ -181,6 +181,53 @@ raw_transfer(struct raw *w, uint64_t tag)
 	return harness_send(w->sock, &cm, NULL, 0);
 }
 
+/*
+ * No transfer flag is defined yet: a Transfer or a submission with any bit of flags set is
+ * refused EINVAL, so that a flag added later is never ignored by a gpxd that does not know it.
+ */
+void
+test_transfer_flags(void)
+{
+	struct raw w;
+	Gpx__DaemonMsg *m;
+	Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
+	Gpx__Transfer t = GPX__TRANSFER__INIT;
+	Gpx__Segment sg = GPX__SEGMENT__INIT, *sp = &sg;
+
+	if (raw_open(&w) < 0)
+		tap_bail("cannot set up a raw client");
+	sg.dst_offset = 4096;
+	sg.length = 1;
+	t.tag = 8100;
+	t.flags = 1;
+	t.src_region = t.dst_region = w.region;
+	t.n_segments = 1;
+	t.segments = &sp;
+	cm.seq = ++w.seq;
+	cm.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
+	cm.transfer = &t;
+	harness_send(w.sock, &cm, NULL, 0);
+	m = harness_recv(w.sock, WAIT_MS, NULL, NULL, NULL);
+	ok(m != NULL && m->reply->status == GPX__STATUS__EINVAL && m->reply->tag == 8100 && m->reply->message != NULL &&
+	    strstr(m->reply->message, "flag") != NULL, "a Transfer with flags 0x1 is refused EINVAL (%s)",
+	    m != NULL && m->reply->message != NULL ? m->reply->message : "no reply");
+	if (m)
+		gpx__daemon_msg__free_unpacked(m, NULL);
+	*gpx_sq_slot(w.ring, w.entries, 0) = (struct gpx_sqe){ .tag = 8101, .src_region = w.region,
+	    .dst_region = w.region, .dst_offset = 4096, .length = 1, .flags = 0x80000000u };
+	raw_kick(&w, 1);
+	m = harness_recv(w.sock, WAIT_MS, NULL, NULL, NULL);
+	ok(m != NULL && m->reply->status == GPX__STATUS__EINVAL && m->reply->tag == 8101,
+	    "a submission with flags 0x80000000 is refused EINVAL (%s)",
+	    m != NULL && m->reply->message != NULL ? m->reply->message : "no reply");
+	if (m)
+		gpx__daemon_msg__free_unpacked(m, NULL);
+	ok(ring_head(&w) == 0 && raw_transfer(&w, 8102) == 0 && wait_head(&w, 1) &&
+	    gpx_ring_slot(w.ring, 0)->tag == 8102 && gpx_ring_slot(w.ring, 0)->status == 0,
+	    "neither ran; the next Transfer, flags 0, runs");
+	raw_close(&w);
+}
+
 void
 test_credits_raw(void)
 {

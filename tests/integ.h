@@ -26,6 +26,7 @@ void test_export_rules(void);
 void test_cancel(void);
 void test_credits_lib(void);
 void test_credits_raw(void);
+void test_transfer_flags(void);
 void test_sq_order(void);
 void test_sq_held_kill(void);
 void test_doorbell(void);

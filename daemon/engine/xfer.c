@@ -55,7 +55,6 @@ struct xfer_check {
 	struct job *head;            /* its jobs, each holding its pairs' regions */
 	int ngroups;
 	uint64_t tag;
-	uint32_t flags;
 	double t_build;
 	bool batch, pages;
 	const unsigned char *in;     /* the list in the segment area, or NULL */
@@ -514,7 +513,6 @@ static void
 job_finish_build(struct job *j, const struct xfer_check *k)
 {
 	j->tag = k->tag;
-	j->flags = k->flags;
 	j->client = k->client;
 	j->t_build = k->t_build;
 	j->t_submit = now_s();
@@ -1206,7 +1204,7 @@ xfer_build(const struct xfer_from *c, const Gpx__Transfer *t, int *segfd, struct
     struct xfer_check **later, char *err, size_t errlen)
 {
 	struct xfer_check k = { .client = c->client, .who = c->who,
-	    .ch = { .cq = c->cq, .entries = c->entries, .user = c->user }, .tag = t->tag, .flags = t->flags, .batch = t->pair_count > 0, .pages = t->page_size > 0, .fd = -1 };
+	    .ch = { .cq = c->cq, .entries = c->entries, .user = c->user }, .tag = t->tag, .batch = t->pair_count > 0, .pages = t->page_size > 0, .fd = -1 };
 	const int fd = segfd != NULL ? *segfd : -1;
 	int r;
 
@@ -1214,6 +1212,12 @@ xfer_build(const struct xfer_from *c, const Gpx__Transfer *t, int *segfd, struct
 	*out = NULL;
 	if (later != NULL)
 		*later = NULL;
+	if (t->flags != 0) {
+		/* (none is defined: a flag added later must never be ignored by a gpxd without it) */
+		snprintf(err, errlen, "transfer flags 0x%x: no flag is defined in protocol %d", t->flags,
+		    GPX_PROTO_VERSION);
+		return -GPX__STATUS__EINVAL;
+	}
 	r = k.batch ? build_batch(c, t, fd, &k, err, errlen) : build_one(c, t, fd, &k, err, errlen);
 	if (r < 0) {
 		while (k.head != NULL) {
