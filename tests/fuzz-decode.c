@@ -21,6 +21,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <event2/event.h>
 #include <event2/thread.h>
 
@@ -34,6 +35,29 @@ int fuzz_leaked;
 bool fuzz_abort_on_leak = true;
 
 static struct event_base *fuzz_base;
+
+/*
+ * The shared memory of the input's connection, as its client maps it (fuzz.h): the segment
+ * area of its last SegArea and the ring of its Welcome.  Unmapped at the end of each input.
+ */
+static uint8_t *area_map, *ring_map;
+static size_t ring_len;
+
+static void
+unmap(uint8_t **p, size_t len)
+{
+	if (*p != NULL)
+		munmap(*p, len);
+	*p = NULL;
+}
+
+static uint8_t *
+map_fd(int fd, size_t len)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
 
 /* Our own descriptors, less the one reading the directory. */
 static int
@@ -105,12 +129,29 @@ own_id(const struct conn *c, uint64_t id)
 	return id != 0 && (id >> 32) == 0 ? (uint64_t)c->epoch << 32 | id : id;
 }
 
+/* The region ids of pairs [at, at + n) of the segment area, rewritten in place. */
+static void
+rewrite_pairs(const struct conn *c, uint64_t at, uint64_t n)
+{
+	if (area_map == NULL || at > FUZZ_MEMFD_SIZE || n > (FUZZ_MEMFD_SIZE - at) / sizeof(struct gpx_wire_pair))
+		return;
+	for (uint64_t i = 0; i < n; i++) {
+		uint8_t *q = area_map + at + i * sizeof(struct gpx_wire_pair);
+		struct gpx_wire_pair w;
+		memcpy(&w, q, sizeof(w));        /* (at any offset: gpxd refuses a misaligned one itself) */
+		w.src_region = own_id(c, w.src_region);
+		w.dst_region = own_id(c, w.dst_region);
+		memcpy(q, &w, sizeof(w));
+	}
+}
+
 /*
  * Rewrites small region ids to this connection's epoch (see fuzz.h).  Returns the length of the
- * re-encoded message in *out (malloc'ed), or 0 when the bytes go out as they are.
+ * re-encoded message in *out (malloc'ed), or 0 when the bytes go out as they are; *seg_area:
+ * whether it is a SegArea.
  */
 static size_t
-rewrite_ids(const struct conn *c, const uint8_t *p, size_t len, uint8_t **out)
+rewrite_ids(const struct conn *c, const uint8_t *p, size_t len, uint8_t **out, bool *seg_area)
 {
 	Gpx__ClientMsg *m = gpx__client_msg__unpack(NULL, len, p);
 	bool changed = false;
@@ -118,12 +159,14 @@ rewrite_ids(const struct conn *c, const uint8_t *p, size_t len, uint8_t **out)
 
 	if (m == NULL)
 		return 0;
+	*seg_area = m->body_case == GPX__CLIENT_MSG__BODY_SEG_AREA;
 	switch (m->body_case) {
 	case GPX__CLIENT_MSG__BODY_TRANSFER:
 		changed = own_id(c, m->transfer->src_region) != m->transfer->src_region ||
 		    own_id(c, m->transfer->dst_region) != m->transfer->dst_region;
 		m->transfer->src_region = own_id(c, m->transfer->src_region);
 		m->transfer->dst_region = own_id(c, m->transfer->dst_region);
+		rewrite_pairs(c, m->transfer->pair_offset, m->transfer->pair_count);
 		break;
 	case GPX__CLIENT_MSG__BODY_DEREGISTER:
 		changed = own_id(c, m->deregister->region) != m->deregister->region;
@@ -160,7 +203,8 @@ send_frame(int sock, const struct conn *c, uint8_t flags, const uint8_t *p, size
 	char cbuf[CMSG_SPACE(3 * sizeof(int))];
 	int fds[3], nfds = flags & 3;
 	uint8_t *re = NULL, *big = NULL;
-	size_t rlen = oversize ? 0 : rewrite_ids(c, p, len, &re);
+	bool seg_area = false;
+	size_t rlen = oversize ? 0 : rewrite_ids(c, p, len, &re, &seg_area);
 	struct iovec iov = { .iov_base = (void *)(rlen ? re : p), .iov_len = rlen ? rlen : len };
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
 
@@ -184,13 +228,34 @@ send_frame(int sock, const struct conn *c, uint8_t flags, const uint8_t *p, size
 		memcpy(CMSG_DATA(h), fds, nfds * sizeof(int));
 	}
 	(void)sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+	if (seg_area && nfds > 0 && ((flags >> 2) & 3) == FUZZ_FD_MEMFD) {
+		unmap(&area_map, FUZZ_MEMFD_SIZE);
+		area_map = map_fd(fds[0], FUZZ_MEMFD_SIZE);
+	}
 	for (int i = 0; i < nfds; i++)
 		close(fds[i]);
 	free(re);
 	free(big);
 }
 
-/* Reads and forgets whatever the daemon answered, closing any fds it sent. */
+/* Maps the ring that a Welcome (in buf, n bytes) brought in fd. */
+static void
+map_ring(const uint8_t *buf, size_t n, int fd)
+{
+	Gpx__DaemonMsg *m = gpx__daemon_msg__unpack(NULL, n, buf);
+	struct stat st;
+
+	if (m != NULL && m->body_case == GPX__DAEMON_MSG__BODY_REPLY && m->reply->body_case == GPX__REPLY__BODY_WELCOME &&
+	    fstat(fd, &st) == 0 && st.st_size >= (off_t)sizeof(struct gpx_ring_hdr)) {
+		unmap(&ring_map, ring_len);
+		ring_len = (size_t)st.st_size;
+		ring_map = map_fd(fd, ring_len);
+	}
+	if (m != NULL)
+		gpx__daemon_msg__free_unpacked(m, NULL);
+}
+
+/* Reads whatever the daemon answered, closing any fds it sent, the ring mapped first. */
 static void
 drain_replies(int sock)
 {
@@ -201,8 +266,40 @@ drain_replies(int sock)
 		ssize_t n = wire_recv(sock, buf, NULL, fds, &nfds, GPX_MAX_FDS, MSG_DONTWAIT);
 		if (n <= 0 && n != -EMSGSIZE && n != -EBADMSG && n != -EMFILE && n != -E2BIG)
 			break;
+		if (n > 0 && nfds == 1)
+			map_ring(buf, (size_t)n, fds[0]);
 		wire_close_fds(fds, nfds);
 	}
+}
+
+/*
+ * A poke (fuzz.h): the bytes at p written into shared memory.  After one into the ring, the
+ * region ids of the submissions it shows queued are rewritten and the queues polled.
+ */
+static void
+poke(struct conn *c, uint8_t flags, const uint8_t *p, size_t len)
+{
+	uint8_t *m = flags == FUZZ_POKE_RING ? ring_map : area_map;
+	const size_t size = flags == FUZZ_POKE_RING ? ring_len : FUZZ_MEMFD_SIZE;
+
+	if (m == NULL || len < 4)
+		return;
+	const size_t at = (p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24) % size;
+	len -= 4;
+	memcpy(m + at, p + 4, len < size - at ? len : size - at);
+	if (flags != FUZZ_POKE_RING || c->cq == NULL)
+		return;
+	struct gpx_ring_hdr *h = (struct gpx_ring_hdr *)ring_map;
+	const uint32_t entries = c->cq->entries;
+	const uint64_t head = __atomic_load_n(&h->sq_head, __ATOMIC_ACQUIRE);
+	const uint64_t tail = __atomic_load_n(&h->sq_tail, __ATOMIC_ACQUIRE);
+	if (gpx_ring_size(entries) <= ring_len && tail - head <= entries)
+		for (uint64_t i = head; i != tail; i++) {
+			struct gpx_sqe *e = gpx_sq_slot(h, entries, i);
+			e->src_region = own_id(c, e->src_region);
+			e->dst_region = own_id(c, e->dst_region);
+		}
+	conn_poll_all(SQ_POLL);
 }
 
 /* Runs the loop until no deferred operation (a registration) still refers to c. */
@@ -236,9 +333,13 @@ run_input(const uint8_t *data, size_t size)
 			len = 0;
 		if (len > size - off)
 			len = size - off;
-		send_frame(sp[1], c, flags, data + off, len, oversize);
+		if ((flags == FUZZ_POKE_AREA || flags == FUZZ_POKE_RING) && !oversize)
+			poke(c, flags, data + off, len);
+		else {
+			send_frame(sp[1], c, flags, data + off, len, oversize);
+			conn_input(c);
+		}
 		off += len;
-		conn_input(c);
 		settle(c);
 		drain_replies(sp[1]);
 		log_set_level("error");      /* an Admin message may have raised it */
@@ -252,6 +353,8 @@ run_input(const uint8_t *data, size_t size)
 	conn_reap();
 	drain_replies(sp[1]);
 	close(sp[1]);
+	unmap(&area_map, FUZZ_MEMFD_SIZE);
+	unmap(&ring_map, ring_len);
 }
 
 int

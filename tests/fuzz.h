@@ -10,6 +10,18 @@
  *   payload
  * Region ids below 2^32 (and a Drain of client 0) are rewritten to the connection's own epoch
  * (client id), so that the fuzzer reaches the handlers behind the id checks.
+ *
+ * Two flags with no fd write shared memory instead, as a client may at any moment; the
+ * payload is a little-endian u32 offset, then the bytes, written from that offset (modulo the
+ * memory's size, and cut at its end):
+ *   FUZZ_POKE_AREA  into the segment area of the last SegArea (its FUZZ_FD_MEMFD): the pairs,
+ *                   segments, page lists and VMM pieces that Transfers and Registers name there
+ *   FUZZ_POKE_RING  into the connection's ring (its Welcome's memfd): the header's fields, the
+ *                   submission queue, the completions; then the queues are polled once, as
+ *                   gpxd's loop does while clients are busy
+ * Region ids below 2^32 are rewritten there too: in the submissions between the ring's sq_head
+ * and sq_tail, and in the pairs of the segment area that a Transfer names, before it goes.
+ * (Other kind bits with no fd are ignored.)
  */
 #ifndef GPX_TESTS_FUZZ_H
 #define GPX_TESTS_FUZZ_H
@@ -20,6 +32,8 @@
 
 enum { FUZZ_FD_EVENTFD, FUZZ_FD_MEMFD, FUZZ_FD_PIPE, FUZZ_FD_UNSEALED };
 #define FUZZ_MEMFD_SIZE 65536
+#define FUZZ_POKE_AREA 0x04
+#define FUZZ_POKE_RING 0x08
 #define FUZZ_OVERSIZE 0xffff
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -6,11 +6,13 @@
  */
 #include "config.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "proto/gpx.pb-c.h"
+#include "proto/ring.h"
 #include "proto/wire.h"
 #include "tests/fuzz.h"
 
@@ -30,6 +32,38 @@ frame_raw(uint8_t flags, const void *p, size_t len)
 	file[flen++] = (uint8_t)(len >> 8);
 	memcpy(file + flen, p, len);
 	flen += len;
+}
+
+/* A write of shared memory (fuzz.h): len bytes at offset at of the segment area or the ring. */
+static void
+poke(uint8_t kind, uint32_t at, const void *p, size_t len)
+{
+	uint8_t b[4 + 4096];
+
+	b[0] = (uint8_t)at;
+	b[1] = (uint8_t)(at >> 8);
+	b[2] = (uint8_t)(at >> 16);
+	b[3] = (uint8_t)(at >> 24);
+	memcpy(b + 4, p, len);
+	frame_raw(kind, b, 4 + len);
+}
+
+/* Where the seeds find the submission queue: gpxd's default daemon.ring_entries. */
+#define RING_ENTRIES 4096
+
+static void
+poke_ring64(size_t field, uint64_t v)
+{
+	poke(FUZZ_POKE_RING, (uint32_t)field, &v, sizeof(v));
+}
+
+/* Submissions i.. of the queue, then its tail published. */
+static void
+submit(uint32_t i, const struct gpx_sqe *e, uint32_t n)
+{
+	poke(FUZZ_POKE_RING, (uint32_t)(sizeof(struct gpx_ring_hdr) + RING_ENTRIES * sizeof(struct gpx_cqe) +
+	    i * sizeof(struct gpx_sqe)), e, n * sizeof(*e));
+	poke_ring64(offsetof(struct gpx_ring_hdr, sq_tail), i + n);
 }
 
 static void
@@ -317,6 +351,13 @@ main(int argc, char **argv)
 	hello(true, GPX_PROTO_VERSION);
 	hello(true, GPX_PROTO_VERSION);
 	save(dir, "seed-hello-twice");
+	/* The oldest protocol spoken: what came later is refused by version. */
+	hello(true, GPX_PROTO_MIN);
+	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
+	xfer(1, 1, 1, 1, 4096, 0);
+	seg_area(FUZZ_MEMFD_SIZE);
+	batch(2, 1, 0, 1, 40, 4096, 0);
+	save(dir, "seed-hello-min");
 	query(GPX__QUERY_WHAT__Q_STATUS);
 	hello(true, GPX_PROTO_VERSION);
 	save(dir, "seed-before-hello");
@@ -451,5 +492,102 @@ main(int argc, char **argv)
 	hello(true, GPX_PROTO_VERSION);
 	frame_raw(0, "\xff\xff\xff\xff\xff", 5);
 	save(dir, "seed-garbage");
+
+	/* The submission queue, written in the ring as a client writes it; one entry of each kind of bad. */
+	hello(true, GPX_PROTO_VERSION);
+	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
+	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
+	{
+		const struct gpx_sqe e[] = {
+			{ .tag = 10, .src_region = 1, .dst_region = 2, .length = 4096 },
+			{ .tag = 11, .src_region = 2, .dst_region = 1, .src_offset = 8192, .dst_offset = 4096, .length = 8192 },
+			{ .tag = 12, .src_region = 1, .dst_region = 2, .length = 0 },
+			{ .tag = 13, .src_region = 99, .dst_region = 2, .length = 16 },
+			{ .tag = 14, .src_region = 1, .dst_region = 2, .src_offset = FUZZ_MEMFD_SIZE - 8, .length = 16 },
+			{ .tag = 15, .src_region = 1, .dst_region = 2, .src_offset = UINT64_MAX - 4, .length = 8 },
+			{ .tag = 16, .src_region = 1, .dst_region = 2, .length = UINT64_MAX },
+			{ .tag = 17, .src_region = 1, .dst_region = 2, .length = 64, .flags = 0xffffffffu, .pad = 1 },
+		};
+		submit(0, e, 8);
+		submit(8, e, 3);
+		submit(RING_ENTRIES - 1, e, 2);           /* (it wraps: entry 0 is not written) */
+		xfer(1, 1, 2, 1, 4096, 0);
+	}
+	save(dir, "seed-ring-sq");
+
+	/* A tail beyond the queue, and one behind its head. */
+	hello(true, GPX_PROTO_VERSION);
+	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
+	poke_ring64(offsetof(struct gpx_ring_hdr, sq_tail), RING_ENTRIES + 1);
+	save(dir, "seed-ring-tail-far");
+	hello(true, GPX_PROTO_VERSION);
+	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
+	{
+		const struct gpx_sqe e = { .tag = 1, .src_region = 1, .dst_region = 1, .length = 0 };
+		submit(0, &e, 1);
+		poke_ring64(offsetof(struct gpx_ring_hdr, sq_tail), 0);
+		poke_ring64(offsetof(struct gpx_ring_hdr, sq_tail), UINT64_MAX);
+	}
+	save(dir, "seed-ring-tail-back");
+
+	/* The header's other fields while completions are posted: consumed, spinners, sleepers, the daemon's own. */
+	hello(true, GPX_PROTO_VERSION);
+	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
+	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
+	poke_ring64(offsetof(struct gpx_ring_hdr, cq_spinners), 0xffffffffffffffffull);
+	xfer(1, 1, 2, 2, 1024, 0);
+	poke_ring64(offsetof(struct gpx_ring_hdr, magic), 0);              /* magic, version */
+	poke_ring64(offsetof(struct gpx_ring_hdr, entries), 0xffffffffull); /* entries, entry_size */
+	poke_ring64(offsetof(struct gpx_ring_hdr, head), UINT64_MAX);
+	poke_ring64(offsetof(struct gpx_ring_hdr, sq_head), 12345);
+	xfer(2, 2, 1, 1, 4096, 0);
+	poke_ring64(offsetof(struct gpx_ring_hdr, tail), 1ull << 40);      /* consumed more than posted: broken */
+	xfer(3, 1, 2, 1, 4096, 0);
+	save(dir, "seed-ring-header");
+
+	/* A batch's pairs and segments written in the segment area, then written again under it. */
+	hello(true, GPX_PROTO_VERSION);
+	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
+	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
+	seg_area(FUZZ_MEMFD_SIZE);
+	{
+		const struct gpx_wire_pair pr[] = {
+			{ .src_region = 1, .dst_region = 2, .seg_first = 0, .seg_count = 2 },
+			{ .src_region = 2, .dst_region = 1, .src_offset = 4096, .seg_first = 2, .seg_count = 1 },
+			{ .src_region = 1, .dst_region = 2, .seg_first = 1, .seg_count = 0xffffffffu },
+			{ .src_region = 1, .dst_region = 2, .src_offset = UINT64_MAX, .seg_first = 0, .seg_count = 1 },
+		};
+		const struct gpx_wire_seg sg[] = {
+			{ 0, 4096, 1024 }, { 2048, 0, 512 }, { 100, 200, 300 }, { FUZZ_MEMFD_SIZE, 0, 1 },
+		};
+		poke(FUZZ_POKE_AREA, 0, pr, sizeof(pr));
+		poke(FUZZ_POKE_AREA, 1024, sg, sizeof(sg));
+		batch(1, 2, 0, 3, 1024, 0, 0);
+		batch(2, 4, 0, 4, 1024, 0, 0);
+		poke(FUZZ_POKE_AREA, 1024 + sizeof(sg[0]), &sg[3], sizeof(sg[3]));
+		batch(3, 2, 0, 3, 1024, 0, 0);
+		batch(4, 1, sizeof(pr[0]) * 3, 4, 1024, 0, 0);
+	}
+	save(dir, "seed-area-batch");
+
+	/* Page lists in the segment area: in range, out of range, a list longer than the area holds. */
+	hello(true, GPX_PROTO_VERSION);
+	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
+	reg(FUZZ_FD_MEMFD, 0, FUZZ_MEMFD_SIZE, false);
+	seg_area(FUZZ_MEMFD_SIZE);
+	{
+		const struct gpx_wire_pair pr[] = {
+			{ .src_region = 1, .dst_region = 2 },
+			{ .src_region = 2, .dst_region = 1, .src_offset = 4096, .dst_offset = 8192 },
+		};
+		const struct gpx_wire_page pg[] = { { 0, 1 }, { 3, 2 }, { 15, 0 }, { 16, 0 }, { 0, 0xffffffffu }, { 7, 7 } };
+		poke(FUZZ_POKE_AREA, 0, pr, sizeof(pr));
+		poke(FUZZ_POKE_AREA, 512, pg, sizeof(pg));
+		batch(1, 2, 0, 3, 512, 4096, 0);
+		batch(2, 2, 0, 6, 512, 4096, 0);
+		batch(3, 1, 0, 2, 512, 1024, 0);
+		batch(4, 2, 0, 1u << 16, 512, 4096, 0);
+	}
+	save(dir, "seed-area-pages");
 	return 0;
 }
