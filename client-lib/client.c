@@ -230,7 +230,8 @@ client_rpc(gpx_conn *c, Gpx__ClientMsg *m, const int *fds, int nfds, Gpx__Reply 
 		/* Most answers come within microseconds: poll for them briefly before sleeping. */
 		bool block = client_now() >= spin_until;
 		Gpx__Reply *r = client_recv(c, block, lfds, &lnfds, &err);
-		if (r == NULL && err == 0 && !block)
+		/* (nothing yet; also after blocking, where another holder of the socket made it non-blocking) */
+		if (r == NULL && err == 0)
 			continue;
 		if (r == NULL) {
 			if (hello && err == -GPX_ECONN)

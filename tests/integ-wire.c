@@ -2,7 +2,8 @@
  * The integration tests' wrong input (tests/integ.c runs them): descriptors that are not what
  * the message says, and the wire protocol spoken wrong where libgpxclient would never speak
  * it (versions, messages before Hello, oversized datagrams, too many descriptors, undecodable
- * bytes), each refused and every descriptor closed.
+ * bytes), each refused and every descriptor closed; and libgpxclient's socket made
+ * non-blocking under it.
  */
 #include "config.h"
 
@@ -15,6 +16,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 
 #include "client-lib/gpx.h"
 #include "tests/harness.h"
@@ -300,4 +302,55 @@ test_protocol(void)
 	close(efd);
 	free(big);
 	ok(daemon_fds_settle(H.baseline) == H.baseline, "gpxd's descriptors back to baseline");
+}
+
+/* ---- the library's socket, made non-blocking by another holder of it ---- */
+
+/* The newest descriptor of this process connected to H's socket: the last client's. */
+static int
+client_socket(void)
+{
+	int found = -1;
+
+	for (int fd = 3; fd < 1024; fd++) {
+		struct sockaddr_un a;
+		socklen_t al = sizeof(a);
+		int type = 0;
+		socklen_t tl = sizeof(type);
+		if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_SEQPACKET &&
+		    getpeername(fd, (struct sockaddr *)&a, &al) == 0 && a.sun_family == AF_UNIX &&
+		    strcmp(a.sun_path, H.sock) == 0)
+			found = fd;
+	}
+	return found;
+}
+
+/*
+ * The socket's open file description is shared with whoever holds a copy of it (a child
+ * after fork, a wrapper that sets O_NONBLOCK on every descriptor): a request's wait for its
+ * answer must not take "nothing yet" for an answer.  Each request here outlasts the
+ * library's brief spin before it blocks (its answer comes after a Register's check), many
+ * times over.
+ */
+void
+test_nonblocking_socket(void)
+{
+	gpx_conn *c = client("integ-nonblocking");
+	struct buf b;
+	int s = client_socket(), fl, good = 0, n = 200;
+
+	if (c == NULL || s < 0 || buf_new(&b, 1 << 20) < 0)
+		tap_bail("cannot set up a client and its socket");
+	fl = fcntl(s, F_GETFL);
+	ok(fl >= 0 && fcntl(s, F_SETFL, fl | O_NONBLOCK) == 0, "the client's socket (fd %d) made non-blocking", s);
+	for (int i = 0; i < n; i++) {
+		gpx_region r = 0;
+		if (gpx_register_host(c, b.fd, 0, b.len, 0, &r) == 0 && r != 0 &&
+		    gpx_copy_sync(c, r, 0, r, b.len / 2, 4096) == 0 && gpx_deregister(c, r) == 0)
+			good++;
+	}
+	ok(good == n, "%d of %d rounds of register, copy and deregister answered right (%s)", good, n,
+	    gpx_last_error(c));
+	gpx_close(c);
+	buf_free(&b);
 }
