@@ -215,7 +215,7 @@ refusal(gpx_conn *c, int *err)
 int
 client_rpc(gpx_conn *c, Gpx__ClientMsg *m, const int *fds, int nfds, Gpx__Reply **out, int *rfds, int *rnfds)
 {
-	bool hello = m->body_case == GPX__CLIENT_MSG__BODY_HELLO;
+	bool hello = m->body_case == GPX__CLIENT_MSG__BODY_HELLO, reason = false;
 	int err;
 
 	m->seq = client_next_seq(c);
@@ -243,6 +243,8 @@ client_rpc(gpx_conn *c, Gpx__ClientMsg *m, const int *fds, int nfds, Gpx__Reply 
 			/* gpxd refuses a connection it will not admit with seq 0 before any answer */
 			if (hello && r->seq == 0 && r->tag == 0 && r->status != 0)
 				return client_error(c, r->status, r->message && r->message[0] ? r->message : NULL);
+			/* (a refusal's reason, kept for its completion: this answer must not wipe it) */
+			reason |= r->status != 0 && r->message && r->message[0];
 			client_async_reply(c, r);
 			continue;
 		}
@@ -258,7 +260,8 @@ client_rpc(gpx_conn *c, Gpx__ClientMsg *m, const int *fds, int nfds, Gpx__Reply 
 				wire_close_fds(rfds, *rnfds);
 			return client_error(c, r->status, r->message && r->message[0] ? r->message : NULL);
 		}
-		c->last_error[0] = '\0';
+		if (!reason)
+			c->last_error[0] = '\0';
 		return 0;
 	}
 }

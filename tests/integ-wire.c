@@ -354,3 +354,30 @@ test_nonblocking_socket(void)
 	gpx_close(c);
 	buf_free(&b);
 }
+
+/*
+ * A refusal's reason is the client's to read with its completion, whatever the library did
+ * between: gpxd answers a request in order, so a refusal sent before the answer to the next
+ * request is taken while the library waits for that answer, and the answer, a success, must
+ * not wipe the reason.  (budget.c's connection test read an empty reason once that way.)
+ */
+void
+test_refusal_reason_kept(void)
+{
+	gpx_conn *c = client("integ-reason");
+	struct buf b;
+	struct gpx_completion e;
+	gpx_region r = 0;
+
+	if (c == NULL || buf_new(&b, 1 << 16) < 0 || buf_reg(c, &b, 0) < 0)
+		tap_bail("cannot set up a client");
+	int rc = gpx_copy(c, b.r, 0, b.r, 0, 1 << 20, 4242);            /* past the region: ERANGE */
+	int reg = gpx_register_host(c, b.fd, 0, 4096, 0, &r);            /* answered after the refusal */
+	int w = gpx_wait_tag(c, 4242, &e, WAIT_MS);
+	const char *why = gpx_last_error(c);
+	ok(rc == 0 && reg == 0 && w == 0 && e.status == -GPX_ERANGE && strstr(why, "leaves its region") != NULL,
+	    "a refused copy, then a registration that succeeds: the copy's completion is ERANGE and "
+	    "gpx_last_error still gives its reason (\"%s\")", why);
+	gpx_close(c);
+	buf_free(&b);
+}

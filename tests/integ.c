@@ -51,6 +51,7 @@ main(void)
 	test_credits_raw();
 	test_transfer_flags();
 	test_nonblocking_socket();
+	test_refusal_reason_kept();
 	test_sq_order();
 	test_sq_held_kill();
 	test_disconnect();

@@ -28,6 +28,7 @@ void test_credits_lib(void);
 void test_credits_raw(void);
 void test_transfer_flags(void);
 void test_nonblocking_socket(void);
+void test_refusal_reason_kept(void);
 void test_sq_order(void);
 void test_sq_held_kill(void);
 void test_doorbell(void);
