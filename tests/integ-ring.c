@@ -159,9 +159,9 @@ test_credits_lib(void)
 	buf_free(&b);
 }
 
-/* A Transfer of one byte, offset 0 to 4096 of the raw client's memfd. */
+/* A Transfer of one byte, offset 0 to 4096 of the raw client's memfd, with flags. */
 static int
-raw_transfer(struct raw *w, uint64_t tag)
+raw_transfer_flags(struct raw *w, uint64_t tag, uint32_t flags)
 {
 	Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
 	Gpx__Transfer t = GPX__TRANSFER__INIT;
@@ -171,6 +171,7 @@ raw_transfer(struct raw *w, uint64_t tag)
 	s.dst_offset = 4096;
 	s.length = 1;
 	t.tag = tag;
+	t.flags = flags;
 	t.src_region = w->region;
 	t.dst_region = w->region;
 	t.n_segments = 1;
@@ -179,6 +180,12 @@ raw_transfer(struct raw *w, uint64_t tag)
 	cm.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
 	cm.transfer = &t;
 	return harness_send(w->sock, &cm, NULL, 0);
+}
+
+static int
+raw_transfer(struct raw *w, uint64_t tag)
+{
+	return raw_transfer_flags(w, tag, 0);
 }
 
 /*
@@ -190,23 +197,10 @@ test_transfer_flags(void)
 {
 	struct raw w;
 	Gpx__DaemonMsg *m;
-	Gpx__ClientMsg cm = GPX__CLIENT_MSG__INIT;
-	Gpx__Transfer t = GPX__TRANSFER__INIT;
-	Gpx__Segment sg = GPX__SEGMENT__INIT, *sp = &sg;
 
 	if (raw_open(&w) < 0)
 		tap_bail("cannot set up a raw client");
-	sg.dst_offset = 4096;
-	sg.length = 1;
-	t.tag = 8100;
-	t.flags = 1;
-	t.src_region = t.dst_region = w.region;
-	t.n_segments = 1;
-	t.segments = &sp;
-	cm.seq = ++w.seq;
-	cm.body_case = GPX__CLIENT_MSG__BODY_TRANSFER;
-	cm.transfer = &t;
-	harness_send(w.sock, &cm, NULL, 0);
+	raw_transfer_flags(&w, 8100, 1);
 	m = harness_recv(w.sock, WAIT_MS, NULL, NULL, NULL);
 	ok(m != NULL && m->reply->status == GPX__STATUS__EINVAL && m->reply->tag == 8100 && m->reply->message != NULL &&
 	    strstr(m->reply->message, "flag") != NULL, "a Transfer with flags 0x1 is refused EINVAL (%s)",

@@ -46,6 +46,7 @@ void req_import(struct conn *, uint32_t seq, const Gpx__Import *);
 
 /* conn-xfer.c */
 void req_transfer(struct conn *, uint32_t seq, const Gpx__Transfer *, int *fds, int nfds);
+bool conn_sq_waiting(const struct conn *);   /* its queue has submissions not yet taken */
 void req_seg_area(struct conn *, uint32_t seq, const Gpx__SegArea *, int *fds, int nfds);
 void req_cancel(struct conn *, uint32_t seq, const Gpx__Cancel *);
 

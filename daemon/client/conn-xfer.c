@@ -330,6 +330,13 @@ conn_sq_left(void)
 	return was;
 }
 
+bool
+conn_sq_waiting(const struct conn *c)
+{
+	return c->cq != NULL && c->state != CONN_HELLO &&
+	    __atomic_load_n(&c->cq->ring->sq_tail, __ATOMIC_ACQUIRE) != c->sq_head;
+}
+
 /*
  * Whether a connection still has submissions queued that gpxd has not taken, a message kept
  * behind them, or a transfer whose lists a task thread checks: a stop waits for them (up to
@@ -343,8 +350,7 @@ conn_sq_pending(void)
 	TAILQ_FOREACH(c, &conns, entry) {
 		if (c->state == CONN_DEAD || c->state == CONN_HELLO)
 			continue;
-		if (c->held != NULL || c->checking != NULL ||
-		    (c->cq != NULL && __atomic_load_n(&c->cq->ring->sq_tail, __ATOMIC_ACQUIRE) != c->sq_head))
+		if (c->held != NULL || c->checking != NULL || conn_sq_waiting(c))
 			return true;
 	}
 	return false;

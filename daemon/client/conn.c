@@ -579,14 +579,6 @@ dropped(struct conn *c, size_t len, int status, const char *why)
 	conn_reply(c, seq, status, why, &rep, NULL, 0);
 }
 
-/* Whether c's queue has submissions not yet taken (nothing is taken). */
-static bool
-sq_waiting(const struct conn *c)
-{
-	return c->cq != NULL && c->state != CONN_HELLO &&
-	    __atomic_load_n(&c->cq->ring->sq_tail, __ATOMIC_ACQUIRE) != c->sq_head;
-}
-
 /*
  * The message of len bytes in msgbuf, and its fds, kept until the submissions queued before it
  * have been taken (charged to c's entries while kept); refused busy if its budget has no room.
@@ -672,7 +664,7 @@ next_message(struct conn *c, int *fds, int *nfds, bool *next)
 	 * sight now, though the pass before the read did not see it: taken first.  What this turn
 	 * has no time left for, or a list a task thread now checks, keeps the message waiting.
 	 */
-	if (sq_waiting(c)) {
+	if (conn_sq_waiting(c)) {
 		conn_poll_sq(c);
 		if (c->state == CONN_DEAD) {
 			wire_close_fds(fds, *nfds);
