@@ -449,15 +449,18 @@ test_done_after_bytes(gpx_conn *c, struct buf *a, struct buf *h)
  * through each (busy_poll_us, set in main), and GPU0's worker, whose own nap through the copy
  * ends a few tens of microseconds before the copy does, wakes it then
  * (gpx_event_loop_early_wakes_total), so that it polls when the client's next request comes
- * instead of waking for it.  The first copy teaches the worker the rate its naps through
+ * instead of waking for it.  The first copies teach the worker the rate its naps through
  * copies of that size are timed by (the smaller copies of the tests before are slower by the
- * byte, and timed by a rate of their own): the other seven, at least half of them, end
- * after the worker's nap.  The copies land: the first and last 4 KiB of each are read back.
+ * byte, and timed by a rate of their own).  A nap that finds its copy already ended takes the
+ * rate only 10% faster, so a first copy that ran slow (under MPS on two H100 one did: 3 of the
+ * 7 copies after it ended after the nap) takes some copies to unlearn: the loop's wakes are
+ * counted over the last eight of twelve, and at least half of those end after the worker's
+ * nap.  The copies land: the first and last 4 KiB of each are read back.
  */
 void
 test_loop_early_wake(gpx_conn *c)
 {
-	const size_t size = 512u << 20, n = 8;
+	const size_t size = 512u << 20, n = 12, learning = 4;
 	CUdeviceptr a = 0, b = 0;
 	gpx_region ra = 0, rb = 0;
 	uint32_t head[1024], tail[1024];
@@ -472,14 +475,17 @@ test_loop_early_wake(gpx_conn *c)
 	}
 	static const char *const counts[] = { "gpx_event_loop_early_wakes_total", "gpx_event_loop_naps_total",
 		"gpx_event_loop_nap_wakes_total", "gpx_gpu_naps_total" };
-	double before[4], after[4];
-	char *page = harness_metrics(the_harness);
-	for (int k = 0; k < 4; k++)
-		before[k] = page ? metrics_sample(page, counts[k]) : -1;
-	free(page);
+	double before[4] = { -1, -1, -1, -1 }, after[4];
+	char *page;
 	good = gpx_register_cuda(c, (void *)a, size, 0, &ra) == 0 && gpx_register_cuda(c, (void *)b, size, 0, &rb) == 0;
 	for (size_t i = 0; i < n && good; i++) {
 		const uint32_t v = 0x5eed0000u + (uint32_t)i;
+		if (i == learning) {
+			page = harness_metrics(the_harness);
+			for (int k = 0; k < 4; k++)
+				before[k] = page ? metrics_sample(page, counts[k]) : -1;
+			free(page);
+		}
 		CK(cuMemsetD32(a, v, size / 4));
 		CK(cuMemsetD32(b, 0, size / 4));
 		CK(cuCtxSynchronize());
@@ -493,12 +499,13 @@ test_loop_early_wake(gpx_conn *c)
 	for (int k = 0; k < 4; k++)
 		after[k] = page ? metrics_sample(page, counts[k]) : -1;
 	free(page);
-	diag("over the long copies: the loop napped %.0f times (woken early %.0f, by a completion %.0f); GPU "
-	    "workers napped %.0f times", after[1] - before[1], after[0] - before[0], after[2] - before[2],
-	    after[3] - before[3]);
+	diag("over the last %zu long copies: the loop napped %.0f times (woken early %.0f, by a completion %.0f); "
+	    "GPU workers napped %.0f times", n - learning, after[1] - before[1], after[0] - before[0],
+	    after[2] - before[2], after[3] - before[3]);
 	ok(good, "%zu copies of 512 MiB within GPU0, one at a time: each in place", n);
-	ok(before[0] >= 0 && after[0] - before[0] >= (double)(n / 2), "the event loop napped through them and GPU0's "
-	    "worker woke it before their ends, at least %zu times (%.0f)", n / 2, after[0] - before[0]);
+	ok(before[0] >= 0 && after[0] - before[0] >= (double)((n - learning) / 2), "the event loop napped through the "
+	    "last %zu and GPU0's worker woke it before their ends, at least %zu times (%.0f)", n - learning,
+	    (n - learning) / 2, after[0] - before[0]);
 	if (ra)
 		gpx_deregister(c, ra);
 	if (rb)
