@@ -375,6 +375,16 @@ conn_reply(struct conn *c, uint32_t seq, int status, const char *msg, Gpx__Reply
 	m.body_case = GPX__DAEMON_MSG__BODY_REPLY;
 	m.reply = r;
 	e = wire_send_msg(c->fd, &m.base, fds, nfds);
+	if (e == -ENOMEM && body != NULL) {
+		/* a reply too large for wire_send_msg's stack buffer, and no memory for it: the
+		 * request is answered all the same, with the reason (which fits) */
+		local.seq = seq;
+		local.tag = r->tag;
+		local.status = GPX__STATUS__ENOMEM;
+		local.message = (char *)"out of memory sending the reply";
+		m.reply = &local;
+		e = wire_send_msg(c->fd, &m.base, NULL, 0);
+	}
 	if (e == -EAGAIN)
 		/* A client that does not read its socket while it keeps writing to it. */
 		conn_kill(c, "socket send buffer full: the client does not read its replies");

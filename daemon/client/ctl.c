@@ -95,17 +95,24 @@ sees(const struct conn *asker, uid_t uid)
 	return asker->admin || asker->uid == uid;
 }
 
-static void
+/*
+ * The lists of a reply are built piece by piece, each counted in the reply as it is added, so
+ * that ctl_query frees what was built either way.  A builder returns false when a piece could
+ * not be allocated: the list is cut short, and ctl_query answers ENOMEM rather than send it.
+ */
+static bool
 q_clients(Gpx__QueryReply *q, const struct conn *asker)
 {
 	struct conn *c;
-	size_t n = 0;
 
-	q->clients = calloc(conn_count() + 1, sizeof(*q->clients));
+	if ((q->clients = calloc(conn_count() + 1, sizeof(*q->clients))) == NULL)
+		return false;
 	TAILQ_FOREACH(c, &conns, entry) {
 		if (!sees(asker, c->uid))
 			continue;
 		Gpx__ClientInfo *i = malloc(sizeof(*i));
+		if (i == NULL)
+			return false;
 		gpx__client_info__init(i);
 		i->id = c->id;
 		i->uid = c->uid;
@@ -123,9 +130,9 @@ q_clients(Gpx__QueryReply *q, const struct conn *asker)
 			i->errors = atomic_load(&c->cq->errors);
 		}
 		i->connected_s = now_s() - c->t_connect;
-		q->clients[n++] = i;
+		q->clients[q->n_clients++] = i;
 	}
-	q->n_clients = n;
+	return true;
 }
 
 static const char *
@@ -139,19 +146,27 @@ export_of(const struct region *r)
 	return "";
 }
 
-static void
+static bool
 q_regions(Gpx__QueryReply *q, const struct conn *asker)
 {
 	struct conn *c;
-	size_t n = 0, cap = 16;
+	size_t cap = 16;
+	Gpx__RegionInfo **a;
 
-	q->regions = malloc(cap * sizeof(*q->regions));
+	if ((q->regions = malloc(cap * sizeof(*q->regions))) == NULL)
+		return false;
 	TAILQ_FOREACH(c, &conns, entry)
 		for (uint32_t s = 0; sees(asker, c->uid) && s < c->hcap; s++)
 			for (struct rhandle *h = c->htab[s]; h != NULL; h = h->next) {
-				if (n == cap)
-					q->regions = realloc(q->regions, (cap *= 2) * sizeof(*q->regions));
+				if (q->n_regions == cap) {
+					if ((a = realloc(q->regions, 2 * cap * sizeof(*a))) == NULL)
+						return false;
+					q->regions = a;
+					cap *= 2;
+				}
 				Gpx__RegionInfo *i = malloc(sizeof(*i));
+				if (i == NULL)
+					return false;
 				gpx__region_info__init(i);
 				i->id = h->id;
 				i->client = c->id;
@@ -161,9 +176,9 @@ q_regions(Gpx__QueryReply *q, const struct conn *asker)
 				i->export_name = (char *)export_of(h->r);
 				i->device = (char *)(h->r->dev == DEV_HOST ? "host" : "gpu");
 				i->read_only = h->read_only || h->r->read_only;
-				q->regions[n++] = i;
+				q->regions[q->n_regions++] = i;
 			}
-	q->n_regions = n;
+	return true;
 }
 
 struct cvisit {
@@ -171,6 +186,7 @@ struct cvisit {
 	bool admin;
 	uid_t uid;
 	size_t cap;
+	bool cut;                         /* a name could not be added: out of memory */
 };
 
 /* A cluster name of another node, as gpxctl exports lists it: marked with its node. */
@@ -180,16 +196,20 @@ cluster_export(const char *name, const char *node, uid_t uid, void *arg)
 	struct cvisit *v = arg;
 	Gpx__ExportInfo *i, **a;
 
-	if (!v->admin && uid != v->uid)
+	if (v->cut || (!v->admin && uid != v->uid))
 		return;
 	if (v->q->n_exports + 1 >= v->cap) {
-		if ((a = realloc(v->q->exports, 2 * v->cap * sizeof(*a))) == NULL)
+		if ((a = realloc(v->q->exports, 2 * v->cap * sizeof(*a))) == NULL) {
+			v->cut = true;
 			return;
+		}
 		v->q->exports = a;
 		v->cap *= 2;
 	}
-	if ((i = malloc(sizeof(*i))) == NULL)
+	if ((i = malloc(sizeof(*i))) == NULL) {
+		v->cut = true;
 		return;
+	}
 	gpx__export_info__init(i);
 	i->name = (char *)name;
 	i->node = (char *)node;
@@ -199,19 +219,21 @@ cluster_export(const char *name, const char *node, uid_t uid, void *arg)
 	v->q->exports[v->q->n_exports++] = i;
 }
 
-static void
+static bool
 q_exports(Gpx__QueryReply *q, const struct conn *asker)
 {
 	static const char *rules[] = { "uid", "gid", "any" };
 	struct export *e;
-	size_t n = 0;
 
-	q->exports = calloc(export_count() + 1, sizeof(*q->exports));
+	if ((q->exports = calloc(export_count() + 1, sizeof(*q->exports))) == NULL)
+		return false;
 	struct creds who = conn_creds(asker);
 	TAILQ_FOREACH(e, &exports, entry) {
 		if (!asker->admin && !export_allows(e, &who))
 			continue;
 		Gpx__ExportInfo *i = malloc(sizeof(*i));
+		if (i == NULL)
+			return false;
 		gpx__export_info__init(i);
 		i->name = e->name;
 		i->client = e->owner;
@@ -227,12 +249,12 @@ q_exports(Gpx__QueryReply *q, const struct conn *asker)
 		i->gpudirect = e->remote && e->r->host == NULL ? e->r->gdr : (char *)"";
 		const char *node = e->remote ? cluster_name_node(e->name) : NULL;
 		i->node = node != NULL ? (char *)node : (char *)"";
-		q->exports[n++] = i;
+		q->exports[q->n_exports++] = i;
 	}
-	q->n_exports = n;
 	/* cluster: the other nodes' names this asker's uid holds (all, for an administrator) */
 	struct cvisit v = { .q = q, .admin = asker->admin, .uid = asker->uid, .cap = export_count() + 1 };
 	cluster_names_visit(cluster_export, &v);
+	return !v.cut;
 }
 
 /* GPU memory between nodes, by path (daemon/fabric/): zeros without the fabric. */
@@ -259,6 +281,7 @@ struct tvisit {
 	const struct conn *asker;
 	size_t cap;
 	double now;
+	bool cut;                         /* a transfer could not be added: out of memory */
 };
 
 static void
@@ -266,12 +289,22 @@ visit_job(const struct job *j, void *arg)
 {
 	struct tvisit *v = arg;
 	Gpx__QueryReply *q = v->q;
+	Gpx__TransferInfo **a, *i;
 
-	if (!sees(v->asker, j->user->uid))
+	if (v->cut || !sees(v->asker, j->user->uid))
 		return;
-	if (q->n_transfers == v->cap)
-		q->transfers = realloc(q->transfers, (v->cap = v->cap * 2 + 16) * sizeof(*q->transfers));
-	Gpx__TransferInfo *i = malloc(sizeof(*i));
+	if (q->n_transfers == v->cap) {
+		if ((a = realloc(q->transfers, (v->cap * 2 + 16) * sizeof(*a))) == NULL) {
+			v->cut = true;
+			return;
+		}
+		q->transfers = a;
+		v->cap = v->cap * 2 + 16;
+	}
+	if ((i = malloc(sizeof(*i))) == NULL) {
+		v->cut = true;
+		return;
+	}
 	gpx__transfer_info__init(i);
 	i->client = j->client;
 	i->tag = j->tag;
@@ -283,20 +316,24 @@ visit_job(const struct job *j, void *arg)
 	q->transfers[q->n_transfers++] = i;
 }
 
-static void
+static bool
 q_stats(Gpx__QueryReply *q)
 {
 	int np = PATH_GPU0 + gpu_count();
 
-	q->paths = calloc(np + 1, sizeof(*q->paths));
+	if ((q->paths = calloc(np + 1, sizeof(*q->paths))) == NULL)
+		return false;
 	for (int i = 0; i <= np; i++) {
 		int p = i < np ? i : PATH_FABRIC;     /* fabric: after the GPUs this node has */
 		Gpx__PathStats *s = malloc(sizeof(*s));
+		if (s == NULL)
+			return false;
 		gpx__path_stats__init(s);
 		s->path = (char *)engine_path_name(p);
 		engine_path_stats(p, &s->transfers, &s->bytes, &s->errors);
 		q->paths[q->n_paths++] = s;
 	}
+	return true;
 }
 
 static void
@@ -369,33 +406,34 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 	Gpx__DaemonStatus st = GPX__DAEMON_STATUS__INIT;
 	Gpx__FabricGpu fg = GPX__FABRIC_GPU__INIT;
 	struct tvisit v = { .q = &q, .asker = c, .now = now_s() };
+	bool whole = true;
 
 	switch (m->what) {
 	case GPX__QUERY_WHAT__Q_STATUS:
 		q_status(&q, &st);
 		break;
 	case GPX__QUERY_WHAT__Q_CLIENTS:
-		q_clients(&q, c);
+		whole = q_clients(&q, c);
 		break;
 	case GPX__QUERY_WHAT__Q_REGIONS:
-		q_regions(&q, c);
+		whole = q_regions(&q, c);
 		break;
 	case GPX__QUERY_WHAT__Q_EXPORTS:
-		q_exports(&q, c);
+		whole = q_exports(&q, c);
 		break;
 	case GPX__QUERY_WHAT__Q_TRANSFERS:
 		engine_visit(visit_job, &v);
+		whole = !v.cut;
 		break;
 	case GPX__QUERY_WHAT__Q_STATS:
-		q_stats(&q);
+		whole = q_stats(&q);
 		break;
 	case GPX__QUERY_WHAT__Q_TOPO:
-		gpu_topo(&q);
-		nic_topo(&q);
+		whole = gpu_topo(&q) && nic_topo(&q);
 		break;
 	case GPX__QUERY_WHAT__Q_PEERS:
 		if (fabric != NULL)
-			fabric->peers(&q);
+			whole = fabric->peers(&q);
 		q_fabric_gpu(&q, &fg);
 		break;
 	case GPX__QUERY_WHAT__Q_CLUSTER: {
@@ -415,7 +453,10 @@ ctl_query(struct conn *c, uint32_t seq, const Gpx__Query *m)
 		conn_reply(c, seq, GPX__STATUS__EINVAL, "unknown query", NULL, NULL, 0);
 		return;
 	}
-	send_query_reply(c, seq, &q);
+	if (whole)
+		send_query_reply(c, seq, &q);
+	else
+		conn_reply(c, seq, GPX__STATUS__ENOMEM, "out of memory building the reply", NULL, NULL, 0);
 	free_list((void **)q.clients, q.n_clients);
 	free_list((void **)q.regions, q.n_regions);
 	free_list((void **)q.exports, q.n_exports);

@@ -77,7 +77,7 @@ struct fabric_ops {
 	void (*kick)(void);
 	/* ctl.c: one line for status; the peers for Q_PEERS, and their freeing; metrics.c too: */
 	const char *(*status)(void);
-	void (*peers)(Gpx__QueryReply *);
+	bool (*peers)(Gpx__QueryReply *);     /* false: out of memory, the list cut short */
 	void (*peers_free)(Gpx__QueryReply *);
 	void (*gpu_stats)(struct fabric_gpu_stats *);
 	/* levent.c, at exit: fails what waits on peers; before engine_shutdown. */
@@ -126,7 +126,7 @@ const struct fabric_ops *fabric_init(struct event_base *);
 
 /* Q_TOPO, with or without the fabric: the NICs, and each GPU's NIC into the devices
  * gpu_topo filled (daemon/fabric/nic.c). */
-void nic_topo(Gpx__QueryReply *);
+bool nic_topo(Gpx__QueryReply *);      /* false: out of memory, the lists cut short */
 void nic_topo_free(Gpx__QueryReply *);
 
 #endif

@@ -143,7 +143,7 @@ extern char peer_self[PEER_NAME_MAX + 1];    /* this node's name */
 int peer_start(struct event_base *);         /* fabric_init: after engine_init */
 void peer_stop(void);                        /* fails what waits on peers; before engine_shutdown */
 /* The hooks of the same names (fabric.h). */
-void peer_query(Gpx__QueryReply *);          /* Q_PEERS */
+bool peer_query(Gpx__QueryReply *);          /* Q_PEERS; false: cut short, out of memory */
 void peer_query_free(Gpx__QueryReply *);
 const char *peer_status(void);               /* one line for status */
 
@@ -207,7 +207,7 @@ void peer_dial(struct ptarget *);            /* resolves t's name, then connects
 void peer_dial_lost(struct peer *);          /* p, dialled, is dead: its address waits or retries */
 const char *peer_dial_listening(void);       /* [fabric] listen, or "" */
 size_t peer_dial_count(void);                /* addresses known */
-void peer_dial_query(Gpx__QueryReply *);     /* appends those with no connection now */
+bool peer_dial_query(Gpx__QueryReply *);     /* appends those with no connection now */
 
 /* ---- peer-import.c: imports, ours of peers' exports and peers' of ours ---- */
 extern const struct fabric_exports *fabric_exports;   /* the connections' layer's (fabric.c) */

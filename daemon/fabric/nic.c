@@ -252,17 +252,19 @@ nic_for_dev(int dev, char *name, size_t namelen, enum nic_why *why)
 
 /* ---- Q_TOPO ---- */
 
-void
+bool
 nic_topo(Gpx__QueryReply *q)
 {
 	struct nic *nics = calloc(NIC_MAX, sizeof(*nics));
 	int n = nics != NULL ? nic_scan(nics, NIC_MAX) : 0;
+	bool whole = nics != NULL && (q->nics = calloc((size_t)n + 1, sizeof(*q->nics))) != NULL;
 
-	q->nics = calloc((size_t)n + 1, sizeof(*q->nics));
-	for (int i = 0; q->nics != NULL && i < n; i++) {
+	for (int i = 0; whole && i < n; i++) {
 		Gpx__NicInfo *x = malloc(sizeof(*x));
-		if (x == NULL)
+		if (x == NULL) {
+			whole = false;
 			break;
+		}
 		gpx__nic_info__init(x);
 		x->name = strdup(nics[i].name);
 		x->pci = strdup(nics[i].pci[0] ? nics[i].pci : "virtual");
@@ -270,16 +272,19 @@ nic_topo(Gpx__QueryReply *q)
 		x->state = strdup(nics[i].state);
 		x->link_layer = strdup(nics[i].link_layer);
 		x->ports = (uint32_t)nics[i].ports;
-		q->nics[q->n_nics++] = x;
+		q->nics[q->n_nics++] = x;       /* (freed by nic_topo_free, whole or not) */
+		whole = x->name != NULL && x->pci != NULL && x->state != NULL && x->link_layer != NULL;
 	}
-	for (size_t g = 0; g < q->n_devices; g++) {
+	for (size_t g = 0; whole && g < q->n_devices; g++) {
 		Gpx__DeviceInfo *d = q->devices[g];
 		enum nic_why why;
 		int i = nic_for_gpu(nics, n, d->pci, d->index < NIC_GPUS ? cfg->fabric_nic_for_gpu[d->index] : NULL, &why);
 		d->nic = strdup(i >= 0 ? nics[i].name : "");
 		d->nic_why = (char *)nic_why_str(why);
+		whole = d->nic != NULL;
 	}
 	free(nics);
+	return whole;
 }
 
 void

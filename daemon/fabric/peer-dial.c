@@ -342,8 +342,8 @@ peer_dial_count(void)
 }
 
 /* Addresses with no connection now (configured, or dialled on demand and not forgotten yet):
- * why not.  q->peers has room for every address. */
-void
+ * why not.  q->peers has room for every address.  False if one could not be allocated. */
+bool
 peer_dial_query(Gpx__QueryReply *q)
 {
 	struct ptarget *t;
@@ -353,7 +353,7 @@ peer_dial_query(Gpx__QueryReply *q)
 			continue;
 		Gpx__PeerInfo *i = malloc(sizeof(*i));
 		if (i == NULL)
-			break;
+			return false;
 		gpx__peer_info__init(i);
 		i->node = t->node;
 		i->address = t->addr;
@@ -364,4 +364,5 @@ peer_dial_query(Gpx__QueryReply *q)
 		i->on_demand = t->on_demand;
 		q->peers[q->n_peers++] = i;
 	}
+	return true;
 }

@@ -567,7 +567,7 @@ peer_status(void)
 	return s;
 }
 
-void
+bool
 peer_query(Gpx__QueryReply *q)
 {
 	struct peer *p;
@@ -578,12 +578,12 @@ peer_query(Gpx__QueryReply *q)
 		cap++;
 	q->peers = calloc(cap, sizeof(*q->peers));
 	if (q->peers == NULL)
-		return;
+		return false;
 	TAILQ_FOREACH(p, &peers, entry) {
 		Gpx__PeerInfo *i = malloc(sizeof(*i));
 		struct phandle *h;
 		if (i == NULL)
-			break;
+			return false;
 		gpx__peer_info__init(i);
 		i->node = p->node;
 		i->address = p->addr;
@@ -611,7 +611,7 @@ peer_query(Gpx__QueryReply *q)
 		i->on_demand = p->target != NULL && p->target->on_demand;
 		q->peers[q->n_peers++] = i;
 	}
-	peer_dial_query(q);
+	return peer_dial_query(q);
 }
 
 void

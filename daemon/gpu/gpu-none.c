@@ -24,7 +24,7 @@ gpu_init(char *why, size_t whylen)
 int gpu_count(void) { return 0; }
 const char *gpu_status(void) { return "unavailable: gpxd was built without CUDA support"; }
 void gpu_shutdown(void) { }
-void gpu_topo(Gpx__QueryReply *q) { (void)q; }
+bool gpu_topo(Gpx__QueryReply *q) { (void)q; return true; }
 uint64_t gpu_naps(void) { return 0; }
 uint64_t gpu_batched(void) { return 0; }
 uint64_t gpu_split(void) { return 0; }

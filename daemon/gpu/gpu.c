@@ -175,14 +175,21 @@ gpu_shutdown(void)
 
 /* ---- gpxctl topo ---- */
 
-void
+bool
 gpu_topo(Gpx__QueryReply *q)
 {
 	q->devices = calloc(ngpus + 1, sizeof(*q->devices));
 	q->links = calloc(ngpus * ngpus + 1, sizeof(*q->links));
+	if (q->devices == NULL || q->links == NULL)
+		return false;
 	for (int i = 0; i < ngpus; i++) {
 		Gpx__DeviceInfo *d = malloc(sizeof(*d));
 		char *u = malloc(48);
+		if (d == NULL || u == NULL) {
+			free(d);
+			free(u);
+			return false;
+		}
 		gpx__device_info__init(d);
 		uuid_str(devs[i].info.uuid, u, 48);
 		d->index = i;
@@ -200,6 +207,8 @@ gpu_topo(Gpx__QueryReply *q)
 			if (i == j)
 				continue;
 			Gpx__PeerLink *l = malloc(sizeof(*l));
+			if (l == NULL)
+				return false;
 			gpx__peer_link__init(l);
 			l->src = i;
 			l->dst = j;
@@ -213,6 +222,7 @@ gpu_topo(Gpx__QueryReply *q)
 			q->links[q->n_links++] = l;
 		}
 	}
+	return true;
 }
 
 const char *
@@ -232,4 +242,7 @@ gpu_topo_free(Gpx__QueryReply *q)
 		free(q->links[i]);
 	free(q->devices);
 	free(q->links);
+	q->devices = NULL;
+	q->links = NULL;
+	q->n_devices = q->n_links = 0;
 }
