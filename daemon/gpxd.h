@@ -246,10 +246,21 @@ void sdn_watchdog(void);
 
 /* ---- defer.c: blocking work off the event loop, finished back on it ---- */
 typedef void (*defer_fn)(void *arg);
+/*
+ * A task's place in defer.c's queues, a member of the record its work and done functions
+ * take: queueing work allocates nothing, so it cannot fail for want of memory.  Owned by
+ * defer.c from defer_run until done is called; done may free the record.
+ */
+struct defer_task {
+	STAILQ_ENTRY(defer_task) entry;
+	struct defer_task *next_done;
+	defer_fn work, done;
+	void *arg;
+};
 int defer_init(struct event_base *, int threads);
 void defer_shutdown(void);
-/* Runs work(arg) on a task thread, then done(arg) on the loop thread. */
-void defer_run(defer_fn work, defer_fn done, void *arg);
+/* Runs work(arg) on a task thread, then done(arg) on the loop thread, queued through t. */
+void defer_run(struct defer_task *t, defer_fn work, defer_fn done, void *arg);
 
 /* ---- user.c: per-uid accounting and limits ---- */
 struct uqueue;
@@ -267,7 +278,7 @@ struct user {
 	struct uqueue *uq;           /* its queues, one per path (engine.c, engine lock) */
 	TAILQ_ENTRY(user) entry;
 };
-struct user *user_get(uid_t);
+struct user *user_get(uid_t);      /* NULL: a uid not seen before, and no memory for it */
 /* Who asks: a uid and its groups, as the kernel tells them. */
 struct creds {
 	uid_t uid;

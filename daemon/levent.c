@@ -89,15 +89,19 @@ pidfd_cb(evutil_socket_t fd, short what, void *arg)
 	loop_turn_end(t0);
 }
 
-static void
+static void levent_conn_unwatch(struct conn *c);
+
+/* False: out of memory for the events (nothing is watched then). */
+static bool
 levent_conn_watch(struct conn *c)
 {
-	c->ev = event_new(base, c->fd, EV_READ | EV_PERSIST, conn_cb, c);
-	event_add(c->ev, NULL);
-	if (c->pidfd >= 0) {
-		c->pidev = event_new(base, c->pidfd, EV_READ, pidfd_cb, c);
-		event_add(c->pidev, NULL);
+	if ((c->ev = event_new(base, c->fd, EV_READ | EV_PERSIST, conn_cb, c)) == NULL ||
+	    (c->pidfd >= 0 && (c->pidev = event_new(base, c->pidfd, EV_READ, pidfd_cb, c)) == NULL) ||
+	    event_add(c->ev, NULL) < 0 || (c->pidev != NULL && event_add(c->pidev, NULL) < 0)) {
+		levent_conn_unwatch(c);
+		return false;
 	}
+	return true;
 }
 
 /* A connection whose transfer a task thread checks: its socket is not read meanwhile. */
@@ -288,7 +292,10 @@ accept_cb(evutil_socket_t lfd, short what, void *arg)
 			fd_short_refused += fd_short;
 			continue;
 		}
-		levent_conn_watch(c);
+		if (!levent_conn_watch(c)) {
+			conn_reply(c, 0, GPX__STATUS__ENOMEM, "gpxd is out of memory", NULL, NULL, 0);
+			conn_kill(c, "out of memory watching its socket");
+		}
 	}
 	loop_turn_end(t0);
 }

@@ -1,12 +1,14 @@
 /*
- * gpxd when an allocation fails while it answers a query (tests/failalloc.c, preloaded into
- * gpxd, fails the one allocation it is told to).  For each kind of query gpxctl makes, the
- * first, second, third ... allocation gpxd makes for it fails in turn, until one query needs
- * fewer allocations than that: each time the query is answered, either whole (the reply
- * decodes) or refused ENOMEM, never left without an answer; gpxd lives on, and the same query
- * unarmed is answered whole.  A client holds 40 regions, an export and a copy of 1 TiB in
- * flight meanwhile, so that the lists are long enough to grow and the regions' reply too large
- * for the stack buffer of its send.  (The peers' list needs a fabric: not here.)
+ * gpxd when one of its allocations fails (tests/failalloc.c, preloaded into gpxd, fails the
+ * one allocation it is told to).  For each kind of query gpxctl makes, and each kind of
+ * request a client makes (connect, register, copies of every shape, export and import), the
+ * first, second, third ... allocation gpxd makes for it fails in turn, until one needs fewer
+ * allocations than that: each time the request ends whole (a query's reply decodes, a copy's
+ * bytes are in place) or refused ENOMEM, never left without an answer and never cut short;
+ * gpxd lives on, the same request unarmed ends whole after, and at the end gpxd holds no
+ * descriptor more than before.  For the queries a client holds 40 regions, an export and a
+ * copy of 1 TiB in flight, so that the lists are long enough to grow and the regions' reply
+ * too large for the stack buffer of its send.  (The peers' list needs a fabric: not here.)
  *
  * Skipped in a sanitizer build, whose runtime must come first in gpxd's libraries.
  */
@@ -83,6 +85,201 @@ query(gpx_conn *c, enum gpx_query what)
 	return r;
 }
 
+struct qarg {
+	gpx_conn *c;
+	enum gpx_query what;
+};
+
+static int
+op_query(void *arg)
+{
+	struct qarg *a = arg;
+
+	return query(a->c, a->what);
+}
+
+/*
+ * Fails the 1st, 2nd, ... allocation gpxd makes for fn in turn, until fn needs fewer: each
+ * time fn must end whole (0) or refused ENOMEM, gpxd must live, and fn unarmed must end whole
+ * after.  One check; false when gpxd died.
+ */
+static bool
+fail_each(struct harness *h, const char *name, int (*fn)(void *), void *arg)
+{
+	int n, whole = 0, refused = 0, other = 0, last_other = 0, after_bad = 0, last_after = 0;
+	bool alive = true, done = false;
+
+	asking = name;
+	for (n = 1; n <= TRIES_MAX && alive && !done; n++) {
+		atomic_store(countdown, n);
+		alarm(60);
+		int r = fn(arg);
+		done = atomic_exchange(countdown, 0) > 0;     /* fn took fewer than n */
+		if (r != 0 && r != -GPX_ENOMEM)
+			usleep(200000);          /* a gpxd that dropped the connection as it died: gone by now */
+		alive = gpxd_alive(h);
+		if (done)
+			break;
+		if (r == 0)
+			whole++;
+		else if (r == -GPX_ENOMEM)
+			refused++;
+		else {
+			other++;
+			last_other = r;
+		}
+		if (alive && (r = fn(arg)) != 0) {
+			after_bad++;
+			last_after = r;
+		}
+		alarm(0);
+	}
+	alarm(0);
+	alive = alive && gpxd_alive(h);
+	ok(alive && done && other == 0 && after_bad == 0,
+	    "%s: each of its %d allocations failed in turn: whole %d times, ENOMEM %d times "
+	    "(other ends %d%s%s), %s, unarmed whole after each (%d not%s%s)",
+	    name, n - 1, whole, refused, other, other ? ", the last: " : "", other ? gpx_strerror(last_other) : "",
+	    alive ? "gpxd alive" : "gpxd DIED", after_bad, after_bad ? ", the last: " : "",
+	    after_bad ? gpx_strerror(last_after) : "");
+	return alive;
+}
+
+/* ---- requests: each kind a client sends, under one failed allocation ---- */
+
+struct rq {
+	struct harness *h;
+	gpx_conn *c, *other;              /* the requester, and a second connection that imports */
+	gpx_region a, b;                  /* two 1 MiB host regions of c */
+	int fa, fb;
+	unsigned char *pa, *pb;
+	uint64_t tag;
+	unsigned seed;
+};
+
+/* A copy's result, waited for: 0, or its error. */
+static int
+rq_wait(struct rq *q, int r)
+{
+	struct gpx_completion done;
+
+	if (r < 0)
+		return r;
+	r = gpx_wait_tag(q->c, q->tag, &done, 20000);
+	return r < 0 ? r : done.status;
+}
+
+/* The bytes of b are a's, after a copy of a fresh pattern: for the copies that said 0. */
+static void
+rq_pattern(struct rq *q)
+{
+	q->seed++;
+	for (size_t i = 0; i < (1u << 20); i++)
+		q->pa[i] = (unsigned char)(i * 31 + q->seed);
+	memset(q->pb, 0, 1u << 20);
+}
+
+static int
+op_connect(void *arg)
+{
+	struct rq *q = arg;
+	gpx_conn *c = NULL;
+	int r = gpx_connect(q->h->sock, "alloc-fail-connect", &c);
+
+	if (r == 0)
+		gpx_close(c);
+	return r;
+}
+
+static int
+op_register(void *arg)
+{
+	struct rq *q = arg;
+	gpx_region r2;
+	int r = gpx_register_host(q->c, q->fa, 0, 4096, 0, &r2);
+
+	if (r == 0)
+		r = gpx_deregister(q->c, r2);
+	return r;
+}
+
+static int
+op_copy(void *arg)
+{
+	struct rq *q = arg;
+	rq_pattern(q);
+	int r = rq_wait(q, gpx_copy(q->c, q->a, 0, q->b, 0, 1u << 20, ++q->tag));
+	return r == 0 && memcmp(q->pa, q->pb, 1u << 20) != 0 ? -GPX_EIO : r;
+}
+
+static int
+op_copyv(void *arg)
+{
+	struct rq *q = arg;
+	struct gpx_seg s[64];
+
+	rq_pattern(q);
+	for (int i = 0; i < 64; i++)
+		s[i] = (struct gpx_seg){ (uint64_t)i << 14, (uint64_t)(63 - i) << 14, 1u << 14 };
+	int r = rq_wait(q, gpx_copyv(q->c, q->a, q->b, s, 64, ++q->tag));
+	for (int i = 0; r == 0 && i < 64; i++)
+		if (memcmp(q->pa + ((size_t)i << 14), q->pb + ((size_t)(63 - i) << 14), 1u << 14) != 0)
+			r = -GPX_EIO;
+	return r;
+}
+
+static int
+op_batch(void *arg)
+{
+	struct rq *q = arg;
+	struct gpx_pair p[8];
+	struct gpx_seg s[8];
+
+	rq_pattern(q);
+	for (int i = 0; i < 8; i++) {
+		p[i] = (struct gpx_pair){ q->a, q->b, (uint64_t)i << 17, (uint64_t)i << 17, (uint32_t)i, 1 };
+		s[i] = (struct gpx_seg){ 0, 0, 1u << 17 };
+	}
+	int r = rq_wait(q, gpx_copy_batch(q->c, p, 8, s, 8, ++q->tag));
+	return r == 0 && memcmp(q->pa, q->pb, 1u << 20) != 0 ? -GPX_EIO : r;
+}
+
+static int
+op_pages(void *arg)
+{
+	struct rq *q = arg;
+	uint32_t sp[64], dp[64];
+
+	rq_pattern(q);
+	for (uint32_t i = 0; i < 64; i++) {
+		sp[i] = i;
+		dp[i] = 255 - i;
+	}
+	int r = rq_wait(q, gpx_copy_pages(q->c, q->a, 0, q->b, 0, 4096, sp, dp, 64, ++q->tag));
+	for (int i = 0; r == 0 && i < 64; i++)
+		if (memcmp(q->pa + (size_t)i * 4096, q->pb + (size_t)(255 - i) * 4096, 4096) != 0)
+			r = -GPX_EIO;
+	return r;
+}
+
+static int
+op_export(void *arg)
+{
+	struct rq *q = arg;
+	struct gpx_export_opts o = { .rule = GPX_EXPORT_ANY };
+	gpx_region imp;
+	uint64_t len;
+	int r = gpx_export(q->c, q->a, "alloc-fail.req", &o);
+
+	if (r < 0)
+		return r;
+	r = gpx_import(q->other, "alloc-fail.req", &imp, &len);
+	if (r == 0)
+		r = gpx_deregister(q->other, imp);
+	int u = gpx_unexport(q->c, "alloc-fail.req");
+	return r < 0 ? r : u;
+}
+
 int
 main(void)
 {
@@ -146,42 +343,31 @@ main(void)
 		tap_bail("connect: %s", gpx_last_error(NULL));
 
 	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
-		int n, whole = 0, refused = 0, other = 0, last_other = 0, after_bad = 0;
-		bool alive = true, done = false;
-		asking = kinds[k].name;
-		for (n = 1; n <= TRIES_MAX && alive && !done; n++) {
-			atomic_store(countdown, n);
-			alarm(60);
-			int r = query(c, kinds[k].what);
-			done = atomic_exchange(countdown, 0) > 0;     /* the query took fewer than n */
-			if (r != 0 && r != -GPX_ENOMEM)
-				usleep(200000);          /* a gpxd that dropped the connection as it died: gone by now */
-			alive = gpxd_alive(&h);
-			if (done)
-				break;
-			if (r == 0)
-				whole++;
-			else if (r == -GPX_ENOMEM)
-				refused++;
-			else {
-				other++;
-				last_other = r;
-			}
-			if (alive && query(c, kinds[k].what) != 0)
-				after_bad++;
-			alarm(0);
-		}
-		alarm(0);
-		alive = alive && gpxd_alive(&h);
-		ok(alive && done && other == 0 && after_bad == 0,
-		    "%s: each of its %d allocations failed in turn: answered whole %d times, ENOMEM %d times "
-		    "(other answers %d%s%s), %s, the query unarmed whole after each (%d not)",
-		    kinds[k].name, n - 1, whole, refused, other, other ? ", the last: " : "",
-		    other ? gpx_strerror(last_other) : "", alive ? "gpxd alive" : "gpxd DIED", after_bad);
-		if (!alive)
+		struct qarg a = { c, kinds[k].what };
+		if (!fail_each(&h, kinds[k].name, op_query, &a))
 			break;
 	}
 	ok(gpxd_alive(&h) && query(c, GPX_Q_REGIONS) == 0, "gpxd answers a query after them all");
+
+	static const struct { int (*fn)(void *); const char *name; } ops[] = {
+		{ op_connect, "connect (Hello, its ring and segment area)" },
+		{ op_register, "register and deregister host memory" },
+		{ op_copy, "a copy of 1 MiB" }, { op_copyv, "a copy of 64 segments" },
+		{ op_batch, "a batch of 8 pairs" }, { op_pages, "a copy of 64 pages" },
+		{ op_export, "export, import by another connection, unexport" },
+	};
+	struct rq q = { .h = &h };
+	if (gpx_connect(h.sock, "alloc-fail-req", &q.c) < 0 || gpx_connect(h.sock, "alloc-fail-other", &q.other) < 0 ||
+	    gpx_host_alloc(1u << 20, &q.fa, (void **)&q.pa) < 0 || gpx_host_alloc(1u << 20, &q.fb, (void **)&q.pb) < 0 ||
+	    gpx_register_host(q.c, q.fa, 0, 1u << 20, 0, &q.a) < 0 || gpx_register_host(q.c, q.fb, 0, 1u << 20, 0, &q.b) < 0)
+		tap_bail("the requests' connections and regions: %s", gpx_last_error(q.c));
+	for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++)
+		if (!fail_each(&h, ops[k].name, ops[k].fn, &q))
+			break;
+	gpx_close(q.other);
+	gpx_close(q.c);
+	gpx_host_free(q.fa, q.pa, 1u << 20);
+	gpx_host_free(q.fb, q.pb, 1u << 20);
 	struct gpx_completion done;
 	int r = gpx_cancel(holder, BUSY_TAG);
 	r = r == 0 || r == -GPX_ENOENT ? gpx_wait_tag(holder, BUSY_TAG, &done, 60000) : r;
@@ -193,6 +379,8 @@ main(void)
 		gpx_host_free(fds[i], mem[i], 4096);
 	for (int i = 0; i < 2; i++)
 		gpx_host_free(bfd[i], bmem[i], BUSY_LEN);
+	int left = harness_wait_fds(&h, h.baseline, 10000);
+	ok(left == h.baseline, "every client gone: gpxd's descriptors back to %d (%d)", h.baseline, left);
 	munmap((void *)countdown, 4096);
 	unlink(path);
 	harness_finish(&h);

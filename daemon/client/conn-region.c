@@ -165,6 +165,7 @@ handles_release(struct conn *c)
 /* ---- Register ---- */
 
 struct reg_op {
+	struct defer_task task;        /* queued through it (defer.c) */
 	struct conn *c;
 	uint32_t seq;
 	struct region *r;
@@ -415,12 +416,13 @@ req_register(struct conn *c, uint32_t seq, const Gpx__Register *m, int *fds, int
 		reg_done(op);
 		return;
 	}
-	defer_run(reg_work, reg_done, op);
+	defer_run(&op->task, reg_work, reg_done, op);
 }
 
 /* ---- Pieces: VMM memory for the next registrations to name (daemon/gpu/vmm.c) ---- */
 
 struct pieces_op {
+	struct defer_task task;        /* queued through it (defer.c) */
 	struct conn *c;
 	uint32_t seq;
 	uint64_t owner, res, res_size;
@@ -526,7 +528,7 @@ req_pieces(struct conn *c, uint32_t seq, const Gpx__Pieces *m, int *fds, int nfd
 	}
 	c->pending++;
 	op->queued = now_s();
-	defer_run(pieces_work, pieces_done, op);
+	defer_run(&op->task, pieces_work, pieces_done, op);
 }
 
 /*

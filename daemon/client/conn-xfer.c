@@ -97,6 +97,7 @@ transfer_end(struct conn *c, uint32_t seq, uint64_t tag, double t_recv, int r, s
  * loop does for the request in any one turn stays short however long its list.
  */
 struct tcheck {
+	struct defer_task task;        /* queued through it (defer.c) */
 	struct conn *c;
 	struct cq *cq;               /* a reference: the credit was taken on it */
 	struct xfer_check *k;
@@ -195,7 +196,7 @@ transfer(struct conn *c, uint32_t seq, const Gpx__Transfer *m, int *fds, int nfd
 	c->pending++;
 	c->checking = later;
 	conn_loop->pause(c, true);
-	defer_run(tcheck_work, tcheck_done, tc);
+	defer_run(&tc->task, tcheck_work, tcheck_done, tc);
 	return true;
 }
 

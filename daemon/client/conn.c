@@ -172,17 +172,17 @@ peer_creds(int fd, struct ucred *cr, gid_t *groups, int *ngroups)
 static struct conn *
 conn_make(int fd, const struct ucred *cr, const gid_t *groups, int ngroups, bool admin)
 {
+	struct user *u = user_get(cr->uid);
 	struct conn *c;
 
-	if ((c = calloc(1, sizeof(*c))) == NULL)
+	if (u == NULL || (arena == NULL && (arena = wire_arena_new(GPX_ARENA_SIZE)) == NULL) ||
+	    (c = calloc(1, sizeof(*c))) == NULL)
 		return NULL;
 	if (next_epoch == 0) {
 		if (getrandom(&next_epoch, sizeof(next_epoch), 0) != sizeof(next_epoch))
 			next_epoch = (uint32_t)time(NULL) ^ ((uint32_t)getpid() << 16);
 		next_epoch |= 1;
 	}
-	if (arena == NULL && (arena = wire_arena_new(GPX_ARENA_SIZE)) == NULL)
-		fatalx("out of memory");
 	c->fd = fd;
 	c->id = ++next_client_id;
 	c->epoch = next_epoch++;
@@ -195,7 +195,7 @@ conn_make(int fd, const struct ucred *cr, const gid_t *groups, int ngroups, bool
 	c->ngroups = ngroups;
 	c->pidfd = (int)syscall(SYS_pidfd_open, cr->pid, 0);
 	c->state = CONN_HELLO;
-	c->user = user_get(cr->uid);
+	c->user = u;
 	c->user->conns++;
 	c->admin = admin;
 	if (!admin) {
@@ -253,9 +253,12 @@ hello_evict(struct user *u)
 	return false;
 }
 
-/* Refuses a connection before anything is made for it: one Reply with the reason, then close. */
+/*
+ * Refuses a connection before anything is made for it: one Reply with the reason, then close.
+ * u is NULL when not even the uid's record could be made.
+ */
 static void
-refuse_at_accept(int fd, struct user *u, pid_t pid, int status, const char *why)
+refuse_at_accept(int fd, struct user *u, const struct ucred *cr, int status, const char *why)
 {
 	Gpx__Reply r = GPX__REPLY__INIT;
 	Gpx__DaemonMsg m = GPX__DAEMON_MSG__INIT;
@@ -266,7 +269,10 @@ refuse_at_accept(int fd, struct user *u, pid_t pid, int status, const char *why)
 	m.reply = &r;
 	wire_send_msg(fd, &m.base, NULL, 0);    /* a fresh non-blocking socket: room for one */
 	close(fd);
-	log_uid(u, LOG_L_WARN, "refused a connection of uid %u pid %d: %s", (unsigned)u->uid, (int)pid, why);
+	if (u != NULL)
+		log_uid(u, LOG_L_WARN, "refused a connection of uid %u pid %d: %s", (unsigned)cr->uid, (int)cr->pid, why);
+	else
+		log_warnx("refused a connection of uid %u pid %d: %s", (unsigned)cr->uid, (int)cr->pid, why);
 }
 
 struct conn *
@@ -283,7 +289,10 @@ conn_accept(int fd, bool admins_only)
 	}
 	struct user *u = user_get(cr.uid);
 	bool admin = peer_admin(cr.uid, cr.gid, groups, ngroups);
-	if (u->conns >= cfg->max_conns_per_uid) {
+	if (u == NULL) {
+		status = GPX__STATUS__ENOMEM;
+		snprintf(why, sizeof(why), "gpxd is out of memory");
+	} else if (u->conns >= cfg->max_conns_per_uid) {
 		status = GPX__STATUS__EQUOTA;
 		snprintf(why, sizeof(why), "uid %u has %u connections (limit %u)", (unsigned)cr.uid, u->conns,
 		    cfg->max_conns_per_uid);
@@ -297,12 +306,12 @@ conn_accept(int fd, bool admins_only)
 		    "of uid %u", nhello, u->hello, (unsigned)cr.uid);
 	}
 	if (status != 0) {
-		refuse_at_accept(fd, u, cr.pid, status, why);
+		refuse_at_accept(fd, u, &cr, status, why);
 		return NULL;
 	}
 	struct conn *c = conn_make(fd, &cr, groups, ngroups, admin);
 	if (c == NULL)
-		close(fd);
+		refuse_at_accept(fd, u, &cr, GPX__STATUS__ENOMEM, "gpxd is out of memory");
 	return c;
 }
 

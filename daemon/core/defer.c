@@ -14,13 +14,7 @@
 
 #include "daemon/gpxd.h"
 
-struct task {
-	STAILQ_ENTRY(task) entry;
-	struct task *next_done;
-	defer_fn work, done;
-	void *arg;
-};
-STAILQ_HEAD(task_list, task);
+STAILQ_HEAD(task_list, defer_task);
 
 static pthread_mutex_t defer_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t defer_cond = PTHREAD_COND_INITIALIZER;
@@ -30,7 +24,7 @@ static struct task_list defer_todo = STAILQ_HEAD_INITIALIZER(defer_todo);
  * thread, without a lock, so that the loop never waits for a task thread the scheduler has
  * set aside while it held one.
  */
-static _Atomic(struct task *) defer_done;
+static _Atomic(struct defer_task *) defer_done;
 static pthread_t *defer_threads;
 static int defer_nthreads;
 static bool defer_quit;
@@ -48,14 +42,14 @@ defer_main(void *unused)
 			pthread_cond_wait(&defer_cond, &defer_lock);
 		if (STAILQ_EMPTY(&defer_todo))
 			break;
-		struct task *t = STAILQ_FIRST(&defer_todo);
+		struct defer_task *t = STAILQ_FIRST(&defer_todo);
 		STAILQ_REMOVE_HEAD(&defer_todo, entry);
 		pthread_mutex_unlock(&defer_lock);
 
 		t->work(t->arg);
 
 		/* The first of a batch wakes the loop; it takes whatever is there by then. */
-		struct task *head = atomic_load(&defer_done);
+		struct defer_task *head = atomic_load(&defer_done);
 		do
 			t->next_done = head;
 		while (!atomic_compare_exchange_weak(&defer_done, &head, t));
@@ -76,13 +70,13 @@ defer_main(void *unused)
  * The rest wait in `ready`, and a count written to the eventfd brings the loop back to them
  * after it has looked at the sockets.  At shutdown (reap_all) every one runs.
  */
-static struct task *ready, **ready_tail = &ready;
+static struct defer_task *ready, **ready_tail = &ready;
 static bool reap_all;
 
 static void
 defer_reap(evutil_socket_t fd, short what, void *unused)
 {
-	struct task *t, *fifo = NULL, *last = NULL;
+	struct defer_task *t, *fifo = NULL, *last = NULL;
 	uint64_t v;
 
 	double t0 = loop_turn_begin();
@@ -92,7 +86,7 @@ defer_reap(evutil_socket_t fd, short what, void *unused)
 	(void)!read(fd, &v, sizeof(v));
 	/* Newest first: reversed, behind those an earlier turn left. */
 	for (t = atomic_exchange(&defer_done, NULL); t != NULL;) {
-		struct task *nx = t->next_done;
+		struct defer_task *nx = t->next_done;
 		if (last == NULL)
 			last = t;
 		t->next_done = fifo;
@@ -106,8 +100,7 @@ defer_reap(evutil_socket_t fd, short what, void *unused)
 	while ((t = ready) != NULL) {
 		if ((ready = t->next_done) == NULL)
 			ready_tail = &ready;
-		t->done(t->arg);
-		free(t);
+		t->done(t->arg);         /* (which may free the record t is in) */
 		bool over = loop_turn_over();     /* (counts it as the turn's work) */
 		if (ready != NULL && over && !reap_all) {
 			uint64_t one = 1;
@@ -159,12 +152,8 @@ defer_shutdown(void)
 }
 
 void
-defer_run(defer_fn work, defer_fn done, void *arg)
+defer_run(struct defer_task *t, defer_fn work, defer_fn done, void *arg)
 {
-	struct task *t = malloc(sizeof(*t));
-
-	if (t == NULL)
-		fatalx("out of memory");
 	t->work = work;
 	t->done = done;
 	t->arg = arg;

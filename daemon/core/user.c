@@ -26,8 +26,10 @@ user_get(uid_t uid)
 	TAILQ_FOREACH(u, &users, entry)
 		if (u->uid == uid)
 			return u;
-	if ((u = calloc(1, sizeof(*u))) == NULL || (u->uq = calloc(NPATHS, sizeof(*u->uq))) == NULL)
-		fatalx("out of memory");
+	if ((u = calloc(1, sizeof(*u))) == NULL || (u->uq = calloc(NPATHS, sizeof(*u->uq))) == NULL) {
+		free(u);
+		return NULL;
+	}
 	for (int p = 0; p < NPATHS; p++)
 		TAILQ_INIT(&u->uq[p].conns);
 	u->uid = uid;

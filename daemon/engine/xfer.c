@@ -350,6 +350,7 @@ xfer_set_area(const unsigned char **area, size_t *area_len, int fd, uint64_t len
  * lists): a task thread does it.
  */
 struct unmap {
+	struct defer_task task;        /* queued through it (defer.c) */
 	void *p;
 	size_t len;
 };
@@ -377,8 +378,8 @@ area_unmap(void *p, size_t len)
 		munmap(p, len);
 		return;
 	}
-	*u = (struct unmap){ p, len };
-	defer_run(unmap_work, unmap_done, u);
+	*u = (struct unmap){ .p = p, .len = len };
+	defer_run(&u->task, unmap_work, unmap_done, u);
 }
 
 /* Lets go of a segment area; one that checking (a task thread) still reads goes when it ends. */

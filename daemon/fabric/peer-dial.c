@@ -106,6 +106,7 @@ on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int
 /* ---- dialling ---- */
 
 struct resolve_op {
+	struct defer_task task;        /* queued through it (defer.c) */
 	struct ptarget *t;
 	struct sockaddr_storage ss;
 	socklen_t sslen;
@@ -180,7 +181,7 @@ peer_dial(struct ptarget *t)
 		return;
 	op->t = t;
 	t->resolving = true;
-	defer_run(resolve_work, resolve_done, op);
+	defer_run(&op->task, resolve_work, resolve_done, op);
 }
 
 struct ptarget *

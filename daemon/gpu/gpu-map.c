@@ -24,6 +24,7 @@
 #define GMAP_KEY 64     /* an IPC handle; or connection, buffer id and size */
 
 struct gmap {
+	struct defer_task task;        /* queued through it (defer.c) */
 	TAILQ_ENTRY(gmap) entry;
 	int refs;
 	Gpx__MemKind kind;
@@ -165,7 +166,7 @@ gmap_unref(struct gmap *m)
 	pthread_mutex_unlock(&gmap_lock);
 	if (last) {
 		atomic_fetch_add(&gmap_closing, 1);
-		defer_run(gmap_close_work, gmap_noop, m);
+		defer_run(&m->task, gmap_close_work, gmap_noop, m);
 	}
 }
 

@@ -192,8 +192,15 @@ piece_unmap(struct vpiece *p)
 	piece_detach(p);
 }
 
+/* Pieces let go of together, unmapped on a task thread. */
+struct dying {
+	struct defer_task task;        /* queued through it (defer.c) */
+	size_t n;
+	struct vpiece *p[];
+};
+
 /*
- * Task thread: unmaps the dying pieces of ps (which ends with NULL).  The driver calls run
+ * Task thread: unmaps the dying pieces of d.  The driver calls run
  * without the lock: they took ~450 us a piece on an H100 (p50, against ~140 us with nothing
  * else going on), and under the lock they held up the loop thread's next registration, which
  * takes it to look for pieces held.  A dying piece stays in its mirror until it is unmapped:
@@ -202,25 +209,24 @@ piece_unmap(struct vpiece *p)
 static void
 pieces_free_work(void *arg)
 {
-	struct vpiece **ps = arg;
+	struct dying *d = arg;
 	double t0 = now_s();
-	size_t i;
 
-	for (i = 0; ps[i] != NULL; i++) {
-		cuda_vmm_unmap(ps[i]->m->va + ps[i]->off, ps[i]->size);
-		cuda_vmm_release(ps[i]->handle);
+	for (size_t i = 0; i < d->n; i++) {
+		cuda_vmm_unmap(d->p[i]->m->va + d->p[i]->off, d->p[i]->size);
+		cuda_vmm_release(d->p[i]->handle);
 	}
 	double t1 = now_s();
 	pthread_mutex_lock(&vmm_lock);
-	for (i = 0; ps[i] != NULL; i++) {
-		struct vmirror *m = ps[i]->m;
-		piece_detach(ps[i]);
+	for (size_t i = 0; i < d->n; i++) {
+		struct vmirror *m = d->p[i]->m;
+		piece_detach(d->p[i]);
 		mirror_drop_empty(m);
 	}
 	pthread_mutex_unlock(&vmm_lock);
 	log_debug("gpu", "%zu VMM pieces let go: unmapped and released in %.1f us, then %.1f us under the lock",
-	    i, (t1 - t0) * 1e6, (now_s() - t1) * 1e6);
-	free(ps);
+	    d->n, (t1 - t0) * 1e6, (now_s() - t1) * 1e6);
+	free(d);
 }
 
 static void
@@ -229,16 +235,26 @@ piece_noop(void *arg)
 	(void)arg;
 }
 
-/* Hands the n dying pieces of ps to a task thread. */
-static void
-pieces_free(struct vpiece **ps, size_t n)
+/* A list of up to n dying pieces, or NULL. */
+static struct dying *
+dying_new(size_t n)
 {
-	if (n == 0) {
-		free(ps);
+	struct dying *d = malloc(sizeof(*d) + n * sizeof(d->p[0]));
+
+	if (d != NULL)
+		d->n = 0;
+	return d;
+}
+
+/* Hands the dying pieces of d to a task thread. */
+static void
+pieces_free(struct dying *d)
+{
+	if (d->n == 0) {
+		free(d);
 		return;
 	}
-	ps[n] = NULL;
-	defer_run(pieces_free_work, piece_noop, ps);
+	defer_run(&d->task, pieces_free_work, piece_noop, d);
 }
 
 /*
@@ -431,6 +447,7 @@ vmm_import(uint64_t owner, int dev, uint64_t res, uint64_t res_size, const struc
  * worth a connection, at most: the next Pieces lets the one before go.  Loop thread only.
  */
 struct parked {
+	struct defer_task task;        /* queued through it (defer.c) */
 	TAILQ_ENTRY(parked) entry;
 	uint64_t owner;
 	uint32_t n;
@@ -461,7 +478,7 @@ unpark(uint64_t owner)
 	TAILQ_FOREACH(pk, &parked, entry)
 		if (pk->owner == owner) {
 			TAILQ_REMOVE(&parked, pk, entry);
-			defer_run(parked_close_work, parked_free, pk);
+			defer_run(&pk->task, parked_close_work, parked_free, pk);
 			return;
 		}
 }
@@ -489,13 +506,12 @@ void
 vmm_sweep(uint64_t owner)
 {
 	struct vmirror *m;
-	struct vpiece **ps;
-	size_t n = 0;
+	struct dying *d;
 
 	unpark(owner);
 	pthread_mutex_lock(&vmm_lock);
 	uint32_t loose = loose_count(owner);
-	if (loose == 0 || (ps = malloc((loose + 1) * sizeof(*ps))) == NULL) {
+	if (loose == 0 || (d = dying_new(loose)) == NULL) {
 		pthread_mutex_unlock(&vmm_lock);
 		return;
 	}
@@ -504,10 +520,10 @@ vmm_sweep(uint64_t owner)
 			if (m->p[i]->refs == 0 && !m->p[i]->dying) {
 				m->p[i]->dying = true;
 				m->loose--;
-				ps[n++] = m->p[i];
+				d->p[d->n++] = m->p[i];
 			}
 	pthread_mutex_unlock(&vmm_lock);
-	pieces_free(ps, n);
+	pieces_free(d);
 }
 
 /* The region's pieces are no longer its: those no other region uses go. */
@@ -515,23 +531,22 @@ static void
 vmm_close(struct region *r)
 {
 	struct vbind *b = r->priv;
-	struct vpiece **ps;
-	size_t n = 0;
+	struct dying *d;
 
 	if (b == NULL)
 		return;
-	ps = malloc((b->n + 1) * sizeof(*ps));
+	d = dying_new(b->n);
 	pthread_mutex_lock(&vmm_lock);
 	for (uint32_t i = 0; i < b->n; i++) {
 		struct vpiece *p = b->p[i];
-		if (--p->refs > 0 || ps == NULL)
+		if (--p->refs > 0 || d == NULL)
 			continue;      /* (without memory for the list, the owner's next sweep lets it go) */
 		p->dying = true;
-		ps[n++] = p;
+		d->p[d->n++] = p;
 	}
 	pthread_mutex_unlock(&vmm_lock);
-	if (ps != NULL)
-		pieces_free(ps, n);
+	if (d != NULL)
+		pieces_free(d);
 	free(b);
 	__atomic_store_n(&r->priv, NULL, __ATOMIC_RELEASE);
 }

@@ -275,6 +275,7 @@ host_open(struct region *r, char *err, size_t errlen)
  * takes about 0.25 ms per MiB: neither on the loop thread, nor on a copy worker.
  */
 struct unpin {
+	struct defer_task task;        /* queued through it (defer.c) */
 	void *map;
 	size_t len;
 	int fd;
@@ -306,7 +307,7 @@ host_close(struct region *r)
 
 	if (r->map != NULL && (u = malloc(sizeof(*u))) != NULL) {
 		*u = (struct unpin){ .map = r->map, .len = r->map_len, .fd = r->fd, .pinned = r->priv != NULL };
-		defer_run(unpin_work, unpin_done, u);
+		defer_run(&u->task, unpin_work, unpin_done, u);
 	} else {
 		if (r->priv != NULL)
 			gpu_host_unpin(r->map);
