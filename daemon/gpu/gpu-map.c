@@ -146,13 +146,13 @@ gmap_close_work(void *arg)
 	log_debug("gpu", "closed %s mapping of %llu bytes on GPU%d", gmap_kind(m),
 	    (unsigned long long)m->size, m->dev);
 	atomic_fetch_sub(&gmap_closing, 1);
-	free(m);
 }
 
+/* Loop thread: the record goes once defer.c is done with the task in it. */
 static void
-gmap_noop(void *arg)
+gmap_free(void *arg)
 {
-	(void)arg;
+	free(arg);
 }
 
 /* Drops a region's reference; the last one closes the mapping off the calling thread. */
@@ -166,7 +166,7 @@ gmap_unref(struct gmap *m)
 	pthread_mutex_unlock(&gmap_lock);
 	if (last) {
 		atomic_fetch_add(&gmap_closing, 1);
-		defer_run(&m->task, gmap_close_work, gmap_noop, m);
+		defer_run(&m->task, gmap_close_work, gmap_free, m);
 	}
 }
 

@@ -226,13 +226,13 @@ pieces_free_work(void *arg)
 	pthread_mutex_unlock(&vmm_lock);
 	log_debug("gpu", "%zu VMM pieces let go: unmapped and released in %.1f us, then %.1f us under the lock",
 	    d->n, (t1 - t0) * 1e6, (now_s() - t1) * 1e6);
-	free(d);
 }
 
+/* Loop thread: the list goes once defer.c is done with the task in it. */
 static void
-piece_noop(void *arg)
+dying_free(void *arg)
 {
-	(void)arg;
+	free(arg);
 }
 
 /* A list of up to n dying pieces, or NULL. */
@@ -254,7 +254,7 @@ pieces_free(struct dying *d)
 		free(d);
 		return;
 	}
-	defer_run(&d->task, pieces_free_work, piece_noop, d);
+	defer_run(&d->task, pieces_free_work, dying_free, d);
 }
 
 /*
