@@ -3,12 +3,12 @@
  * one allocation it is told to).  For each kind of query gpxctl makes, and each kind of
  * request a client makes (connect, register, copies of every shape, export and import), the
  * first, second, third ... allocation gpxd makes for it fails in turn, until one needs fewer
- * allocations than that: each time the request ends whole (a query's reply decodes, a copy's
- * bytes are in place) or refused ENOMEM, never left without an answer and never cut short;
+ * allocations than that: each time the request ends whole (a query's reply decodes with every
+ * entry an unarmed one has, a copy's bytes are in place) or refused ENOMEM, never left without an answer and never cut short;
  * gpxd lives on, the same request unarmed ends whole after, and at the end gpxd holds no
  * descriptor more than before.  For the queries a client holds 40 regions, an export and a
  * copy of 1 TiB in flight, so that the lists are long enough to grow and the regions' reply
- * too large for the stack buffer of its send.  (The peers' list needs a fabric: not here.)
+ * too large for the stack buffer of its send, and gpxd has a fabric with one peer down.
  *
  * Skipped in a sanitizer build, whose runtime must come first in gpxd's libraries.
  */
@@ -23,6 +23,9 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/wait.h>
 
 #include "client-lib/gpx.h"
@@ -67,9 +70,9 @@ gpxd_alive(struct harness *h)
 	return h->pid > 0;
 }
 
-/* One query, whole: its reply decodes.  0, or the library's error. */
+/* One query: 0 if its reply decodes, with *entries (may be NULL) the entries of its lists. */
 static int
-query(gpx_conn *c, enum gpx_query what)
+query_n(gpx_conn *c, enum gpx_query what, size_t *entries)
 {
 	void *buf = NULL;
 	size_t len = 0;
@@ -78,6 +81,9 @@ query(gpx_conn *c, enum gpx_query what)
 	if (r == 0) {
 		Gpx__QueryReply *q = gpx__query_reply__unpack(NULL, len, buf);
 		r = q != NULL ? 0 : -GPX_EPROTO;
+		if (q != NULL && entries != NULL)
+			*entries = q->n_clients + q->n_regions + q->n_exports + q->n_transfers + q->n_paths +
+			    q->n_devices + q->n_links + q->n_nics + q->n_peers;
 		if (q != NULL)
 			gpx__query_reply__free_unpacked(q, NULL);
 	}
@@ -85,17 +91,68 @@ query(gpx_conn *c, enum gpx_query what)
 	return r;
 }
 
+static int
+query(gpx_conn *c, enum gpx_query what)
+{
+	return query_n(c, what, NULL);
+}
+
+/* A port of 127.0.0.1 free a moment ago, or -1. */
+static int
+free_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
+
+	if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof(a)) == 0 && getsockname(s, (struct sockaddr *)&a, &len) == 0)
+		port = ntohs(a.sin_port);
+	if (s >= 0)
+		close(s);
+	return port;
+}
+
+/* The fabric's key: 32 random bytes in base64, mode 0600.  0 or -1. */
+static int
+write_key(const char *path)
+{
+	static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	unsigned char raw[33] = { 0 };
+	char text[48];
+	size_t n = 0;
+	int fd;
+
+	if (getentropy(raw, 32) < 0)
+		return -1;
+	for (size_t i = 0; i < 33; i += 3) {
+		uint32_t v = (uint32_t)raw[i] << 16 | (uint32_t)raw[i + 1] << 8 | raw[i + 2];
+		for (int k = 3; k >= 0; k--)
+			text[n++] = b64[(v >> (6 * k)) & 63];
+	}
+	text[43] = '=';
+	text[44] = '\n';
+	if ((fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) < 0)
+		return -1;
+	bool good = write(fd, text, 45) == 45;
+	close(fd);
+	return good ? 0 : -1;
+}
+
 struct qarg {
 	gpx_conn *c;
 	enum gpx_query what;
+	size_t entries;                   /* in its lists, asked unarmed */
 };
 
+/* A query answered whole: as many entries as unarmed; one with fewer is cut short (EPROTO). */
 static int
 op_query(void *arg)
 {
 	struct qarg *a = arg;
+	size_t n = 0;
+	int r = query_n(a->c, a->what, &n);
 
-	return query(a->c, a->what);
+	return r == 0 && n != a->entries ? -GPX_EPROTO : r;
 }
 
 /*
@@ -311,9 +368,18 @@ main(void)
 	close(fd);
 	if (countdown == MAP_FAILED)
 		tap_bail("mmap: %s", strerror(errno));
+	/* A fabric listening on a port of its own, with a peer where nothing listens: the peers'
+	 * list has an entry for it (retried once an hour, so that no dial falls within a check) */
+	char key[200], extra[512];
+	int port = free_port();
+	snprintf(key, sizeof(key), "%s.key", path);
+	if (port < 0 || write_key(key) < 0)
+		tap_bail("a port and a key for the fabric: %s", strerror(errno));
+	snprintf(extra, sizeof(extra), "[fabric]\nnode = alloc-fail\nlisten = 127.0.0.1:%d\npeers = 127.0.0.1:%d\n"
+	    "key_file = %s\nretry_interval = 3600\n", port, free_port(), key);
 	setenv("LD_PRELOAD", shim, 1);
 	setenv("GPX_FAILALLOC", path, 1);
-	if (harness_start(&h, NULL) < 0)
+	if (harness_start(&h, extra) < 0)
 		tap_bail("cannot start gpxd");
 	unsetenv("LD_PRELOAD");
 	unsetenv("GPX_FAILALLOC");
@@ -343,7 +409,9 @@ main(void)
 		tap_bail("connect: %s", gpx_last_error(NULL));
 
 	for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) {
-		struct qarg a = { c, kinds[k].what };
+		struct qarg a = { c, kinds[k].what, 0 };
+		if (query_n(c, kinds[k].what, &a.entries) < 0)
+			tap_bail("the %s query, unarmed: %s", kinds[k].name, gpx_last_error(c));
 		if (!fail_each(&h, kinds[k].name, op_query, &a))
 			break;
 	}
@@ -383,6 +451,7 @@ main(void)
 	ok(left == h.baseline, "every client gone: gpxd's descriptors back to %d (%d)", h.baseline, left);
 	munmap((void *)countdown, 4096);
 	unlink(path);
+	unlink(key);
 	harness_finish(&h);
 	return tap_done();
 }
