@@ -205,8 +205,8 @@ int conf_add_section(const struct conf_section *);
 /* The check of [daemon] metrics (an address the endpoint may serve on), registered before the
  * first conf_load by the code that serves it: a file is checked whole before it is used. */
 void conf_metrics_check(int (*)(const char *spec, bool allow_remote, char *err, size_t errlen));
-void conf_defaults(struct conf *);
-int conf_load(struct conf *, const char *path, char *err, size_t errlen);
+int conf_defaults(struct conf *);       /* 0, or -1: out of memory (then conf_free it) */
+int conf_load(struct conf *, const char *path, char *err, size_t errlen);   /* 0, -ENOMEM, or -1 */
 void conf_free(struct conf *);
 int conf_parse_u64(const char *v, uint64_t *out);
 /* "path" made absolute against the working directory; malloc'ed, NULL when out of memory. */
@@ -217,7 +217,7 @@ char *conf_abspath(const char *path);
  * worker keeps one and refreshes it with conf_refresh when conf_generation has moved on).
  */
 extern struct conf *cfg;
-struct conf *conf_new(void);         /* defaults, one reference */
+struct conf *conf_new(void);         /* defaults, one reference; NULL: out of memory */
 const struct conf *conf_hold(void);
 void conf_drop(const struct conf *);
 const struct conf *conf_refresh(const struct conf *held);
@@ -227,9 +227,10 @@ void conf_publish(struct conf *n);
  * Loop thread: the keys on which two configurations differ, as "sec.key sec.key" (live ones
  * in live, the others in restart); restart keys of n are set back to old's values, so that n
  * says what runs.  Keys in `fixed` (space-separated sec.key, given on the command line) are
- * kept from old too and listed in overridden.
+ * kept from old too and listed in overridden.  0, or -1 when a value could not be copied (out
+ * of memory): n is then not to be used.
  */
-void conf_diff(const struct conf *old, struct conf *n, const char *fixed, char *live, char *restart,
+int conf_diff(const struct conf *old, struct conf *n, const char *fixed, char *live, char *restart,
     char *overridden, size_t len);
 
 /* ---- sdn.c: everything that talks to systemd (stubbed when built without libsystemd) ---- */

@@ -404,6 +404,7 @@ levent_reload(char *msg, size_t msglen)
 	char err[512], live[512], restart[512], over[128], fixed[128], file[PATH_MAX];
 	const char *path = NULL;
 	struct conf *n;
+	int r = -1;
 
 	sdn_reloading();
 	/* A daemon started without a file reads the default one once there is one. */
@@ -411,13 +412,21 @@ levent_reload(char *msg, size_t msglen)
 		snprintf(file, sizeof(file), "%s", cfg->path ? cfg->path : GPXD_CONF);
 		path = file;
 	}
-	n = conf_new();
-	if (path != NULL && conf_load(n, path, err, sizeof(err)) < 0)
+	if ((n = conf_new()) == NULL) {
+		snprintf(err, sizeof(err), "out of memory");
+		r = -ENOMEM;
+		goto refuse;
+	}
+	if (path != NULL && (r = conf_load(n, path, err, sizeof(err))) < 0)
 		goto refuse;
 	snprintf(fixed, sizeof(fixed), "%s%s%s", args.socket != NULL || activated ? "daemon.socket " : "",
 	    activated ? "daemon.socket_mode daemon.socket_group " : "", args.log_fixed ? "daemon.log_level" : "");
-	conf_diff(cfg, n, fixed, live, restart, over, sizeof(live));
-	if (metrics_reload(n, err, sizeof(err)) < 0)
+	if (conf_diff(cfg, n, fixed, live, restart, over, sizeof(live)) < 0) {
+		snprintf(err, sizeof(err), "out of memory");
+		r = -ENOMEM;
+		goto refuse;
+	}
+	if ((r = metrics_reload(n, err, sizeof(err))) < 0)
 		goto refuse;
 	if (!args.log_fixed)
 		log_set_level(n->log_level);
@@ -436,9 +445,10 @@ levent_reload(char *msg, size_t msglen)
 refuse:
 	log_warnx("reload refused, keeping the running configuration: %s", err);
 	snprintf(msg, msglen, "%s", err);
-	conf_drop(n);
+	if (n != NULL)
+		conf_drop(n);
 	sdn_ready("reload failed");
-	return -1;
+	return r == -ENOMEM ? -ENOMEM : -1;
 }
 
 /*

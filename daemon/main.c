@@ -79,7 +79,8 @@ main(int argc, char **argv)
 		fatal("%s", conf_path);
 	cluster_conf_register();
 	conf_metrics_check(metrics_check);
-	cfg = conf_new();
+	if ((cfg = conf_new()) == NULL)
+		fatalx("out of memory");
 	if (path != NULL || access(GPXD_CONF, F_OK) == 0) {
 		if (conf_load(cfg, path ? path : GPXD_CONF, err, sizeof(err)) < 0)
 			fatalx("%s", err);

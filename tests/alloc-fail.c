@@ -337,6 +337,16 @@ op_export(void *arg)
 	return r < 0 ? r : u;
 }
 
+/* A reload (gpxctl reload, SIGHUP): applied, or refused with the configuration as it was. */
+static int
+op_reload(void *arg)
+{
+	struct rq *q = arg;
+	char text[512];
+
+	return gpx_admin(q->c, GPX_ADMIN_RELOAD, 0, NULL, text, sizeof(text));
+}
+
 int
 main(void)
 {
@@ -423,6 +433,7 @@ main(void)
 		{ op_copy, "a copy of 1 MiB" }, { op_copyv, "a copy of 64 segments" },
 		{ op_batch, "a batch of 8 pairs" }, { op_pages, "a copy of 64 pages" },
 		{ op_export, "export, import by another connection, unexport" },
+		{ op_reload, "a reload of the configuration" },
 	};
 	struct rq q = { .h = &h };
 	if (gpx_connect(h.sock, "alloc-fail-req", &q.c) < 0 || gpx_connect(h.sock, "alloc-fail-other", &q.other) < 0 ||

@@ -77,7 +77,7 @@ struct conn_loop {
 	void (*unwatch)(struct conn *);              /* its socket and pidfd are no longer watched */
 	void (*pause)(struct conn *, bool pause);    /* stops (or resumes) reading its socket */
 	void (*request_reap)(void);                  /* any thread: dead connections are freed soon */
-	int (*reload)(char *msg, size_t msglen);     /* Admin's reload: gpxd.conf read again */
+	int (*reload)(char *msg, size_t msglen);     /* Admin's reload: gpxd.conf read again; 0, -ENOMEM or -1 */
 };
 extern const struct conn_loop *conn_loop;
 void conn_init(const struct conn_loop *);

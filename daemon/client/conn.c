@@ -107,7 +107,16 @@ admin_gid(gid_t *gid)
 		return false;
 	renamed = strcmp(name, cfg->admin_group) != 0;
 	if (renamed || now - when > 60) {
+		errno = 0;
 		struct group *gr = getgrnam(cfg->admin_group);
+		if (gr == NULL && (errno == ENOMEM || errno == EMFILE || errno == ENFILE || errno == EIO)) {
+			/* the lookup failed, which says nothing of the group: what was known stays, and
+			 * the next look tries again (a renamed group is not known till then) */
+			if (renamed)
+				return false;
+			*gid = g;
+			return known;
+		}
 		/*
 		 * Said once per name, at start or reload (the group may be made later); a warning
 		 * when the file names it, a typo most likely, as the default is often absent on

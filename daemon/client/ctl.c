@@ -482,10 +482,16 @@ ctl_admin(struct conn *c, uint32_t seq, const Gpx__Admin *m)
 	switch (m->op) {
 	case GPX__ADMIN__OP__RELOAD:
 		/* the reply's text: what the reload applied and what waits for a restart */
-		if (conn_loop->reload(err, sizeof(err)) < 0)
-			conn_reply(c, seq, GPX__STATUS__EINVAL, err, NULL, NULL, 0);
-		else
+		switch (conn_loop->reload(err, sizeof(err))) {
+		case 0:
 			conn_reply(c, seq, 0, err, NULL, NULL, 0);
+			break;
+		case -ENOMEM:
+			conn_reply(c, seq, GPX__STATUS__ENOMEM, err, NULL, NULL, 0);
+			break;
+		default:
+			conn_reply(c, seq, GPX__STATUS__EINVAL, err, NULL, NULL, 0);
+		}
 		return;
 	case GPX__ADMIN__OP__DRAIN: {
 		struct conn *t = conn_by_id(m->arg);

@@ -387,20 +387,26 @@ key_set(struct conf *c, const struct conf_key *k, int nic, const char *v, char *
 
 /* ---- a whole configuration ---- */
 
-void
+int
 conf_defaults(struct conf *c)
 {
 	char why[128];
 	int nic = 0;
 
 	memset(c, 0, sizeof(*c));
-	for (const struct conf_key *k = conf_keys; k->sec != NULL; k++)
-		if (k->def != NULL && key_set(c, k, nic, k->def, why, sizeof(why)) < 0)
-			fatalx("default of %s.%s: %s", k->sec, k->name, why);
+	for (const struct conf_key *k = conf_keys; k->sec != NULL; k++) {
+		why[0] = '\0';
+		if (k->def == NULL || key_set(c, k, nic, k->def, why, sizeof(why)) == 0)
+			continue;
+		if (why[0] == '\0')
+			return -1;       /* a string that could not be copied: out of memory */
+		fatalx("default of %s.%s: %s", k->sec, k->name, why);
+	}
 	/* Busy polling needs a core to spare: on small machines it would take one from the copies. */
 	c->busy_poll_us = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 5000 : 0;
 	/* The rest of the kernel's vm.max_map_count is gpxd's own: libraries, threads, CUDA. */
 	c->max_mappings = maps_default();
+	return 0;
 }
 
 void
@@ -427,8 +433,12 @@ conf_new(void)
 	struct conf *c = malloc(sizeof(*c));
 
 	if (c == NULL)
-		fatalx("out of memory");
-	conf_defaults(c);
+		return NULL;
+	if (conf_defaults(c) < 0) {
+		conf_free(c);
+		free(c);
+		return NULL;
+	}
 	atomic_init(&c->refs, 1);
 	return c;
 }
@@ -439,6 +449,7 @@ struct parse {
 	char *err;
 	size_t errlen;
 	int lines[CONF_KEYS_MAX];    /* where each key of the table was set last (0: not set) */
+	bool oom;                    /* a value could not be copied */
 };
 
 static const struct conf_section *
@@ -486,8 +497,13 @@ on_key(void *user, const char *sec, const char *name, const char *v)
 		snprintf(p->err, p->errlen, "unknown key '%s' in [%s]", name, sec);
 		return 0;
 	}
+	why[0] = '\0';
 	if (key_set(p->c, k, nic, v, why, sizeof(why)) < 0) {
-		snprintf(p->err, p->errlen, "bad value '%s' for %s.%s%s%s", v, sec, name, why[0] ? ": " : "", why);
+		if (why[0] == '\0' && errno == ENOMEM) {
+			p->oom = true;
+			snprintf(p->err, p->errlen, "out of memory for %s.%s", sec, name);
+		} else
+			snprintf(p->err, p->errlen, "bad value '%s' for %s.%s%s%s", v, sec, name, why[0] ? ": " : "", why);
 		return 0;
 	}
 	return 1;
@@ -585,8 +601,9 @@ conf_load(struct conf *c, const char *path, char *err, size_t errlen)
 
 	err[0] = '\0';
 	if ((f = fopen(path, "re")) == NULL) {
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
-		return -1;
+		int e = errno;
+		snprintf(err, errlen, "%s: %s", path, strerror(e));
+		return e == ENOMEM ? -ENOMEM : -1;
 	}
 	if (scan_lines(f, &p) < 0) {
 		fclose(f);
@@ -597,10 +614,14 @@ conf_load(struct conf *c, const char *path, char *err, size_t errlen)
 	rewind(f);
 	r = ini_parse_file(f, on_key, &p);
 	fclose(f);
+	if (r == -2) {
+		snprintf(err, errlen, "%s: out of memory", path);      /* (inih's line buffer) */
+		return -ENOMEM;
+	}
 	if (r != 0) {
 		snprintf(tmp, sizeof(tmp), "%s:%d: %s", path, r, err[0] ? err : "syntax error");
 		snprintf(err, errlen, "%s", tmp);
-		return -1;
+		return p.oom ? -ENOMEM : -1;
 	}
 	if (check_whole(&p) < 0) {
 		snprintf(tmp, sizeof(tmp), "%s:%s", path, err);
@@ -612,7 +633,10 @@ conf_load(struct conf *c, const char *path, char *err, size_t errlen)
 			snprintf(err, errlen, "%s: [%s]: %s", path, sections[i].name, tmp);
 			return -1;
 		}
-	set_str(&c->path, path);
+	if (set_str(&c->path, path) < 0) {
+		snprintf(err, errlen, "%s: out of memory", path);
+		return -ENOMEM;
+	}
 	return 0;
 }
 
@@ -723,29 +747,31 @@ key_same(const struct conf *a, const struct conf *b, const struct conf_key *k)
 	return memcmp(pa, pb, field_size(k->type)) == 0;
 }
 
-static void
+/* 0, or -1: out of memory (*dst then NULL). */
+static int
 str_copy(char **dst, const char *src)
 {
 	free(*dst);
 	*dst = src != NULL ? strdup(src) : NULL;
-	if (src != NULL && *dst == NULL)
-		fatalx("out of memory");
+	return src != NULL && *dst == NULL ? -1 : 0;
 }
 
-/* n's key takes old's value. */
-static void
+/* n's key takes old's value.  0, or -1: out of memory. */
+static int
 key_keep(const struct conf *old, struct conf *n, const struct conf_key *k)
 {
 	void *pn = field(n, k);
 	const void *po = field(old, k);
+	int r = 0;
 
 	if (k->type == K_NICS)
 		for (int i = 0; i < CONF_NICS; i++)
-			str_copy(&((char **)pn)[i], ((char *const *)po)[i]);
+			r |= str_copy(&((char **)pn)[i], ((char *const *)po)[i]);
 	else if (k->type >= K_STR)
-		str_copy(pn, *(char *const *)po);
+		r = str_copy(pn, *(char *const *)po);
 	else
 		memcpy(pn, po, field_size(k->type));
+	return r;
 }
 
 static void
@@ -768,10 +794,12 @@ word_in(const char *words, const char *sec, const char *name)
 	return false;
 }
 
-void
+int
 conf_diff(const struct conf *old, struct conf *n, const char *fixed, char *live, char *restart,
     char *overridden, size_t len)
 {
+	int r = 0;
+
 	/* The fabric is started once: turned on or off, all of it waits for a restart. */
 	bool fab_old = old->fabric_listen != NULL || old->fabric_peers != NULL || old->fabric_dial_on_demand;
 	bool fab_new = n->fabric_listen != NULL || n->fabric_peers != NULL || n->fabric_dial_on_demand;
@@ -781,10 +809,10 @@ conf_diff(const struct conf *old, struct conf *n, const char *fixed, char *live,
 		if (key_same(old, n, k))
 			continue;
 		if (word_in(fixed, k->sec, k->name)) {
-			key_keep(old, n, k);
+			r |= key_keep(old, n, k);
 			list_add(overridden, len, k->sec, k->name);
 		} else if (k->when == CONF_RESTART || (fab_old != fab_new && strcmp(k->sec, "fabric") == 0)) {
-			key_keep(old, n, k);
+			r |= key_keep(old, n, k);
 			list_add(restart, len, k->sec, k->name);
 		} else
 			list_add(live, len, k->sec, k->name);
@@ -792,4 +820,5 @@ conf_diff(const struct conf *old, struct conf *n, const char *fixed, char *live,
 	for (int i = 0; i < nsections; i++)
 		if (sections[i].same != NULL && !sections[i].same(old, n))
 			list_add(sections[i].live ? live : restart, len, sections[i].name, NULL);
+	return r;
 }
