@@ -285,6 +285,46 @@ op_copyv(void *arg)
 	return r;
 }
 
+/* 4,096 segments of 256 bytes, reversed: a list long enough for the segment area. */
+static int
+op_copyv_area(void *arg)
+{
+	struct rq *q = arg;
+	static struct gpx_seg s[4096];
+
+	rq_pattern(q);
+	for (int i = 0; i < 4096; i++)
+		s[i] = (struct gpx_seg){ (uint64_t)i << 8, (uint64_t)(4095 - i) << 8, 256 };
+	int r = rq_wait(q, gpx_copyv(q->c, q->a, q->b, s, 4096, ++q->tag));
+	for (int i = 0; r == 0 && i < 4096; i++)
+		if (memcmp(q->pa + ((size_t)i << 8), q->pb + ((size_t)(4095 - i) << 8), 256) != 0)
+			r = -GPX_EIO;
+	return r;
+}
+
+/* A copy of 1 GiB between two regions of 1 MiB each (1,024 segments), cancelled at once. */
+static int
+op_cancel(void *arg)
+{
+	struct rq *q = arg;
+	static struct gpx_seg s[1024];
+	struct gpx_completion done;
+
+	for (int i = 0; i < 1024; i++)
+		s[i] = (struct gpx_seg){ 0, 0, 1u << 20 };
+	int r = gpx_copyv(q->c, q->a, q->b, s, 1024, ++q->tag);
+	if (r < 0)
+		return r;
+	r = gpx_cancel(q->c, q->tag);
+	int w = gpx_wait_tag(q->c, q->tag, &done, 20000);
+	if (w < 0)
+		return w;
+	if (r < 0 && r != -GPX_ENOENT)
+		return r;
+	/* ended by the cancel, or done before it came */
+	return done.status == -GPX_ECANCELED || done.status == 0 ? 0 : done.status;
+}
+
 static int
 op_batch(void *arg)
 {
@@ -431,6 +471,8 @@ main(void)
 		{ op_connect, "connect (Hello, its ring and segment area)" },
 		{ op_register, "register and deregister host memory" },
 		{ op_copy, "a copy of 1 MiB" }, { op_copyv, "a copy of 64 segments" },
+		{ op_copyv_area, "a copy of 4,096 segments (the segment area)" },
+		{ op_cancel, "a copy of 1 GiB, cancelled" },
 		{ op_batch, "a batch of 8 pairs" }, { op_pages, "a copy of 64 pages" },
 		{ op_export, "export, import by another connection, unexport" },
 		{ op_reload, "a reload of the configuration" },
