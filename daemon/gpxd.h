@@ -250,7 +250,8 @@ typedef void (*defer_fn)(void *arg);
 /*
  * A task's place in defer.c's queues, a member of the record its work and done functions
  * take: queueing work allocates nothing, so it cannot fail for want of memory.  Owned by
- * defer.c from defer_run until done is called; done may free the record.
+ * defer.c from defer_run until done is called; done may free the record (free itself serves
+ * as done for a record that needs nothing more), work must not.
  */
 struct defer_task {
 	STAILQ_ENTRY(defer_task) entry;

@@ -364,12 +364,6 @@ unmap_work(void *arg)
 }
 
 static void
-unmap_done(void *arg)
-{
-	free(arg);
-}
-
-static void
 area_unmap(void *p, size_t len)
 {
 	struct unmap *u;
@@ -379,7 +373,7 @@ area_unmap(void *p, size_t len)
 		return;
 	}
 	*u = (struct unmap){ .p = p, .len = len };
-	defer_run(&u->task, unmap_work, unmap_done, u);
+	defer_run(&u->task, unmap_work, free, u);
 }
 
 /* Lets go of a segment area; one that checking (a task thread) still reads goes when it ends. */

@@ -148,13 +148,6 @@ gmap_close_work(void *arg)
 	atomic_fetch_sub(&gmap_closing, 1);
 }
 
-/* Loop thread: the record goes once defer.c is done with the task in it. */
-static void
-gmap_free(void *arg)
-{
-	free(arg);
-}
-
 /* Drops a region's reference; the last one closes the mapping off the calling thread. */
 static void
 gmap_unref(struct gmap *m)
@@ -166,7 +159,7 @@ gmap_unref(struct gmap *m)
 	pthread_mutex_unlock(&gmap_lock);
 	if (last) {
 		atomic_fetch_add(&gmap_closing, 1);
-		defer_run(&m->task, gmap_close_work, gmap_free, m);
+		defer_run(&m->task, gmap_close_work, free, m);
 	}
 }
 

@@ -228,13 +228,6 @@ pieces_free_work(void *arg)
 	    d->n, (t1 - t0) * 1e6, (now_s() - t1) * 1e6);
 }
 
-/* Loop thread: the list goes once defer.c is done with the task in it. */
-static void
-dying_free(void *arg)
-{
-	free(arg);
-}
-
 /* A list of up to n dying pieces, or NULL. */
 static struct dying *
 dying_new(size_t n)
@@ -254,7 +247,7 @@ pieces_free(struct dying *d)
 		free(d);
 		return;
 	}
-	defer_run(&d->task, pieces_free_work, dying_free, d);
+	defer_run(&d->task, pieces_free_work, free, d);
 }
 
 /*
@@ -465,12 +458,6 @@ parked_close_work(void *arg)
 }
 
 static void
-parked_free(void *arg)
-{
-	free(arg);
-}
-
-static void
 unpark(uint64_t owner)
 {
 	struct parked *pk;
@@ -478,7 +465,7 @@ unpark(uint64_t owner)
 	TAILQ_FOREACH(pk, &parked, entry)
 		if (pk->owner == owner) {
 			TAILQ_REMOVE(&parked, pk, entry);
-			defer_run(&pk->task, parked_close_work, parked_free, pk);
+			defer_run(&pk->task, parked_close_work, free, pk);
 			return;
 		}
 }

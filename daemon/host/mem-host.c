@@ -295,19 +295,13 @@ unpin_work(void *arg)
 }
 
 static void
-unpin_done(void *arg)
-{
-	free(arg);
-}
-
-static void
 host_close(struct region *r)
 {
 	struct unpin *u;
 
 	if (r->map != NULL && (u = malloc(sizeof(*u))) != NULL) {
 		*u = (struct unpin){ .map = r->map, .len = r->map_len, .fd = r->fd, .pinned = r->priv != NULL };
-		defer_run(&u->task, unpin_work, unpin_done, u);
+		defer_run(&u->task, unpin_work, free, u);
 	} else {
 		if (r->priv != NULL)
 			gpu_host_unpin(r->map);
