@@ -232,13 +232,14 @@ hostport_ok(const char *v, size_t len)
 	return hl > 0 && memchr(v, ',', hl) == NULL && memchr(v, ' ', hl) == NULL;
 }
 
+/* 0, or -ENOMEM (*dst unchanged). */
 static int
 set_str(char **dst, const char *v)
 {
 	char *s = strdup(v);
 
 	if (s == NULL)
-		return -1;
+		return -ENOMEM;
 	free(*dst);
 	*dst = s;
 	return 0;
@@ -268,7 +269,7 @@ key_find(const char *sec, const char *name, int *nic)
 	return NULL;
 }
 
-/* Sets one key of c from v; -1 with the reason in why. */
+/* Sets one key of c from v; -1 with the reason in why, or -ENOMEM (why empty). */
 static int
 key_set(struct conf *c, const struct conf_key *k, int nic, const char *v, char *why, size_t whylen)
 {
@@ -395,12 +396,11 @@ conf_defaults(struct conf *c)
 
 	memset(c, 0, sizeof(*c));
 	for (const struct conf_key *k = conf_keys; k->sec != NULL; k++) {
-		why[0] = '\0';
-		if (k->def == NULL || key_set(c, k, nic, k->def, why, sizeof(why)) == 0)
-			continue;
-		if (why[0] == '\0')
-			return -1;       /* a string that could not be copied: out of memory */
-		fatalx("default of %s.%s: %s", k->sec, k->name, why);
+		int r = k->def != NULL ? key_set(c, k, nic, k->def, why, sizeof(why)) : 0;
+		if (r == -ENOMEM)
+			return -1;
+		if (r < 0)
+			fatalx("default of %s.%s: %s", k->sec, k->name, why);
 	}
 	/* Busy polling needs a core to spare: on small machines it would take one from the copies. */
 	c->busy_poll_us = sysconf(_SC_NPROCESSORS_ONLN) >= 8 ? 5000 : 0;
@@ -497,9 +497,9 @@ on_key(void *user, const char *sec, const char *name, const char *v)
 		snprintf(p->err, p->errlen, "unknown key '%s' in [%s]", name, sec);
 		return 0;
 	}
-	why[0] = '\0';
-	if (key_set(p->c, k, nic, v, why, sizeof(why)) < 0) {
-		if (why[0] == '\0' && errno == ENOMEM) {
+	int r = key_set(p->c, k, nic, v, why, sizeof(why));
+	if (r < 0) {
+		if (r == -ENOMEM) {
 			p->oom = true;
 			snprintf(p->err, p->errlen, "out of memory for %s.%s", sec, name);
 		} else
