@@ -269,37 +269,35 @@ op_copy(void *arg)
 	return r == 0 && memcmp(q->pa, q->pb, 1u << 20) != 0 ? -GPX_EIO : r;
 }
 
+/* The 1 MiB of a as n segments, laid in b in reverse order: 0, or the copy's error. */
 static int
-op_copyv(void *arg)
+rq_copyv_reversed(struct rq *q, int n)
 {
-	struct rq *q = arg;
-	struct gpx_seg s[64];
+	static struct gpx_seg s[4096];
+	const uint64_t len = (1u << 20) / n;
 
 	rq_pattern(q);
-	for (int i = 0; i < 64; i++)
-		s[i] = (struct gpx_seg){ (uint64_t)i << 14, (uint64_t)(63 - i) << 14, 1u << 14 };
-	int r = rq_wait(q, gpx_copyv(q->c, q->a, q->b, s, 64, ++q->tag));
-	for (int i = 0; r == 0 && i < 64; i++)
-		if (memcmp(q->pa + ((size_t)i << 14), q->pb + ((size_t)(63 - i) << 14), 1u << 14) != 0)
+	for (int i = 0; i < n; i++)
+		s[i] = (struct gpx_seg){ i * len, (n - 1 - i) * len, len };
+	int r = rq_wait(q, gpx_copyv(q->c, q->a, q->b, s, n, ++q->tag));
+	for (int i = 0; r == 0 && i < n; i++)
+		if (memcmp(q->pa + i * len, q->pb + (n - 1 - i) * len, len) != 0)
 			r = -GPX_EIO;
 	return r;
 }
 
-/* 4,096 segments of 256 bytes, reversed: a list long enough for the segment area. */
+/* 64 segments of 16 KiB. */
+static int
+op_copyv(void *arg)
+{
+	return rq_copyv_reversed(arg, 64);
+}
+
+/* 4,096 segments of 256 bytes: a list long enough for the segment area. */
 static int
 op_copyv_area(void *arg)
 {
-	struct rq *q = arg;
-	static struct gpx_seg s[4096];
-
-	rq_pattern(q);
-	for (int i = 0; i < 4096; i++)
-		s[i] = (struct gpx_seg){ (uint64_t)i << 8, (uint64_t)(4095 - i) << 8, 256 };
-	int r = rq_wait(q, gpx_copyv(q->c, q->a, q->b, s, 4096, ++q->tag));
-	for (int i = 0; r == 0 && i < 4096; i++)
-		if (memcmp(q->pa + ((size_t)i << 8), q->pb + ((size_t)(4095 - i) << 8), 256) != 0)
-			r = -GPX_EIO;
-	return r;
+	return rq_copyv_reversed(arg, 4096);
 }
 
 /* A copy of 1 GiB between two regions of 1 MiB each (1,024 segments), cancelled at once. */
