@@ -125,10 +125,18 @@ gpx_ring_size(uint32_t entries)
 	return sizeof(struct gpx_ring_hdr) + (uint64_t)entries * (sizeof(struct gpx_cqe) + sizeof(struct gpx_sqe));
 }
 
+/* Where submission entry idx lies, from the ring's start: after the header and the cqes. */
+static inline uint64_t
+gpx_sq_offset(uint32_t entries, uint64_t idx)
+{
+	return sizeof(struct gpx_ring_hdr) + (uint64_t)entries * sizeof(struct gpx_cqe) +
+	    (idx & (entries - 1)) * sizeof(struct gpx_sqe);
+}
+
 static inline struct gpx_sqe *
 gpx_sq_slot(struct gpx_ring_hdr *h, uint32_t entries, uint64_t idx)
 {
-	return (struct gpx_sqe *)((struct gpx_cqe *)(h + 1) + entries) + (idx & (entries - 1));
+	return (struct gpx_sqe *)((char *)h + gpx_sq_offset(entries, idx));
 }
 
 static inline struct gpx_cqe *

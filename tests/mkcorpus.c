@@ -61,8 +61,7 @@ poke_ring64(size_t field, uint64_t v)
 static void
 submit(uint32_t i, const struct gpx_sqe *e, uint32_t n)
 {
-	poke(FUZZ_POKE_RING, (uint32_t)(sizeof(struct gpx_ring_hdr) + RING_ENTRIES * sizeof(struct gpx_cqe) +
-	    i * sizeof(struct gpx_sqe)), e, n * sizeof(*e));
+	poke(FUZZ_POKE_RING, (uint32_t)gpx_sq_offset(RING_ENTRIES, i), e, n * sizeof(*e));
 	poke_ring64(offsetof(struct gpx_ring_hdr, sq_tail), i + n);
 }
 
