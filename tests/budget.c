@@ -56,7 +56,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <grp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -68,11 +67,10 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 
 #include "proto/ring.h"
+#include "tests/child.h"
 #include "tests/harness.h"
 #include "tests/tap.h"
 #include "tests/tclient.h"
@@ -235,74 +233,11 @@ sampler_end(uint64_t *anon, double *late99)
 	return atomic_load(&sampler.max);
 }
 
-/* ---- children running as other uids ---- */
-
-struct child {
-	pid_t pid;
-	int rd;              /* its result */
-	int go;              /* closed by the parent: the child's cue to end */
-};
-
 /* Forks a child that drops to uid (its own gid, no groups) and runs fn(arg, out, stop). */
 static void
-child_start(struct child *ch, uid_t uid, void (*fn)(void *, int, int), void *arg)
+child_as(struct child *ch, uid_t uid, child_fn fn, void *arg)
 {
-	int res[2], go[2];
-
-	if (pipe2(res, O_CLOEXEC) < 0 || pipe2(go, O_CLOEXEC) < 0)
-		tap_bail("pipe");
-	fflush(NULL);
-	if ((ch->pid = fork()) < 0)
-		tap_bail("fork");
-	if (ch->pid == 0) {
-		struct rlimit rl = { 4096, 4096 };
-		setrlimit(RLIMIT_NOFILE, &rl);
-		if (setgroups(0, NULL) < 0 || setgid(uid) < 0 || setuid(uid) < 0)
-			_exit(98);
-		/* Nothing of the parent's: the other children's pipes would keep them from their end. */
-		for (int fd = 3; fd < 4096; fd++)
-			if (fd != res[1] && fd != go[0])
-				close(fd);
-		fn(arg, res[1], go[0]);
-		_exit(0);
-	}
-	close(res[1]);
-	close(go[0]);
-	ch->rd = res[0];
-	ch->go = go[1];
-}
-
-/* Reads the child's result (size bytes) within timeout_ms; true if it came. */
-static bool
-child_result(struct child *ch, void *res, size_t size, int timeout_ms)
-{
-	struct pollfd p = { .fd = ch->rd, .events = POLLIN };
-	size_t got = 0;
-
-	while (got < size && poll(&p, 1, timeout_ms) == 1) {
-		ssize_t n = read(ch->rd, (char *)res + got, size - got);
-		if (n <= 0)
-			break;
-		got += n;
-	}
-	return got == size;
-}
-
-/* Tells the child to end and reaps it (killed if it does not end within 10 s). */
-static void
-child_end(struct child *ch)
-{
-	close(ch->go);
-	for (int i = 0; i < 1000; i++) {
-		if (waitpid(ch->pid, NULL, WNOHANG) == ch->pid) {
-			close(ch->rd);
-			return;
-		}
-		usleep(10000);
-	}
-	kill(ch->pid, SIGKILL);
-	waitpid(ch->pid, NULL, 0);
-	close(ch->rd);
+	child_start(ch, uid, uid, NULL, 0, 4096, fn, arg);
 }
 
 static void
@@ -512,7 +447,7 @@ test_largest(void)
 	uint64_t idle = rss();
 
 	sampler_start();
-	child_start(&ch, UID_NOBODY, large_child, NULL);
+	child_as(&ch, UID_NOBODY, large_child, NULL);
 	/* The bystander copies 4 KiB, one at a time, until the child has its answers. */
 	struct pollfd p = { .fd = ch.rd, .events = POLLIN };
 	int bad = 0;
@@ -522,7 +457,7 @@ test_largest(void)
 			bad++;
 		lat[n++] = now() - t;
 	}
-	bool got = child_result(&ch, &res, sizeof(res), 120000);
+	bool got = child_read(&ch, &res, sizeof(res), 120000);
 	double late99;
 	uint64_t peak = sampler_end(NULL, &late99);
 	ok(got && res.conn == 0 && res.reg == 0, "nobody connects and registers two buffers");
@@ -549,7 +484,7 @@ test_largest(void)
 	int q = loop_max(c, &tu);
 	ok(q == 0 && tu.list > 0 && tu.list <= T_TURN_LIST, "no turn of the loop checked more than 1 MiB of their lists "
 	    "(the rest went to task threads): %llu bytes at most", (unsigned long long)tu.list);
-	child_end(&ch);
+	child_end(&ch, 10000);
 	/* Its connection ends with the process: what it held goes back to the system. */
 	usleep(1000000);
 	uint64_t after = rss();
@@ -730,7 +665,7 @@ test_turns(void)
 	loop_max(c, &tu0);
 	budgets(c, &b0);
 	sampler_start();
-	child_start(&ch, UID_NOBODY, turns_child, NULL);
+	child_as(&ch, UID_NOBODY, turns_child, NULL);
 	struct pollfd p = { .fd = ch.rd, .events = POLLIN };
 	while (poll(&p, 1, 0) == 0 && n < cap) {
 		double t = now();
@@ -738,7 +673,7 @@ test_turns(void)
 			bad++;
 		lat[n++] = now() - t;
 	}
-	bool got = child_result(&ch, &res, sizeof(res), 120000) && res.setup;
+	bool got = child_read(&ch, &res, sizeof(res), 120000) && res.setup;
 	double late99;
 	sampler_end(NULL, &late99);
 	bool all = got && res.right;
@@ -773,19 +708,19 @@ test_turns(void)
 	    "two under %.2f (2 ms and %u page faults at %.2f us, as this machine takes them; %.3f before the child "
 	    "came; the metric says %.3f), the longest %.3f ms of wall time%s", turns_top(&tu, top, sizeof(top)),
 	    bound * 1e3, T_TURN_LIST / 4096, fault * 1e6, tu0.cpu * 1e3, mcpu * 1e3, tu.wall * 1e3, TIMED_SAYS);
-	child_end(&ch);
+	child_end(&ch, 10000);
 	/* One that goes while its list is checked (gpxd unmaps its segment area once the check ends). */
 	struct child gone;
 	struct budgets b = { 0 };
 	int sent = -1;
-	child_start(&gone, UID_NOBODY, gone_child, NULL);
-	bool gsent = child_result(&gone, &sent, sizeof(sent), 60000) && sent == 0;
+	child_as(&gone, UID_NOBODY, gone_child, NULL);
+	bool gsent = child_read(&gone, &sent, sizeof(sent), 60000) && sent == 0;
 	for (int i = 0; i < 500 && (budgets(c, &b) < 0 || b.used > b0.used); i++)
 		usleep(10000);
 	ok(gsent && budgets(c, &b) == 0 && b.used == b0.used && harness_clients(&H) >= 1,
 	    "a client that went while its list was being checked: everything it held is given back (%llu bytes "
 	    "held, %llu before), gpxd answers", (unsigned long long)b.used, (unsigned long long)b0.used);
-	child_end(&gone);
+	child_end(&gone, 10000);
 	gpx_close(c);
 	buf_free(&bs);
 	buf_free(&bd);
@@ -917,8 +852,8 @@ queue_run(const char *conf, const char *loop)
 		tap_bail("bystander");
 	struct turns tu0 = { -1, -1, 0, { 0 }, 0 }, tu = { -1, -1, 0, { 0 }, 0 };
 	loop_max(c, &tu0);
-	child_start(&ch[0], UID_NOBODY, queue_child, NULL);
-	child_start(&ch[1], UID_OTHER, queue_child, NULL);
+	child_as(&ch[0], UID_NOBODY, queue_child, NULL);
+	child_as(&ch[1], UID_OTHER, queue_child, NULL);
 	struct pollfd p[2] = { { .fd = ch[0].rd, .events = POLLIN }, { .fd = ch[1].rd, .events = POLLIN } };
 	while (poll(p, 2, 0) == 0 && n < cap) {
 		double t = now();
@@ -929,7 +864,7 @@ queue_run(const char *conf, const char *loop)
 	bool all = true;
 	const uint32_t want = Q_ROUNDS * 2 * Q_ENTRIES;
 	for (int i = 0; i < 2; i++)
-		all &= child_result(&ch[i], &res[i], sizeof(res[i]), 120000) && res[i].setup && res[i].sent == want &&
+		all &= child_read(&ch[i], &res[i], sizeof(res[i]), 120000) && res[i].setup && res[i].sent == want &&
 		    res[i].done == want && res[i].failed == 0 && res[i].right == Q_ROUNDS;
 	ok(all, "%s: two clients' %d full submission queues of %u 4 KiB copies and as many Transfer messages "
 	    "sent back to back are served, every byte right (%u sent, %u ended, %u failed, %.1f s; %u, %u, %u, "
@@ -946,8 +881,8 @@ queue_run(const char *conf, const char *loop)
 	diag("%s: the loop's longest turns, as gpxd measured them: %s ms of its CPU time (%.3f before the "
 	    "clients came), the longest %.3f ms of wall time", loop, turns_top(&tu, top, sizeof(top)), tu0.cpu * 1e3,
 	    tu.wall * 1e3);
-	child_end(&ch[0]);
-	child_end(&ch[1]);
+	child_end(&ch[0], 10000);
+	child_end(&ch[1], 10000);
 	gpx_close(c);
 	buf_free(&bs);
 	buf_free(&bd);
@@ -1055,9 +990,9 @@ test_gone(void)
 	const int maps0 = maps(), fds0 = harness_fds(&H);
 	bool got = true;
 	for (int i = 0; i < G_CLIENTS; i++)
-		child_start(&ch[i], uids[i], regions_child, (void *)&who[i]);
+		child_as(&ch[i], uids[i], regions_child, (void *)&who[i]);
 	for (int i = 0; i < G_CLIENTS; i++)
-		got &= child_result(&ch[i], res[i], sizeof(res[i]), 300000) && res[i][0] == G_REGIONS &&
+		got &= child_read(&ch[i], res[i], sizeof(res[i]), 300000) && res[i][0] == G_REGIONS &&
 		    res[i][1] == G_EXPORTS;
 	const int maps1 = maps(), exports1 = exports_of(c), fds1 = harness_fds(&H);
 	ok(got && maps1 >= maps0 + G_CLIENTS * G_REGIONS && exports1 == G_CLIENTS * G_EXPORTS && fds1 - fds0 < 64,
@@ -1071,7 +1006,7 @@ test_gone(void)
 	double most = 0;
 	for (int i = 0; i < G_CLIENTS; i++) {
 		double t0 = now();
-		child_end(&ch[i]);
+		child_end(&ch[i], 10000);
 		const bool last = i == G_CLIENTS - 1;
 		while (n < cap && now() - t0 < 10 && (budgets(c, &b) < 0 || (last && b.used > b0.used) ||
 		    maps() > maps0 + (G_CLIENTS - 1 - i) * G_REGIONS + G_MAPS_SLACK)) {
@@ -1152,8 +1087,8 @@ test_leave(void)
 	start("[daemon]\nworkers = 1\n");
 	uint64_t idle = rss();
 	gpx_conn *q = client("watcher");
-	child_start(&ch, UID_NOBODY, leave_child, NULL);
-	bool got = child_result(&ch, &submitted, sizeof(submitted), 60000);
+	child_as(&ch, UID_NOBODY, leave_child, NULL);
+	bool got = child_read(&ch, &submitted, sizeof(submitted), 60000);
 	/* (sent is not yet taken: a list past what the loop checks in one turn waits for a task thread) */
 	int q1;
 	for (int i = 0; i < 1000 && ((q1 = budgets(q, &b)) < 0 || b.used < (uint64_t)V_CONNS * V_PER * V_SEGS * 24);
@@ -1164,7 +1099,7 @@ test_leave(void)
 	    "nobody has %d vectored copies of %d segments in flight on %d connections: %.1f MiB held, "
 	    "gpxd %.1f MiB resident (idle %.1f)", submitted, V_SEGS, V_CONNS, b.used / (double)MIB,
 	    held / (double)MIB, idle / (double)MIB);
-	child_end(&ch);
+	child_end(&ch, 10000);
 	usleep(1000000);
 	uint64_t after = rss();
 	ok_rss(after <= idle + 64 * MIB, "1 s after it left gpxd's resident memory is within 64 MiB of idle "
@@ -1321,8 +1256,8 @@ test_each(void)
 	start(E_CONF);
 	uint64_t idle = rss();
 	gpx_conn *q = client("watcher");
-	child_start(&c1, UID_NOBODY, each_child, &a1);
-	bool got1 = child_result(&c1, &r1, sizeof(r1), 60000) && r1.setup;
+	child_as(&c1, UID_NOBODY, each_child, &a1);
+	bool got1 = child_read(&c1, &r1, sizeof(r1), 60000) && r1.setup;
 	ok(got1, "nobody opens two connections and fills them");
 	ok(got1 && r1.f[0].accepted > 0 && r1.f[0].refused == -GPX_EBUSY &&
 	    strstr(r1.f[0].why, "connection budget") != NULL,
@@ -1337,8 +1272,8 @@ test_each(void)
 	    (unsigned long long)r1.f[1].used_max);
 	ok(got1 && r1.retry == 0, "once one of connection 1's transfers has ended, its busy request is accepted (%d)",
 	    r1.retry);
-	child_start(&c2, UID_OTHER, each_child, &a2);
-	bool got2 = child_result(&c2, &r2, sizeof(r2), 60000) && r2.setup;
+	child_as(&c2, UID_OTHER, each_child, &a2);
+	bool got2 = child_read(&c2, &r2, sizeof(r2), 60000) && r2.setup;
 	ok(got2 && r2.f[0].accepted > 0 && r2.f[0].refused == -GPX_EBUSY &&
 	    strstr(r2.f[0].why, "total budget") != NULL,
 	    "another uid: %d accepted, then busy naming the total budget (%s)", r2.f[0].accepted, r2.f[0].why);
@@ -1368,8 +1303,8 @@ test_each(void)
 	uint64_t now_rss = rss();
 	ok_rss(now_rss <= idle + 8 * MIB + 64 * MIB, "gpxd's resident memory: %.1f MiB more than idle",
 	    ((double)now_rss - idle) / MIB);
-	child_end(&c1);
-	child_end(&c2);
+	child_end(&c1, 10000);
+	child_end(&c2, 10000);
 	/* Their connections end with them, and their transfers with those. */
 	for (int i = 0; i < 500 && (budgets(q, &b) < 0 || b.used > 0); i++)
 		usleep(10000);
@@ -1480,8 +1415,8 @@ test_entries(void)
 	start(N_CONF);
 	gpx_conn *q = client("watcher");
 	budgets(q, &b0);
-	child_start(&ch, UID_NOBODY, entries_child, NULL);
-	bool got = child_result(&ch, &res, sizeof(res), 60000) && res.setup;
+	child_as(&ch, UID_NOBODY, entries_child, NULL);
+	bool got = child_read(&ch, &res, sizeof(res), 60000) && res.setup;
 	ok(got, "nobody opens three connections");
 	for (int k = 0; k < 3; k++)
 		ok(got && res.n[k] > 0 && res.n[k] < N_TRIES && res.refused[k] == -GPX_EBUSY &&
@@ -1511,7 +1446,7 @@ test_entries(void)
 	    ub == (double)res.bytes[2] && busy == 3 && b1.busy == 3,
 	    "gpxctl status and the metrics say it: %llu bytes held by entries, %.0f of them by nobody, 3 refused "
 	    "as busy by the connection budget", (unsigned long long)b1.entries, ub);
-	child_end(&ch);
+	child_end(&ch, 10000);
 	for (int i = 0; i < 500 && (budgets(q, &b2) < 0 || b2.used > b0.used); i++)
 		usleep(10000);
 	int q2 = budgets(q, &b2);
@@ -1609,12 +1544,12 @@ test_maps(void)
 	int g0 = maps(), s0 = maps_status(q, &m0);
 	ok(vok && s0 == 0 && m0.limit == P_LIMIT && m0.used == 4, "gpxd says it holds %u mappings for clients (the "
 	    "watcher's ring, two regions, the segment area of a list of 4,096 segments), of %u", m0.used, m0.limit);
-	child_start(&cn, UID_NOBODY, maps_child, &most);
-	bool gn = child_result(&cn, &rn, sizeof(rn), 60000);
+	child_as(&cn, UID_NOBODY, maps_child, &most);
+	bool gn = child_read(&cn, &rn, sizeof(rn), 60000);
 	ok(gn && rn.n == P_PER_UID && rn.refused == -GPX_EQUOTA, "nobody registers %d regions, then is refused "
 	    "at its own limit, regions_per_uid (%d: %s)", rn.n, rn.refused, rn.why);
-	child_start(&co, UID_OTHER, maps_child, &most);
-	bool go = child_result(&co, &ro, sizeof(ro), 60000);
+	child_as(&co, UID_OTHER, maps_child, &most);
+	bool go = child_read(&co, &ro, sizeof(ro), 60000);
 	int want = P_LIMIT - (int)m0.used - 1 - P_PER_UID - 1;   /* (the two children's rings) */
 	ok(go && ro.n == want && ro.refused == -GPX_EBUSY && strstr(ro.why, "limits.mappings") != NULL &&
 	    strstr(ro.why, "registration") != NULL,
@@ -1650,7 +1585,7 @@ test_maps(void)
 	    g1 - g0 >= P_LIMIT - (int)m0.used,
 	    "gpxd holds %u of %u (metrics %.0f of %.0f), 2 refused, and has %d mappings more than before (%d -> %d)",
 	    m1.used, m1.limit, mu, ml, g1 - g0, g0, g1);
-	child_end(&cn);
+	child_end(&cn, 10000);
 	for (int i = 0; i < 500 && (maps_status(q, &m2) < 0 || m2.used > P_LIMIT - P_PER_UID - 1); i++)
 		usleep(10000);
 	struct buf b;
@@ -1659,7 +1594,7 @@ test_maps(void)
 	ok(m2.used == P_LIMIT - P_PER_UID - 1 && er == 0,
 	    "once nobody is gone its %d are given back (%u held), and root registers one (%d)", P_PER_UID + 1,
 	    m2.used, er);
-	child_end(&co);
+	child_end(&co, 10000);
 	gpx_close(q);
 	buf_free(&b);
 	buf_free(&vs);
@@ -1756,8 +1691,8 @@ test_many(void)
 	uint64_t idle = rss(), idle_anon = rss_anon(), anon;
 	gpx_conn *q = client("watcher");
 	sampler_start();
-	child_start(&ch, UID_NOBODY, many_child, &n);
-	bool got = child_result(&ch, &res, sizeof(res), 60000);
+	child_as(&ch, UID_NOBODY, many_child, &n);
+	bool got = child_read(&ch, &res, sizeof(res), 60000);
 	uint64_t peak = sampler_end(&anon, NULL);
 	ok(got && res.connected == n && res.accepted == n, "%d connections of nobody: each has a transfer in flight "
 	    "(%d accepted)", n, res.accepted);
@@ -1770,7 +1705,7 @@ test_many(void)
 	ok_rss(anon <= idle_anon + b.total, "gpxd's own resident memory stays under idle + the total (%.1f MiB more "
 	    "than idle at most; with the clients' pages it maps, %.1f MiB more)", ((double)anon - idle_anon) / MIB,
 	    ((double)peak - idle) / MIB);
-	child_end(&ch);
+	child_end(&ch, 10000);
 	for (int i = 0; i < 1000 && (budgets(q, &b) < 0 || b.used > 0); i++)
 		usleep(10000);
 	q1 = budgets(q, &b);

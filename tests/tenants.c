@@ -33,7 +33,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -48,81 +47,6 @@ void
 msleep(int ms)
 {
 	usleep(ms * 1000);
-}
-
-/* ---- children running as other uids ---- */
-
-/* In a child: closes what it inherited but a and b (the pipes of other children included). */
-static void
-close_others(int a, int b)
-{
-	for (int fd = 3; fd < 1024; fd++)
-		if (fd != a && fd != b)
-			close(fd);
-}
-
-/*
- * Forks a child that drops to uid/gid (and the supplementary groups) and runs fn; with nofile,
- * its descriptor limit is set first.  fn writes its result to `out` and may watch `stop`,
- * which becomes readable (EOF) when the parent calls child_stop.
- */
-void
-child_start(struct child *ch, uid_t uid, gid_t gid, const gid_t *groups, int ngroups, int nofile,
-    child_fn fn, void *arg)
-{
-	int res[2], go[2];
-
-	if (pipe2(res, O_CLOEXEC) < 0 || pipe2(go, O_CLOEXEC) < 0)
-		tap_bail("pipe");
-	fflush(NULL);
-	if ((ch->pid = fork()) < 0)
-		tap_bail("fork");
-	if (ch->pid == 0) {
-		close_others(res[1], go[0]);
-		if (nofile > 0) {
-			struct rlimit rl = { (rlim_t)nofile, (rlim_t)nofile };
-			setrlimit(RLIMIT_NOFILE, &rl);
-		}
-		if (setgroups(ngroups, groups) < 0 || setgid(gid) < 0 || setuid(uid) < 0)
-			_exit(98);
-		fn(arg, res[1], go[0]);
-		_exit(0);
-	}
-	close(res[1]);
-	close(go[0]);
-	ch->rd = res[0];
-	ch->go = go[1];
-}
-
-void
-child_stop(struct child *ch)
-{
-	if (ch->go >= 0)
-		close(ch->go);
-	ch->go = -1;
-}
-
-/* Reads the child's result within timeout_ms (a child that has not answered is killed); true if it did. */
-bool
-child_wait(struct child *ch, void *res, size_t size, int timeout_ms)
-{
-	struct pollfd p = { .fd = ch->rd, .events = POLLIN };
-	bool got = poll(&p, 1, timeout_ms) == 1 && read(ch->rd, res, size) == (ssize_t)size;
-
-	child_stop(ch);
-	if (!got)
-		kill(ch->pid, SIGKILL);
-	waitpid(ch->pid, NULL, 0);
-	close(ch->rd);
-	return got;
-}
-
-bool
-stopped(int stop)
-{
-	struct pollfd p = { .fd = stop, .events = POLLIN };
-
-	return poll(&p, 1, 0) == 1;
 }
 
 /* A connected socket to path (non-blocking connect when nb); -errno on failure. */
@@ -193,7 +117,7 @@ connect_as(struct as_conn *a, const char *path, uid_t uid, gid_t gid, const gid_
 		tap_bail("pipe");
 	fflush(NULL);
 	if ((a->ch.pid = fork()) == 0) {
-		close_others(sp[1], go[0]);
+		child_close_others(sp[1], go[0]);
 		if (setgroups(ngroups, groups) < 0 || setgid(gid) < 0 || setuid(uid) < 0)
 			_exit(98);
 		connector((void *)path, sp[1], go[0]);

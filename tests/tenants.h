@@ -1,6 +1,6 @@
 /*
- * What the files of tests/tenants share: the uids the tenants run as, children forked to run
- * as them, sockets connected as them, a raw query, and the parts, by file.
+ * What the files of tests/tenants share: the uids the tenants run as, sockets connected as
+ * them (children run as them: tests/child.h), a raw query, and the parts, by file.
  */
 #ifndef GPX_TESTS_TENANTS_H
 #define GPX_TESTS_TENANTS_H
@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "proto/gpx.pb-c.h"
+#include "tests/child.h"
 
 #define UID_A 1010      /* the heavy or hostile tenant */
 #define UID_B 1011      /* the other tenant */
@@ -19,28 +20,6 @@
 
 void msleep(int ms);
 
-/* ---- children running as other uids ---- */
-
-struct child {
-	pid_t pid;
-	int rd;             /* the child's result */
-	int go;             /* closed by the parent: the child's cue to stop */
-};
-
-typedef void (*child_fn)(void *arg, int out, int stop);
-
-/*
- * Forks a child that drops to uid/gid (and the supplementary groups) and runs fn; with nofile,
- * its descriptor limit is set first.  fn writes its result to `out` and may watch `stop`,
- * which becomes readable (EOF) when the parent calls child_stop.
- */
-void child_start(struct child *ch, uid_t uid, gid_t gid, const gid_t *groups, int ngroups, int nofile,
-    child_fn fn, void *arg);
-void child_stop(struct child *ch);
-/* Reads the child's result within timeout_ms (a child that has not answered is killed); true if it did. */
-bool child_wait(struct child *ch, void *res, size_t size, int timeout_ms);
-/* In a child: whether the parent said stop. */
-bool stopped(int stop);
 /* A connected socket to path (non-blocking connect when nb); -errno on failure. */
 int sock_to(const char *path, bool nb);
 
