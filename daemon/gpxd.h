@@ -603,6 +603,7 @@ struct job {
 	bool handed_out;             /* every byte given to a worker */
 	bool cancelled;
 	bool failed;
+	bool nomem;                  /* ... a chunk failed for want of memory: ENOMEM, not EIO */
 	uint64_t done;
 	double t_build;              /* when xfer_build began (with debug logging only) */
 	double t_submit;
@@ -638,6 +639,8 @@ struct chunk_source {
 	/* Chunks c[0..n) are copied (ok) or failed; a job's last one finishes it.  Together: one
 	 * lock, and one doorbell per client for the jobs they end. */
 	void (*done)(struct chunk *c, int n, bool ok);
+	/* As done, failed, for a chunk that found no memory: its job ends ENOMEM, not EIO. */
+	void (*nomem)(struct chunk *c);
 	uint32_t (*pair_of)(const struct job *, uint32_t seg);
 	/* Waits up to ns, or until a new job comes for the path: a worker whose chunks are due later. */
 	void (*nap)(enum path_kind, uint64_t ns);

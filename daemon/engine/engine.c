@@ -334,6 +334,7 @@ engine_init(int nthreads, uint64_t chunk)
 		.next_small = engine_next_small_chunks,
 		.has_work = engine_has_work,
 		.done = engine_chunks_done,
+		.nomem = engine_chunk_nomem,
 		.pair_of = engine_pair_of,
 		.nap = engine_nap,
 		.ending = loop_wake_early,
@@ -814,7 +815,7 @@ static void
 job_finish(struct job *j, struct finish *f)
 {
 	/* (a page the kernel found out of its region, in a list in GPU memory: not copied) */
-	int status = j->failed ? GPX__STATUS__EIO : j->cancelled ? cancel_status :
+	int status = j->failed ? (j->nomem ? GPX__STATUS__ENOMEM : GPX__STATUS__EIO) : j->cancelled ? cancel_status :
 	    j->oob != NULL && *j->oob != 0 ? GPX__STATUS__ERANGE : 0;
 	struct epath *p = &paths[j->path];
 	struct jgroup *g = j->group;
@@ -969,6 +970,15 @@ void
 engine_chunk_done(struct chunk *c, bool ok)
 {
 	engine_chunks_done(c, 1, ok);
+}
+
+void
+engine_chunk_nomem(struct chunk *c)
+{
+	pthread_mutex_lock(&elock);
+	c->job->nomem = true;
+	pthread_mutex_unlock(&elock);
+	engine_chunks_done(c, 1, false);
 }
 
 /* Under the lock: stop handing out chunks of j; true if it can be finished now. */

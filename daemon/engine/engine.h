@@ -49,6 +49,7 @@ int engine_queues(enum path_kind);   /* connections with work on the path (a hin
 enum path_kind engine_path_for(const struct region *src, const struct region *dst);
 void engine_chunk_done(struct chunk *, bool ok);
 void engine_chunks_done(struct chunk *, int n, bool ok);  /* c[0..n), together */
+void engine_chunk_nomem(struct chunk *);                  /* failed: no memory for it */
 void engine_chunk_soon(const struct chunk *);
 void engine_chunk_warm(const struct chunk *);
 void engine_free_job(struct job *);
