@@ -133,6 +133,7 @@ struct peer {
 	uint64_t notes_imm_tx, notes_imm_rx;   /* owners' notifications by RDMA write with immediate */
 	uint64_t notes_msg_tx, notes_msg_rx;   /* ... as messages (Write with notify, Notify) */
 	uint32_t inflight;           /* our requests waiting for an answer */
+	bool read_again;             /* reading found no memory: read again at the tick */
 	char why[160];               /* why it went down, or the last error */
 	struct rpeer *rdma;          /* its queue pairs (rdma-qp.c), NULL over tcp */
 };
@@ -149,7 +150,10 @@ const char *peer_status(void);               /* one line for status */
 
 /* A connection on bev (connecting when outbound), from or to addr; NULL without memory. */
 struct peer *peer_new(struct bufferevent *bev, bool outbound, const char *addr);
-/* Sends one framed message (and data, which may be NULL).  0, or -1 if the peer is gone. */
+/*
+ * Sends one framed message (and data, which may be NULL).  0; -1 if the peer is gone (or went
+ * for it); -ENOMEM if no memory held the frame: nothing of it was queued, p stands.
+ */
 int peer_send(struct peer *, const Gpxpeer__PeerMsg *, const void *data, size_t len);
 /* Says why in a Bye, on the wire at once: the connection is killed next. */
 void peer_bye(struct peer *, const char *why);

@@ -16,6 +16,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,7 +108,18 @@ peer_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
 	rep.message = msg;
 	m.body_case = GPXPEER__PEER_MSG__BODY_IMPORT_REP;
 	m.import_rep = &rep;
-	peer_send(p, &m, NULL, 0);
+	if (peer_send(p, &m, NULL, 0) != -ENOMEM)
+		return;
+	/* No memory for the answer: the handle goes, refused ENOMEM (the asker waits for one) */
+	if (rep.status == 0) {
+		TAILQ_REMOVE(&p->handles, h, entry);
+		phandle_drop(h);
+	}
+	rep = (Gpxpeer__ImportRep)GPXPEER__IMPORT_REP__INIT;
+	rep.id = q->id;
+	rep.status = GPX__STATUS__ENOMEM;
+	if (peer_send(p, &m, NULL, 0) < 0)
+		peer_kill(p, "out of memory for its answers");
 }
 
 void
@@ -178,7 +190,9 @@ import_send(struct pimport *pi, struct peer *p)
 	q.name = pi->name;
 	m.body_case = GPXPEER__PEER_MSG__BODY_IMPORT_REQ;
 	m.import_req = &q;
-	peer_send(p, &m, NULL, 0);
+	/* (a send that killed p failed pi with it) */
+	if (peer_send(p, &m, NULL, 0) == -ENOMEM)
+		import_fail(pi, GPX__STATUS__ENOMEM, "out of memory");
 }
 
 /* Answers an import no longer on the list, and forgets it. */

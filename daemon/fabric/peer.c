@@ -20,6 +20,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,6 +86,15 @@ peer_send(struct peer *p, const Gpxpeer__PeerMsg *m, const void *data, size_t le
 	if (evbuffer_get_length(out) > PEER_OUT_MAX) {
 		peer_kill(p, "it leaves more than %u MiB of our output unread", PEER_OUT_MAX >> 20);
 		return -1;
+	}
+	/*
+	 * Room for the whole frame first: without it nothing is queued, and a ready connection
+	 * stands (the caller answers its own request ENOMEM); one in its handshake goes.
+	 */
+	if (evbuffer_expand(out, sizeof(hdr) + mlen + len) < 0) {
+		if (p->state != PEER_READY)
+			peer_kill(p, "out of memory for its output");
+		return p->state == PEER_READY ? -ENOMEM : -1;
 	}
 	if (evbuffer_add(out, hdr, sizeof(hdr)) < 0 || evbuffer_add(out, packbuf, mlen) < 0 ||
 	    (len > 0 && evbuffer_add(out, data, len) < 0)) {
@@ -407,11 +417,15 @@ on_read(struct bufferevent *bev, void *arg)
 			budget -= got;
 			continue;
 		}
-		evbuffer_drain(in, PEER_HDR_LEN);
-		uint8_t *mb = evbuffer_pullup(in, mlen);
+		/* (no memory to make the message contiguous: it is read again at the tick) */
+		uint8_t *mb = evbuffer_pullup(in, PEER_HDR_LEN + mlen);
+		if (mb == NULL) {
+			p->read_again = true;
+			return;
+		}
 		wire_arena_reset(arena);
-		Gpxpeer__PeerMsg *m = mb ? gpxpeer__peer_msg__unpack(&arena->pa, mlen, mb) : NULL;
-		evbuffer_drain(in, mlen);
+		Gpxpeer__PeerMsg *m = gpxpeer__peer_msg__unpack(&arena->pa, mlen, mb + PEER_HDR_LEN);
+		evbuffer_drain(in, PEER_HDR_LEN + mlen);
 		p->bytes_rx += PEER_HDR_LEN + mlen + dlen;
 		if (m == NULL) {
 			peer_kill(p, "undecodable message (%u bytes)", mlen);
@@ -440,6 +454,9 @@ on_event(struct bufferevent *bev, short what, void *arg)
 	}
 	if (what & BEV_EVENT_EOF)
 		peer_kill(p, "connection closed by the other side");
+	else if ((what & BEV_EVENT_READING) && EVUTIL_SOCKET_ERROR() == ENOMEM)
+		/* libevent found no memory for what came and read none of it: again at the tick */
+		p->read_again = true;
 	else if (what & BEV_EVENT_ERROR)
 		peer_kill(p, "%s", evutil_socket_error_to_string(EVUTIL_SOCKET_ERROR()));
 }
@@ -457,6 +474,13 @@ on_tick(evutil_socket_t fd, short what, void *arg)
 	(void)arg;
 	peer_dial_tick(now);
 	TAILQ_FOREACH_SAFE(p, &peers, entry, pt) {
+		if (p->read_again) {
+			p->read_again = false;
+			bufferevent_enable(p->bev, EV_READ);
+			on_read(p->bev, p);
+			if (p->state == PEER_DEAD)
+				continue;
+		}
 		if (p->state != PEER_READY) {
 			if (now - p->t_start > to)
 				peer_kill(p, "no handshake within %.1f s", to);

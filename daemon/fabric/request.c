@@ -35,6 +35,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,7 @@ struct fop {
 	void *stage;                 /* GPU memory staged through this host buffer (stage.c) */
 	bool notified;               /* the Write carried the transfer's Notify */
 	bool rdma;                   /* posted as RDMA WRITE/READ: ends with its work completion */
+	bool nomem;                  /* failed for want of memory (here or at the peer) */
 	double deadline;
 };
 
@@ -84,7 +86,10 @@ fop_free(struct fop *f, bool ok)
 	stage_put(f->stage);
 	nfops--;
 	nfbytes -= f->c.bytes;
-	fabric_chunks->done(&f->c, 1, ok);
+	if (!ok && f->nomem)
+		fabric_chunks->nomem(&f->c);
+	else
+		fabric_chunks->done(&f->c, 1, ok);
 	free(f);
 }
 
@@ -108,8 +113,12 @@ static void
 fop_send(struct fop *f, const Gpxpeer__PeerMsg *m, const void *data, size_t len)
 {
 	fop_list(f);
-	/* On failure the peer was killed, and request_peer_down has failed f already. */
-	peer_send(f->p, m, data, len);
+	/* The peer killed for it has failed f already (request_peer_down); else no memory held it. */
+	if (peer_send(f->p, m, data, len) == -ENOMEM) {
+		fop_unlist(f);
+		f->nomem = true;
+		fop_free(f, false);
+	}
 }
 
 /* Waits for an RDMA completion instead of an answer. */
@@ -228,10 +237,14 @@ start_chunk(struct chunk *c)
 	struct peer *p = rm ? peer_by_epoch(rm->node, rm->epoch) : NULL;
 	struct fop *f;
 
-	if (p == NULL || (f = calloc(1, sizeof(*f))) == NULL) {
+	if (p == NULL) {
 		log_debug("fabric", "client %llu tag %llu: peer %s unreachable", (unsigned long long)j->client,
 		    (unsigned long long)j->tag, rm ? rm->node : "?");
 		fabric_chunks->done(c, 1, false);
+		return;
+	}
+	if ((f = calloc(1, sizeof(*f))) == NULL) {
+		fabric_chunks->nomem(c);
 		return;
 	}
 	nfops++;
@@ -251,6 +264,7 @@ start_chunk(struct chunk *c)
 	if (local->host == NULL) {
 		/* GPU memory the NIC cannot reach, or the tcp transport: through a host buffer. */
 		if ((f->stage = stage_get(c->bytes)) == NULL) {
+			f->nomem = true;
 			fop_free(f, false);
 			return;
 		}
@@ -347,6 +361,7 @@ request_done(struct peer *p, const Gpxpeer__Done *d, struct evbuffer *in, size_t
 		return;
 	}
 	fop_unlist(f);
+	f->nomem = d->status == GPX__STATUS__ENOMEM;
 	if (d->status != 0) {
 		p->errors++;
 		log_info("fabric: peer %s refused a %s of client %llu tag %llu: status %u", p->node,

@@ -16,6 +16,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <event2/buffer.h>
@@ -52,7 +53,15 @@ answer(struct peer *p, uint64_t id, int status, const void *data, size_t len)
 	m.done = &d;
 	if (status != 0)
 		p->errors++;
-	peer_send(p, &m, data, len);
+	if (peer_send(p, &m, data, len) != -ENOMEM)
+		return;
+	/* No memory for the answer: refused ENOMEM, without the data; else the request would wait
+	 * on the peer until its timeout, which ends the connection */
+	p->errors += status == 0;
+	d.status = GPX__STATUS__ENOMEM;
+	d.length = 0;
+	if (peer_send(p, &m, NULL, 0) < 0)
+		peer_kill(p, "out of memory for its answers");
 }
 
 static void
