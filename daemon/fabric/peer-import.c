@@ -84,9 +84,12 @@ peer_import_req(struct peer *p, const Gpxpeer__ImportReq *q)
 	} else if (st < 0) {
 		rep.status = -st;
 		snprintf(msg, sizeof(msg), "export %s was withdrawn", q->name);
-	} else if (n >= PEER_MAX_HANDLES || (h = calloc(1, sizeof(*h))) == NULL) {
+	} else if (n >= PEER_MAX_HANDLES) {
 		rep.status = GPX__STATUS__EQUOTA;
 		snprintf(msg, sizeof(msg), "peer %s holds too many imports", p->node);
+	} else if ((h = calloc(1, sizeof(*h))) == NULL) {
+		rep.status = GPX__STATUS__ENOMEM;
+		snprintf(msg, sizeof(msg), "out of memory on %s", peer_self);
 	} else {
 		h->id = (uint64_t)p->epoch << 32 | ++p->next_serial;
 		h->r = er;
