@@ -219,7 +219,7 @@ bool peer_import(const struct fabric_import *);     /* the hook (fabric.h) */
 void peer_import_req(struct peer *, const Gpxpeer__ImportReq *);     /* a peer imports */
 void peer_import_release(struct peer *, const Gpxpeer__Release *);   /* ... and lets go */
 void peer_import_rep(struct peer *, const Gpxpeer__ImportRep *);     /* a peer answered ours */
-void peer_import_let_go(struct peer *, uint64_t handle);  /* sends Release: we let go of it */
+int peer_import_let_go(struct peer *, uint64_t handle);   /* sends Release: we let go of it (peer_send) */
 /* The connection for t is ready, p or the node's one kept instead: its waiting imports go out. */
 void peer_import_target_ready(struct ptarget *t, struct peer *p);
 /* The attempt to reach t failed: the imports waiting for it fail now, with the reason. */
@@ -233,6 +233,7 @@ void peer_import_stop(void);                 /* those still waiting fail */
 
 /* ---- remote.c: other nodes' memory as regions (memory kind `remote`) ---- */
 struct remote {                  /* r->priv of a `remote` region */
+	TAILQ_ENTRY(remote) rel;     /* once let go: queued for its Release (remote.c) */
 	char node[PEER_NAME_MAX + 1];
 	uint32_t epoch;              /* of the connection it was imported through */
 	uint64_t handle;
@@ -246,8 +247,9 @@ struct remote {                  /* r->priv of a `remote` region */
 struct region *remote_region(struct peer *p, uint64_t handle, uint64_t length, bool read_only);
 /* The hook xfer_check: a transfer with a remote side is possible (connection alive)? */
 int remote_xfer_check(const struct region *src, const struct region *dst, char *err, size_t errlen);
-/* Loop thread: tells the peer that we let go of handle (if that connection still stands). */
-void remote_release(const char *node, uint32_t epoch, uint64_t handle);
+/* Loop thread: tells the peer that we let go of handle (if that connection still stands); 0,
+ * or -ENOMEM when no memory held the message. */
+int remote_release(const char *node, uint32_t epoch, uint64_t handle);
 void remote_flush(void);                     /* loop thread: sends the Releases queued */
 void remote_start(void);                     /* Releases may be queued from now on */
 void remote_stop(void);                      /* ... no longer: those queued are dropped */

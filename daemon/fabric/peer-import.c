@@ -400,7 +400,7 @@ peer_import(const struct fabric_import *rq)
 	return true;
 }
 
-void
+int
 peer_import_let_go(struct peer *p, uint64_t handle)
 {
 	Gpxpeer__PeerMsg m = GPXPEER__PEER_MSG__INIT;
@@ -409,7 +409,7 @@ peer_import_let_go(struct peer *p, uint64_t handle)
 	r.handle = handle;
 	m.body_case = GPXPEER__PEER_MSG__BODY_RELEASE;
 	m.release = &r;
-	peer_send(p, &m, NULL, 0);
+	return peer_send(p, &m, NULL, 0);
 }
 
 void

@@ -10,22 +10,16 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "daemon/fabric/internal.h"
 
-/* A Release queued by a thread other than the loop's. */
-struct rel {
-	TAILQ_ENTRY(rel) entry;
-	char node[PEER_NAME_MAX + 1];
-	uint32_t epoch;
-	uint64_t handle;
-};
-
+/* Releases queued by threads other than the loop's: each its import's own record. */
 static pthread_mutex_t rlock = PTHREAD_MUTEX_INITIALIZER;
-static TAILQ_HEAD(, rel) rels = TAILQ_HEAD_INITIALIZER(rels);
+static TAILQ_HEAD(, remote) rels = TAILQ_HEAD_INITIALIZER(rels);
 static bool running;             /* releases may be queued (rlock) */
 
 /* ---- the `remote` memory kind ---- */
@@ -38,28 +32,26 @@ remote_open(struct region *r, char *err, size_t errlen)
 	return -GPX__STATUS__ENOTSUP;
 }
 
-/* Any thread: the last user let go; tell the peer, from the loop thread. */
+/*
+ * Any thread: the last user let go; tell the peer, from the loop thread.  The import's own
+ * record is queued, so that letting go allocates nothing (a Release lost would keep the
+ * peer's handle until the connection ends).
+ */
 static void
 remote_close(struct region *r)
 {
 	struct remote *rm = r->priv;
-	struct rel *x;
 
 	if (rm == NULL)
 		return;
 	r->priv = NULL;
-	x = malloc(sizeof(*x));
 	pthread_mutex_lock(&rlock);
-	if (running && x != NULL) {
-		memcpy(x->node, rm->node, sizeof(x->node));
-		x->epoch = rm->epoch;
-		x->handle = rm->handle;
-		TAILQ_INSERT_TAIL(&rels, x, entry);
+	if (running) {
+		TAILQ_INSERT_TAIL(&rels, rm, rel);
 		request_kick();
-		x = NULL;
+		rm = NULL;
 	}
 	pthread_mutex_unlock(&rlock);
-	free(x);
 	free(rm);
 }
 
@@ -126,32 +118,40 @@ remote_xfer_check(const struct region *src, const struct region *dst, char *err,
 
 /* ---- releases ---- */
 
-void
+int
 remote_release(const char *n, uint32_t epoch, uint64_t handle)
 {
 	struct peer *p = peer_by_epoch(n, epoch);
 
 	if (p == NULL)
-		return;          /* that connection is gone, and its handles with it */
+		return 0;        /* that connection is gone, and its handles with it */
+	if (peer_import_let_go(p, handle) == -ENOMEM)
+		return -ENOMEM;
 	if (p->nimports > 0)
 		p->nimports--;
-	peer_import_let_go(p, handle);
+	return 0;
 }
 
 void
 remote_flush(void)
 {
-	TAILQ_HEAD(, rel) todo = TAILQ_HEAD_INITIALIZER(todo);
-	struct rel *x;
+	TAILQ_HEAD(, remote) todo = TAILQ_HEAD_INITIALIZER(todo), again = TAILQ_HEAD_INITIALIZER(again);
+	struct remote *rm;
 
 	pthread_mutex_lock(&rlock);
-	TAILQ_CONCAT(&todo, &rels, entry);
+	TAILQ_CONCAT(&todo, &rels, rel);
 	pthread_mutex_unlock(&rlock);
-	while ((x = TAILQ_FIRST(&todo)) != NULL) {
-		TAILQ_REMOVE(&todo, x, entry);
-		remote_release(x->node, x->epoch, x->handle);
-		free(x);
+	while ((rm = TAILQ_FIRST(&todo)) != NULL) {
+		TAILQ_REMOVE(&todo, rm, rel);
+		/* one that found no memory goes again at the tick */
+		if (remote_release(rm->node, rm->epoch, rm->handle) == -ENOMEM)
+			TAILQ_INSERT_TAIL(&again, rm, rel);
+		else
+			free(rm);
 	}
+	pthread_mutex_lock(&rlock);
+	TAILQ_CONCAT(&rels, &again, rel);
+	pthread_mutex_unlock(&rlock);
 }
 
 void
@@ -165,13 +165,13 @@ remote_start(void)
 void
 remote_stop(void)
 {
-	struct rel *x;
+	struct remote *rm;
 
 	pthread_mutex_lock(&rlock);
 	running = false;
-	while ((x = TAILQ_FIRST(&rels)) != NULL) {
-		TAILQ_REMOVE(&rels, x, entry);
-		free(x);
+	while ((rm = TAILQ_FIRST(&rels)) != NULL) {
+		TAILQ_REMOVE(&rels, rm, rel);
+		free(rm);
 	}
 	pthread_mutex_unlock(&rlock);
 }

@@ -437,8 +437,10 @@ again:
 			    cfg->fabric_timeout_s);
 			goto again;          /* the kill removed this peer's requests */
 		}
-	/* Chunks whose peer is gone fail here too, whether or not anything else wakes the loop. */
+	/* Chunks whose peer is gone fail here too, whether or not anything else wakes the loop;
+	 * Releases that found no memory go again. */
 	pump();
+	remote_flush();
 }
 
 static void
