@@ -9,6 +9,11 @@
  * descriptor more than before.  For the queries a client holds 40 regions, an export and a
  * copy of 1 TiB in flight, so that the lists are long enough to grow and the regions' reply
  * too large for the stack buffer of its send, and gpxd has a fabric with one peer down.
+ * Across the fabric, a second gpxd B (unarmed, peered over TCP with the same key): this gpxd
+ * exports a region to the fabric and B's client imports it and copies into and out of it, then
+ * this gpxd's client imports B's export by "NODE:name" and copies both ways, each copy that
+ * says 0 checked byte for byte; at the end B counts no importer of its export (every Release
+ * came).  Not covered yet: the cluster's paths (etcd), and the admin group's lookup.
  *
  * Skipped in a sanitizer build, whose runtime must come first in gpxd's libraries.
  */
@@ -385,6 +390,164 @@ op_reload(void *arg)
 	return gpx_admin(q->c, GPX_ADMIN_RELOAD, 0, NULL, text, sizeof(text));
 }
 
+/* ---- across the fabric: B, a second gpxd (unarmed), peered with the armed one (A) ---- */
+
+#define RM_LEN (1u << 20)
+
+struct rm {
+	struct harness *hb;
+	gpx_conn *ca, *cb;                /* a client of A, and one of B */
+	gpx_region la, lb, bx;            /* 1 MiB of host memory each: A's, B's, and B's export af.b */
+	int fa, fb, fx;
+	unsigned char *pa, *pb, *px;
+	uint64_t tag;
+	unsigned seed;
+};
+
+static int
+rm_copy(gpx_conn *c, uint64_t *tag, gpx_region from, gpx_region to)
+{
+	struct gpx_completion done;
+	int r = gpx_copy(c, from, 0, to, 0, RM_LEN, ++*tag);
+
+	if (r < 0)
+		return r;
+	r = gpx_wait_tag(c, *tag, &done, 20000);
+	return r < 0 ? r : done.status;
+}
+
+/*
+ * c's local region (its bytes at pl) copied into the remote one (its bytes, on the other
+ * node, at pr), then a fresh pattern back: each copy that says 0 checked byte for byte.
+ */
+static int
+rm_both_ways(struct rm *m, gpx_conn *c, gpx_region loc, unsigned char *pl, gpx_region rem, unsigned char *pr)
+{
+	int r;
+
+	m->seed++;
+	for (size_t i = 0; i < RM_LEN; i++)
+		pl[i] = (unsigned char)(i * 7 + m->seed);
+	memset(pr, 0, RM_LEN);
+	if ((r = rm_copy(c, &m->tag, loc, rem)) != 0)
+		return r;
+	if (memcmp(pl, pr, RM_LEN) != 0)
+		return -GPX_EIO;
+	for (size_t i = 0; i < RM_LEN; i++)
+		pr[i] = (unsigned char)(i * 13 + m->seed);
+	memset(pl, 0, RM_LEN);
+	if ((r = rm_copy(c, &m->tag, rem, loc)) != 0)
+		return r;
+	return memcmp(pl, pr, RM_LEN) != 0 ? -GPX_EIO : 0;
+}
+
+/* A (armed) exports a region to the fabric; B's client imports it and copies both ways. */
+static int
+op_export_remote(void *arg)
+{
+	struct rm *m = arg;
+	struct gpx_export_opts o = { .rule = GPX_EXPORT_ANY };
+	gpx_region imp;
+	uint64_t len;
+	int r = gpx_export_remote(m->ca, m->la, "af.a", &o, NULL);
+
+	if (r < 0)
+		return r;
+	if ((r = gpx_import(m->cb, "alloc-fail:af.a", &imp, &len)) == 0) {
+		r = rm_both_ways(m, m->cb, m->lb, m->pb, imp, m->pa);
+		int d = gpx_deregister(m->cb, imp);
+		r = r < 0 ? r : d;
+	}
+	int u = gpx_unexport(m->ca, "af.a");
+	return r < 0 ? r : u;
+}
+
+/* A's client imports B's export by "NODE:name" and copies both ways. */
+static int
+op_import_remote(void *arg)
+{
+	struct rm *m = arg;
+	gpx_region imp;
+	uint64_t len;
+	int r = gpx_import(m->ca, "alloc-fail-b:af.b", &imp, &len);
+
+	if (r < 0)
+		return r;
+	r = rm_both_ways(m, m->ca, m->la, m->pa, imp, m->px);
+	int d = gpx_deregister(m->ca, imp);
+	return r < 0 ? r : d;
+}
+
+/* The importers B counts on its export af.b, or -1. */
+static int
+rm_importers(struct rm *m)
+{
+	void *buf = NULL;
+	size_t len = 0;
+	int n = -1;
+
+	if (gpx_query(m->cb, GPX_Q_EXPORTS, &buf, &len) == 0) {
+		Gpx__QueryReply *q = gpx__query_reply__unpack(NULL, len, buf);
+		for (size_t i = 0; q != NULL && i < q->n_exports; i++)
+			if (strcmp(q->exports[i]->name, "af.b") == 0)
+				n = (int)q->exports[i]->importers;
+		if (q != NULL)
+			gpx__query_reply__free_unpacked(q, NULL);
+	}
+	free(buf);
+	return n;
+}
+
+/*
+ * B started, peered with A (port_a) by a key of the same file; a client of each with its
+ * regions, B's export af.b.  0, or -1 with why.
+ */
+static int
+rm_open(struct rm *m, struct harness *a, struct harness *hb, int port_a, const char *key)
+{
+	struct gpx_export_opts o = { .rule = GPX_EXPORT_ANY };
+	char extra[512];
+	gpx_region imp;
+	uint64_t len;
+	int r;
+
+	snprintf(extra, sizeof(extra), "[fabric]\nnode = alloc-fail-b\nlisten = 127.0.0.1:%d\n"
+	    "peers = 127.0.0.1:%d\nkey_file = %s\ntimeout = 300\nretry_interval = 0.3\n", free_port(), port_a, key);
+	m->hb = hb;
+	if (harness_start(hb, extra) < 0)
+		return -1;
+	if (gpx_connect(a->sock, "alloc-fail-remote-a", &m->ca) < 0 || gpx_connect(hb->sock, "alloc-fail-remote-b", &m->cb) < 0 ||
+	    gpx_host_alloc(RM_LEN, &m->fa, (void **)&m->pa) < 0 || gpx_host_alloc(RM_LEN, &m->fb, (void **)&m->pb) < 0 ||
+	    gpx_host_alloc(RM_LEN, &m->fx, (void **)&m->px) < 0 ||
+	    gpx_register_host(m->ca, m->fa, 0, RM_LEN, 0, &m->la) < 0 ||
+	    gpx_register_host(m->cb, m->fb, 0, RM_LEN, 0, &m->lb) < 0 ||
+	    gpx_register_host(m->cb, m->fx, 0, RM_LEN, 0, &m->bx) < 0 ||
+	    gpx_export_remote(m->cb, m->bx, "af.b", &o, NULL) < 0) {
+		diag("the clients of A and B: %s", gpx_last_error(m->cb));
+		return -1;
+	}
+	/* B dials A at once; within 10 s A's client imports af.b */
+	for (int i = 0; (r = gpx_import(m->ca, "alloc-fail-b:af.b", &imp, &len)) == -GPX_ENOENT && i < 100; i++)
+		usleep(100000);
+	if (r < 0) {
+		diag("A never imported af.b of B: %s", gpx_last_error(m->ca));
+		return -1;
+	}
+	return gpx_deregister(m->ca, imp) < 0 ? -1 : 0;
+}
+
+static void
+rm_close(struct rm *m)
+{
+	gpx_close(m->ca);
+	gpx_close(m->cb);
+	gpx_host_free(m->fa, m->pa, RM_LEN);
+	gpx_host_free(m->fb, m->pb, RM_LEN);
+	gpx_host_free(m->fx, m->px, RM_LEN);
+	harness_stop(m->hb);
+	harness_cleanup(m->hb);
+}
+
 int
 main(void)
 {
@@ -424,7 +587,7 @@ main(void)
 	if (port < 0 || write_key(key) < 0)
 		tap_bail("a port and a key for the fabric: %s", strerror(errno));
 	snprintf(extra, sizeof(extra), "[fabric]\nnode = alloc-fail\nlisten = 127.0.0.1:%d\npeers = 127.0.0.1:%d\n"
-	    "key_file = %s\nretry_interval = 3600\n", port, free_port(), key);
+	    "key_file = %s\nretry_interval = 3600\ntimeout = 300\n", port, free_port(), key);
 	setenv("LD_PRELOAD", shim, 1);
 	setenv("GPX_FAILALLOC", path, 1);
 	if (harness_start(&h, extra) < 0)
@@ -483,6 +646,22 @@ main(void)
 	for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++)
 		if (!fail_each(&h, ops[k].name, ops[k].fn, &q))
 			break;
+
+	/* Across the fabric, A (this gpxd) the exporter, then the importer, of B's memory */
+	struct harness hb;
+	struct rm m = { 0 };
+	if (rm_open(&m, &h, &hb, port, key) < 0)
+		tap_bail("a second gpxd, peered with the first");
+	if (fail_each(&h, "a remote export, imported by the other node, copied both ways", op_export_remote, &m) &&
+	    fail_each(&h, "an import of the other node's export (NODE:name), copied both ways", op_import_remote, &m)) {
+		int n = rm_importers(&m);
+		for (int i = 0; n != 0 && i < 50; i++) {
+			usleep(100000);
+			n = rm_importers(&m);
+		}
+		ok(n == 0, "each import of B's export was let go: B counts %d importers of it", n);
+	}
+	rm_close(&m);
 	gpx_close(q.other);
 	gpx_close(q.c);
 	gpx_host_free(q.fa, q.pa, 1u << 20);
