@@ -648,8 +648,10 @@ struct chunk_source {
 	 * (engine_prewake): an idle worker (true unless the time ran out). */
 	bool (*idle)(enum path_kind, uint64_t ns);
 	/* The last chunk of its job (c->last) should end in a little while: wakes a client that
-	 * sleeps on its completion, so that it looks when the record comes (engine_chunk_soon). */
-	void (*soon)(const struct chunk *);
+	 * sleeps on its completion, so that it looks when the record comes (engine_chunk_soon).
+	 * False while no thread of the client sleeps (it spins, say, and may sleep before the
+	 * end): ask again a little later. */
+	bool (*soon)(const struct chunk *);
 	/* The last chunk of its job is on the device, alone there: fetches, without waiting, the
 	 * lines its end writes, so that their misses do not come one after another once it ends
 	 * (engine_chunk_warm). */

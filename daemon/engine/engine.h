@@ -50,7 +50,7 @@ enum path_kind engine_path_for(const struct region *src, const struct region *ds
 void engine_chunk_done(struct chunk *, bool ok);
 void engine_chunks_done(struct chunk *, int n, bool ok);  /* c[0..n), together */
 void engine_chunk_nomem(struct chunk *);                  /* failed: no memory for it */
-void engine_chunk_soon(const struct chunk *);
+bool engine_chunk_soon(const struct chunk *);
 void engine_chunk_warm(const struct chunk *);
 void engine_free_job(struct job *);
 void engine_path_stats(enum path_kind, uint64_t *xfers, uint64_t *bytes, uint64_t *errors);

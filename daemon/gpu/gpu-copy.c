@@ -58,6 +58,7 @@
 #define NAP_MIN_NS 20000              /* naps shorter than this are spun */
 #define NAP_MARGIN_NS 10000           /* a nap ends this long (and its measured lateness) early */
 #define WAKE_LEAD_NS 300000           /* a sleeping client is woken this long before its record */
+#define WAKE_AGAIN_NS 40000           /* ... and looked at this often until it sleeps, or the end */
 #define NCLASSES 16
 #define NSIZES 11                     /* timed chunks by size: [1, 2) MiB, [2, 4) MiB, ... 1 GiB */
 
@@ -812,7 +813,8 @@ reap(struct gdev *g)
 
 /*
  * The wake-up calls due by now: the clients of jobs whose last chunk ends within WAKE_LEAD_NS
- * (engine_chunk_soon).  Returns when the next one is due, UINT64_MAX if none is.
+ * (engine_chunk_soon); one whose client does not sleep yet is made again WAKE_AGAIN_NS on.
+ * Returns when the next one is due, UINT64_MAX if none is.
  */
 static uint64_t
 wake_calls(struct gdev *g, uint64_t now)
@@ -824,10 +826,9 @@ wake_calls(struct gdev *g, uint64_t now)
 			struct pend *p = &g->pend[s][(g->phead[s] + i) % PEND_MAX];
 			if (p->wake == 0)
 				continue;
-			if (p->wake <= now) {
-				chunks->soon(&p->c);
-				p->wake = 0;
-			} else if (p->wake < next)
+			if (p->wake <= now)
+				p->wake = chunks->soon(&p->c) ? 0 : now + WAKE_AGAIN_NS;
+			if (p->wake != 0 && p->wake < next)
 				next = p->wake;
 		}
 	return next;
@@ -939,9 +940,11 @@ gpu_worker(void *arg)
 		if (due > now + NAP_MIN_NS + NAP_MARGIN_NS + g->late_ns + (due - now) / 16 && wake > now + NAP_MIN_NS) {
 			/* It ends early by a constant, by how late naps end, and by a 16th of the wait
 			 * (the rate is a mean: a copy a little faster than it must not be waited for);
-			 * or at the next wake-up call. */
+			 * or at the next wake-up call, unless that leaves too little to nap after it:
+			 * a call made again every WAKE_AGAIN_NS must not keep the last nap, which
+			 * wakes the loop, from reaching the end. */
 			uint64_t want = due - now - NAP_MARGIN_NS - g->late_ns - (due - now) / 16;
-			const bool to_end = wake - now >= want;
+			const bool to_end = wake - now >= want - NAP_MIN_NS;     /* (want > NAP_MIN_NS) */
 			if (!to_end)
 				want = wake - now;
 			chunks->nap(path, want);

@@ -270,6 +270,7 @@ main(int argc, char **argv)
 	if (gpu_mps())
 		test_done_after_bytes_waves();
 	test_loop_early_wake(c);
+	test_wake_after_spin(h.sock, c);
 	test_prewake(c, &bufs[1], &bufs[2]);
 	test_cached_registration(c, &bufs[1]);
 	test_cache_shared(h.sock, &bufs[1], &bufs[2]);

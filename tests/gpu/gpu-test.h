@@ -63,6 +63,7 @@ void test_small_batched(gpx_conn *c, struct buf *a, struct buf *b, size_t size, 
 void test_done_after_bytes(gpx_conn *c, struct buf *a, struct buf *h);
 void test_done_after_bytes_waves(void);
 void test_loop_early_wake(gpx_conn *c);
+void test_wake_after_spin(const char *sock, gpx_conn *c);
 void test_prewake(gpx_conn *c, struct buf *a, struct buf *b);
 void test_vectored(gpx_conn *c, struct buf *a, struct buf *b, size_t page, int n, bool odd);
 void test_link_split(gpx_conn *c, struct buf *a, struct buf *b);
