@@ -81,7 +81,9 @@ req_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 	 * budgets (the list's length is its claim; export_remote_opts checks its names).
 	 */
 	char err[256];
-	uint64_t cost = sizeof(*e) + (m->remote && cluster_running() ? sizeof(struct cexport) : 0);
+	bool claim = m->remote && cluster_running();
+	struct cexport *ce = NULL;
+	uint64_t cost = sizeof(*e) + (claim ? sizeof(*ce) : 0);
 	int r;
 	for (size_t i = 0; i < m->n_peers && i <= 256; i++)
 		cost += strnlen(m->peers[i], 65) + 1;
@@ -89,7 +91,9 @@ req_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 		reply_err(c, seq, -r, err);
 		return;
 	}
-	if ((e = calloc(1, sizeof(*e))) == NULL) {
+	/* (the wait for etcd made first: an export answered without it would not be the cluster's) */
+	if ((claim && (ce = calloc(1, sizeof(*ce))) == NULL) || (e = calloc(1, sizeof(*e))) == NULL) {
+		free(ce);
 		conn_uncharge(c, cost);
 		reply_err(c, seq, GPX__STATUS__ENOMEM, "out of memory");
 		return;
@@ -110,13 +114,14 @@ req_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 	if (fe < 0) {
 		region_unref(h->r);
 		free(e);
+		free(ce);
 		conn_uncharge(c, cost);
 		reply_err(c, seq, -fe, ferr);
 		return;
 	}
 	/* Given back when it goes (export_remove); the wait for etcd, when that ends. */
 	e->charged_to = &c->entries;
-	e->charged = cost - (m->remote && cluster_running() ? sizeof(struct cexport) : 0);
+	e->charged = cost - (claim ? sizeof(*ce) : 0);
 	if (m->notify) {
 		h->r->notify_tag = m->notify_tag;
 		if (h->r->notify_cq == NULL) {
@@ -136,8 +141,7 @@ req_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 	log_debug("export", "client %llu exports %#llx as %s", (unsigned long long)c->id,
 	    (unsigned long long)h->id, e->name);
 	/* cluster: the name must be the cluster's too; answered once etcd has said so */
-	struct cexport *ce;
-	if (e->remote && cluster_running() && (ce = calloc(1, sizeof(*ce))) != NULL) {
+	if (claim) {
 		ce->c = c;
 		ce->seq = seq;
 		ce->e = e;
@@ -146,7 +150,6 @@ req_export(struct conn *c, uint32_t seq, const Gpx__Export *m)
 		cluster_name_add(e->name, e->uid, export_claimed, ce);
 		return;
 	}
-	conn_uncharge(c, cost - e->charged);    /* (a wait for etcd charged and not needed) */
 	reply_err(c, seq, 0, NULL);
 }
 
