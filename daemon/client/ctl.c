@@ -383,15 +383,17 @@ struct cwait {
 	uint32_t seq;
 };
 
-/* Q_CLUSTER's answer (cluster.h): json NULL when this node is in no cluster. */
+/* Q_CLUSTER's answer (cluster.h): json NULL when this node is in no cluster, or refused. */
 static void
-cluster_answered(void *arg, char *json)
+cluster_answered(void *arg, int status, char *json)
 {
 	struct cwait *w = arg;
 	Gpx__QueryReply q = GPX__QUERY_REPLY__INIT;
 
 	conn_settle(w->c);
-	if (w->c->state != CONN_DEAD) {
+	if (w->c->state != CONN_DEAD && status != 0)
+		conn_reply(w->c, w->seq, status, "out of memory building the reply", NULL, NULL, 0);
+	else if (w->c->state != CONN_DEAD) {
 		q.cluster = json != NULL ? json : (char *)"";
 		send_query_reply(w->c, w->seq, &q);
 	}

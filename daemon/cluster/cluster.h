@@ -67,8 +67,10 @@ bool cluster_import(struct fabric_import *rq);
 /* metrics.c: the cluster's lines (Prometheus text) appended to out. */
 void cluster_metrics(struct evbuffer *out);
 /* ctl.c: the nodes for gpxctl cluster, as JSON text (malloc'ed; NULL when off), with each
- * lease's time left asked of etcd first: done gets it, once, maybe before this returns. */
-void cluster_nodes_query(void (*done)(void *arg, char *json), void *arg);
+ * lease's time left asked of etcd first: done gets it with status 0, or status
+ * GPX__STATUS__ENOMEM and no text when an allocation failed on the way; once, maybe before
+ * this returns. */
+void cluster_nodes_query(void (*done)(void *arg, int status, char *json), void *arg);
 /* The node holding a cluster name, NULL when none (gpxctl exports). */
 const char *cluster_name_node(const char *name);
 /* Every cluster name held by another node (gpxctl exports); fn may not change the names. */

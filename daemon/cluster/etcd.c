@@ -45,10 +45,12 @@ struct etcd_call {
 	double t0;
 	char err[CURL_ERROR_SIZE];
 	bool failed_parse;
+	bool nomem;                  /* the reply found no memory here */
 	bool cancelled;              /* cancelled inside curl's callbacks: freed once curl returns */
 	bool no_token;               /* the authentication itself */
 	bool again;                  /* sent again with a new token already */
 	bool waiting;                /* out of curl, waiting for a new token */
+	bool doomed;                 /* in flight when curl found no memory: fails */
 };
 
 static TAILQ_HEAD(, etcd_call) calls = TAILQ_HEAD_INITIALIZER(calls);
@@ -96,7 +98,11 @@ b64_dec(const char *s, size_t *len)
 	int bits = 0;
 	char *out;
 
-	if (n % 4 != 0 || (out = malloc(n / 4 * 3 + 1)) == NULL)
+	if (n % 4 != 0) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if ((out = malloc(n / 4 * 3 + 1)) == NULL)
 		return NULL;
 	for (size_t i = 0; i < n; i++) {
 		const char *c = strchr(b64, s[i]);
@@ -118,6 +124,7 @@ b64_dec(const char *s, size_t *len)
 	return out;
 bad:
 	free(out);
+	errno = EINVAL;
 	return NULL;
 }
 
@@ -143,35 +150,120 @@ js_int(struct json_object *o, const char *k)
 	return json_object_get_int64(v);
 }
 
+struct json_object *
+js_parse(const char *s, bool *nomem)
+{
+	json_tokener *t = json_tokener_new();
+	struct json_object *o = NULL;
+
+	*nomem = t == NULL;
+	if (t == NULL)
+		return NULL;
+	o = json_tokener_parse_ex(t, s, -1);
+	if (json_tokener_get_error(t) != json_tokener_success) {
+		json_object_put(o);
+		o = NULL;
+	}
+	json_tokener_free(t);
+	return o;
+}
+
+char *
+js_text(struct json_object *o)
+{
+	const char *t = o != NULL ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN) : NULL;
+	bool nomem;
+	struct json_object *back = t != NULL ? js_parse(t, &nomem) : NULL;
+	char *s = back != NULL && json_object_equal(back, o) ? strdup(t) : NULL;
+
+	json_object_put(back);
+	return s;
+}
+
+bool
+js_add(struct json_object *o, const char *name, struct json_object *v)
+{
+	if (o == NULL || v == NULL || json_object_object_add(o, name, v) < 0) {
+		json_object_put(v);
+		return false;
+	}
+	return true;
+}
+
+bool
+js_push(struct json_object *a, struct json_object *v)
+{
+	if (a == NULL || v == NULL || json_object_array_add(a, v) < 0) {
+		json_object_put(v);
+		return false;
+	}
+	return true;
+}
+
 /* ---- curl on the loop ---- */
 
 static void check_done(void);
 static void reap_cb(evutil_socket_t, short, void *);
+static void call_free(struct etcd_call *);
+
+/*
+ * curl found no memory for its own state (a socket it was to watch, a timer): which transfer
+ * it left unwatched, waiting for ever, it does not say.  Every call in flight then ends, out
+ * of memory (not those their ends make).  All leave curl first: curl takes no new call while
+ * one is left after a callback refused (a socket's event found no memory).  Each done may
+ * cancel others, so the next is looked for from the start each time.
+ */
+static void
+curl_failed(CURLMcode rc)
+{
+	struct etcd_call *k;
+
+	log_warnx("cluster: curl: %s: every call to etcd in flight fails", curl_multi_strerror(rc));
+	TAILQ_FOREACH(k, &calls, entry)
+		if ((k->doomed = !k->cancelled && !k->waiting))
+			curl_multi_remove_handle(multi, k->h);
+	for (;;) {
+		TAILQ_FOREACH(k, &calls, entry)
+			if (k->doomed)
+				break;
+		if (k == NULL)
+			return;
+		etcd_fn done = k->done;
+		void *darg = k->arg;
+		call_free(k);
+		done(darg, ETCD_NOMEM, NULL, "out of memory");
+	}
+}
+
+/* curl told what happened on the loop: the calls it ended are answered. */
+static void
+curl_act(curl_socket_t fd, int fl)
+{
+	int running;
+	CURLMcode rc;
+
+	in_curl++;
+	rc = curl_multi_socket_action(multi, fd, fl, &running);
+	in_curl--;
+	check_done();
+	if (rc != CURLM_OK)
+		curl_failed(rc);
+}
 
 static void
 on_sock(evutil_socket_t fd, short what, void *arg)
 {
-	int running, fl = (what & EV_READ ? CURL_CSELECT_IN : 0) | (what & EV_WRITE ? CURL_CSELECT_OUT : 0);
-
 	(void)arg;
-	in_curl++;
-	curl_multi_socket_action(multi, fd, fl, &running);
-	in_curl--;
-	check_done();
+	curl_act(fd, (what & EV_READ ? CURL_CSELECT_IN : 0) | (what & EV_WRITE ? CURL_CSELECT_OUT : 0));
 }
 
 static void
 on_timer(evutil_socket_t fd, short what, void *arg)
 {
-	int running;
-
 	(void)fd;
 	(void)what;
 	(void)arg;
-	in_curl++;
-	curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
-	in_curl--;
-	check_done();
+	curl_act(CURL_SOCKET_TIMEOUT, 0);
 }
 
 static int
@@ -284,8 +376,10 @@ on_data(char *p, size_t sz, size_t n, void *arg)
 	if (k->len + len + 1 > k->cap) {
 		size_t cap = (k->len + len + 1) * 2;
 		char *b = realloc(k->buf, cap);
-		if (b == NULL)
+		if (b == NULL) {
+			k->nomem = true;
 			return 0;
+		}
 		k->buf = b;
 		k->cap = cap;
 	}
@@ -381,7 +475,10 @@ finish(struct etcd_call *k, CURLcode rc)
 		reauth();
 		return;
 	}
-	if (rc != CURLE_OK && (k->msg == NULL || status == 0 || k->failed_parse)) {
+	if (k->nomem || rc == CURLE_OUT_OF_MEMORY) {
+		snprintf(why, sizeof(why), "out of memory");
+		err = ETCD_NOMEM;
+	} else if (rc != CURLE_OK && (k->msg == NULL || status == 0 || k->failed_parse)) {
 		if (k->failed_parse)
 			snprintf(why, sizeof(why), "%s: malformed stream", urls[cur]);
 		else if (status == 0)
@@ -402,8 +499,12 @@ finish(struct etcd_call *k, CURLcode rc)
 		etcd_stats.rtt_sum += t;
 		etcd_stats.rtt_n++;
 		etcd_stats.rtt_last = t;
-		o = k->buf ? json_tokener_parse(k->buf) : NULL;
-		if (status != 200 || o == NULL) {
+		bool nomem = false;
+		o = k->buf ? js_parse(k->buf, &nomem) : NULL;
+		if (nomem) {
+			snprintf(why, sizeof(why), "out of memory");
+			err = ETCD_NOMEM;
+		} else if (status != 200 || o == NULL) {
 			const char *m = o ? reply_error(o) : NULL;
 			char text[160];
 			/* etcd's auth is on, and we have no credentials for it */
@@ -439,58 +540,70 @@ check_done(void)
 	}
 }
 
-/* The call's headers, with the token now held. */
-static void
+/* The call's headers, with the token now held: false when a list of them found no memory. */
+static bool
 call_headers(struct etcd_call *k)
 {
+	struct curl_slist *l;
 	char auth[600];
 
 	curl_slist_free_all(k->hdrs);
 	k->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
-	if (token != NULL && !k->no_token) {
+	if (k->hdrs != NULL && token != NULL && !k->no_token) {
 		snprintf(auth, sizeof(auth), "Authorization: %s", token);
-		k->hdrs = curl_slist_append(k->hdrs, auth);
+		if ((l = curl_slist_append(k->hdrs, auth)) == NULL) {
+			curl_slist_free_all(k->hdrs);
+			k->hdrs = NULL;
+		} else
+			k->hdrs = l;
 	}
 	curl_easy_setopt(k->h, CURLOPT_HTTPHEADER, k->hdrs);
+	return k->hdrs != NULL;
 }
 
+/* A call of path with body (taken over), not started yet; NULL when an allocation failed. */
 static struct etcd_call *
 call_new(const char *path, struct json_object *body, double timeout, etcd_fn done, void *arg)
 {
 	struct etcd_call *k = calloc(1, sizeof(*k));
 	char url[512];
 
-	if (k == NULL || (k->h = curl_easy_init()) == NULL) {
+	if (k != NULL)
+		k->body = js_text(body);
+	json_object_put(body);
+	if (k == NULL || k->body == NULL || (k->h = curl_easy_init()) == NULL) {
+		if (k != NULL)
+			free(k->body);
 		free(k);
-		json_object_put(body);
 		return NULL;
 	}
-	k->body = strdup(json_object_to_json_string_ext(body, JSON_C_TO_STRING_PLAIN));
-	json_object_put(body);
 	k->done = done;
 	k->arg = arg;
 	k->t0 = now_s();
 	snprintf(url, sizeof(url), "%s%s", urls[cur], path);
-	call_headers(k);
-	curl_easy_setopt(k->h, CURLOPT_URL, url);
-	curl_easy_setopt(k->h, CURLOPT_POSTFIELDS, k->body ? k->body : "{}");
+	/* (curl copies the URL and the files' names: each may find no memory) */
+	if (!call_headers(k) || curl_easy_setopt(k->h, CURLOPT_URL, url) != CURLE_OK ||
+	    (cacert != NULL && curl_easy_setopt(k->h, CURLOPT_CAINFO, cacert) != CURLE_OK) ||
+	    (cert != NULL && curl_easy_setopt(k->h, CURLOPT_SSLCERT, cert) != CURLE_OK) ||
+	    (key != NULL && curl_easy_setopt(k->h, CURLOPT_SSLKEY, key) != CURLE_OK) ||
+	    curl_easy_setopt(k->h, CURLOPT_PROTOCOLS_STR, "http,https") != CURLE_OK) {
+		curl_easy_cleanup(k->h);
+		curl_slist_free_all(k->hdrs);
+		free(k->body);
+		free(k);
+		return NULL;
+	}
+	curl_easy_setopt(k->h, CURLOPT_POSTFIELDS, k->body);
 	curl_easy_setopt(k->h, CURLOPT_WRITEFUNCTION, on_data);
 	curl_easy_setopt(k->h, CURLOPT_WRITEDATA, k);
 	curl_easy_setopt(k->h, CURLOPT_PRIVATE, k);
 	curl_easy_setopt(k->h, CURLOPT_ERRORBUFFER, k->err);
 	curl_easy_setopt(k->h, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(k->h, CURLOPT_CONNECTTIMEOUT_MS, 2000L);
-	curl_easy_setopt(k->h, CURLOPT_PROTOCOLS_STR, "http,https");
 	/* HTTP/1.1 over https as over http (ALPN would pick HTTP/2 of etcd's Go server) */
 	curl_easy_setopt(k->h, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_1_1);
 	if (timeout > 0)
 		curl_easy_setopt(k->h, CURLOPT_TIMEOUT_MS, (long)(timeout * 1000));
-	if (cacert != NULL)
-		curl_easy_setopt(k->h, CURLOPT_CAINFO, cacert);
-	if (cert != NULL)
-		curl_easy_setopt(k->h, CURLOPT_SSLCERT, cert);
-	if (key != NULL)
-		curl_easy_setopt(k->h, CURLOPT_SSLKEY, key);
 	TAILQ_INSERT_TAIL(&calls, k, entry);
 	etcd_stats.calls++;
 	return k;
@@ -574,12 +687,18 @@ etcd_authenticate(etcd_fn done, void *arg)
 	struct json_object *b = json_object_new_object();
 	struct etcd_call *k;
 
-	json_object_object_add(b, "name", json_object_new_string(auth_user ? auth_user : ""));
-	json_object_object_add(b, "password", json_object_new_string(auth_pass ? auth_pass : ""));
+	if (!js_add(b, "name", json_object_new_string(auth_user ? auth_user : "")) ||
+	    !js_add(b, "password", json_object_new_string(auth_pass ? auth_pass : ""))) {
+		json_object_put(b);
+		b = NULL;
+	}
 	if ((k = call_new("/v3/auth/authenticate", b, 5, done, arg)) == NULL)
 		return NULL;
 	k->no_token = true;            /* etcd refuses a stale token even here */
-	call_headers(k);
+	if (!call_headers(k)) {
+		call_free(k);
+		return NULL;
+	}
 	return call_go(k);
 }
 
@@ -599,8 +718,7 @@ on_reauth(void *arg, int err, struct json_object *r, const char *why)
 				continue;
 			k->t0 = now_s();
 			k->err[0] = '\0';
-			call_headers(k);
-			if (curl_multi_add_handle(multi, k->h) == CURLM_OK)
+			if (call_headers(k) && curl_multi_add_handle(multi, k->h) == CURLM_OK)
 				k->waiting = false;
 			else
 				stuck = true;   /* failed below */

@@ -41,6 +41,7 @@ struct etcd_call;
 #define ETCD_REFUSED (-2)
 #define ETCD_TIMEDOUT (-3)
 #define CLAIM_HELD (-4)              /* member_claim: another holds the key */
+#define ETCD_NOMEM (-5)              /* an allocation here failed: the call was not made, or its answer lost */
 typedef void (*etcd_fn)(void *arg, int err, struct json_object *reply, const char *why);
 /* One JSON object of a streaming reply (the watch). */
 typedef void (*etcd_msg_fn)(void *arg, struct json_object *msg);
@@ -57,13 +58,23 @@ void etcd_cancel(struct etcd_call *);        /* done is not called */
 const char *etcd_auth_user(void);
 struct etcd_call *etcd_authenticate(etcd_fn done, void *arg);
 const char *etcd_endpoint(void);            /* the URL now in use */
-/* base64 of etcd's JSON: a fresh string; decoding NULL-terminates, NULL when malformed. */
+/* base64 of etcd's JSON: a fresh string; decoding NULL-terminates, NULL when malformed
+ * (errno EINVAL) or out of memory (ENOMEM). */
 char *b64_enc(const void *, size_t);
 char *b64_dec(const char *, size_t *len);
 /* JSON helpers: a string member (NULL if absent or not a string), an int64 (etcd sends
  * them as strings; 0 when absent). */
 const char *js_str(struct json_object *, const char *key);
 int64_t js_int(struct json_object *, const char *key);
+/* json-c's allocations checked: v (taken over: freed when not added) added to object o
+ * under name, or to array a; false when o (a) or v is NULL or the add found no memory. */
+bool js_add(struct json_object *o, const char *name, struct json_object *v);
+bool js_push(struct json_object *a, struct json_object *v);
+/* Text parsed: NULL when it is no JSON, or (*nomem) when the parser found no memory to start. */
+struct json_object *js_parse(const char *s, bool *nomem);
+/* o as JSON text (malloc'ed), or NULL when an allocation failed: json-c's printer leaves out
+ * what found no memory without saying so, so the text is parsed back and compared. */
+char *js_text(struct json_object *o);
 /* Counters (metrics). */
 struct etcd_stats {
 	uint64_t calls, failures;
@@ -89,7 +100,9 @@ extern struct member mb;
 /* A key of ours under the lease: put when nobody holds it (create_revision 0); done gets
  * 0, or CLAIM_HELD with the holder's value in why (a JSON text), or another error. */
 void member_claim(const char *key, const char *value, etcd_fn done, void *arg);
-void member_unput(const char *key);          /* deletes a key of ours (best effort) */
+/* Deletes a key while it is ours (under our lease): the call, whose done says how it went
+ * (err 0 also when the key was not ours), or NULL when it found no memory (done not called). */
+struct etcd_call *member_unput(const char *key, etcd_fn done, void *arg);
 /* The nodes known, from the watch. */
 struct cnode {
 	TAILQ_ENTRY(cnode) entry;
@@ -104,6 +117,8 @@ struct cnode {
 TAILQ_HEAD(cnode_list, cnode);
 extern struct cnode_list cnodes;
 struct cnode *member_node(const char *name);
+/* A key the watch (or a range) told of was lost for want of memory: every key is read again. */
+void member_lost(void);
 
 /* ---- names.c ---- */
 /* The watch, or the range of a resync, saw a name key: put (value) or deleted (NULL). */
@@ -111,6 +126,7 @@ void names_seen(const char *name, const char *value, size_t len);
 void names_forget_all(void);                 /* before a resync */
 void names_reclaim(void);                    /* a new lease: our names again under it */
 void names_fail_waiting(const char *why);    /* etcd went away: waiting registrations fail */
+void names_tick(void);                       /* the session is up: withdrawn names' keys deleted again */
 size_t names_count(void);
 uint32_t names_of_uid(uid_t);
 void names_stop(void);

@@ -16,6 +16,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ static bool starting;                    /* cluster_start waits for the first an
 static int start_result;
 static double start_deadline;
 static bool running;
+static bool lost;                        /* member_lost: a range of every key is due */
 
 #define BACKOFF_MAX 5.0
 
@@ -85,11 +87,12 @@ prefix_range(char **k0, char **k1)
 		*k1 = NULL;
 }
 
+/* A key as etcd's JSON has it (base64), or NULL when an allocation failed. */
 static struct json_object *
 jkey(const char *key)
 {
 	char *b = b64_enc(key, strlen(key));
-	struct json_object *o = json_object_new_string(b ? b : "");
+	struct json_object *o = b != NULL ? json_object_new_string(b) : NULL;
 
 	free(b);
 	return o;
@@ -137,8 +140,12 @@ node_put(const char *name, const char *v, size_t len, int64_t lease)
 		hostile("node %s: a value of %zu bytes", name, len);
 		return;
 	}
-	if ((o = json_tokener_parse(v)) == NULL || !json_object_is_type(o, json_type_object)) {
-		hostile("node %s: its value is not a JSON object", name);
+	bool nomem;
+	if ((o = js_parse(v, &nomem)) == NULL || !json_object_is_type(o, json_type_object)) {
+		if (nomem)
+			member_lost();
+		else
+			hostile("node %s: its value is not a JSON object", name);
 		json_object_put(o);
 		return;
 	}
@@ -161,6 +168,7 @@ node_put(const char *name, const char *v, size_t len, int64_t lease)
 	if ((n = member_node(name)) == NULL) {
 		if ((n = calloc(1, sizeof(*n))) == NULL) {
 			json_object_put(o);
+			member_lost();
 			return;
 		}
 		snprintf(n->name, sizeof(n->name), "%s", name);
@@ -175,7 +183,8 @@ node_put(const char *name, const char *v, size_t len, int64_t lease)
 	n->lease = lease;
 	n->stale = false;
 	free(n->value);
-	n->value = strdup(v);
+	if ((n->value = strdup(v)) == NULL)
+		member_lost();
 	json_object_put(o);
 }
 
@@ -231,15 +240,21 @@ kv_seen(struct json_object *kv, bool deleted)
 	size_t kl, vl = 0;
 	char *k, *v = NULL;
 
-	if (k64 == NULL || (k = b64_dec(k64, &kl)) == NULL)
+	if (k64 == NULL || (k = b64_dec(k64, &kl)) == NULL) {
+		if (k64 != NULL && errno == ENOMEM)
+			member_lost();
 		return;
+	}
 	if (strlen(k) != kl) {
 		free(k);
 		return;
 	}
 	if (!deleted) {
-		if ((v = b64_dec(v64 ? v64 : "", &vl)) == NULL || strlen(v) != vl) {
+		if ((v = b64_dec(v64 ? v64 : "", &vl)) == NULL && errno == ENOMEM)
+			member_lost();
+		else if (v == NULL || strlen(v) != vl)
 			hostile("key %s: a value that is not text", k);
+		if (v == NULL || strlen(v) != vl) {
 			free(v);
 			free(k);
 			return;
@@ -314,13 +329,21 @@ on_watch_msg(void *arg, struct json_object *m)
 	}
 }
 
+static void sync_all(void);
+
 static void
 on_watch_end(void *arg, int err, struct json_object *r, const char *why)
 {
 	(void)arg;
-	(void)err;
 	(void)r;
 	watch_call = NULL;
+	/* Ended for want of memory here, etcd still there: everything read again, then watched
+	 * from there, the session kept. */
+	if (err == ETCD_NOMEM && mb.state == M_UP) {
+		log_warnx("cluster: the watch ended: %s; reading every key again", why);
+		lost = true;
+		return;
+	}
 	go_down(err, "the watch ended: %s", why);
 }
 
@@ -332,6 +355,10 @@ on_range(void *arg, int err, struct json_object *r, const char *why)
 
 	(void)arg;
 	step_call = NULL;
+	if (err == ETCD_NOMEM && mb.state == M_UP) {
+		lost = true;             /* (read again at the next tick) */
+		return;
+	}
 	if (err < 0) {
 		go_down(err, "%s", why);
 		return;
@@ -349,22 +376,31 @@ on_range(void *arg, int err, struct json_object *r, const char *why)
 	char *k0, *k1;
 	prefix_range(&k0, &k1);
 	struct json_object *cr = json_object_new_object();
-	json_object_object_add(cr, "key", jkey(k0 ? k0 : ""));
-	json_object_object_add(cr, "range_end", jkey(k1 ? k1 : ""));
-	json_object_object_add(cr, "start_revision", json_object_new_int64(rev + 1));
 	body = json_object_new_object();
-	json_object_object_add(body, "create_request", cr);
+	if (k0 == NULL || k1 == NULL || !js_add(cr, "key", jkey(k0)) || !js_add(cr, "range_end", jkey(k1)) ||
+	    !js_add(cr, "start_revision", json_object_new_int64(rev + 1)) ||
+	    !js_add(body, "create_request", json_object_get(cr))) {
+		json_object_put(body);
+		body = NULL;
+	}
+	json_object_put(cr);
 	free(k0);
 	free(k1);
-	if ((watch_call = etcd_stream("/v3/watch", body, on_watch_msg, on_watch_end, NULL)) == NULL) {
-		go_down(0, "cannot start the watch");
+	if (body == NULL || (watch_call = etcd_stream("/v3/watch", body, on_watch_msg, on_watch_end, NULL)) == NULL) {
+		if (mb.state == M_UP)
+			lost = true;     /* read again (the session kept) at the next tick */
+		else
+			go_down(0, "cannot start the watch: out of memory");
 		return;
 	}
+	bool again = mb.state == M_UP;      /* read again (member_lost), the session kept */
 	mb.state = M_UP;
 	mb.why[0] = '\0';
 	backoff = 0.5;
 	t_keepalive = now_s() + mb.ttl / 3.0;
-	if (mb.rejoins++ > 0)
+	if (again)
+		log_info("cluster: every key read again");
+	else if (mb.rejoins++ > 0)
 		log_info("cluster: joined again as node %s (lease %lld)", mb.self, (long long)mb.lease);
 	else
 		log_info("cluster: node %s joined through %s (lease %lld, %u s)", mb.self, etcd_endpoint(),
@@ -379,11 +415,17 @@ sync_all(void)
 	struct json_object *b = json_object_new_object();
 
 	prefix_range(&k0, &k1);
-	json_object_object_add(b, "key", jkey(k0 ? k0 : ""));
-	json_object_object_add(b, "range_end", jkey(k1 ? k1 : ""));
+	if (k0 == NULL || k1 == NULL || !js_add(b, "key", jkey(k0)) || !js_add(b, "range_end", jkey(k1))) {
+		json_object_put(b);
+		b = NULL;
+	}
 	free(k0);
 	free(k1);
-	if ((step_call = etcd_post("/v3/kv/range", b, 10, on_range, NULL)) == NULL)
+	if (b != NULL && (step_call = etcd_post("/v3/kv/range", b, 10, on_range, NULL)) != NULL)
+		return;
+	if (mb.state == M_UP)
+		lost = true;             /* a read again: tried at the next tick */
+	else
 		go_down(0, "out of memory");
 }
 
@@ -419,7 +461,12 @@ on_claim(void *arg, int err, struct json_object *r, const char *why)
 			return;
 		}
 		size_t vl;
-		char *v = js_str(kv, "value") ? b64_dec(js_str(kv, "value"), &vl) : NULL;
+		const char *v64 = js_str(kv, "value");
+		char *v = v64 ? b64_dec(v64, &vl) : NULL;
+		if (v == NULL && v64 != NULL && errno == ENOMEM) {
+			done(darg, ETCD_NOMEM, NULL, "out of memory");
+			return;
+		}
 		done(darg, CLAIM_HELD, NULL, v ? v : "");
 		free(v);
 		return;
@@ -427,64 +474,88 @@ on_claim(void *arg, int err, struct json_object *r, const char *why)
 	done(darg, CLAIM_HELD, NULL, "");
 }
 
+/* {"NAME": {"key": KEY}}: one request of a transaction's list, or NULL (no memory). */
+static struct json_object *
+txn_op(const char *name, const char *key)
+{
+	struct json_object *o = json_object_new_object(), *rq = json_object_new_object();
+
+	if (!js_add(rq, "key", jkey(key)) || !js_add(o, name, rq)) {
+		json_object_put(o);
+		return NULL;
+	}
+	return o;
+}
+
+/* {"compare": [{"key": KEY, "target": TARGET, FIELD: VALUE}], "success": [OP], "failure": [OP]} */
+static struct json_object *
+txn(const char *key, const char *target, const char *field, struct json_object *value,
+    struct json_object *success, struct json_object *failure)
+{
+	struct json_object *b = json_object_new_object(), *cmp = json_object_new_object();
+	struct json_object *ca = json_object_new_array(), *sa = json_object_new_array();
+	struct json_object *fa = failure != NULL ? json_object_new_array() : NULL;
+	bool good = js_add(cmp, "key", jkey(key)) && js_add(cmp, "target", json_object_new_string(target)) &&
+	    js_add(cmp, field, json_object_get(value)) && js_push(ca, json_object_get(cmp)) &&
+	    js_add(b, "compare", json_object_get(ca)) && js_push(sa, json_object_get(success)) &&
+	    js_add(b, "success", json_object_get(sa)) &&
+	    (failure == NULL || (js_push(fa, json_object_get(failure)) && js_add(b, "failure", json_object_get(fa))));
+
+	json_object_put(cmp);
+	json_object_put(ca);
+	json_object_put(sa);
+	json_object_put(fa);
+	json_object_put(value);
+	json_object_put(success);
+	json_object_put(failure);
+	if (!good) {
+		json_object_put(b);
+		return NULL;
+	}
+	return b;
+}
+
 void
 member_claim(const char *key, const char *value, etcd_fn done, void *arg)
 {
-	struct json_object *b = json_object_new_object(), *cmp = json_object_new_object();
-	struct json_object *put = json_object_new_object(), *rp = json_object_new_object();
-	struct json_object *rng = json_object_new_object(), *rr = json_object_new_object();
-	struct json_object *a;
+	struct json_object *put = txn_op("request_put", key), *p = NULL, *b;
 	struct claim *cl = malloc(sizeof(*cl));
 	char *v = b64_enc(value, strlen(value));
 
-	json_object_object_add(cmp, "key", jkey(key));
-	json_object_object_add(cmp, "target", json_object_new_string("CREATE"));
-	json_object_object_add(cmp, "create_revision", json_object_new_string("0"));
-	a = json_object_new_array();
-	json_object_array_add(a, cmp);
-	json_object_object_add(b, "compare", a);
-	json_object_object_add(put, "key", jkey(key));
-	json_object_object_add(put, "value", json_object_new_string(v ? v : ""));
-	json_object_object_add(put, "lease", json_object_new_int64(mb.lease));
-	json_object_object_add(rp, "request_put", put);
-	a = json_object_new_array();
-	json_object_array_add(a, rp);
-	json_object_object_add(b, "success", a);
-	json_object_object_add(rng, "key", jkey(key));
-	json_object_object_add(rr, "request_range", rng);
-	a = json_object_new_array();
-	json_object_array_add(a, rr);
-	json_object_object_add(b, "failure", a);
+	/* created where no one holds it, under our lease; else who holds it */
+	if (put != NULL && json_object_object_get_ex(put, "request_put", &p) &&
+	    (v == NULL || !js_add(p, "value", json_object_new_string(v)) ||
+	    !js_add(p, "lease", json_object_new_int64(mb.lease))))
+		p = NULL;
+	b = txn(key, "CREATE", "create_revision", json_object_new_string("0"), p != NULL ? put : NULL,
+	    txn_op("request_range", key));
+	if (p == NULL)
+		json_object_put(put);
 	free(v);
-	if (cl == NULL) {
+	if (cl == NULL || b == NULL) {
+		free(cl);
 		json_object_put(b);
-		done(arg, -1, NULL, "out of memory");
+		done(arg, ETCD_NOMEM, NULL, "out of memory");
 		return;
 	}
 	cl->done = done;
 	cl->arg = arg;
 	if (etcd_post("/v3/kv/txn", b, 5, on_claim, cl) == NULL) {
 		free(cl);
-		done(arg, -1, NULL, "out of memory");
+		done(arg, ETCD_NOMEM, NULL, "out of memory");
 	}
 }
 
-static void
-on_unput(void *arg, int err, struct json_object *r, const char *why)
+struct etcd_call *
+member_unput(const char *key, etcd_fn done, void *arg)
 {
-	(void)arg;
-	(void)r;
-	if (err < 0)
-		log_debug("cluster", "delete: %s", why);
-}
+	char id[32];
 
-void
-member_unput(const char *key)
-{
-	struct json_object *b = json_object_new_object();
-
-	json_object_object_add(b, "key", jkey(key));
-	etcd_post("/v3/kv/deleterange", b, 5, on_unput, NULL);
+	/* only while it is ours: a key claimed again by another node meanwhile stays */
+	snprintf(id, sizeof(id), "%lld", (long long)mb.lease);
+	struct json_object *b = txn(key, "LEASE", "lease", json_object_new_string(id),
+	    txn_op("request_delete_range", key), NULL);
+	return b != NULL ? etcd_post("/v3/kv/txn", b, 5, done, arg) : NULL;
 }
 
 static void
@@ -553,8 +624,11 @@ grant(void)
 {
 	struct json_object *b = json_object_new_object();
 
-	json_object_object_add(b, "TTL", json_object_new_int64(mb.ttl));
-	if ((step_call = etcd_post("/v3/lease/grant", b, 5, on_grant, NULL)) == NULL)
+	if (!js_add(b, "TTL", json_object_new_int64(mb.ttl))) {
+		json_object_put(b);
+		b = NULL;
+	}
+	if (b == NULL || (step_call = etcd_post("/v3/lease/grant", b, 5, on_grant, NULL)) == NULL)
 		go_down(0, "out of memory");
 }
 
@@ -599,8 +673,20 @@ keepalive_call(int64_t lease, etcd_fn fn, struct etcd_call **slot)
 	char id[32];
 
 	snprintf(id, sizeof(id), "%lld", (long long)lease);
-	json_object_object_add(b, "ID", json_object_new_string(id));
-	*slot = etcd_post("/v3/lease/keepalive", b, mb.ttl / 2.0 > 1 ? mb.ttl / 2.0 : 1, fn, NULL);
+	*slot = NULL;
+	if (js_add(b, "ID", json_object_new_string(id)))
+		*slot = etcd_post("/v3/lease/keepalive", b, mb.ttl / 2.0 > 1 ? mb.ttl / 2.0 : 1, fn, NULL);
+	else
+		json_object_put(b);
+}
+
+/* Whether our lease is still etcd's (a join after etcd was away). */
+static void
+probe(void)
+{
+	keepalive_call(mb.lease, on_probe, &step_call);
+	if (step_call == NULL)
+		go_down(0, "out of memory");
 }
 
 static void
@@ -614,7 +700,7 @@ on_auth(void *arg, int err, struct json_object *r, const char *why)
 		return;
 	}
 	if (mb.lease != 0)
-		keepalive_call(mb.lease, on_probe, &step_call);
+		probe();
 	else
 		grant();
 }
@@ -627,7 +713,7 @@ join(void)
 		if ((step_call = etcd_authenticate(on_auth, NULL)) == NULL)
 			go_down(ETCD_UNREACHABLE, "out of memory");
 	} else if (mb.lease != 0)
-		keepalive_call(mb.lease, on_probe, &step_call);
+		probe();
 	else
 		grant();
 }
@@ -639,7 +725,7 @@ on_keepalive(void *arg, int err, struct json_object *r, const char *why)
 	ka_call = NULL;
 	/* A slow answer (etcd busy) while the lease still has time: ask again at once rather than
 	 * drop the session; only a lease surely ended, or etcd not reached at all, takes it down. */
-	if (err == ETCD_TIMEDOUT && now_s() - mb.t_renewed < mb.ttl) {
+	if ((err == ETCD_TIMEDOUT || err == ETCD_NOMEM) && now_s() - mb.t_renewed < mb.ttl) {
 		log_debug("cluster", "lease keep-alive: %s; asking again", why);
 		t_keepalive = now_s();
 		return;
@@ -675,7 +761,25 @@ on_tick(evutil_socket_t fd, short what, void *arg)
 	else if (mb.state == M_UP && ka_call == NULL && now >= t_keepalive) {
 		t_keepalive = now + mb.ttl / 3.0;
 		keepalive_call(mb.lease, on_keepalive, &ka_call);
+		if (ka_call == NULL)
+			t_keepalive = now;       /* no memory for it: the next tick asks again */
 	}
+	if (mb.state == M_UP && lost && step_call == NULL) {
+		/* (a new watch from the range's revision: the old one's later events come again) */
+		lost = false;
+		log_warnx("cluster: a key from etcd found no memory: reading every key again");
+		etcd_cancel(watch_call);
+		watch_call = NULL;
+		sync_all();
+	}
+	if (mb.state == M_UP)
+		names_tick();
+}
+
+void
+member_lost(void)
+{
+	lost = true;
 }
 
 /* ---- start and stop ---- */
@@ -711,7 +815,7 @@ node_json(void)
 	json_object_object_add(o, "version", json_object_new_string(GPXD_VERSION));
 	json_object_object_add(o, "start", json_object_new_int64((int64_t)gpxd_start_time));
 	json_object_object_add(o, "pid", json_object_new_int(getpid()));
-	char *s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+	char *s = js_text(o);
 	json_object_put(o);
 	return s;
 }
@@ -789,8 +893,11 @@ cluster_stop(void)
 		struct json_object *b = json_object_new_object();
 		char id[32];
 		snprintf(id, sizeof(id), "%lld", (long long)mb.lease);
-		json_object_object_add(b, "ID", json_object_new_string(id));
-		if (etcd_post("/v3/lease/revoke", b, 1, on_revoked, &done) != NULL)
+		if (!js_add(b, "ID", json_object_new_string(id))) {
+			json_object_put(b);
+			b = NULL;
+		}
+		if (b != NULL && etcd_post("/v3/lease/revoke", b, 1, on_revoked, &done) != NULL)
 			while (!done)
 				event_base_loop(base, EVLOOP_ONCE);
 	}

@@ -84,15 +84,22 @@ names_seen(const char *name, const char *v, size_t len)
 		log_warnx("cluster: ignored: names/%.80s: not an export name", name);
 		return;
 	}
-	if ((p = slot(name)) == NULL)
+	if ((p = slot(name)) == NULL) {
+		member_lost();
 		return;
+	}
 	if (v == NULL) {
 		if (*p != NULL)
 			unlink_name(p);
 		return;
 	}
-	if (len > CLUSTER_VALUE_MAX || (o = json_tokener_parse(v)) == NULL ||
+	bool nomem = false;
+	if (len > CLUSTER_VALUE_MAX || (o = js_parse(v, &nomem)) == NULL ||
 	    (node = js_str(o, "node")) == NULL || !export_node_name_ok(node) || strlen(node) > CLUSTER_NODE_MAX) {
+		if (nomem) {
+			member_lost();
+			return;
+		}
 		log_warnx("cluster: ignored: names/%s: %s", name, len > CLUSTER_VALUE_MAX ? "value too large" :
 		    "not {\"node\": NODE, \"uid\": UID}");
 		json_object_put(o);
@@ -108,7 +115,8 @@ names_seen(const char *name, const char *v, size_t len)
 		*p = c;
 		nnames++;
 		count(node, +1);
-	}
+	} else
+		member_lost();
 	json_object_put(o);
 }
 
@@ -168,24 +176,28 @@ cluster_self(void)
 
 /* ---- ours ---- */
 
-enum mstate { MINE_WAIT, MINE_HELD, MINE_DROPPED };
+/* MINE_UNPUT: withdrawn, its key still to be deleted (kept until etcd has said so). */
+enum mstate { MINE_WAIT, MINE_HELD, MINE_DROPPED, MINE_UNPUT };
 struct mine {
 	TAILQ_ENTRY(mine) entry;
 	enum mstate st;
 	uid_t uid;
 	cluster_done_fn done;        /* while waiting: the exporter's answer */
 	void *arg;
+	struct etcd_call *unput;     /* MINE_UNPUT: the delete in flight, NULL: to send */
+	struct mine *then;           /* MINE_UNPUT: a new claim of the name, made once it is deleted */
 	char name[65];
 };
 static TAILQ_HEAD(, mine) mines = TAILQ_HEAD_INITIALIZER(mines);
 
+/* The name's record, but for one withdrawn. */
 static struct mine *
 mine_find(const char *name)
 {
 	struct mine *m;
 
 	TAILQ_FOREACH(m, &mines, entry)
-		if (strcmp(m->name, name) == 0)
+		if (m->st != MINE_UNPUT && strcmp(m->name, name) == 0)
 			return m;
 	return NULL;
 }
@@ -204,6 +216,52 @@ name_value(uid_t uid)
 	char *v;
 
 	return asprintf(&v, "{\"node\":\"%s\",\"uid\":%u}", mb.self, (unsigned)uid) < 0 ? NULL : v;
+}
+
+static void mine_claim(struct mine *m);
+
+/* The delete of a withdrawn name's key: done, or sent again at a later tick (unless the
+ * name is claimed anew meanwhile: the claim goes instead). */
+static void
+on_unput(void *arg, int err, struct json_object *r, const char *why)
+{
+	struct mine *m = arg, *then = m->then;
+
+	(void)r;
+	m->unput = NULL;
+	if (err == ETCD_REFUSED)
+		log_warnx("cluster: name %s: etcd refused its delete: %s", m->name, why);
+	else if (err < 0 && then == NULL) {
+		log_debug("cluster", "name %s: delete: %s; again later", m->name, why);
+		return;
+	}
+	TAILQ_REMOVE(&mines, m, entry);
+	free(m);
+	if (then != NULL)
+		mine_claim(then);
+}
+
+/* A name withdrawn: its key goes from etcd now, or at a later tick when this finds no memory. */
+static void
+mine_unput(struct mine *m)
+{
+	char *k = name_key(m->name);
+
+	m->st = MINE_UNPUT;
+	m->done = NULL;
+	if (k != NULL)
+		m->unput = member_unput(k, on_unput, m);
+	free(k);
+}
+
+void
+names_tick(void)
+{
+	struct mine *m, *t;
+
+	TAILQ_FOREACH_SAFE(m, &mines, entry, t)
+		if (m->st == MINE_UNPUT && m->unput == NULL)
+			mine_unput(m);
 }
 
 /* The holder of a name, from its value as etcd gave it back. */
@@ -232,24 +290,20 @@ on_claimed(void *arg, int err, struct json_object *r, const char *why)
 		done(darg, 0, NULL);
 		return;
 	}
-	if (err == 0) {
-		/* Withdrawn while etcd answered: it goes again at once. */
-		char *k = name_key(m->name);
-		if (k != NULL)
-			member_unput(k);
-		free(k);
-	}
-	TAILQ_REMOVE(&mines, m, entry);
 	if (err == CLAIM_HELD) {
 		holder(why, node, sizeof(node));
 		snprintf(msg, sizeof(msg), "the name %s is held in the cluster by node %s", m->name, node);
+		TAILQ_REMOVE(&mines, m, entry);
 		free(m);
 		done(darg, GPX__STATUS__EEXIST, msg);
 		return;
 	}
-	free(m);
+	/* Withdrawn while etcd answered, or the answer lost: the key may be ours now, and goes. */
+	mine_unput(m);
 	if (err == 0)
 		done(darg, GPX__STATUS__EREVOKED, "the export was withdrawn");
+	else if (err == ETCD_NOMEM)
+		done(darg, GPX__STATUS__ENOMEM, "out of memory");
 	else {
 		snprintf(msg, sizeof(msg), "cluster store unreachable: %s", why);
 		done(darg, GPX__STATUS__EIO, msg);
@@ -260,7 +314,7 @@ void
 cluster_name_add(const char *name, uid_t uid, cluster_done_fn done, void *arg)
 {
 	char msg[400];
-	struct mine *m;
+	struct mine *m, *u;
 	uint32_t n = names_of_uid(uid);
 
 	if (mb.state != M_UP) {
@@ -285,9 +339,29 @@ cluster_name_add(const char *name, uid_t uid, cluster_done_fn done, void *arg)
 	m->done = done;
 	m->arg = arg;
 	TAILQ_INSERT_TAIL(&mines, m, entry);
-	char *k = name_key(name), *v = name_value(uid);
+	/* the key of an earlier export of the name still being deleted: claimed once it is */
+	TAILQ_FOREACH(u, &mines, entry)
+		if (u->st == MINE_UNPUT && u->then == NULL && strcmp(u->name, name) == 0)
+			break;
+	if (u != NULL && u->unput != NULL) {
+		u->then = m;
+		return;
+	}
+	if (u != NULL) {
+		TAILQ_REMOVE(&mines, u, entry);      /* (not sent: the claim makes it ours anyway) */
+		free(u);
+	}
+	mine_claim(m);
+}
+
+/* The claim of a name of ours, answered through on_claimed (now, when it finds no memory). */
+static void
+mine_claim(struct mine *m)
+{
+	char *k = name_key(m->name), *v = name_value(m->uid);
+
 	if (k == NULL || v == NULL)
-		on_claimed(m, -1, NULL, "out of memory");
+		on_claimed(m, ETCD_NOMEM, NULL, "out of memory");
 	else
 		member_claim(k, v, on_claimed, m);
 	free(k);
@@ -305,14 +379,8 @@ cluster_name_drop(const char *name)
 		m->st = MINE_DROPPED;
 		return;
 	}
-	if (m->st == MINE_HELD) {
-		char *k = name_key(name);
-		if (k != NULL)
-			member_unput(k);
-		free(k);
-		TAILQ_REMOVE(&mines, m, entry);
-		free(m);
-	}
+	if (m->st == MINE_HELD)
+		mine_unput(m);
 }
 
 /* A name claimed again under a new lease: kept, or lost to another node meanwhile. */
@@ -329,14 +397,9 @@ on_reclaimed(void *arg, int err, struct json_object *r, const char *why)
 		    "for this node only", m->name, node);
 		TAILQ_REMOVE(&mines, m, entry);
 		free(m);
-	} else if (err == 0 && m->st == MINE_DROPPED) {
-		char *k = name_key(m->name);
-		if (k != NULL)
-			member_unput(k);
-		free(k);
-		TAILQ_REMOVE(&mines, m, entry);
-		free(m);
-	} else
+	} else if (m->st == MINE_DROPPED)
+		mine_unput(m);          /* (withdrawn while etcd answered, or did not) */
+	else
 		m->st = MINE_HELD;       /* unreachable again: the next join claims it again */
 }
 
@@ -371,6 +434,7 @@ names_stop(void)
 
 	while ((m = TAILQ_FIRST(&mines)) != NULL) {
 		TAILQ_REMOVE(&mines, m, entry);
+		etcd_cancel(m->unput);
 		if (m->done != NULL)
 			m->done(m->arg, GPX__STATUS__ESHUTDOWN, "the daemon is stopping");
 		free(m);
@@ -428,36 +492,38 @@ cluster_import(struct fabric_import *rq)
 
 /* ---- what gpxctl and the metrics show ---- */
 
+/* The nodes as gpxctl cluster shows them (malloc'ed), or NULL when an allocation failed. */
 static char *
 nodes_json(void)
 {
-	struct json_object *o, *a = json_object_new_array(), *v;
+	struct json_object *o = json_object_new_object(), *a = json_object_new_array(), *v;
 	struct cnode *n;
-	char *s;
+	char *s = NULL;
+	bool good = js_add(o, "self", json_object_new_string(mb.self)) &&
+	    js_add(o, "etcd", json_object_new_string(etcd_endpoint())) &&
+	    js_add(o, "state", json_object_new_string(mb.state == M_UP ? "up" :
+	    mb.state == M_JOINING ? "joining" : "unreachable")) &&
+	    js_add(o, "why", json_object_new_string(mb.why)) && js_add(o, "lease", json_object_new_int64(mb.lease)) &&
+	    js_add(o, "names", json_object_new_int64((int64_t)nnames)) && js_add(o, "nodes", json_object_get(a));
 
-	if (!cluster_running())
-		return NULL;
-	o = json_object_new_object();
-	json_object_object_add(o, "self", json_object_new_string(mb.self));
-	json_object_object_add(o, "etcd", json_object_new_string(etcd_endpoint()));
-	json_object_object_add(o, "state", json_object_new_string(mb.state == M_UP ? "up" :
-	    mb.state == M_JOINING ? "joining" : "unreachable"));
-	json_object_object_add(o, "why", json_object_new_string(mb.why));
-	json_object_object_add(o, "lease", json_object_new_int64(mb.lease));
-	json_object_object_add(o, "names", json_object_new_int64((int64_t)nnames));
 	TAILQ_FOREACH(n, &cnodes, entry) {
-		v = n->value ? json_tokener_parse(n->value) : NULL;
-		if (v == NULL)
-			v = json_object_new_object();
-		json_object_object_add(v, "exports", json_object_new_int64(n->names));
-		json_object_object_add(v, "lease_left", json_object_new_int64(n->ttl_left));
-		json_object_object_add(v, "reachable", json_object_new_boolean(strcmp(n->name, mb.self) == 0 ||
-		    (fabric->node_up != NULL && fabric->node_up(n->name))));
-		json_object_object_add(v, "self", json_object_new_boolean(strcmp(n->name, mb.self) == 0));
-		json_object_array_add(a, v);
+		if (!good)
+			break;
+		/* (its value was JSON when it came: one that does not parse now found no memory) */
+		v = n->value ? json_tokener_parse(n->value) : json_object_new_object();
+		good = js_add(v, "exports", json_object_new_int64(n->names)) &&
+		    js_add(v, "lease_left", json_object_new_int64(n->ttl_left)) &&
+		    js_add(v, "reachable", json_object_new_boolean(strcmp(n->name, mb.self) == 0 ||
+		    (fabric->node_up != NULL && fabric->node_up(n->name)))) &&
+		    js_add(v, "self", json_object_new_boolean(strcmp(n->name, mb.self) == 0));
+		if (!good)
+			json_object_put(v);
+		else
+			good = js_push(a, v);
 	}
-	json_object_object_add(o, "nodes", a);
-	s = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+	if (good)
+		s = js_text(o);
+	json_object_put(a);
 	json_object_put(o);
 	return s;
 }
@@ -472,14 +538,28 @@ metric(struct evbuffer *b, const char *name, const char *type, const char *help,
 
 /* gpxctl cluster: every node's lease asked about at once, the answer when all have come. */
 struct nquery {
-	void (*done)(void *arg, char *json);
+	void (*done)(void *arg, int status, char *json);
 	void *arg;
 	unsigned waiting;
+	bool failed;                 /* an allocation failed: the answer is ENOMEM */
 };
 struct nask {
 	struct nquery *q;
 	char node[CLUSTER_NODE_MAX + 1];
 };
+
+/* One answer less to wait for: the last gives the nodes, or ENOMEM. */
+static void
+nquery_put(struct nquery *q)
+{
+	char *json;
+
+	if (--q->waiting > 0)
+		return;
+	json = q->failed ? NULL : nodes_json();
+	q->done(q->arg, json != NULL ? 0 : GPX__STATUS__ENOMEM, json);
+	free(q);
+}
 
 static void
 on_ttl(void *arg, int err, struct json_object *r, const char *why)
@@ -489,54 +569,57 @@ on_ttl(void *arg, int err, struct json_object *r, const char *why)
 	struct cnode *n = member_node(a->node);
 
 	(void)why;
-	if (n != NULL)
+	/* (an answer lost for want of memory here says nothing of the lease) */
+	if (err == ETCD_NOMEM)
+		q->failed = true;
+	else if (n != NULL)
 		n->ttl_left = err == 0 && js_int(r, "TTL") > 0 ? js_int(r, "TTL") : -1;
 	free(a);
-	if (--q->waiting == 0) {
-		q->done(q->arg, nodes_json());
-		free(q);
-	}
+	nquery_put(q);
 }
 
 void
-cluster_nodes_query(void (*done)(void *arg, char *json), void *arg)
+cluster_nodes_query(void (*done)(void *arg, int status, char *json), void *arg)
 {
 	struct nquery *q;
 	struct cnode *n;
 
 	if (!cluster_running()) {
-		done(arg, NULL);
+		done(arg, 0, NULL);
 		return;
 	}
-	if (mb.state != M_UP || (q = calloc(1, sizeof(*q))) == NULL) {
-		done(arg, nodes_json());
+	if ((q = calloc(1, sizeof(*q))) == NULL) {
+		done(arg, GPX__STATUS__ENOMEM, NULL);
 		return;
 	}
 	q->done = done;
 	q->arg = arg;
 	q->waiting = 1;
+	/* (etcd away: the times left as last known) */
 	TAILQ_FOREACH(n, &cnodes, entry) {
+		if (mb.state != M_UP)
+			break;
 		struct nask *a = calloc(1, sizeof(*a));
 		struct json_object *b = json_object_new_object();
 		char id[32];
-		if (a == NULL) {
+		snprintf(id, sizeof(id), "%lld", (long long)n->lease);
+		if (a == NULL || !js_add(b, "ID", json_object_new_string(id))) {
 			json_object_put(b);
+			free(a);
+			q->failed = true;
 			break;
 		}
 		a->q = q;
 		snprintf(a->node, sizeof(a->node), "%s", n->name);
-		snprintf(id, sizeof(id), "%lld", (long long)n->lease);
-		json_object_object_add(b, "ID", json_object_new_string(id));
 		q->waiting++;
 		if (etcd_post("/v3/lease/timetolive", b, 2, on_ttl, a) == NULL) {
 			q->waiting--;
 			free(a);
+			q->failed = true;
+			break;
 		}
 	}
-	if (--q->waiting == 0) {
-		done(arg, nodes_json());
-		free(q);
-	}
+	nquery_put(q);
 }
 
 void

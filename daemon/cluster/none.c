@@ -55,9 +55,9 @@ cluster_metrics(struct evbuffer *out)
 }
 
 void
-cluster_nodes_query(void (*done)(void *arg, char *json), void *arg)
+cluster_nodes_query(void (*done)(void *arg, int status, char *json), void *arg)
 {
-	done(arg, NULL);
+	done(arg, 0, NULL);
 }
 
 void
