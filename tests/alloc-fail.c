@@ -13,7 +13,17 @@
  * exports a region to the fabric and B's client imports it and copies into and out of it, then
  * this gpxd's client imports B's export by "NODE:name" and copies both ways, each copy that
  * says 0 checked byte for byte; at the end B counts no importer of its export (every Release
- * came).  Not covered yet: the cluster's paths (etcd), and the admin group's lookup.
+ * came).
+ *
+ * With --cluster (tests/alloc-fail-cluster.test, which starts an etcd and names it in
+ * GPX_ETCD): this gpxd (A) and an unarmed one (B) are nodes of that etcd, with leases of 300 s
+ * (no keep-alive within a check).  gpxctl cluster's query is whole only with every node and
+ * each lease's time left fresh (a node key "ghost", put again under a lease of a new TTL
+ * before each armed query, must show that TTL); an export to the cluster is whole only with
+ * its name in etcd, imported by the bare name on B and copied both ways, refused only with
+ * the name not left in etcd, and its unexport must take the name out of etcd; A imports B's
+ * cluster name by the bare name and copies both ways.  Not covered yet: the admin group's
+ * lookup.
  *
  * Skipped in a sanitizer build, whose runtime must come first in gpxd's libraries.
  */
@@ -22,6 +32,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,12 +50,14 @@
 
 #define NREGIONS 40
 #define TRIES_MAX 200
+static int tries_max = TRIES_MAX;         /* the cluster's requests make more (curl's) */
 #define BUSY_LEN (16u << 20)
 #define BUSY_SEGS 65536                   /* of BUSY_LEN each: a copy of 1 TiB, minutes long */
 #define BUSY_TAG 4242
 
 static _Atomic int32_t *countdown;
 static const char *volatile asking = "none";     /* the kind of query in flight */
+static volatile int failing;                      /* and the allocation of gpxd's failed in it */
 
 /* A query left without an answer hangs in gpx_query: the test bails out naming it. */
 static void
@@ -52,9 +65,11 @@ on_alarm(int sig)
 {
 	static const char head[] = "Bail out! no answer within 60 s to a query of kind ";
 	const char *k = asking;
+	char n[40];
 
 	(void)sig;
-	if (write(1, head, sizeof(head) - 1) < 0 || write(1, k, strlen(k)) < 0 || write(1, "\n", 1) < 0)
+	snprintf(n, sizeof(n), " (allocation %d failed)\n", failing);   /* (no lock taken: safe here) */
+	if (write(1, head, sizeof(head) - 1) < 0 || write(1, k, strlen(k)) < 0 || write(1, n, strlen(n)) < 0)
 		_exit(2);
 	_exit(1);
 }
@@ -172,8 +187,9 @@ fail_each(struct harness *h, const char *name, int (*fn)(void *), void *arg)
 	bool alive = true, done = false;
 
 	asking = name;
-	for (n = 1; n <= TRIES_MAX && alive && !done; n++) {
+	for (n = 1; n <= tries_max && alive && !done; n++) {
 		atomic_store(countdown, n);
+		failing = n;
 		alarm(60);
 		int r = fn(arg);
 		done = atomic_exchange(countdown, 0) > 0;     /* fn took fewer than n */
@@ -548,8 +564,309 @@ rm_close(struct rm *m)
 	harness_cleanup(m->hb);
 }
 
+/* ---- the cluster (--cluster): A armed and B unarmed, both nodes of one etcd ---- */
+
+#define CL_PREFIX "/gpx-af"
+
+struct cl {
+	struct rm m;                      /* A's and B's clients and regions; B's export afc.b */
+	struct harness *ha;
+	gpx_conn *cq;                     /* A's query-only connection */
+	size_t nodes;                     /* in the cluster query, unarmed */
+	int ghost_ttl;
+};
+
+/* etcdctl's output for args (against $GPX_ETCD) in out; 0 when it exits 0. */
+static int
+etcdctl(char *out, size_t len, const char *fmt, ...)
+{
+	char args[512], cmd[1024];
+	va_list ap;
+	size_t n = 0;
+	FILE *p;
+
+	va_start(ap, fmt);
+	vsnprintf(args, sizeof(args), fmt, ap);
+	va_end(ap);
+	snprintf(cmd, sizeof(cmd), "ETCDCTL_API=3 '%s' --endpoints '%s' %s 2>&1",
+	    getenv("ETCDCTL") ? getenv("ETCDCTL") : "etcdctl", getenv("GPX_ETCD"), args);
+	if ((p = popen(cmd, "r")) == NULL)
+		return -1;
+	while (n + 1 < len && fgets(out + n, (int)(len - n), p) != NULL)
+		n += strlen(out + n);
+	out[n] = '\0';
+	while (fgetc(p) != EOF)
+		;
+	return pclose(p) == 0 ? 0 : -1;
+}
+
+/* Whether etcd holds the cluster name (the key of A's, node afc-a): 1, 0, or -1 when not asked. */
+static int
+cl_claimed(const char *name)
+{
+	char out[512];
+
+	if (etcdctl(out, sizeof(out), "get --print-value-only %s/names/%s", CL_PREFIX, name) < 0)
+		return -1;
+	return strstr(out, "\"node\":\"afc-a\"") != NULL;
+}
+
+/* The key of name absent from etcd within 3 s (a withdrawal's delete is sent after its answer). */
+static bool
+cl_unclaimed(const char *name)
+{
+	int r = 1;
+
+	for (int i = 0; i < 30 && (r = cl_claimed(name)) != 0; i++)
+		usleep(100000);
+	return r == 0;
+}
+
+/* The cluster query's JSON (malloc'ed) on c: 0, or its error. */
+static int
+cl_json(gpx_conn *c, char **json)
+{
+	void *buf = NULL;
+	size_t len = 0;
+	int r = gpx_query(c, GPX_Q_CLUSTER, &buf, &len);
+
+	*json = NULL;
+	if (r == 0) {
+		Gpx__QueryReply *q = gpx__query_reply__unpack(NULL, len, buf);
+		r = q != NULL && q->cluster != NULL && q->cluster[0] != '\0' ? 0 : -GPX_EPROTO;
+		if (r == 0 && (*json = strdup(q->cluster)) == NULL)
+			r = -GPX_ENOMEM;
+		if (q != NULL)
+			gpx__query_reply__free_unpacked(q, NULL);
+	}
+	free(buf);
+	return r;
+}
+
+/* Nodes in the JSON, each with its lease's time left; ghost's in *ghost (-100 if absent). */
+static size_t
+cl_nodes(const char *json, long *min_left, long *ghost)
+{
+	size_t n = 0;
+	const char *p = json, *g = strstr(json, "\"name\":\"ghost\"");
+
+	*min_left = 1L << 30;
+	*ghost = -100;
+	while ((p = strstr(p, "\"lease_left\":")) != NULL) {
+		long v = strtol(p += 13, NULL, 10);
+		if (v < *min_left)
+			*min_left = v;
+		if (g != NULL && p > g && *ghost == -100)
+			*ghost = v;
+		n++;
+	}
+	return n;
+}
+
+/* gpx_cluster_watch_events_total of A's metrics, or -1. */
+static double
+cl_events(struct cl *k)
+{
+	char *page = harness_metrics(k->ha);
+	double v = page != NULL ? metrics_sample(page, "gpx_cluster_watch_events_total") : -1;
+
+	free(page);
+	return v;
+}
+
+/*
+ * The key of node "ghost" put again under a new lease of its own TTL, seen by A's watch: a
+ * cluster query whose answer kept a lease's time left from an earlier one gives ghost the
+ * TTL before.  Put again when A's watch, started anew, missed it (it read it instead).  0 or -1.
+ */
+static int
+cl_ghost(struct cl *k)
+{
+	char out[512], lease[32];
+
+	k->ghost_ttl = k->ghost_ttl >= 9000 ? 1000 : k->ghost_ttl + 10;
+	for (int tries = 0; tries < 3; tries++) {
+		double ev = cl_events(k);
+		if (etcdctl(out, sizeof(out), "lease grant %d", k->ghost_ttl) < 0 || sscanf(out, "lease %31s", lease) != 1 ||
+		    etcdctl(out, sizeof(out), "put --lease=%s %s/nodes/ghost '{\"name\":\"ghost\",\"listen\":[]}'",
+		    lease, CL_PREFIX) < 0) {
+			diag("etcdctl: %s", out);
+			return -1;
+		}
+		for (int i = 0; i < 50; i++) {
+			if (cl_events(k) > ev)
+				return 0;
+			usleep(10000);
+		}
+	}
+	diag("A's watch never saw ghost's key put again");
+	return -1;
+}
+
+/*
+ * gpxctl cluster's query: whole when it has every node of the unarmed answer, each lease with
+ * time left.  Armed, with ghost under a new lease first (put unarmed): ghost's is its new TTL.
+ */
+static int
+op_cluster_query(void *arg)
+{
+	struct cl *k = arg;
+	int32_t armed = atomic_exchange(countdown, 0);
+	char *json;
+	long left, ghost;
+
+	if (armed > 0 && cl_ghost(k) < 0)
+		return -GPX_EIO;
+	atomic_store(countdown, armed);
+	int r = cl_json(k->cq, &json);
+	if (r < 0)
+		return r;
+	size_t n = cl_nodes(json, &left, &ghost);
+	if (n != k->nodes || left <= 0 || (armed > 0 && (ghost < k->ghost_ttl - 3 || ghost > k->ghost_ttl))) {
+		diag("cut short: %zu nodes of %zu, least time left %ld, ghost %ld of %d: %s", n, k->nodes, left,
+		    ghost, k->ghost_ttl, json);
+		r = -GPX_EPROTO;
+	}
+	free(json);
+	return r;
+}
+
+/*
+ * A's export to the cluster: whole when etcd holds its name and B imports it by the bare name
+ * and copies both ways; refused, when etcd does not hold it.  Then its unexport: the name
+ * leaves etcd.
+ */
+static int
+op_cluster_export(void *arg)
+{
+	struct cl *k = arg;
+	struct rm *m = &k->m;
+	struct gpx_export_opts o = { .rule = GPX_EXPORT_ANY };
+	gpx_region imp;
+	uint64_t len;
+	int r = gpx_export_remote(m->ca, m->la, "afc.a", &o, NULL), c;
+
+	if (r < 0) {
+		if (!cl_unclaimed("afc.a")) {
+			diag("export refused (%s), but its name is claimed in etcd", gpx_strerror(r));
+			return -GPX_EPROTO;
+		}
+		return r;
+	}
+	if ((c = cl_claimed("afc.a")) != 1) {
+		diag("export answered whole, but etcd %s its name", c < 0 ? "was not asked for" : "does not hold");
+		r = -GPX_EPROTO;
+	}
+	/* B's watch has it within 3 s */
+	for (int i = 0; r == 0 && (r = gpx_import(m->cb, "afc.a", &imp, &len)) == -GPX_ENOENT && i < 30; i++)
+		usleep(100000);
+	if (r == 0) {
+		r = rm_both_ways(m, m->cb, m->lb, m->pb, imp, m->pa);
+		int d = gpx_deregister(m->cb, imp);
+		r = r < 0 ? r : d;
+	}
+	int u = gpx_unexport(m->ca, "afc.a");
+	if (u == 0 && !cl_unclaimed("afc.a")) {
+		diag("unexport answered whole, but its name is still claimed in etcd");
+		u = -GPX_EPROTO;
+	}
+	return r < 0 ? r : u;
+}
+
+/* A's client imports B's cluster name afc.b by its bare name and copies both ways. */
+static int
+op_cluster_import(void *arg)
+{
+	struct rm *m = &((struct cl *)arg)->m;
+	gpx_region imp;
+	uint64_t len;
+	int r = gpx_import(m->ca, "afc.b", &imp, &len);
+
+	if (r < 0)
+		return r;
+	r = rm_both_ways(m, m->ca, m->la, m->pa, imp, m->px);
+	int d = gpx_deregister(m->ca, imp);
+	return r < 0 ? r : d;
+}
+
+/* A's [fabric] and [cluster] for node NODE; leases of 300 s, renewed every 100 s: none within a check. */
+static void
+cl_conf(char *out, size_t len, const char *node, const char *key)
+{
+	snprintf(out, len, "[daemon]\nmetrics = 127.0.0.1:0\n[fabric]\nnode = %s\nlisten = 127.0.0.1:%d\n"
+	    "key_file = %s\ntimeout = 300\nretry_interval = 0.3\n[cluster]\netcd = %s\nprefix = " CL_PREFIX "\n"
+	    "lease_ttl = 300\n", node, free_port(), key, getenv("GPX_ETCD"));
+}
+
+static int
+cluster_main(const char *shim, const char *path, const char *key)
+{
+	struct harness ha, hb;
+	struct cl k = { .ha = &ha, .ghost_ttl = 990 };
+	struct rm *m = &k.m;
+	struct gpx_export_opts o = { .rule = GPX_EXPORT_ANY };
+	char conf[512], *json;
+	long left, ghost;
+
+	tries_max = 1000;
+	if (getenv("GPX_ETCD") == NULL)
+		tap_bail("--cluster needs GPX_ETCD, an etcd's URL (tests/alloc-fail-cluster.test starts one)");
+	cl_conf(conf, sizeof(conf), "afc-a", key);
+	setenv("LD_PRELOAD", shim, 1);
+	setenv("GPX_FAILALLOC", path, 1);
+	if (harness_start(&ha, conf) < 0)
+		tap_bail("cannot start gpxd A");
+	unsetenv("LD_PRELOAD");
+	unsetenv("GPX_FAILALLOC");
+	cl_conf(conf, sizeof(conf), "afc-b", key);
+	m->hb = &hb;
+	if (harness_start(&hb, conf) < 0)
+		tap_bail("cannot start gpxd B");
+	if (gpx_connect(ha.sock, "alloc-fail-cluster-a", &m->ca) < 0 || gpx_connect(hb.sock, "alloc-fail-cluster-b", &m->cb) < 0 ||
+	    gpx_host_alloc(RM_LEN, &m->fa, (void **)&m->pa) < 0 || gpx_host_alloc(RM_LEN, &m->fb, (void **)&m->pb) < 0 ||
+	    gpx_host_alloc(RM_LEN, &m->fx, (void **)&m->px) < 0 ||
+	    gpx_register_host(m->ca, m->fa, 0, RM_LEN, 0, &m->la) < 0 ||
+	    gpx_register_host(m->cb, m->fb, 0, RM_LEN, 0, &m->lb) < 0 ||
+	    gpx_register_host(m->cb, m->fx, 0, RM_LEN, 0, &m->bx) < 0 ||
+	    gpx_export_remote(m->cb, m->bx, "afc.b", &o, NULL) < 0)
+		tap_bail("the clients of A and B: %s", gpx_last_error(m->cb));
+	struct gpx_connect_opts co = { .socket = ha.sock, .name = "alloc-fail-cluster-q", .eventfd = -1, .no_ring = 1 };
+	if (gpx_connect_opts(&co, &k.cq) < 0)
+		tap_bail("connect: %s", gpx_last_error(NULL));
+	if (cl_ghost(&k) < 0 || cl_json(k.cq, &json) < 0)
+		tap_bail("the cluster query, unarmed: %s", gpx_last_error(k.cq));
+	k.nodes = cl_nodes(json, &left, &ghost);
+	free(json);
+	if (k.nodes != 3 || left <= 0)
+		tap_bail("the cluster query, unarmed: %zu nodes (A, B and ghost), least time left %ld", k.nodes, left);
+	/* A's watch has B's name within 3 s */
+	gpx_region imp;
+	uint64_t len;
+	int r;
+	for (int i = 0; (r = gpx_import(m->ca, "afc.b", &imp, &len)) == -GPX_ENOENT && i < 30; i++)
+		usleep(100000);
+	if (r < 0 || gpx_deregister(m->ca, imp) < 0)
+		tap_bail("A never imported B's cluster name afc.b: %s", gpx_last_error(m->ca));
+
+	if (fail_each(&ha, "the cluster query (gpxctl cluster), each lease asked of etcd", op_cluster_query, &k) &&
+	    fail_each(&ha, "an export to the cluster, imported by name on B and copied both ways, unexported",
+	    op_cluster_export, &k))
+		fail_each(&ha, "an import of B's cluster name by its bare name, copied both ways", op_cluster_import, &k);
+	json = NULL;
+	ok(gpxd_alive(&ha) && cl_json(k.cq, &json) == 0 && cl_nodes(json, &left, &ghost) == k.nodes,
+	    "A answers the cluster query after them all");
+	free(json);
+	gpx_close(k.cq);
+	rm_close(m);
+	munmap((void *)countdown, 4096);
+	unlink(path);
+	unlink(key);
+	harness_finish(&ha);
+	return tap_done();
+}
+
 int
-main(void)
+main(int argc, char **argv)
 {
 	static const struct { enum gpx_query what; const char *name; } kinds[] = {
 		{ GPX_Q_STATUS, "status" }, { GPX_Q_CLIENTS, "clients" }, { GPX_Q_REGIONS, "regions" },
@@ -586,6 +903,8 @@ main(void)
 	snprintf(key, sizeof(key), "%s.key", path);
 	if (port < 0 || write_key(key) < 0)
 		tap_bail("a port and a key for the fabric: %s", strerror(errno));
+	if (argc > 1 && strcmp(argv[1], "--cluster") == 0)
+		return cluster_main(shim, path, key);
 	snprintf(extra, sizeof(extra), "[fabric]\nnode = alloc-fail\nlisten = 127.0.0.1:%d\npeers = 127.0.0.1:%d\n"
 	    "key_file = %s\nretry_interval = 3600\ntimeout = 300\n", port, free_port(), key);
 	setenv("LD_PRELOAD", shim, 1);
