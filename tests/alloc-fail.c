@@ -478,20 +478,26 @@ op_export_remote(void *arg)
 	return r < 0 ? r : u;
 }
 
-/* A's client imports B's export by "NODE:name" and copies both ways. */
+/* A's client imports B's region by name and copies both ways. */
 static int
-op_import_remote(void *arg)
+rm_import_both_ways(struct rm *m, const char *name)
 {
-	struct rm *m = arg;
 	gpx_region imp;
 	uint64_t len;
-	int r = gpx_import(m->ca, "alloc-fail-b:af.b", &imp, &len);
+	int r = gpx_import(m->ca, name, &imp, &len);
 
 	if (r < 0)
 		return r;
 	r = rm_both_ways(m, m->ca, m->la, m->pa, imp, m->px);
 	int d = gpx_deregister(m->ca, imp);
 	return r < 0 ? r : d;
+}
+
+/* A's client imports B's export by "NODE:name" and copies both ways. */
+static int
+op_import_remote(void *arg)
+{
+	return rm_import_both_ways(arg, "alloc-fail-b:af.b");
 }
 
 /* The importers B counts on its export af.b, or -1. */
@@ -515,41 +521,60 @@ rm_importers(struct rm *m)
 }
 
 /*
+ * A client of A (on sock_a) and one of B (on sock_b), their regions, and B's export of bx as
+ * exported: 0, or -1.
+ */
+static int
+rm_clients(struct rm *m, const char *sock_a, const char *sock_b, const char *exported)
+{
+	struct gpx_export_opts o = { .rule = GPX_EXPORT_ANY };
+
+	return gpx_connect(sock_a, "alloc-fail-remote-a", &m->ca) < 0 || gpx_connect(sock_b, "alloc-fail-remote-b", &m->cb) < 0 ||
+	    gpx_host_alloc(RM_LEN, &m->fa, (void **)&m->pa) < 0 || gpx_host_alloc(RM_LEN, &m->fb, (void **)&m->pb) < 0 ||
+	    gpx_host_alloc(RM_LEN, &m->fx, (void **)&m->px) < 0 ||
+	    gpx_register_host(m->ca, m->fa, 0, RM_LEN, 0, &m->la) < 0 ||
+	    gpx_register_host(m->cb, m->fb, 0, RM_LEN, 0, &m->lb) < 0 ||
+	    gpx_register_host(m->cb, m->fx, 0, RM_LEN, 0, &m->bx) < 0 ||
+	    gpx_export_remote(m->cb, m->bx, exported, &o, NULL) < 0 ? -1 : 0;
+}
+
+/* A's client imports name (waiting up to tries tenths of a second for it to be known), and lets it go: 0 or the error. */
+static int
+rm_first_import(struct rm *m, const char *name, int tries)
+{
+	gpx_region imp;
+	uint64_t len;
+	int r;
+
+	for (int i = 0; (r = gpx_import(m->ca, name, &imp, &len)) == -GPX_ENOENT && i < tries; i++)
+		usleep(100000);
+	return r < 0 ? r : gpx_deregister(m->ca, imp);
+}
+
+/*
  * B started, peered with A (port_a) by a key of the same file; a client of each with its
  * regions, B's export af.b.  0, or -1 with why.
  */
 static int
 rm_open(struct rm *m, struct harness *a, struct harness *hb, int port_a, const char *key)
 {
-	struct gpx_export_opts o = { .rule = GPX_EXPORT_ANY };
 	char extra[512];
-	gpx_region imp;
-	uint64_t len;
-	int r;
 
 	snprintf(extra, sizeof(extra), "[fabric]\nnode = alloc-fail-b\nlisten = 127.0.0.1:%d\n"
 	    "peers = 127.0.0.1:%d\nkey_file = %s\ntimeout = 300\nretry_interval = 0.3\n", free_port(), port_a, key);
 	m->hb = hb;
 	if (harness_start(hb, extra) < 0)
 		return -1;
-	if (gpx_connect(a->sock, "alloc-fail-remote-a", &m->ca) < 0 || gpx_connect(hb->sock, "alloc-fail-remote-b", &m->cb) < 0 ||
-	    gpx_host_alloc(RM_LEN, &m->fa, (void **)&m->pa) < 0 || gpx_host_alloc(RM_LEN, &m->fb, (void **)&m->pb) < 0 ||
-	    gpx_host_alloc(RM_LEN, &m->fx, (void **)&m->px) < 0 ||
-	    gpx_register_host(m->ca, m->fa, 0, RM_LEN, 0, &m->la) < 0 ||
-	    gpx_register_host(m->cb, m->fb, 0, RM_LEN, 0, &m->lb) < 0 ||
-	    gpx_register_host(m->cb, m->fx, 0, RM_LEN, 0, &m->bx) < 0 ||
-	    gpx_export_remote(m->cb, m->bx, "af.b", &o, NULL) < 0) {
+	if (rm_clients(m, a->sock, hb->sock, "af.b") < 0) {
 		diag("the clients of A and B: %s", gpx_last_error(m->cb));
 		return -1;
 	}
 	/* B dials A at once; within 10 s A's client imports af.b */
-	for (int i = 0; (r = gpx_import(m->ca, "alloc-fail-b:af.b", &imp, &len)) == -GPX_ENOENT && i < 100; i++)
-		usleep(100000);
-	if (r < 0) {
+	if (rm_first_import(m, "alloc-fail-b:af.b", 100) < 0) {
 		diag("A never imported af.b of B: %s", gpx_last_error(m->ca));
 		return -1;
 	}
-	return gpx_deregister(m->ca, imp) < 0 ? -1 : 0;
+	return 0;
 }
 
 static void
@@ -777,16 +802,7 @@ op_cluster_export(void *arg)
 static int
 op_cluster_import(void *arg)
 {
-	struct rm *m = &((struct cl *)arg)->m;
-	gpx_region imp;
-	uint64_t len;
-	int r = gpx_import(m->ca, "afc.b", &imp, &len);
-
-	if (r < 0)
-		return r;
-	r = rm_both_ways(m, m->ca, m->la, m->pa, imp, m->px);
-	int d = gpx_deregister(m->ca, imp);
-	return r < 0 ? r : d;
+	return rm_import_both_ways(&((struct cl *)arg)->m, "afc.b");
 }
 
 /* A's [fabric] and [cluster] for node NODE; leases of 300 s, renewed every 100 s: none within a check. */
@@ -804,7 +820,6 @@ cluster_main(const char *shim, const char *path, const char *key)
 	struct harness ha, hb;
 	struct cl k = { .ha = &ha, .ghost_ttl = 990 };
 	struct rm *m = &k.m;
-	struct gpx_export_opts o = { .rule = GPX_EXPORT_ANY };
 	char conf[512], *json;
 	long left, ghost;
 
@@ -822,13 +837,7 @@ cluster_main(const char *shim, const char *path, const char *key)
 	m->hb = &hb;
 	if (harness_start(&hb, conf) < 0)
 		tap_bail("cannot start gpxd B");
-	if (gpx_connect(ha.sock, "alloc-fail-cluster-a", &m->ca) < 0 || gpx_connect(hb.sock, "alloc-fail-cluster-b", &m->cb) < 0 ||
-	    gpx_host_alloc(RM_LEN, &m->fa, (void **)&m->pa) < 0 || gpx_host_alloc(RM_LEN, &m->fb, (void **)&m->pb) < 0 ||
-	    gpx_host_alloc(RM_LEN, &m->fx, (void **)&m->px) < 0 ||
-	    gpx_register_host(m->ca, m->fa, 0, RM_LEN, 0, &m->la) < 0 ||
-	    gpx_register_host(m->cb, m->fb, 0, RM_LEN, 0, &m->lb) < 0 ||
-	    gpx_register_host(m->cb, m->fx, 0, RM_LEN, 0, &m->bx) < 0 ||
-	    gpx_export_remote(m->cb, m->bx, "afc.b", &o, NULL) < 0)
+	if (rm_clients(m, ha.sock, hb.sock, "afc.b") < 0)
 		tap_bail("the clients of A and B: %s", gpx_last_error(m->cb));
 	struct gpx_connect_opts co = { .socket = ha.sock, .name = "alloc-fail-cluster-q", .eventfd = -1, .no_ring = 1 };
 	if (gpx_connect_opts(&co, &k.cq) < 0)
@@ -840,12 +849,7 @@ cluster_main(const char *shim, const char *path, const char *key)
 	if (k.nodes != 3 || left <= 0)
 		tap_bail("the cluster query, unarmed: %zu nodes (A, B and ghost), least time left %ld", k.nodes, left);
 	/* A's watch has B's name within 3 s */
-	gpx_region imp;
-	uint64_t len;
-	int r;
-	for (int i = 0; (r = gpx_import(m->ca, "afc.b", &imp, &len)) == -GPX_ENOENT && i < 30; i++)
-		usleep(100000);
-	if (r < 0 || gpx_deregister(m->ca, imp) < 0)
+	if (rm_first_import(m, "afc.b", 30) < 0)
 		tap_bail("A never imported B's cluster name afc.b: %s", gpx_last_error(m->ca));
 
 	if (fail_each(&ha, "the cluster query (gpxctl cluster), each lease asked of etcd", op_cluster_query, &k) &&
