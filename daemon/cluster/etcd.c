@@ -206,12 +206,45 @@ static void check_done(void);
 static void reap_cb(evutil_socket_t, short, void *);
 static void call_free(struct etcd_call *);
 
+static bool
+is_doomed(const struct etcd_call *k)
+{
+	return k->doomed;
+}
+
+static bool
+is_waiting(const struct etcd_call *k)
+{
+	return k->waiting;
+}
+
+/*
+ * Every call which(k) holds for ends with err and why.  Each done may cancel or make others,
+ * so the next is looked for from the start each time.
+ */
+static void
+fail_calls(bool (*which)(const struct etcd_call *), int err, const char *why)
+{
+	struct etcd_call *k;
+
+	for (;;) {
+		TAILQ_FOREACH(k, &calls, entry)
+			if (which(k))
+				break;
+		if (k == NULL)
+			return;
+		etcd_fn done = k->done;
+		void *darg = k->arg;
+		call_free(k);
+		done(darg, err, NULL, why);
+	}
+}
+
 /*
  * curl found no memory for its own state (a socket it was to watch, a timer): which transfer
  * it left unwatched, waiting for ever, it does not say.  Every call in flight then ends, out
  * of memory (not those their ends make).  All leave curl first: curl takes no new call while
- * one is left after a callback refused (a socket's event found no memory).  Each done may
- * cancel others, so the next is looked for from the start each time.
+ * one is left after a callback refused (a socket's event found no memory).
  */
 static void
 curl_failed(CURLMcode rc)
@@ -222,17 +255,7 @@ curl_failed(CURLMcode rc)
 	TAILQ_FOREACH(k, &calls, entry)
 		if ((k->doomed = !k->cancelled && !k->waiting))
 			curl_multi_remove_handle(multi, k->h);
-	for (;;) {
-		TAILQ_FOREACH(k, &calls, entry)
-			if (k->doomed)
-				break;
-		if (k == NULL)
-			return;
-		etcd_fn done = k->done;
-		void *darg = k->arg;
-		call_free(k);
-		done(darg, ETCD_NOMEM, NULL, "out of memory");
-	}
+	fail_calls(is_doomed, ETCD_NOMEM, "out of memory");
 }
 
 /* curl told what happened on the loop: the calls it ended are answered. */
@@ -729,18 +752,7 @@ on_reauth(void *arg, int err, struct json_object *r, const char *why)
 		err = ETCD_UNREACHABLE;
 	}
 	log_warnx("cluster: %s", why);
-	/* each done may cancel other calls: look for the next one from the start each time */
-	for (;;) {
-		TAILQ_FOREACH(k, &calls, entry)
-			if (k->waiting)
-				break;
-		if (k == NULL)
-			return;
-		etcd_fn done = k->done;
-		void *darg = k->arg;
-		call_free(k);
-		done(darg, err, NULL, why);
-	}
+	fail_calls(is_waiting, err, why);
 }
 
 static void
