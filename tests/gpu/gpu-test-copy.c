@@ -445,6 +445,31 @@ test_done_after_bytes(gpx_conn *c, struct buf *a, struct buf *h)
 }
 
 /*
+ * size bytes of the pattern v from a to b on c, waited for: its seconds, or -1 if it failed or
+ * the first and last 4 KiB of b are not v.
+ */
+static double
+long_copy(gpx_conn *c, CUdeviceptr a, CUdeviceptr b, gpx_region ra, gpx_region rb, size_t size, uint32_t v)
+{
+	uint32_t head[1024], tail[1024];
+	struct timespec t0, t1;
+
+	CK(cuMemsetD32(a, v, size / 4));
+	CK(cuMemsetD32(b, 0, size / 4));
+	CK(cuCtxSynchronize());
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if (gpx_copy_sync(c, ra, 0, rb, 0, size) != 0)
+		return -1;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	CK(cuMemcpyDtoH(head, b, sizeof(head)));
+	CK(cuMemcpyDtoH(tail, b + size - sizeof(tail), sizeof(tail)));
+	for (size_t w = 0; w < 1024; w++)
+		if (head[w] != v || tail[w] != v)
+			return -1;
+	return (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+}
+
+/*
  * Long copies within GPU0, one at a time, while the client sends nothing: the event loop naps
  * through each (busy_poll_us, set in main), and GPU0's worker, whose own nap through the copy
  * ends a few tens of microseconds before the copy does, wakes it then
@@ -463,7 +488,6 @@ test_loop_early_wake(gpx_conn *c)
 	const size_t size = 512u << 20, n = 12, learning = 4;
 	CUdeviceptr a = 0, b = 0;
 	gpx_region ra = 0, rb = 0;
-	uint32_t head[1024], tail[1024];
 	bool good = true;
 
 	CK(cuCtxSetCurrent(ctx[0]));
@@ -486,14 +510,7 @@ test_loop_early_wake(gpx_conn *c)
 				before[k] = page ? metrics_sample(page, counts[k]) : -1;
 			free(page);
 		}
-		CK(cuMemsetD32(a, v, size / 4));
-		CK(cuMemsetD32(b, 0, size / 4));
-		CK(cuCtxSynchronize());
-		good = gpx_copy_sync(c, ra, 0, rb, 0, size) == 0;
-		CK(cuMemcpyDtoH(head, b, sizeof(head)));
-		CK(cuMemcpyDtoH(tail, b + size - sizeof(tail), sizeof(tail)));
-		for (size_t w = 0; w < 1024 && good; w++)
-			good = head[w] == v && tail[w] == v;
+		good = long_copy(c, a, b, ra, rb, size, v) > 0;
 	}
 	page = harness_metrics(the_harness);
 	for (int k = 0; k < 4; k++)
@@ -512,28 +529,6 @@ test_loop_early_wake(gpx_conn *c)
 		gpx_deregister(c, rb);
 	cuMemFree(a);
 	cuMemFree(b);
-}
-
-/* 1 GiB from a to b on c, waited for: its seconds, or -1 if it failed or a copy's ends are not in place. */
-static double
-long_copy(gpx_conn *c, CUdeviceptr a, CUdeviceptr b, gpx_region ra, gpx_region rb, size_t size, uint32_t v)
-{
-	uint32_t head[1024], tail[1024];
-	struct timespec t0, t1;
-
-	CK(cuMemsetD32(a, v, size / 4));
-	CK(cuMemsetD32(b, 0, size / 4));
-	CK(cuCtxSynchronize());
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if (gpx_copy_sync(c, ra, 0, rb, 0, size) != 0)
-		return -1;
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	CK(cuMemcpyDtoH(head, b, sizeof(head)));
-	CK(cuMemcpyDtoH(tail, b + size - sizeof(tail), sizeof(tail)));
-	for (size_t w = 0; w < 1024; w++)
-		if (head[w] != v || tail[w] != v)
-			return -1;
-	return (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 }
 
 /*
