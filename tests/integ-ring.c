@@ -564,6 +564,71 @@ test_backlog_doorbell(void)
 	buf_free(&d2);
 }
 
+/* gpx_doorbells_early_total of the gpxd h, or -1. */
+static double
+early_doorbells(const struct harness *h)
+{
+	char *page = harness_metrics(h);
+	double v = page ? metrics_sample(page, "gpx_doorbells_early_total") : -1;
+
+	free(page);
+	return v;
+}
+
+/*
+ * A client that sleeps in its wait through a host copy's last chunk only, having watched
+ * that chunk begin: one worker, copies of two chunks of 32 MiB; the client waits (spinning
+ * not at all) once the destination's second half begins to fill.  The worker calls a sleeping
+ * client as the last chunk starts (engine_chunk_soon), finds this one not yet waiting, and
+ * calls again as the chunk goes on, until it sleeps: each sleep is cut short before the
+ * record comes (gpx_doorbells_early_total).  A worker that called once only left the record's
+ * own doorbell to wake it (as it did a wait that spun its 1 ms and slept in the last chunk).
+ */
+void
+test_host_wake_after_spin(void)
+{
+	enum { ROUNDS = 8 };
+	const size_t n = 64u << 20;
+	struct harness L;
+	struct buf s, d;
+	gpx_conn *c = NULL;
+	double before, after;
+	int good = 0, seen = 0;
+
+	if (harness_start(&L, "[daemon]\nworkers = 1\nchunk_size = 32M\nmetrics = 127.0.0.1:0\n") < 0)
+		tap_bail("wake test: no gpxd");
+	setenv("GPX_WAIT_SPIN_US", "0", 1);     /* read as the connection is made */
+	if (gpx_connect(L.sock, "integ-late-sleeper", &c) < 0 || buf_new(&s, n) < 0 || buf_new(&d, n) < 0 ||
+	    buf_reg(c, &s, 0) < 0 || buf_reg(c, &d, 0) < 0)
+		tap_bail("wake test: cannot set up the copies");
+	unsetenv("GPX_WAIT_SPIN_US");
+	before = early_doorbells(&L);
+	for (int i = 0; i < ROUNDS; i++) {
+		uint64_t seed = 300 + i, bytes = 0;
+		const volatile uint64_t *half = (const uint64_t *)(d.p + n / 2);
+		fill_random(s.p, n, &seed);
+		memset(d.p, 0, n);
+		if (gpx_copy(c, s.r, 0, d.r, 0, n, 300 + i) < 0)
+			break;
+		for (double end = now() + WAIT_MS / 1e3; *half == 0 && now() < end;)
+			;
+		seen += *half != 0;
+		good += wait_tag(c, 300 + i, &bytes) == 0 && bytes == n && memcmp(s.p, d.p, n) == 0;
+	}
+	after = early_doorbells(&L);
+	ok(good == ROUNDS, "%d copies of 64 MiB in two chunks, each waited for once its second half began to land "
+	    "(%d seen so): %d in place", ROUNDS, seen, good);
+	ok(before >= 0 && after - before >= ROUNDS / 2, "... the client's sleeps were cut short before the records came, "
+	    "the worker calling again once it slept: %.0f early doorbells for %d copies", after - before, ROUNDS);
+	gpx_close(c);
+	buf_free(&s);
+	buf_free(&d);
+	ok(harness_stop(&L) == 0, "that gpxd stops cleanly");
+	if (tap_failed)
+		harness_dump_log(&L);
+	harness_cleanup(&L);
+}
+
 /* Context switches of every thread of gpxd so far, voluntary or not; -1 if /proc does not say. */
 static long
 daemon_switches(void)

@@ -60,6 +60,7 @@ main(void)
 	test_doorbell();
 	test_doorbell_together();
 	test_backlog_doorbell();
+	test_host_wake_after_spin();
 	test_idle_sleeps();
 	test_limits();
 

@@ -34,6 +34,7 @@ void test_sq_held_kill(void);
 void test_doorbell(void);
 void test_doorbell_together(void);
 void test_backlog_doorbell(void);
+void test_host_wake_after_spin(void);
 void test_idle_sleeps(void);
 
 /* tests/integ-wire.c: wrong descriptors, the protocol spoken wrong */

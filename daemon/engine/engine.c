@@ -262,9 +262,48 @@ engine_queues(enum path_kind p)
  */
 #define HOST_CHUNK_PIECES 16384
 
+/*
+ * A host chunk's call to a sleeping client (engine_chunk_soon) while it is not made: one whose
+ * client still spins as the last chunk starts is made again after every HOST_SOON_BYTES copied,
+ * until the client sleeps (a wait that spins its 1 ms and more may sleep before the chunk ends,
+ * and the record's own doorbell wakes it late).  A slice of 256 KiB takes some 15-40 us.
+ */
+#define HOST_SOON_BYTES (256u << 10)
+
+struct host_soon {
+	const struct chunk *c;
+	bool called;                /* engine_chunk_soon done with c */
+	uint64_t since;             /* bytes copied since it was last tried */
+};
+
+static void
+host_soon_start(struct host_soon *s, const struct chunk *c)
+{
+	/* (a long job's last chunk takes about as long as a sleeping client's wake-up) */
+	*s = (struct host_soon){ .c = c, .called = c->job->total <= chunk_size || engine_chunk_soon(c) };
+}
+
+static void
+host_copy(struct host_soon *s, char *dst, const char *src, uint64_t n)
+{
+	const uint64_t total = s->c->job->total;
+
+	while (!s->called && s->since + n >= HOST_SOON_BYTES) {
+		uint64_t k = HOST_SOON_BYTES - s->since;
+		mem_host_copy(dst, src, k, total);
+		dst += k;
+		src += k;
+		n -= k;
+		s->since = 0;
+		s->called = engine_chunk_soon(s->c);
+	}
+	s->since += n;
+	mem_host_copy(dst, src, n, total);
+}
+
 /* A chunk of a page job whose list is read in place: item i is page plist[i % npages] of pair i / npages. */
 static void
-host_pages(const struct chunk *c)
+host_pages(const struct chunk *c, struct host_soon *soon)
 {
 	const struct job *j = c->job;
 	const uint64_t ps = j->page_size;
@@ -275,8 +314,8 @@ host_pages(const struct chunk *c)
 		const struct jpair *pr = &j->pairs[p];
 		const struct gpx_wire_page w = j->plist[q];
 		uint64_t n = ps - off < left ? ps - off : left;
-		mem_host_copy((char *)pr->dst->host + pr->dst_base + w.dst * ps + off,
-		    (const char *)pr->src->host + pr->src_base + w.src * ps + off, n, j->total);
+		host_copy(soon, (char *)pr->dst->host + pr->dst_base + w.dst * ps + off,
+		    (const char *)pr->src->host + pr->src_base + w.src * ps + off, n);
 		left -= n;
 		if (++q == j->npages) {
 			q = 0;
@@ -289,6 +328,7 @@ host_pages(const struct chunk *c)
 static void *
 host_worker(void *unused)
 {
+	struct host_soon soon;
 	struct chunk c;
 
 	(void)unused;
@@ -296,12 +336,9 @@ host_worker(void *unused)
 	while (engine_next_chunk(PATH_HOST, &c, true, chunk_size, HOST_CHUNK_PIECES)) {
 		struct job *j = c.job;
 		uint64_t left = c.bytes, off = c.off;
-		/* A long job's last chunk takes about as long as a sleeping client's wake-up (only the
-		 * last one counts: engine_chunk_soon). */
-		if (j->total > chunk_size)
-			engine_chunk_soon(&c);
+		host_soon_start(&soon, &c);
 		if (j->plist != NULL) {
-			host_pages(&c);
+			host_pages(&c, &soon);
 			engine_chunk_done(&c, true);
 			continue;
 		}
@@ -311,8 +348,8 @@ host_worker(void *unused)
 			uint64_t n = g->length - off < left ? g->length - off : left;
 			while (s >= j->pairs[p].seg_end)
 				p++;
-			mem_host_copy((char *)j->pairs[p].dst->host + g->dst_offset + off,
-			    (const char *)j->pairs[p].src->host + g->src_offset + off, n, j->total);
+			host_copy(&soon, (char *)j->pairs[p].dst->host + g->dst_offset + off,
+			    (const char *)j->pairs[p].src->host + g->src_offset + off, n);
 			left -= n;
 		}
 		engine_chunk_done(&c, true);
@@ -895,7 +932,8 @@ job_finish(struct job *j, struct finish *f)
  * once more.  False when no thread sleeps yet: a client still in the spin its wait begins
  * with (1 ms where cores are plenty) sleeps once that ends, which may be before the record
  * comes (within GPU0, Python's page copies of 2 GiB, 1.5 ms long, spent 74 us on the
- * client's side, against 10-15 us with a wait that spins throughout): the caller asks again.
+ * client's side, against 10-15 us with a wait that spins throughout): the caller asks again
+ * (the GPU workers every WAKE_AGAIN_NS, the host path every HOST_SOON_BYTES copied).
  */
 bool
 engine_chunk_soon(const struct chunk *c)
