@@ -427,8 +427,8 @@ render(struct evbuffer *b, struct snapshot *sn)
 	    "before their job was queued, so that its wake-up overlapped the check.", engine_prewakes());
 	single(b, "gpx_gpu_batched_chunks_total", "counter", "Small copies a GPU's copy worker issued together "
 	    "with others queued behind them, in one launch of its copy kernel.", gpu_batched());
-	single(b, "gpx_gpu_split_chunks_total", "counter", "Chunks between two GPUs of many large segments that a "
-	    "copy engine and the copy kernel moved side by side, half each.", gpu_split());
+	single(b, "gpx_gpu_split_chunks_total", "counter", "Chunks of many large segments that copy engines and the "
+	    "copy kernel moved side by side (between two GPUs or within one).", gpu_split());
 	uint64_t kept, taken;
 	xfer_pairs_counts(&kept, &taken);
 	single(b, "gpx_batch_pairs_kept_total", "counter", "Batches whose pairs gpxd kept resolved for their "

@@ -50,6 +50,7 @@
 #define KERNEL_MAX_AVG (256u << 10)
 #define TILE_MIN (32u << 10)          /* a large segment in the kernel: tiles of at least this */
 #define TILE_SEG_MAX (32ull << 20)    /* and at most this large a segment */
+#define SIDE_CE_MIN (16ull << 20)     /* a within-GPU split: segments from this size to copy engines */
 #define IDLE_SPIN_NS 200000           /* look at least this long for new work before sleeping */
 #define LIGHT_SPIN_NS 50000           /* of which spin this long, then wait for a request */
 #define PREWAKE_LOOK_NS 200000        /* woken by a request's build, spin this long for its job */
@@ -62,12 +63,16 @@
 #define NCLASSES 16
 #define NSIZES 11                     /* timed chunks by size: [1, 2) MiB, [2, 4) MiB, ... 1 GiB */
 
-enum { S_BULK, S_BULK2, S_QUICK, NSTREAMS };     /* bulk chunks alternate between the two */
+/* bulk chunks alternate between the two; S_SIDE runs the kernel of a split within the GPU */
+enum { S_BULK, S_BULK2, S_QUICK, S_SIDE, NSTREAMS };
+
+enum split { SPLIT_NONE, SPLIT_LINK, SPLIT_LOCAL };
 
 struct pend {
 	struct chunk c;
 	uint64_t seq;
 	uint64_t seq2;                /* a split chunk's: and S_BULK2's word reaching this (0: none) */
+	uint64_t seq3;                /* ... and S_SIDE's reaching this (0: none) */
 	uint64_t t_issue, due;        /* ns: when queued; when it should end (0: not known) */
 	int stream;
 	int slot;
@@ -89,6 +94,7 @@ struct gdev {
 	bool slot_busy[PEND_MAX];
 	bool kernel_ok;
 	bool mps;                           /* the GPU is shared through CUDA MPS */
+	uint8_t side_next;                  /* a within-GPU split's stream for its next copy: S_BULK2 if 1 */
 	/*
 	 * The naps through long copies: per kind of copy and size (size_class) the time a byte
 	 * took (ns, 0: not yet seen), learnt from chunks whose end the worker saw while polling;
@@ -401,6 +407,44 @@ tile_size(uint64_t bytes, uint32_t entries)
 	return t > TILE_MIN ? t : TILE_MIN;
 }
 
+/* The bytes of chunk c in segments below SIDE_CE_MIN: a within-GPU split's kernel's share. */
+static uint64_t
+side_kernel_bytes(const struct chunk *c)
+{
+	const struct gpx_wire_seg *w;
+	uint64_t off, len, n = 0;
+	struct walk wk;
+
+	walk_start(&wk, c);
+	while (walk_next(&wk, &w, &off, &len))
+		n += len < SIDE_CE_MIN ? len : 0;
+	return n;
+}
+
+/*
+ * The end of a within-GPU split's issue (issue_segs): the kernel's tiles k[0..nk) onto S_SIDE,
+ * and a completion word after S_BULK2's copies (bulk2) and after the kernel, whose values the
+ * chunk waits for beside its own stream's (*seq2, *seq3).  r: the copies' issue so far.  On a
+ * failure both side streams are drained, as the caller drains its own.
+ */
+static int
+side_end(struct gdev *g, const struct gpu_kseg *k, uint32_t nk, bool bulk2, int r, uint64_t *seq2, uint64_t *seq3)
+{
+	if (r == 0 && bulk2 && (r = signal_next(g, S_BULK2, &g->done[S_BULK2])) == 0)
+		*seq2 = ++g->issued[S_BULK2];
+	if (r == 0 && nk > 0) {
+		r = cuda_kernel_copy(g->index, g->stream[S_SIDE], k, nk, gcfg()->sm_copy_blocks);
+		if (r == 0 && (r = signal_next(g, S_SIDE, &g->done[S_SIDE])) == 0)
+			*seq3 = ++g->issued[S_SIDE];
+	}
+	if (r < 0) {
+		cuda_stream_sync(g->stream[S_BULK2]);
+		cuda_stream_sync(g->stream[S_SIDE]);
+	} else
+		atomic_fetch_add_explicit(&splits, 1, memory_order_relaxed);
+	return r;
+}
+
 /*
  * Any other chunk, of one pair or of a batch's many: segments the kernel reaches and that are
  * small (all of them, when the chunk is mostly small ones) go to one launch of the copy
@@ -420,6 +464,16 @@ tile_size(uint64_t bytes, uint32_t entries)
  * For the 338 tensors of a 2.9 GiB weight push GPU0 -> GPU1 on two H100 (NV18), against one
  * flat copy: one cuMemcpyAsync each 0.884x, the kernel alone 0.933x, the two side by side
  * 0.966x-0.970x; gpxd's push went from 0.91x to 0.96x (tests/results/gpu2-h100-split.txt).
+ * Within one GPU such a chunk is split three ways (SPLIT_LOCAL): segments of SIDE_CE_MIN and
+ * more to copy engines, one on S_BULK, the next on S_BULK2, and so on, the rest in tiles to the
+ * kernel on S_SIDE, all three side by side.  The kernel moves some 0.93x-0.95x of a flat
+ * copy's bytes a second within an H100 (a copy engine more); one engine pays a few
+ * microseconds between copies, which the other's copy hides (dealing them by bytes instead,
+ * runs of copies on one engine, lost 2%); the small segments would leave an engine idle
+ * between them.  For the 338 tensors of a 2.9 GiB weight push on an H100, against one flat
+ * copy (tests/gpu/split-probe, tests/results/gpu1-h100-local-split.txt): gpxd's way before
+ * (tiles up to 32 MiB in the kernel, larger segments on a copy engine of the chunk's stream)
+ * 0.94x, one copy per tensor over two streams 0.80x, this 0.98x.
  * A chunk of the quick stream sends every segment the kernel reaches to it, up to
  * GPU_KFEW_MAX of them by value (gpx_copy_few): such a copy uses no copy engine.  The stream's
  * priority orders copies within gpxd's copy engines only; under MPS the engines are shared
@@ -428,19 +482,23 @@ tile_size(uint64_t bytes, uint32_t entries)
  * (memory not mapped in this context) keep the copy engine.
  */
 static int
-issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, bool split, bool *signaled, uint64_t *seq2)
+issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, enum split split, bool *signaled,
+    uint64_t *seq2, uint64_t *seq3)
 {
 	struct job *j = c->job;
 	const uint32_t pieces = c->pieces ? c->pieces : 1;
 	const bool quick = s == S_QUICK;
 	const bool all = quick || (pieces >= KERNEL_MIN_SEGS && c->bytes / pieces <= KERNEL_MAX_AVG);
-	/* Tiles so that every segment, cut, still fits the list: at most pieces + bytes / tile. */
+	/* Tiles so that every segment, cut, still fits the list: at most pieces + bytes / tile (a
+	 * split within the GPU cuts only what goes to the kernel, and as finely: a few hundred MB
+	 * of small tensors in tiles sized for a whole chunk left most SMs idle). */
 	const bool tiles = !all && pieces >= KERNEL_MIN_SEGS && KSEG_MAX - pieces >= KSEG_MAX / 2;
-	const uint64_t tile = tiles ? tile_size(c->bytes, KSEG_MAX - pieces) : 0;
+	const uint64_t tbytes = tiles && split == SPLIT_LOCAL ? side_kernel_bytes(c) : c->bytes;
+	const uint64_t tile = tiles ? tile_size(tbytes, KSEG_MAX - pieces) : 0;
 	struct gpu_kseg *k = g->kstage[slot];
 	uint32_t nk = 0, cur = UINT32_MAX;
 	uint64_t src = 0, dst = 0, off, len, kbytes = 0, cebytes = 0, split_kbytes = 0;
-	bool peer = false, reach = false, local = false, link = false;
+	bool peer = false, reach = false, local = false, link = false, bulk2 = false;
 	const struct gpx_wire_seg *w;
 	struct walk wk;
 	int r = 0;
@@ -460,11 +518,17 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, bool split
 		}
 		if (len == 0)
 			continue;
-		if (reach && (all || len <= KERNEL_MAX_AVG)) {
+		if (split == SPLIT_LOCAL && local && len >= SIDE_CE_MIN) {
+			const int b = g->side_next ^= 1;     /* one engine, then the other */
+			r = cuda_copy(g->stream[b ? S_BULK2 : s], dst + w->dst_offset + off, src + w->src_offset + off, len);
+			bulk2 |= b;
+		}
+		else if (reach && (all || len <= KERNEL_MAX_AVG)) {
 			k[nk++] = (struct gpu_kseg){ src + w->src_offset + off, dst + w->dst_offset + off, len };
 			kbytes += len;
 		}
-		else if ((local && tiles && len <= TILE_SEG_MAX) || (link && split && tiles && 2 * cebytes >= c->bytes)) {
+		else if ((local && tiles && (len <= TILE_SEG_MAX || split == SPLIT_LOCAL)) ||
+		    (link && split == SPLIT_LINK && tiles && 2 * cebytes >= c->bytes)) {
 			for (uint64_t at = 0; at < len; at += tile)
 				k[nk++] = (struct gpu_kseg){ src + w->src_offset + off + at, dst + w->dst_offset + off + at,
 				    len - at < tile ? len - at : tile };
@@ -481,6 +545,8 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, bool split
 			cebytes += link ? len : 0;
 		}
 	}
+	if (split == SPLIT_LOCAL)
+		return side_end(g, k, nk, bulk2, r, seq2, seq3);
 	if (r == 0 && quick && nk > 0 && nk <= GPU_KFEW_MAX) {
 		/* last on the stream for this chunk: the launch writes its completion word itself */
 		r = cuda_kernel_copy_few(g->index, g->stream[s], k, nk, kbytes, gcfg()->sm_copy_blocks,
@@ -527,21 +593,21 @@ chunk_class(const struct chunk *c)
 
 /*
  * Chunk c is queued on stream s and ends when the stream's completion word reaches seq (and,
- * split, S_BULK2's reaches seq2): the next entry of the stream's pending ring, with its kind
+ * split, S_BULK2's reaches seq2 and S_SIDE's seq3): the next entry of the stream's pending ring, with its kind
  * (chunk_class), when it should end (0: untimed, and then so is what queues behind it) and its
  * list slot (-1: none).
  */
 static void
-pend_push(struct gdev *g, int s, const struct chunk *c, uint8_t cls, uint64_t seq, uint64_t seq2, uint64_t now,
-    uint64_t due, int slot, bool mark)
+pend_push(struct gdev *g, int s, const struct chunk *c, uint8_t cls, uint64_t seq, uint64_t seq2, uint64_t seq3,
+    uint64_t now, uint64_t due, int slot, bool mark)
 {
 	const int at = (g->phead[s] + g->npend[s]) % PEND_MAX;
 
 	if (g->npend[s] == 0)
 		g->last_end[s] = now;       /* the stream was idle: this chunk starts now */
 	g->tail_due[s] = due ? due : UINT64_MAX;
-	g->pend[s][at] = (struct pend){ .c = *c, .seq = seq, .seq2 = seq2, .t_issue = now, .due = due, .stream = s,
-	    .slot = slot, .cls = cls, .marked = mark };
+	g->pend[s][at] = (struct pend){ .c = *c, .seq = seq, .seq2 = seq2, .seq3 = seq3, .t_issue = now, .due = due,
+	    .stream = s, .slot = slot, .cls = cls, .marked = mark };
 	if (c->last && due != 0)
 		g->pend[s][at].wake = due > now + WAKE_LEAD_NS ? due - WAKE_LEAD_NS : now;
 	g->npend[s]++;
@@ -561,21 +627,25 @@ issue_failed(struct gdev *g, int s, struct chunk *c, int n)
 }
 
 /*
- * Whether bulk chunk c goes half to a copy engine, half to the kernel (issue_segs): many large
- * segments, its first pair between two GPUs whose memory this GPU's kernel reaches.  The halves
- * of every such chunk take the same streams, so that one stream's copy engine and the other's
- * kernel run side by side from chunk to chunk, as in the measurement that chose this.
+ * Whether bulk chunk c is split between copy engines and the kernel (issue_segs): many large
+ * segments, its first pair between two GPUs whose memory this GPU's kernel reaches (half to a
+ * copy engine, half to the kernel), or within this GPU (large segments to two copy engines,
+ * the rest to the kernel).  The parts of every such chunk take the same streams, so that the
+ * engines and the kernel run side by side from chunk to chunk, as in the measurements that
+ * chose this.
  */
-static bool
+static enum split
 split_worth(const struct gdev *g, const struct chunk *c)
 {
 	const struct jpair *p = &c->job->pairs[0];
 	const uint32_t pieces = c->pieces ? c->pieces : 1;
 
-	return g->kernel_ok && gcfg()->sm_copy && c->job->pages == NULL && c->bytes > QUICK_MAX &&
-	    pieces >= KERNEL_MIN_SEGS && c->bytes / pieces > KERNEL_MAX_AVG && KSEG_MAX - pieces >= KSEG_MAX / 2 &&
-	    p->src->dev != DEV_HOST && p->dst->dev != DEV_HOST && (p->src->dev != g->index || p->dst->dev != g->index) &&
-	    addr_on(p->src, g->index) != 0 && addr_on(p->dst, g->index) != 0;
+	if (!g->kernel_ok || !gcfg()->sm_copy || c->job->pages != NULL || c->bytes <= QUICK_MAX ||
+	    pieces < KERNEL_MIN_SEGS || c->bytes / pieces <= KERNEL_MAX_AVG || KSEG_MAX - pieces < KSEG_MAX / 2 ||
+	    p->src->dev == DEV_HOST || p->dst->dev == DEV_HOST || addr_on(p->src, g->index) == 0 ||
+	    addr_on(p->dst, g->index) == 0)
+		return SPLIT_NONE;
+	return p->src->dev == g->index && p->dst->dev == g->index ? SPLIT_LOCAL : SPLIT_LINK;
 }
 
 /* Chunk c onto a stream; ce: on copy engines only (a lone small copy between GPUs). */
@@ -584,11 +654,11 @@ issue_on(struct gdev *g, struct chunk *c, bool ce)
 {
 	struct job *j = c->job;
 	const uint32_t pieces = c->pieces ? c->pieces : 1;
-	const bool split = !ce && split_worth(g, c);
+	const enum split split = ce ? SPLIT_NONE : split_worth(g, c);
 	int s = c->bytes <= QUICK_MAX ? S_QUICK : split || g->npend[S_BULK] <= g->npend[S_BULK2] ? S_BULK : S_BULK2;
 	int slot = free_slot(g), r;
 	bool mark = start_marks && j->t_launched == 0, signaled = false;
-	uint64_t seq2 = 0;
+	uint64_t seq2 = 0, seq3 = 0;
 
 	if (atomic_exchange(&fault_sticky, false)) {
 		log_warnx("GPU%d: injecting a sticky fault (GPXD_FAULT_INJECT=sticky)", g->index);
@@ -609,7 +679,7 @@ issue_on(struct gdev *g, struct chunk *c, bool ce)
 	    kernel_takes(g->index, j->src, j->dst, c->bytes / pieces))
 		r = issue_kernel(g, c, slot, s);
 	else
-		r = issue_segs(g, c, slot, s, ce, split, &signaled, &seq2);
+		r = issue_segs(g, c, slot, s, ce, split, &signaled, &seq2, &seq3);
 	if (r == 0 && !signaled)
 		r = signal_next(g, s, &g->done[s]);
 	if (r < 0) {
@@ -623,7 +693,7 @@ issue_on(struct gdev *g, struct chunk *c, bool ce)
 	uint64_t due = 0;
 	if (rate > 0 && base != UINT64_MAX)
 		due = (base > now ? base : now) + (uint64_t)(c->bytes * rate);
-	pend_push(g, s, c, cls, ++g->issued[s], seq2, now, due, slot, mark);
+	pend_push(g, s, c, cls, ++g->issued[s], seq2, seq3, now, due, slot, mark);
 	if (c->last && g->npend[S_BULK] + g->npend[S_BULK2] + g->npend[S_QUICK] == 1)
 		chunks->warm_end(c);
 	return 0;
@@ -737,7 +807,7 @@ issue_quick(struct gdev *g, struct chunk *c, enum path_kind path, int room)
 	if (n > 1)
 		atomic_fetch_add_explicit(&batched, (uint64_t)n, memory_order_relaxed);
 	for (int i = 0; i < n; i++)
-		pend_push(g, s, &batch[i], chunk_class(&batch[i]), seq, 0, now, 0, -1, false);   /* one word, untimed */
+		pend_push(g, s, &batch[i], chunk_class(&batch[i]), seq, 0, 0, now, 0, -1, false);   /* one word, untimed */
 	return n + extra;
 }
 
@@ -793,7 +863,9 @@ reap(struct gdev *g)
 			reap_starts(g, s);
 		const uint64_t done = __atomic_load_n(&g->done[s], __ATOMIC_ACQUIRE);
 		const uint64_t done2 = __atomic_load_n(&g->done[S_BULK2], __ATOMIC_ACQUIRE);
-		while (g->npend[s] > 0 && g->pend[s][g->phead[s]].seq <= done && g->pend[s][g->phead[s]].seq2 <= done2) {
+		const uint64_t done3 = __atomic_load_n(&g->done[S_SIDE], __ATOMIC_ACQUIRE);
+		while (g->npend[s] > 0 && g->pend[s][g->phead[s]].seq <= done && g->pend[s][g->phead[s]].seq2 <= done2 &&
+		    g->pend[s][g->phead[s]].seq3 <= done3) {
 			struct pend *p = &g->pend[s][g->phead[s]];
 			learn(g, p, now, watching, late);
 			g->last_end[s] = now;

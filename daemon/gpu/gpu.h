@@ -26,7 +26,7 @@ void gpu_on_idle(void (*fn)(void));
 void gpu_chunks_from(const struct chunk_source *);
 uint64_t gpu_naps(void);      /* naps of the copy workers through long copies, since start */
 uint64_t gpu_batched(void);   /* small chunks issued with others in one launch, since start */
-uint64_t gpu_split(void);     /* chunks between GPUs split between a copy engine and the kernel */
+uint64_t gpu_split(void);     /* chunks split between copy engines and the kernel */
 bool gpu_topo(Gpx__QueryReply *);     /* false: out of memory, the lists cut short */
 void gpu_topo_free(Gpx__QueryReply *);
 const char *gpu_pci(int dev);                /* its PCI bus id, NULL for none */

@@ -1,8 +1,10 @@
 /*
  * Batches on GPUs against a real gpxd: the shapes of a KV-cache handoff (the same blocks out
  * of every layer's K and V tensors, one page list for all, one kernel launch) and of a weight
- * push (hundreds of tensors of every size, small ones in one launch, large ones within a GPU
- * cut into its tiles, the largest and those between GPUs on copy engines), between VMM and cudaMalloc memory, on one GPU and between two; and one batch whose
+ * push (hundreds of tensors of every size: within a GPU those of 16 MiB and more on the copy
+ * engines of two streams and the rest in tiles of one launch beside them, between GPUs half on
+ * a copy engine and half in the kernel), between VMM and cudaMalloc memory, on one GPU and
+ * between two; and one batch whose
  * pairs run on different paths (host to host, host to GPU, GPU to host, GPU to GPU), which
  * gpxd splits and completes once.  Every byte is checked against its source.
  *
@@ -100,9 +102,24 @@ test_kv(gpx_conn *c, int sdev, int ddev, int layers, uint32_t blocks, uint32_t b
 	free(dp);
 }
 
-/* A model's tensors, from 256 bytes to 8 MiB, pushed whole into another set. */
+/*
+ * A model's tensors, from 256 bytes to 40 MiB, pushed whole into another set; heavy: one of
+ * 16 MiB and n - 1 of about 4 MiB, so that within a GPU the kernel's share (the small ones)
+ * runs far longer than the copy engines' (the transfer must end with the last of them).
+ */
+/* A counter of gpxd h's metrics page, or -1. */
+static double
+metric(const struct harness *h, const char *key)
+{
+	char *page = harness_metrics(h);
+	const double v = page ? metrics_sample(page, key) : -1;
+
+	free(page);
+	return v;
+}
+
 static void
-test_weights(gpx_conn *c, int sdev, int ddev, int n)
+test_weights(const struct harness *h, gpx_conn *c, int sdev, int ddev, int n, bool heavy)
 {
 	struct dbuf *src = calloc(n, sizeof(*src)), *dst = calloc(n, sizeof(*dst));
 	struct gpx_pair *pr = calloc(n, sizeof(*pr));
@@ -111,11 +128,14 @@ test_weights(gpx_conn *c, int sdev, int ddev, int n)
 
 	for (int k = 0; k < n; k++) {
 		/* A third tiny (norms, biases), a third of a few KiB to 1 MiB, a third of any length up
-		 * to 8 MiB (within a GPU, in the kernel's tiles); one of 20 MiB + 3 (still tiles) and one
-		 * of 40 MiB (a copy engine's).  Every sixth from an odd offset to another. */
+		 * to 8 MiB (the kernel's tiles); one of 40 MiB, one of 20 MiB + 3 and one of 17 MiB + 1
+		 * (within a GPU, on the copy engines of two streams beside the kernel; between GPUs the
+		 * first is a copy engine's, the others tiles).  Every sixth from an odd offset to another. */
 		size_t len = k % 3 == 0 ? 256 + 8 * (xorshift(&seed) % 64) :
 		    k % 3 == 1 ? 4096 + 8 * (xorshift(&seed) % (1 << 17)) : (1u << 20) + xorshift(&seed) % (7u << 20);
-		len = k == 8 ? (20u << 20) + 3 : k == 5 ? 40u << 20 : len;
+		len = k == 8 ? (20u << 20) + 3 : k == 5 ? 40u << 20 : k == 11 ? (17u << 20) + 1 : len;
+		if (heavy)
+			len = k == 0 ? 16u << 20 : (4u << 20) - 8 * (k % 7);
 		const uint64_t so = k % 6 == 2 ? 5 : 0, dof = k % 6 == 2 ? 11 : 0;
 		dbuf_new(&src[k], c, ctx[sdev], sdev, len + so, k % 2 == 0, &seed);
 		dbuf_new(&dst[k], c, ctx[ddev], ddev, len + dof, k % 2 == 1, NULL);
@@ -124,15 +144,52 @@ test_weights(gpx_conn *c, int sdev, int ddev, int n)
 		memcpy(dst[k].host + dof, src[k].host + so, len);
 		want += len;
 	}
-	int r = gpx_copy_batch(c, pr, n, segs, n, 200);
+	/*
+	 * Heavy: the destination read back into host memory through gpxd as soon as the push ends,
+	 * on a copy engine of gpxd's own context, which does not wait for its kernel (a read by
+	 * another process does: the GPU runs one context at a time).  A push that ended before its
+	 * kernel's part did is read back with that part missing.
+	 */
+	struct gpx_pair *bp = calloc(n, sizeof(*bp));
+	struct gpx_seg *bs = calloc(n, sizeof(*bs));
+	unsigned char *back = NULL;
+	gpx_region br = 0;
+	int bfd = -1, r = 0;
+	if (heavy && (gpx_host_alloc(want, &bfd, (void **)&back) < 0 || gpx_register_host(c, bfd, 0, want, 0, &br) < 0))
+		tap_bail("host memory for the read-back");
+	for (int k = 0, at = 0; heavy && k < n; at += segs[k].length, k++) {
+		bp[k] = (struct gpx_pair){ dst[k].r, br, 0, 0, k, 1 };
+		bs[k] = (struct gpx_seg){ segs[k].dst_offset, at, segs[k].length };
+	}
+	const double split0 = metric(h, "gpx_gpu_split_chunks_total");
+	r = gpx_copy_batch(c, pr, n, segs, n, 200);
 	r = r < 0 ? r : wait_tag(c, 200, &bytes);
-	bool all = r == 0 && bytes == want;
+	bool all = r == 0 && bytes == want, early = false;
+	uint64_t bbytes = 0;
+	if (heavy && r == 0) {
+		r = gpx_copy_batch(c, bp, n, bs, n, 201);
+		r = r < 0 ? r : wait_tag(c, 201, &bbytes);
+		for (int k = 0, at = 0; k < n && r == 0 && !early; at += segs[k].length, k++)
+			early = memcmp(back + at, dst[k].host + segs[k].dst_offset, segs[k].length) != 0;
+	}
+	const double split1 = metric(h, "gpx_gpu_split_chunks_total");
 	int bad = -1;
 	for (int k = 0; k < n && all; k++)
 		if (!(all = dbuf_holds(&dst[k], dst[k].host)))
 			bad = k;
-	ok(all, "weight push GPU%d -> GPU%d: %d tensors of 256 B to 40 MiB (%.1f MiB) in one batch, verified", sdev,
-	    ddev, n, want / 1048576.0);
+	ok(all, "weight push GPU%d -> GPU%d: %d tensors of %s (%.1f MiB) in one batch, verified", sdev, ddev, n,
+	    heavy ? "16 MiB and 4 MiB" : "256 B to 40 MiB", want / 1048576.0);
+	ok(split0 >= 0 && split1 > split0, "... split between copy engines and the copy kernel side by side (%.0f "
+	    "chunks split)", split1 - split0);
+	if (heavy)
+		ok(r == 0 && bbytes == want && !early, "... and read back through gpxd the moment it ended, every byte "
+		    "there: it ended with the last of its parts");
+	if (back != NULL) {
+		gpx_deregister(c, br);
+		gpx_host_free(bfd, back, want);
+	}
+	free(bp);
+	free(bs);
 	if (bad >= 0)
 		diag("tensor %d (%zu bytes from offset %llu) differs", bad, (size_t)segs[bad].length,
 		    (unsigned long long)segs[bad].src_offset);
@@ -203,7 +260,7 @@ main(void)
 	signal(SIGPIPE, SIG_IGN);
 	ndev = gpu_contexts(ctx);
 	diag("%d GPU(s)", ndev);
-	if (harness_start(&h, "[cuda]\ntrust_legacy_ipc = yes\n") < 0)
+	if (harness_start(&h, "[daemon]\nmetrics = 127.0.0.1:0\n[cuda]\ntrust_legacy_ipc = yes\n") < 0)
 		tap_bail("cannot start gpxd");
 	if (gpx_connect(h.sock, "gpu-batch", &c) < 0)
 		tap_bail("cannot connect");
@@ -212,15 +269,16 @@ main(void)
 	test_kv(c, 0, 0, 2, 64, 1 << 20, 64, true, false);        /* large blocks: not the kernel */
 	test_kv(c, 0, 0, 32, 512, 32768, 400, true, true);
 	test_kv(c, 0, 0, 4, 2048, 4096, 2048, false, true);
-	test_weights(c, 0, 0, 300);
+	test_weights(&h, c, 0, 0, 300, false);
+	test_weights(&h, c, 0, 0, 200, true);
 	test_paths(c);
 	if (ndev > 1) {
 		test_kv(c, 0, 1, 32, 512, 32768, 400, true, false);
 		test_kv(c, 1, 0, 8, 2048, 4096, 2048, false, false);
 		test_kv(c, 0, 1, 32, 512, 32768, 400, true, true);
-		test_weights(c, 0, 1, 300);
+		test_weights(&h, c, 0, 1, 300, false);
 	} else
-		tap_skip(4, "one GPU: no batch between two");
+		tap_skip(5, "one GPU: no batch between two");
 	gpx_close(c);
 	harness_finish(&h);
 	return tap_done();
