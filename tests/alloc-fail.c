@@ -22,7 +22,14 @@
  * before each armed query, must show that TTL); an export to the cluster is whole only with
  * its name in etcd, imported by the bare name on B and copied both ways, refused only with
  * the name not left in etcd, and its unexport must take the name out of etcd; A imports B's
- * cluster name by the bare name and copies both ways.  Not covered yet: the admin group's
+ * cluster name by the bare name and copies both ways.  Before those, gpxd started again and
+ * again as a node of that etcd (keys under a prefix of their own), with its 1st, 2nd, ...
+ * allocation below cluster_start failing (tests/failalloc.c's GPX_FAILALLOC_UNDER): each
+ * of the first 80 but libcurl's global setup's (thousands of OpenSSL's), then every 7th, and
+ * every 211th of them all, libcurl's among them (each start takes up to a second: all would
+ * take many minutes); each start either comes up, joins the cluster with its record whole
+ * and stops cleanly, or exits non-zero with a line saying it found no memory, never by a
+ * signal, and etcd is left no node's record cut short.  Not covered yet: the admin group's
  * lookup.
  *
  * Skipped in a sanitizer build, whose runtime must come first in gpxd's libraries.
@@ -805,13 +812,229 @@ op_cluster_import(void *arg)
 	return rm_import_both_ways(&((struct cl *)arg)->m, "afc.b");
 }
 
-/* A's [fabric] and [cluster] for node NODE; leases of 300 s, renewed every 100 s: none within a check. */
+/*
+ * A's [fabric] and [cluster] for node NODE, its keys under prefix; leases of 300 s, renewed
+ * every 100 s: none within a check.
+ */
+static void
+cl_conf_prefix(char *out, size_t len, const char *node, const char *key, const char *prefix)
+{
+	snprintf(out, len, "[daemon]\nmetrics = 127.0.0.1:0\n[fabric]\nnode = %s\nlisten = 127.0.0.1:%d\n"
+	    "key_file = %s\ntimeout = 300\nretry_interval = 0.3\n[cluster]\netcd = %s\nprefix = %s\n"
+	    "lease_ttl = 300\n", node, free_port(), key, getenv("GPX_ETCD"), prefix);
+}
+
 static void
 cl_conf(char *out, size_t len, const char *node, const char *key)
 {
-	snprintf(out, len, "[daemon]\nmetrics = 127.0.0.1:0\n[fabric]\nnode = %s\nlisten = 127.0.0.1:%d\n"
-	    "key_file = %s\ntimeout = 300\nretry_interval = 0.3\n[cluster]\netcd = %s\nprefix = " CL_PREFIX "\n"
-	    "lease_ttl = 300\n", node, free_port(), key, getenv("GPX_ETCD"));
+	cl_conf_prefix(out, len, node, key, CL_PREFIX);
+}
+
+/* ---- the cluster's start: gpxd's allocations below cluster_start failing in turn ---- */
+
+/* (a prefix of their own: a start given up may leave its node's key till its lease ends) */
+#define CS_PREFIX "/gpx-afs"
+
+/* Whether etcd's value of a node's key has every field of one (a record cut short lacks some). */
+static bool
+cs_record_whole(const char *v)
+{
+	static const char *const fields[] = {
+		"\"name\":\"", "\"listen\":[\"127.0.0.1:", "\"transports\":[\"tcp\"", "\"fabric\":\"",
+		"\"gpus\":", "\"proto\":1", "\"version\":\"", "\"start\":", "\"pid\":",
+	};
+
+	for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
+		if (strstr(v, fields[i]) == NULL)
+			return false;
+	return true;
+}
+
+/* Every node's record etcd holds under CS_PREFIX (those of starts given up) whole; false with why. */
+static bool
+cs_no_cut_record(void)
+{
+	static char out[1 << 18];
+	char *line, *save = NULL;
+
+	if (etcdctl(out, sizeof(out), "get --print-value-only --prefix %s/nodes/", CS_PREFIX) < 0) {
+		diag("etcdctl: %s", out);
+		return false;
+	}
+	for (line = strtok_r(out, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save))
+		if (!cs_record_whole(line)) {
+			diag("etcd holds a node's record cut short: %s", line);
+			return false;
+		}
+	return true;
+}
+
+/*
+ * The cluster query of the gpxd on h: 0 when it is up in the cluster, its node's record (as
+ * read back from etcd) whole, or -1 with why.
+ */
+static int
+cs_up(struct harness *h, char *why, size_t len)
+{
+	struct gpx_connect_opts co = { .socket = h->sock, .name = "alloc-fail-start", .eventfd = -1, .no_ring = 1 };
+	gpx_conn *c = NULL;
+	char *json = NULL, *self;
+	int r = -1;
+
+	if (gpx_connect_opts(&co, &c) < 0 || cl_json(c, &json) < 0)
+		snprintf(why, len, "gpxd up, but no answer to the cluster query: %s", gpx_last_error(c));
+	else if (strstr(json, "\"state\":\"up\"") == NULL)
+		snprintf(why, len, "gpxd up, but not up in the cluster: %.400s", json);
+	else if ((self = strstr(json, "{\"name\":\"afs-")) == NULL)
+		snprintf(why, len, "gpxd up in the cluster, but its node is not in its list: %.400s", json);
+	else if (self[strcspn(self, "}")] = '\0', !cs_record_whole(self))
+		snprintf(why, len, "gpxd up in the cluster, its record in etcd cut short: %.400s", self);
+	else
+		r = 0;
+	gpx_close(c);
+	free(json);
+	return r;
+}
+
+/* gpxd (its files in h) started with the shim armed below cluster_start, skipping what skip names (may be NULL). */
+static pid_t
+cs_spawn(struct harness *h, const char *shim, const char *path, const char *skip)
+{
+	int fd = open(h->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	pid_t pid;
+
+	if (fd < 0)
+		return -1;
+	fflush(NULL);
+	if ((pid = fork()) == 0) {
+		int null = open("/dev/null", O_RDWR);
+		dup2(null, 0);
+		dup2(null, 1);
+		dup2(fd, 2);
+		for (int i = 3; i < 1024; i++)
+			close(i);
+		setenv("LD_PRELOAD", shim, 1);
+		setenv("GPX_FAILALLOC", path, 1);
+		setenv("GPX_FAILALLOC_UNDER", "cluster_start", 1);
+		if (skip != NULL)
+			setenv("GPX_FAILALLOC_SKIP_UNDER", skip, 1);
+		execl(getenv("GPXD"), "gpxd", "-f", "-s", h->sock, "-c", h->conf, (char *)NULL);
+		_exit(127);
+	}
+	close(fd);
+	return pid;
+}
+
+/*
+ * gpxd started as node afs-N with the n-th allocation below cluster_start failing (the count
+ * written before it starts; none under skip): 1 when it came up, was up in the cluster within
+ * 5 s (a join that failed is tried again while local clients are served) and
+ * stopped cleanly; 0 when it refused to start, exiting non-zero with a line saying it found
+ * no memory; -1 otherwise (said why).  *left: the count left once it started or ended (more
+ * than 0: the start made fewer than n allocations).
+ */
+static int
+cs_start_once(const char *shim, const char *path, const char *key, const char *skip, int n, int32_t *left)
+{
+	struct harness h = { .pid = -1 };
+	char conf[768], node[32], why[512];
+	int st = 0, r = -1;
+
+	snprintf(node, sizeof(node), "afs-%d%s", n, skip != NULL ? "s" : "");
+	snprintf(h.dir, sizeof(h.dir), "%s/gpx-afs.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	if (mkdtemp(h.dir) == NULL)
+		return -1;
+	snprintf(h.sock, sizeof(h.sock), "%s/gpxd.sock", h.dir);
+	snprintf(h.conf, sizeof(h.conf), "%s/gpxd.conf", h.dir);
+	snprintf(h.log, sizeof(h.log), "%s/gpxd.log", h.dir);
+	strcpy(conf, "[daemon]\nworkers = 2\nblocking_threads = 2\nring_entries = 64\nlog_level = info\n");
+	cl_conf_prefix(conf + strlen(conf), sizeof(conf) - strlen(conf), node, key, CS_PREFIX);
+	FILE *f = fopen(h.conf, "w");
+	if (f == NULL || fputs(conf, f) < 0 || fclose(f) != 0) {
+		diag("cannot write %s", h.conf);
+		harness_cleanup(&h);
+		return -1;
+	}
+	atomic_store(countdown, n);
+	*left = 1;
+	h.pid = cs_spawn(&h, shim, path, skip);
+	/* Its socket listens before the cluster starts: up once the socket is there and Hello
+	 * answered (a gpxd that gives up meanwhile closes the connection: said below). */
+	alarm(60);
+	for (int i = 0; i < 3000 && h.pid > 0; i++) {
+		int s = harness_connect(&h);
+		if (s >= 0) {
+			close(s);
+			/* a join that failed is tried again within a second: up within 5 s */
+			for (int k = 0; k < 50 && h.pid > 0 && (r = cs_up(&h, why, sizeof(why)) == 0 ? 1 : -1) < 0; k++) {
+				usleep(100000);
+				if (waitpid(h.pid, &st, WNOHANG) == h.pid)
+					h.pid = -1;
+			}
+			if (r < 0 && h.pid > 0)
+				diag("%s", why);
+			break;
+		}
+		if (waitpid(h.pid, &st, WNOHANG) == h.pid)
+			h.pid = -1;
+		else
+			usleep(10000);
+	}
+	alarm(0);
+	*left = atomic_exchange(countdown, 0);
+	if (h.pid < 0) {
+		r = -1;
+		if (WIFSIGNALED(st))
+			diag("gpxd died of signal %d (%s) at its start", WTERMSIG(st), strsignal(WTERMSIG(st)));
+		else if (WEXITSTATUS(st) == 0)
+			diag("gpxd exited 0 at its start");
+		else if (!harness_log_has(&h, "out of memory"))
+			diag("gpxd exited %d at its start, no line of its log saying it found no memory", WEXITSTATUS(st));
+		else
+			r = 0;
+	}
+	if (h.pid > 0 && (st = harness_stop(&h)) != 0) {
+		diag("gpxd did not stop cleanly (exit %d)", st);
+		r = -1;
+	}
+	if (r < 0)
+		harness_dump_log(&h);
+	harness_cleanup(&h);
+	return r;
+}
+
+/*
+ * gpxd's start as a node of the cluster with its allocations below cluster_start failing in
+ * turn, those under skip (may be NULL) left out: each one up to the dense-th, then every
+ * step-th (each start given up to a failed join takes a second: all of them would take
+ * minutes), until the start makes fewer.  Each time gpxd either starts, is up in the cluster
+ * with its record whole and stops cleanly, or exits non-zero with a line that says it found
+ * no memory: never a signal.  At the end, no record cut short in etcd.  One check.
+ */
+static void
+cs_start_each(const char *shim, const char *path, const char *key, const char *skip, int dense, int step,
+    const char *what)
+{
+	int n, started = 0, refused = 0, bad = 0;
+	int32_t left = 0;
+
+	asking = "the cluster's start";
+	for (n = 1; bad == 0 && n <= 100000; n += n < dense ? 1 : step) {
+		failing = n;
+		int r = cs_start_once(shim, path, key, skip, n, &left);
+		if (left > 0 && r == 1)
+			break;          /* it made fewer than n */
+		started += r == 1;
+		refused += r == 0;
+		bad += r < 0;
+		if (r < 0)
+			diag("with allocation %d below cluster_start failing", n);
+	}
+	bool kept = cs_no_cut_record();
+	ok(bad == 0 && left > 0 && started + refused >= 10 && kept,
+	    "the cluster's start, %s: %d of its %d allocations failed in turn: started %d times, refused with a line "
+	    "saying so %d times, %d other ends; %s", what, started + refused + bad, n - 1, started, refused, bad,
+	    kept ? "no record cut short in etcd" : "a record CUT SHORT in etcd");
 }
 
 static int
@@ -851,6 +1074,10 @@ cluster_main(const char *shim, const char *path, const char *key)
 	/* A's watch has B's name within 3 s */
 	if (rm_first_import(m, "afc.b", 30) < 0)
 		tap_bail("A never imported B's cluster name afc.b: %s", gpx_last_error(m->ca));
+
+	cs_start_each(shim, path, key, "curl_global_init", 80, 7,
+	    "each of the first 80 allocations but libcurl's global setup's, then every 7th");
+	cs_start_each(shim, path, key, NULL, 1, 211, "every 211th allocation, libcurl's global setup's among them");
 
 	if (fail_each(&ha, "the cluster query (gpxctl cluster), each lease asked of etcd", op_cluster_query, &k) &&
 	    fail_each(&ha, "an export to the cluster, imported by name on B and copied both ways, unexported",

@@ -799,7 +799,11 @@ auth_load(const char *path, char *why, size_t whylen)
 	auth_user = strdup(buf);
 	auth_pass = strdup(colon + 1);
 	explicit_bzero(buf, sizeof(buf));
-	return auth_user != NULL && auth_pass != NULL ? 0 : -1;
+	if (auth_user == NULL || auth_pass == NULL) {
+		snprintf(why, whylen, "auth_file %s: out of memory", path);
+		return -1;
+	}
+	return 0;
 }
 
 void
@@ -844,11 +848,20 @@ dup_or_null(const char *s)
 int
 etcd_init(struct event_base *b, const struct cluster_conf *cc, char *why, size_t whylen)
 {
+	CURLcode code;
+
 	base = b;
 	if (cc->auth_file != NULL && auth_load(cc->auth_file, why, whylen) < 0)
 		return -1;
-	if (curl_global_init(CURL_GLOBAL_DEFAULT) != 0 || (multi = curl_multi_init()) == NULL) {
-		snprintf(why, whylen, "libcurl cannot start");
+	if ((code = curl_global_init(CURL_GLOBAL_DEFAULT)) != CURLE_OK) {
+		snprintf(why, whylen, "libcurl cannot start: %s",
+		    code == CURLE_OUT_OF_MEMORY ? "out of memory" : curl_easy_strerror(code));
+		return -1;
+	}
+	/* (curl_multi_init fails only for want of memory) */
+	if ((multi = curl_multi_init()) == NULL) {
+		snprintf(why, whylen, "libcurl cannot start: out of memory");
+		curl_global_cleanup();
 		return -1;
 	}
 	for (const char *s = cc->etcd; *s;) {
@@ -856,24 +869,33 @@ etcd_init(struct event_base *b, const struct cluster_conf *cc, char *why, size_t
 		if (k > 0) {
 			char **u = realloc(urls, (nurls + 1) * sizeof(*u));
 			if (u == NULL)
-				return -1;
+				goto nomem;
 			urls = u;
 			/* "http://h:p/" and "http://h:p" are one endpoint: paths start with '/' */
 			while (k > 0 && s[k - 1] == '/')
 				k--;
-			urls[nurls++] = strndup(s, k);
+			if ((urls[nurls] = strndup(s, k)) == NULL)
+				goto nomem;
+			nurls++;
 		}
 		s += strcspn(s, ", ");
 		s += strspn(s, ", ");
 	}
+	/* A TLS file's name lost to want of memory would mean talking to etcd without it. */
 	cacert = dup_or_null(cc->cacert);
 	cert = dup_or_null(cc->cert);
 	key = dup_or_null(cc->key);
-	timer_ev = evtimer_new(base, on_timer, NULL);
-	reap_ev = event_new(base, -1, 0, reap_cb, NULL);
+	if ((cc->cacert != NULL && cacert == NULL) || (cc->cert != NULL && cert == NULL) ||
+	    (cc->key != NULL && key == NULL) || (timer_ev = evtimer_new(base, on_timer, NULL)) == NULL ||
+	    (reap_ev = event_new(base, -1, 0, reap_cb, NULL)) == NULL)
+		goto nomem;
 	curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, sock_cb);
 	curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, timer_cb);
 	return 0;
+nomem:
+	snprintf(why, whylen, "out of memory starting the etcd client");
+	etcd_shutdown();
+	return -1;
 }
 
 void
@@ -887,8 +909,11 @@ etcd_shutdown(void)
 		call_free(k);
 	curl_multi_cleanup(multi);
 	multi = NULL;
-	event_free(timer_ev);
-	event_free(reap_ev);
+	if (timer_ev != NULL)
+		event_free(timer_ev);
+	if (reap_ev != NULL)
+		event_free(reap_ev);
+	timer_ev = reap_ev = NULL;
 	for (size_t i = 0; i < nurls; i++)
 		free(urls[i]);
 	free(urls);

@@ -87,11 +87,14 @@ prefix_range(char **k0, char **k1)
 		*k1 = NULL;
 }
 
-/* A key as etcd's JSON has it (base64), or NULL when an allocation failed. */
+/*
+ * A key as etcd's JSON has it (base64), or NULL when an allocation failed, here or in the
+ * making of key (NULL too: key_of's answer goes straight to the requests built on it).
+ */
 static struct json_object *
 jkey(const char *key)
 {
-	char *b = b64_enc(key, strlen(key));
+	char *b = key != NULL ? b64_enc(key, strlen(key)) : NULL;
 	struct json_object *o = b != NULL ? json_object_new_string(b) : NULL;
 
 	free(b);
@@ -784,15 +787,19 @@ member_lost(void)
 
 /* ---- start and stop ---- */
 
-/* This node's key: name, fabric address, transports, GPUs, protocol, version, start. */
+/*
+ * This node's key: name, fabric address, transports, GPUs, protocol, version, start.  NULL
+ * when an allocation failed: a record missing a field (its listen address, say) would send
+ * the other nodes' dials nowhere, so none is made rather than one cut short.
+ */
 static char *
 node_json(void)
 {
-	struct json_object *o = json_object_new_object(), *a;
-	char host[128] = "", addr[160] = "";
+	struct json_object *o = json_object_new_object(), *ls = json_object_new_array();
+	struct json_object *tr = json_object_new_array();
+	const char *st = fabric != NULL ? fabric->status() : "";
+	char host[128] = "", addr[160] = "", *s = NULL;
 
-	json_object_object_add(o, "name", json_object_new_string(mb.self));
-	a = json_object_new_array();
 	if (cfg->fabric_listen != NULL) {
 		snprintf(addr, sizeof(addr), "%s", cfg->fabric_listen);
 		/* A wildcard is no address to dial: the host's name stands for it. */
@@ -800,22 +807,22 @@ node_json(void)
 			gethostname(host, sizeof(host) - 1);
 			snprintf(addr, sizeof(addr), "%s:%s", host, strrchr(cfg->fabric_listen, ':') + 1);
 		}
-		json_object_array_add(a, json_object_new_string(addr));
 	}
-	json_object_object_add(o, "listen", a);
-	a = json_object_new_array();
-	json_object_array_add(a, json_object_new_string("tcp"));
-	const char *st = fabric != NULL ? fabric->status() : "";
-	if (strstr(st, "transport rdma") != NULL)
-		json_object_array_add(a, json_object_new_string("rdma"));
-	json_object_object_add(o, "transports", a);
-	json_object_object_add(o, "fabric", json_object_new_string(st));
-	json_object_object_add(o, "gpus", json_object_new_int(gpu_count()));
-	json_object_object_add(o, "proto", json_object_new_int(1));
-	json_object_object_add(o, "version", json_object_new_string(GPXD_VERSION));
-	json_object_object_add(o, "start", json_object_new_int64((int64_t)gpxd_start_time));
-	json_object_object_add(o, "pid", json_object_new_int(getpid()));
-	char *s = js_text(o);
+	bool good = ls != NULL && tr != NULL &&
+	    (addr[0] == '\0' || js_push(ls, json_object_new_string(addr))) &&
+	    js_push(tr, json_object_new_string("tcp")) &&
+	    (strstr(st, "transport rdma") == NULL || js_push(tr, json_object_new_string("rdma"))) &&
+	    js_add(o, "name", json_object_new_string(mb.self)) && js_add(o, "listen", json_object_get(ls)) &&
+	    js_add(o, "transports", json_object_get(tr)) && js_add(o, "fabric", json_object_new_string(st)) &&
+	    js_add(o, "gpus", json_object_new_int(gpu_count())) && js_add(o, "proto", json_object_new_int(1)) &&
+	    js_add(o, "version", json_object_new_string(GPXD_VERSION)) &&
+	    js_add(o, "start", json_object_new_int64((int64_t)gpxd_start_time)) &&
+	    js_add(o, "pid", json_object_new_int(getpid()));
+
+	if (good)
+		s = js_text(o);
+	json_object_put(ls);
+	json_object_put(tr);
 	json_object_put(o);
 	return s;
 }
@@ -844,8 +851,18 @@ cluster_start(struct event_base *b)
 		log_warnx("cluster: %s", why);
 		return -1;
 	}
-	node_value = node_json();
-	tick_ev = event_new(b, -1, EV_PERSIST, on_tick, NULL);
+	/* Out of memory here, gpxd does not start: a node that left the cluster out would serve
+	 * its local clients while every other node looked for it in vain. */
+	if ((node_value = node_json()) == NULL)
+		log_warnx("cluster: out of memory building this node's record");
+	else if ((tick_ev = event_new(b, -1, EV_PERSIST, on_tick, NULL)) == NULL)
+		log_warnx("cluster: out of memory starting its timer");
+	if (node_value == NULL || tick_ev == NULL) {
+		free(node_value);
+		node_value = NULL;
+		etcd_shutdown();
+		return -1;
+	}
 	event_add(tick_ev, &tv);
 	running = true;
 	/* The first answer decides whether this daemon may be this node: wait for it. */
