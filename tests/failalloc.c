@@ -23,6 +23,11 @@
  * GPX_FAILALLOC_SKIP_UNDER names an exported function (of a library) whose allocations
  * neither count nor fail: curl_global_init, whose thousands of OpenSSL's would take most of
  * a test's time, may be left to a sample of its own.
+ *
+ * GPX_FAILALLOC_ALL_UNDER names an exported function (getgrnam) every allocation below which
+ * fails, uncounted, while the count is above 0; nothing else counts or fails.  For what
+ * recovers from one failed allocation: glibc's getgrnam finds the group all the same (it
+ * reads its files again, or unbuffered), and says ENOMEM only when none can be had.
  */
 #include "config.h"
 
@@ -50,6 +55,7 @@ static _Atomic int32_t *countdown;
 static uintptr_t under_lo, under_hi;     /* GPX_FAILALLOC_UNDER's code, where it was loaded */
 static bool under_set;
 static uintptr_t skip_lo, skip_hi;       /* GPX_FAILALLOC_SKIP_UNDER's code */
+static uintptr_t all_lo, all_hi;         /* GPX_FAILALLOC_ALL_UNDER's */
 
 /* The load address of the program itself: the first object dl_iterate_phdr names. */
 static int
@@ -109,15 +115,15 @@ on_fault(int sig)
 /* Where the exported function fn lies (its range found once: a walk of the stack that asks
  * dladdr of each frame, at each of curl_global_init's thousands of allocations, takes seconds). */
 static void
-find_exported(const char *fn)
+find_exported(const char *fn, uintptr_t *lo, uintptr_t *hi)
 {
 	void *p = dlsym(RTLD_DEFAULT, fn);
 	const ElfW(Sym) *sym = NULL;
 	Dl_info i;
 
 	if (p != NULL && dladdr1(p, &i, (void **)&sym, RTLD_DL_SYMENT) != 0 && sym != NULL) {
-		skip_lo = (uintptr_t)p;
-		skip_hi = skip_lo + sym->st_size;
+		*lo = (uintptr_t)p;
+		*hi = *lo + sym->st_size;
 	}
 }
 
@@ -137,7 +143,9 @@ failalloc_init(void)
 	signal(SIGFPE, on_fault);
 	signal(SIGABRT, on_fault);
 	if ((skip = getenv("GPX_FAILALLOC_SKIP_UNDER")) != NULL)
-		find_exported(skip);
+		find_exported(skip, &skip_lo, &skip_hi);
+	if ((skip = getenv("GPX_FAILALLOC_ALL_UNDER")) != NULL)
+		find_exported(skip, &all_lo, &all_hi);
 	if (fn != NULL) {
 		under_set = true;
 		find_function(fn);
@@ -192,6 +200,19 @@ under_function(void)
 	return in;
 }
 
+/* Whether a frame of the stack lies in GPX_FAILALLOC_ALL_UNDER's function. */
+static bool
+under_all(void)
+{
+	void *frames[32];
+	int n = backtrace(frames, 32);
+
+	for (int k = 2; k < n; k++)
+		if ((uintptr_t)frames[k] >= all_lo && (uintptr_t)frames[k] < all_hi)
+			return true;
+	return false;
+}
+
 /* Whether code at caller is in the library named lib. */
 static bool
 from_lib(const void *caller, const char *lib)
@@ -207,6 +228,8 @@ fail_now(const void *caller)
 {
 	int32_t v;
 
+	if (countdown != NULL && all_hi != 0)
+		return atomic_load(countdown) > 0 && under_all();
 	if (countdown == NULL || (v = atomic_load(countdown)) <= 0 ||
 	    ((under_set || skip_hi != 0) && !under_function()) || from_driver(caller) ||
 	    under("json_tokener_parse_ex") || (from_lib(caller, "libcurl") && under("curl_multi_socket_action")))
