@@ -29,8 +29,14 @@
  * every 211th of them all, libcurl's among them (each start takes up to a second: all would
  * take many minutes); each start either comes up, joins the cluster with its record whole
  * and stops cleanly, or exits non-zero with a line saying it found no memory, never by a
- * signal, and etcd is left no node's record cut short.  Not covered yet: the admin group's
- * lookup.
+ * signal, and etcd is left no node's record cut short.
+ *
+ * The admin group's lookup (without --cluster): a gpxd of its own whose getgrnam finds no
+ * memory when armed (glibc's finds the group all the same after any one failed allocation,
+ * so every allocation below it fails: GPX_FAILALLOC_ALL_UNDER).  admin_group changed by a
+ * reload while armed: the new group's member is refused ENOMEM, not EPERM, and answered on
+ * the same connection once memory is back; the old group's member is refused.  Not covered:
+ * the lookup made again after a minute under the same name (the test would wait a minute).
  *
  * Skipped in a sanitizer build, whose runtime must come first in gpxd's libraries.
  */
@@ -50,6 +56,7 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <sys/wait.h>
+#include <grp.h>
 
 #include "client-lib/gpx.h"
 #include "tests/harness.h"
@@ -411,6 +418,154 @@ op_reload(void *arg)
 	char text[512];
 
 	return gpx_admin(q->c, GPX_ADMIN_RELOAD, 0, NULL, text, sizeof(text));
+}
+
+/* ---- the admin group's lookup out of memory (a gpxd of its own: every allocation of getgrnam fails) ---- */
+
+/* gpxd's configuration file with its admin_group line naming name: 0 or -1. */
+static int
+ag_write(struct harness *h, const char *name)
+{
+	char text[4096], out[4200];
+	FILE *f = fopen(h->conf, "r");
+	size_t n = f != NULL ? fread(text, 1, sizeof(text) - 1, f) : 0;
+	char *line;
+
+	if (f == NULL || fclose(f) != 0 || (text[n] = '\0', line = strstr(text, "admin_group = ")) == NULL)
+		return -1;
+	snprintf(out, sizeof(out), "%.*sadmin_group = %s%s", (int)(line - text), text, name, strchr(line, '\n'));
+	return (f = fopen(h->conf, "w")) != NULL && fputs(out, f) >= 0 && fclose(f) == 0 ? 0 : -1;
+}
+
+/* An administrative request (the log level) on c: 0 answered, 1 EPERM, 2 ENOMEM, 3 anything else. */
+static int
+ag_request(gpx_conn *c)
+{
+	char lvl[64];
+	int r = gpx_admin(c, GPX_ADMIN_LOG_LEVEL, 0, NULL, lvl, sizeof(lvl));
+
+	return r == 0 ? 0 : r == -GPX_EPERM ? 1 : r == -GPX_ENOMEM ? 2 : 3;
+}
+
+struct asker {
+	pid_t pid;
+	int result, go;                   /* the first answer comes on result; a byte on go asks again */
+};
+
+/*
+ * A child, uid nobody with gid as its only group, connected to sock: it makes an
+ * administrative request, sends what came (ag_request's number) and, once told to go, asks
+ * again on the same connection; its exit status is the second answer.  0 or -1.
+ */
+static int
+ag_spawn(struct asker *a, const char *sock, gid_t gid)
+{
+	int res[2], go[2];
+
+	if (pipe(res) < 0 || pipe(go) < 0 || (a->pid = fork()) < 0)
+		return -1;
+	if (a->pid == 0) {
+		gpx_conn *c;
+		char first, b;
+		close(res[0]);
+		close(go[1]);
+		if (setgroups(0, NULL) < 0 || setgid(gid) < 0 || setuid(65534) < 0 ||
+		    gpx_connect(sock, "alloc-fail-admin", &c) < 0)
+			_exit(3);
+		first = (char)ag_request(c);
+		if (write(res[1], &first, 1) != 1 || read(go[0], &b, 1) < 0)
+			_exit(3);
+		_exit(ag_request(c));
+	}
+	close(res[1]);
+	close(go[0]);
+	a->result = res[0];
+	a->go = go[1];
+	return 0;
+}
+
+/* The child's first answer (3 when none came). */
+static int
+ag_first(struct asker *a)
+{
+	char r = 3;
+
+	return read(a->result, &r, 1) == 1 ? r : 3;
+}
+
+/* The child told to ask again: its second answer (3 when it failed). */
+static int
+ag_second(struct asker *a)
+{
+	int st;
+
+	if (write(a->go, "g", 1) != 1)
+		kill(a->pid, SIGKILL);
+	close(a->go);
+	close(a->result);
+	return waitpid(a->pid, &st, 0) == a->pid && WIFEXITED(st) ? WEXITSTATUS(st) : 3;
+}
+
+static const char *const ag_said[] = { "answered", "refused EPERM", "refused ENOMEM", "FAILED" };
+
+/*
+ * admin_group changed by a reload from nogroup to daemon while every allocation of getgrnam
+ * fails (GPX_FAILALLOC_ALL_UNDER): the reload's lookup and that at each accept find no
+ * memory.  A member of daemon must be refused ENOMEM (a try-again, not EPERM) and, on the
+ * same connection once memory is back, answered; a member of nogroup (admin no more) must be
+ * refused both times.  Before the reload, unarmed: nogroup's member answered, daemon's EPERM.
+ */
+static void
+admin_group_check(const char *shim, const char *path)
+{
+	struct harness hg;
+	struct asker m, o;
+	struct group *gr;
+	gid_t gn, gd;
+	gpx_conn *c;
+	char text[512];
+
+	if ((gr = getgrnam("nogroup")) == NULL)
+		tap_bail("no group nogroup here");
+	gn = gr->gr_gid;
+	if ((gr = getgrnam("daemon")) == NULL)
+		tap_bail("no group daemon here");
+	gd = gr->gr_gid;
+	atomic_store(countdown, 0);
+	setenv("LD_PRELOAD", shim, 1);
+	setenv("GPX_FAILALLOC", path, 1);
+	setenv("GPX_FAILALLOC_ALL_UNDER", "getgrnam", 1);
+	int started = harness_start(&hg, "[daemon]\nadmin_group = nogroup\n");
+	unsetenv("LD_PRELOAD");
+	unsetenv("GPX_FAILALLOC");
+	unsetenv("GPX_FAILALLOC_ALL_UNDER");
+	if (started < 0 || gpx_connect(hg.sock, "alloc-fail-admin-root", &c) < 0)
+		tap_bail("a gpxd whose getgrnam finds no memory when armed");
+
+	if (ag_spawn(&m, hg.sock, gn) < 0 || ag_spawn(&o, hg.sock, gd) < 0)
+		tap_bail("fork: %s", strerror(errno));
+	int m1 = ag_first(&m), o1 = ag_first(&o), m2 = ag_second(&m), o2 = ag_second(&o);
+	ok(m1 == 0 && m2 == 0 && o1 == 1 && o2 == 1,
+	    "admin_group nogroup: its member's administrative requests %s, %s; daemon's %s, %s",
+	    ag_said[m1], ag_said[m2], ag_said[o1], ag_said[o2]);
+
+	atomic_store(countdown, 1);
+	int r = ag_write(&hg, "daemon") < 0 ? -GPX_EIO : gpx_admin(c, GPX_ADMIN_RELOAD, 0, NULL, text, sizeof(text));
+	if (ag_spawn(&m, hg.sock, gd) < 0 || ag_spawn(&o, hg.sock, gn) < 0)
+		tap_bail("fork: %s", strerror(errno));
+	m1 = ag_first(&m);
+	o1 = ag_first(&o);
+	atomic_store(countdown, 0);
+	m2 = ag_second(&m);
+	o2 = ag_second(&o);
+	bool logged = harness_log_has(&hg, "no such group");
+	ok(r == 0 && m1 == 2 && m2 == 0 && (o1 == 1 || o1 == 2) && o2 == 1 && !logged,
+	    "admin_group changed to daemon while getgrnam finds no memory (reload: %s): daemon's member refused "
+	    "ENOMEM, then answered on the same connection once memory is back (%s, %s); nogroup's member refused "
+	    "(%s, %s); %s", r == 0 ? "applied" : gpx_strerror(r), ag_said[m1], ag_said[m2], ag_said[o1], ag_said[o2],
+	    logged ? "a lookup out of memory was LOGGED as no such group" : "no lookup taken for a missing group");
+	gpx_close(c);
+	harness_finish(&hg);
 }
 
 /* ---- across the fabric: B, a second gpxd (unarmed), peered with the armed one (A) ---- */
@@ -1196,6 +1351,7 @@ main(int argc, char **argv)
 	for (size_t k = 0; k < sizeof(ops) / sizeof(ops[0]); k++)
 		if (!fail_each(&h, ops[k].name, ops[k].fn, &q))
 			break;
+	admin_group_check(shim, path);
 
 	/* Across the fabric, A (this gpxd) the exporter, then the importer, of B's memory */
 	struct harness hb;

@@ -94,6 +94,8 @@ void conn_kill(struct conn *, const char *why);
 bool conn_reap(void);                /* true: more to give back, in a later turn */
 /* Looks the admin group up now (at start and reload), with a warning when there is none. */
 void conn_admin_check(void);
+/* Whether the connection may make administrative requests now: 1, 0, -1 (its group's lookup failed). */
+int conn_admin(const struct conn *);
 /* The log's lines about a client, within its share and its uid's (log.c): a refusal, or any line. */
 void log_audit(struct conn *, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void log_client(struct conn *, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

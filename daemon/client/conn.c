@@ -92,8 +92,12 @@ conn_creds(const struct conn *c)
 	return (struct creds){ c->uid, c->gid, c->groups, c->ngroups };
 }
 
-/* The admin group's gid, looked up again when the name changes or after a minute, not at every accept. */
-static bool
+/*
+ * The admin group's gid, looked up again when the name changes or after a minute, not at
+ * every accept: 1 with it in *gid, 0 when there is no such group, -1 when nothing is known
+ * of it because its lookup failed (out of memory or descriptors).
+ */
+static int
 admin_gid(gid_t *gid)
 {
 	static char name[256];
@@ -104,7 +108,7 @@ admin_gid(gid_t *gid)
 	bool renamed;
 
 	if (cfg->admin_group == NULL)
-		return false;
+		return 0;
 	renamed = strcmp(name, cfg->admin_group) != 0;
 	if (renamed || now - when > 60) {
 		errno = 0;
@@ -113,7 +117,7 @@ admin_gid(gid_t *gid)
 			/* the lookup failed, which says nothing of the group: what was known stays, and
 			 * the next look tries again (a renamed group is not known till then) */
 			if (renamed)
-				return false;
+				return -1;
 			*gid = g;
 			return known;
 		}
@@ -146,21 +150,35 @@ conn_admin_check(void)
 	(void)admin_gid(&g);
 }
 
-static bool
+/* 1 when the peer is root or of the admin group, 0 when not, -1 when the group is not known (see admin_gid). */
+static int
 peer_admin(uid_t uid, gid_t gid, const gid_t *groups, int ngroups)
 {
 	gid_t ag;
+	int known;
 
 	if (uid == 0)
-		return true;
-	if (!admin_gid(&ag))
-		return false;
+		return 1;
+	if ((known = admin_gid(&ag)) <= 0)
+		return known;
 	if (gid == ag)
-		return true;
+		return 1;
 	for (int i = 0; i < ngroups; i++)
 		if (groups[i] == ag)
-			return true;
-	return false;
+			return 1;
+	return 0;
+}
+
+/*
+ * Whether c may make administrative requests, asked again for a connection that was not
+ * admitted as an administrator: the group's lookup at its accept may have found no memory
+ * (then the connection was admitted as anyone's), or admin_group may name its group since.
+ * 1, 0, or -1 when the lookup fails again.
+ */
+int
+conn_admin(const struct conn *c)
+{
+	return c->admin ? 1 : peer_admin(c->uid, c->gid, c->groups, c->ngroups);
 }
 
 /* The kernel's word on who is on the other end; nothing the client sends can change it. */
@@ -229,7 +247,7 @@ conn_new(int fd)
 
 	if (peer_creds(fd, &cr, groups, &ngroups) < 0)
 		return NULL;
-	return conn_make(fd, &cr, groups, ngroups, peer_admin(cr.uid, cr.gid, groups, ngroups));
+	return conn_make(fd, &cr, groups, ngroups, peer_admin(cr.uid, cr.gid, groups, ngroups) > 0);
 }
 
 /* c is past its Hello, or gone: it no longer counts towards hello_max. */
@@ -297,7 +315,7 @@ conn_accept(int fd, bool admins_only)
 		return NULL;
 	}
 	struct user *u = user_get(cr.uid);
-	bool admin = peer_admin(cr.uid, cr.gid, groups, ngroups);
+	bool admin = peer_admin(cr.uid, cr.gid, groups, ngroups) > 0;
 	if (u == NULL) {
 		status = GPX__STATUS__ENOMEM;
 		snprintf(why, sizeof(why), "gpxd is out of memory");

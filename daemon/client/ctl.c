@@ -475,10 +475,18 @@ ctl_admin(struct conn *c, uint32_t seq, const Gpx__Admin *m)
 {
 	char err[1024];
 
-	if (!c->admin) {
+	switch (conn_admin(c)) {
+	case 1:
+		break;
+	case 0:
 		log_audit(c, "administrative request from a non-administrator");
 		conn_reply(c, seq, GPX__STATUS__EPERM, "administrative requests need root or the admin group",
 		    NULL, NULL, 0);
+		return;
+	default:
+		/* not a refusal: a member asking again once memory is back is served */
+		conn_reply(c, seq, GPX__STATUS__ENOMEM, "the admin group's lookup found no memory: "
+		    "cannot tell whether this request may be made; try again", NULL, NULL, 0);
 		return;
 	}
 	switch (m->op) {
