@@ -1062,12 +1062,7 @@ cs_spawn(struct harness *h, const char *shim, const char *path, const char *skip
 		return -1;
 	fflush(NULL);
 	if ((pid = fork()) == 0) {
-		int null = open("/dev/null", O_RDWR);
-		dup2(null, 0);
-		dup2(null, 1);
-		dup2(fd, 2);
-		for (int i = 3; i < 1024; i++)
-			close(i);
+		harness_child_fds(fd);
 		setenv("LD_PRELOAD", shim, 1);
 		setenv("GPX_FAILALLOC", path, 1);
 		setenv("GPX_FAILALLOC_UNDER", "cluster_start", 1);

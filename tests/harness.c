@@ -473,6 +473,19 @@ harness_start_nofile(struct harness *h, const char *extra, int nofile)
 	return harness_respawn(h);
 }
 
+void
+harness_child_fds(int log)
+{
+	int null = open("/dev/null", O_RDWR);
+
+	dup2(null, 0);
+	dup2(null, 1);
+	dup2(log, 2);
+	/* Nothing of the test process leaks into the daemon's descriptor table. */
+	for (int i = 3; i < 1024; i++)
+		close(i);
+}
+
 int
 harness_respawn(struct harness *h)
 {
@@ -489,13 +502,7 @@ harness_respawn(struct harness *h)
 		return -1;
 	}
 	if (h->pid == 0) {
-		int null = open("/dev/null", O_RDWR);
-		dup2(null, 0);
-		dup2(null, 1);
-		dup2(fd, 2);
-		/* Nothing of the test process leaks into the daemon's descriptor table. */
-		for (int i = 3; i < 1024; i++)
-			close(i);
+		harness_child_fds(fd);
 		if (h->nofile > 0) {
 			struct rlimit rl = { (rlim_t)h->nofile, (rlim_t)h->nofile };
 			if (setrlimit(RLIMIT_NOFILE, &rl) < 0)

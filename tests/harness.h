@@ -42,6 +42,8 @@ int harness_stop(struct harness *h);
  * configuration, and measures the baseline anew.  0 or -1.
  */
 int harness_respawn(struct harness *h);
+/* In a child about to exec gpxd: stdin and stdout /dev/null, stderr log, every other descriptor closed. */
+void harness_child_fds(int log);
 /* Removes the temporary directory. */
 void harness_cleanup(struct harness *h);
 /* Whether a line of the daemon's log holds needle. */
