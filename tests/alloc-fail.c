@@ -864,17 +864,6 @@ cl_nodes(const char *json, long *min_left, long *ghost)
 	return n;
 }
 
-/* gpx_cluster_watch_events_total of A's metrics, or -1. */
-static double
-cl_events(struct cl *k)
-{
-	char *page = harness_metrics(k->ha);
-	double v = page != NULL ? metrics_sample(page, "gpx_cluster_watch_events_total") : -1;
-
-	free(page);
-	return v;
-}
-
 /*
  * The key of node "ghost" put again under a new lease of its own TTL, seen by A's watch: a
  * cluster query whose answer kept a lease's time left from an earlier one gives ghost the
@@ -887,7 +876,7 @@ cl_ghost(struct cl *k)
 
 	k->ghost_ttl = k->ghost_ttl >= 9000 ? 1000 : k->ghost_ttl + 10;
 	for (int tries = 0; tries < 3; tries++) {
-		double ev = cl_events(k);
+		double ev = harness_metric(k->ha, "gpx_cluster_watch_events_total");
 		if (etcdctl(out, sizeof(out), "lease grant %d", k->ghost_ttl) < 0 || sscanf(out, "lease %31s", lease) != 1 ||
 		    etcdctl(out, sizeof(out), "put --lease=%s %s/nodes/ghost '{\"name\":\"ghost\",\"listen\":[]}'",
 		    lease, CL_PREFIX) < 0) {
@@ -895,7 +884,7 @@ cl_ghost(struct cl *k)
 			return -1;
 		}
 		for (int i = 0; i < 50; i++) {
-			if (cl_events(k) > ev)
+			if (harness_metric(k->ha, "gpx_cluster_watch_events_total") > ev)
 				return 0;
 			usleep(10000);
 		}

@@ -1340,13 +1340,10 @@ struct entries_res {
 static double
 uid_bytes(uid_t uid)
 {
-	char key[64], *page = harness_metrics(&H);
-	double v;
+	char key[64];
 
 	snprintf(key, sizeof(key), "gpx_budget_uid_bytes{uid=\"%u\"}", (unsigned)uid);
-	v = page ? metrics_sample(page, key) : -1;
-	free(page);
-	return v;
+	return harness_metric(&H, key);
 }
 
 static void

@@ -632,6 +632,16 @@ harness_metrics(const struct harness *h)
 }
 
 double
+harness_metric(const struct harness *h, const char *key)
+{
+	char *page = harness_metrics(h);
+	const double v = page != NULL ? metrics_sample(page, key) : -1;
+
+	free(page);
+	return v;
+}
+
+double
 metrics_sample(const char *page, const char *key)
 {
 	size_t kl = strlen(key);

@@ -54,6 +54,8 @@ void harness_dump_log(const struct harness *h);
 char *harness_metrics(const struct harness *h);
 /* The value of the sample of `page` whose name and labels are exactly `key` ("name{labels}"), or -1. */
 double metrics_sample(const char *page, const char *key);
+/* One sample of gpxd's metrics page now (metrics_sample of harness_metrics), or -1. */
+double harness_metric(const struct harness *h, const char *key);
 /* A program's last check: stops gpxd, one TAP line for a clean exit (the log shown if not), cleans up. */
 void harness_finish(struct harness *h);
 

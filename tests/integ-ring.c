@@ -385,16 +385,6 @@ test_credits_raw(void)
  * slow gpxd (under memcheck) can reach within the eight: such a round rings once per pass, so
  * up to four rounds are tried; a gpxd that rings once per record fails every one.
  */
-static double
-doorbell_writes(void)
-{
-	char *page = harness_metrics(&H);
-	double v = page ? metrics_sample(page, "gpx_doorbell_writes_total") : -1;
-
-	free(page);
-	return v;
-}
-
 void
 test_doorbell_together(void)
 {
@@ -411,7 +401,7 @@ test_doorbell_together(void)
 		for (int i = 0; i < WAIT_MS && !__atomic_load_n(&w.ring->sq_wakeup, __ATOMIC_ACQUIRE); i++)
 			usleep(1000);
 		(void)!read(w.efd, &v, sizeof(v));     /* (nothing is expected: the last round's were read) */
-		const double writes0 = doorbell_writes();
+		const double writes0 = harness_metric(&H, "gpx_doorbell_writes_total");
 		for (uint64_t i = base; i < base + N; i++)
 			*gpx_sq_slot(w.ring, w.entries, i) = (struct gpx_sqe){ .tag = 700 + i, .src_region = w.region,
 			    .dst_region = w.region, .src_offset = 0, .dst_offset = 4096, .length = 0 };
@@ -426,7 +416,7 @@ test_doorbell_together(void)
 		}
 		usleep(100000);      /* a doorbell trails its record: any late one is counted too */
 		wakes = read(w.efd, &v, sizeof(v)) == sizeof(v) ? v : 0;
-		writes = writes0 >= 0 ? doorbell_writes() - writes0 : -1;
+		writes = writes0 >= 0 ? harness_metric(&H, "gpx_doorbell_writes_total") - writes0 : -1;
 	}
 	ok(all, "%d zero-byte copies queued while gpxd slept, then one kick: %llu records, in order, status OK",
 	    N, (unsigned long long)(ring_head(&w) - (base - N)));
@@ -564,17 +554,6 @@ test_backlog_doorbell(void)
 	buf_free(&d2);
 }
 
-/* gpx_doorbells_early_total of the gpxd h, or -1. */
-static double
-early_doorbells(const struct harness *h)
-{
-	char *page = harness_metrics(h);
-	double v = page ? metrics_sample(page, "gpx_doorbells_early_total") : -1;
-
-	free(page);
-	return v;
-}
-
 /*
  * A client that sleeps in its wait through a host copy's last chunk only, having watched
  * that chunk begin: one worker, copies of two chunks of 32 MiB; the client waits (spinning
@@ -602,7 +581,7 @@ test_host_wake_after_spin(void)
 	    buf_reg(c, &s, 0) < 0 || buf_reg(c, &d, 0) < 0)
 		tap_bail("wake test: cannot set up the copies");
 	unsetenv("GPX_WAIT_SPIN_US");
-	before = early_doorbells(&L);
+	before = harness_metric(&L, "gpx_doorbells_early_total");
 	for (int i = 0; i < ROUNDS; i++) {
 		uint64_t seed = 300 + i, bytes = 0;
 		const volatile uint64_t *half = (const uint64_t *)(d.p + n / 2);
@@ -615,7 +594,7 @@ test_host_wake_after_spin(void)
 		seen += *half != 0;
 		good += wait_tag(c, 300 + i, &bytes) == 0 && bytes == n && memcmp(s.p, d.p, n) == 0;
 	}
-	after = early_doorbells(&L);
+	after = harness_metric(&L, "gpx_doorbells_early_total");
 	ok(good == ROUNDS, "%d copies of 64 MiB in two chunks, each waited for once its second half began to land "
 	    "(%d seen so): %d in place", ROUNDS, seen, good);
 	ok(before >= 0 && after - before >= ROUNDS / 2, "... the client's sleeps were cut short before the records came, "
