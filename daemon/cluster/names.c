@@ -178,6 +178,14 @@ cluster_self(void)
 
 /* MINE_UNPUT: withdrawn, its key still to be deleted (kept until etcd has said so). */
 enum mstate { MINE_WAIT, MINE_HELD, MINE_DROPPED, MINE_UNPUT };
+
+/*
+ * A claim that failed here (out of memory, etcd slow) may have reached etcd all the same, and
+ * be carried out after the delete that withdraws it, which a new connection can overtake:
+ * that delete is sent again, at every tick, for this long.  (A claim failed by curl with its
+ * request sent left its name in etcd, under this node's lease, for good.)
+ */
+#define UNPUT_SETTLE_S 1.0
 struct mine {
 	TAILQ_ENTRY(mine) entry;
 	enum mstate st;
@@ -186,6 +194,7 @@ struct mine {
 	void *arg;
 	struct etcd_call *unput;     /* MINE_UNPUT: the delete in flight, NULL: to send */
 	struct mine *then;           /* MINE_UNPUT: a new claim of the name, made once it is deleted */
+	double settle;               /* MINE_UNPUT: the delete is sent again until then (0: once) */
 	char name[65];
 };
 static TAILQ_HEAD(, mine) mines = TAILQ_HEAD_INITIALIZER(mines);
@@ -235,6 +244,8 @@ on_unput(void *arg, int err, struct json_object *r, const char *why)
 		log_debug("cluster", "name %s: delete: %s; again later", m->name, why);
 		return;
 	}
+	else if (then == NULL && now_s() < m->settle)
+		return;                     /* (sent again at the next tick) */
 	TAILQ_REMOVE(&mines, m, entry);
 	free(m);
 	if (then != NULL)
@@ -299,6 +310,8 @@ on_claimed(void *arg, int err, struct json_object *r, const char *why)
 		return;
 	}
 	/* Withdrawn while etcd answered, or the answer lost: the key may be ours now, and goes. */
+	if (err < 0)
+		m->settle = now_s() + UNPUT_SETTLE_S;
 	mine_unput(m);
 	if (err == 0)
 		done(darg, GPX__STATUS__EREVOKED, "the export was withdrawn");
