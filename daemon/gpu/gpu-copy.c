@@ -527,7 +527,7 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, enum split
 			k[nk++] = (struct gpu_kseg){ src + w->src_offset + off, dst + w->dst_offset + off, len };
 			kbytes += len;
 		}
-		else if ((local && tiles && (len <= TILE_SEG_MAX || split == SPLIT_LOCAL)) ||
+		else if ((local && tiles && len <= TILE_SEG_MAX) ||
 		    (link && split == SPLIT_LINK && tiles && 2 * cebytes >= c->bytes)) {
 			for (uint64_t at = 0; at < len; at += tile)
 				k[nk++] = (struct gpu_kseg){ src + w->src_offset + off + at, dst + w->dst_offset + off + at,
@@ -593,9 +593,9 @@ chunk_class(const struct chunk *c)
 
 /*
  * Chunk c is queued on stream s and ends when the stream's completion word reaches seq (and,
- * split, S_BULK2's reaches seq2 and S_SIDE's seq3): the next entry of the stream's pending ring, with its kind
- * (chunk_class), when it should end (0: untimed, and then so is what queues behind it) and its
- * list slot (-1: none).
+ * split, S_BULK2's reaches seq2 and S_SIDE's seq3): the next entry of the stream's pending
+ * ring, with its kind (chunk_class), when it should end (0: untimed, and then so is what
+ * queues behind it) and its list slot (-1: none).
  */
 static void
 pend_push(struct gdev *g, int s, const struct chunk *c, uint8_t cls, uint64_t seq, uint64_t seq2, uint64_t seq3,
