@@ -107,17 +107,6 @@ test_kv(gpx_conn *c, int sdev, int ddev, int layers, uint32_t blocks, uint32_t b
  * 16 MiB and n - 1 of about 4 MiB, so that within a GPU the kernel's share (the small ones)
  * runs far longer than the copy engines' (the transfer must end with the last of them).
  */
-/* A counter of gpxd h's metrics page, or -1. */
-static double
-metric(const struct harness *h, const char *key)
-{
-	char *page = harness_metrics(h);
-	const double v = page ? metrics_sample(page, key) : -1;
-
-	free(page);
-	return v;
-}
-
 static void
 test_weights(const struct harness *h, gpx_conn *c, int sdev, int ddev, int n, bool heavy)
 {
@@ -161,7 +150,7 @@ test_weights(const struct harness *h, gpx_conn *c, int sdev, int ddev, int n, bo
 		bp[k] = (struct gpx_pair){ dst[k].r, br, 0, 0, k, 1 };
 		bs[k] = (struct gpx_seg){ segs[k].dst_offset, at, segs[k].length };
 	}
-	const double split0 = metric(h, "gpx_gpu_split_chunks_total");
+	const double split0 = harness_metric(h, "gpx_gpu_split_chunks_total");
 	r = gpx_copy_batch(c, pr, n, segs, n, 200);
 	r = r < 0 ? r : wait_tag(c, 200, &bytes);
 	bool all = r == 0 && bytes == want, early = false;
@@ -172,7 +161,7 @@ test_weights(const struct harness *h, gpx_conn *c, int sdev, int ddev, int n, bo
 		for (int k = 0, at = 0; k < n && r == 0 && !early; at += segs[k].length, k++)
 			early = memcmp(back + at, dst[k].host + segs[k].dst_offset, segs[k].length) != 0;
 	}
-	const double split1 = metric(h, "gpx_gpu_split_chunks_total");
+	const double split1 = harness_metric(h, "gpx_gpu_split_chunks_total");
 	int bad = -1;
 	for (int k = 0; k < n && all; k++)
 		if (!(all = dbuf_holds(&dst[k], dst[k].host)))

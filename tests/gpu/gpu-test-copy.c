@@ -91,18 +91,14 @@ test_vectored(gpx_conn *c, struct buf *a, struct buf *b, size_t page, int n, boo
 void
 test_link_split(gpx_conn *c, struct buf *a, struct buf *b)
 {
-	char *page = harness_metrics(the_harness);
-	const double before = page ? metrics_sample(page, "gpx_gpu_split_chunks_total") : -1;
+	const double before = harness_metric(the_harness, "gpx_gpu_split_chunks_total");
 
-	free(page);
 	test_vectored(c, a, b, 1 << 20, 16, false);
 	test_vectored(c, a, b, 1 << 20, 16, true);
 	test_vectored(c, b, a, 1 << 20, 16, false);
-	page = harness_metrics(the_harness);
-	const double after = page ? metrics_sample(page, "gpx_gpu_split_chunks_total") : -1;
+	const double after = harness_metric(the_harness, "gpx_gpu_split_chunks_total");
 	ok(before >= 0 && after - before >= 3, "each went half to a copy engine, half to the kernel (%.0f chunks split)",
 	    after - before);
-	free(page);
 }
 
 /*
@@ -325,12 +321,9 @@ test_small_batched(gpx_conn *c, struct buf *a, struct buf *b, size_t size, size_
 	struct gpx_completion done[64];
 	bool good = got != NULL;
 	size_t left = 0;
-	char *page = harness_metrics(the_harness);
-	const double before = page ? metrics_sample(page, "gpx_gpu_batched_chunks_total") : -1;
-
+	const double before = harness_metric(the_harness, "gpx_gpu_batched_chunks_total");
 	size_t *so = calloc(n, sizeof(*so));
 
-	free(page);
 	good = good && so != NULL;
 	/* The expected bytes first: the copies then go in bursts, as fast as the client can send. */
 	for (size_t i = 0; i < n && good; i++) {
@@ -353,11 +346,9 @@ test_small_batched(gpx_conn *c, struct buf *a, struct buf *b, size_t size, size_
 		buf_read(b, 0, got, n * size);
 	ok(good && memcmp(got, b->mirror, n * size) == 0, "%zu copies of %zu bytes, %zu in flight, %s -> %s: every "
 	    "byte in place", n, size, depth, a->name, b->name);
-	page = harness_metrics(the_harness);
-	const double after = page ? metrics_sample(page, "gpx_gpu_batched_chunks_total") : -1;
+	const double after = harness_metric(the_harness, "gpx_gpu_batched_chunks_total");
 	ok(before >= 0 && after > before, "gpxd issued copies of %zu bytes queued together in one launch (%.0f of them)",
 	    size, after - before);
-	free(page);
 	free(so);
 	free(got);
 }
@@ -374,10 +365,8 @@ test_prewake(gpx_conn *c, struct buf *a, struct buf *b)
 	const size_t size = 4096, n = 20;
 	unsigned char got[4096];
 	bool good = true;
-	char *page = harness_metrics(the_harness);
-	const double before = page ? metrics_sample(page, "gpx_gpu_prewakes_total") : -1;
+	const double before = harness_metric(the_harness, "gpx_gpu_prewakes_total");
 
-	free(page);
 	for (size_t i = 0; i < n && good; i++) {
 		const uint64_t so = (rnd() % (BUF / size)) * size, d = i * size;
 		struct timespec ms = { 0, 1000000 };
@@ -388,9 +377,7 @@ test_prewake(gpx_conn *c, struct buf *a, struct buf *b)
 		good = good && memcmp(got, b->mirror + d, size) == 0;
 	}
 	ok(good, "%zu copies of 4 KiB %s -> %s, a millisecond apart: every byte in place", n, a->name, b->name);
-	page = harness_metrics(the_harness);
-	const double after = page ? metrics_sample(page, "gpx_gpu_prewakes_total") : -1;
-	free(page);
+	const double after = harness_metric(the_harness, "gpx_gpu_prewakes_total");
 	ok(before >= 0 && after - before >= (double)(n / 2), "their checks woke the idle copy worker of GPU%d, "
 	    "at least %zu times (%.0f)", a->dev, n / 2, after - before);
 }
@@ -469,6 +456,46 @@ long_copy(gpx_conn *c, CUdeviceptr a, CUdeviceptr b, gpx_region ra, gpx_region r
 	return (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 }
 
+/* Two buffers of GPU0 for long copies, registered on one connection. */
+struct long_pair {
+	CUdeviceptr a, b;
+	gpx_region ra, rb;
+};
+
+/*
+ * p's two buffers of size bytes on GPU0, registered on c: 1, or 0 when a registration failed
+ * (p's to free either way); -1 with nothing held and the test's two checks skipped when GPU0
+ * has no room for them.
+ */
+static int
+long_pair(gpx_conn *c, size_t size, struct long_pair *p)
+{
+	char why[80];
+
+	*p = (struct long_pair){ 0 };
+	CK(cuCtxSetCurrent(ctx[0]));
+	if (cuMemAlloc(&p->a, size) != CUDA_SUCCESS || cuMemAlloc(&p->b, size) != CUDA_SUCCESS) {
+		snprintf(why, sizeof(why), "no %zu MiB free on GPU0 for the long copies", 2 * (size >> 20));
+		tap_skip(2, why);
+		if (p->a != 0)
+			cuMemFree(p->a);
+		return -1;
+	}
+	return gpx_register_cuda(c, (void *)p->a, size, 0, &p->ra) == 0 &&
+	    gpx_register_cuda(c, (void *)p->b, size, 0, &p->rb) == 0;
+}
+
+static void
+long_pair_free(gpx_conn *c, struct long_pair *p)
+{
+	if (p->ra)
+		gpx_deregister(c, p->ra);
+	if (p->rb)
+		gpx_deregister(c, p->rb);
+	cuMemFree(p->a);
+	cuMemFree(p->b);
+}
+
 /*
  * Long copies within GPU0, one at a time, while the client sends nothing: the event loop naps
  * through each (busy_poll_us, set in main), and GPU0's worker, whose own nap through the copy
@@ -485,23 +512,17 @@ long_copy(gpx_conn *c, CUdeviceptr a, CUdeviceptr b, gpx_region ra, gpx_region r
 void
 test_loop_early_wake(gpx_conn *c)
 {
-	const size_t size = 512u << 20, n = 12, learning = 4;
-	CUdeviceptr a = 0, b = 0;
-	gpx_region ra = 0, rb = 0;
-	bool good = true;
-
-	CK(cuCtxSetCurrent(ctx[0]));
-	if (cuMemAlloc(&a, size) != CUDA_SUCCESS || cuMemAlloc(&b, size) != CUDA_SUCCESS) {
-		tap_skip(2, "no 1 GiB free on GPU0 for the long copies");
-		if (a != 0)
-			cuMemFree(a);
-		return;
-	}
 	static const char *const counts[] = { "gpx_event_loop_early_wakes_total", "gpx_event_loop_naps_total",
 		"gpx_event_loop_nap_wakes_total", "gpx_gpu_naps_total" };
+	const size_t size = 512u << 20, n = 12, learning = 4;
 	double before[4] = { -1, -1, -1, -1 }, after[4];
+	struct long_pair p;
+	int got = long_pair(c, size, &p);
+	bool good = got > 0;
 	char *page;
-	good = gpx_register_cuda(c, (void *)a, size, 0, &ra) == 0 && gpx_register_cuda(c, (void *)b, size, 0, &rb) == 0;
+
+	if (got < 0)
+		return;
 	for (size_t i = 0; i < n && good; i++) {
 		const uint32_t v = 0x5eed0000u + (uint32_t)i;
 		if (i == learning) {
@@ -510,7 +531,7 @@ test_loop_early_wake(gpx_conn *c)
 				before[k] = page ? metrics_sample(page, counts[k]) : -1;
 			free(page);
 		}
-		good = long_copy(c, a, b, ra, rb, size, v) > 0;
+		good = long_copy(c, p.a, p.b, p.ra, p.rb, size, v) > 0;
 	}
 	page = harness_metrics(the_harness);
 	for (int k = 0; k < 4; k++)
@@ -523,12 +544,7 @@ test_loop_early_wake(gpx_conn *c)
 	ok(before[0] >= 0 && after[0] - before[0] >= (double)((n - learning) / 2), "the event loop napped through the "
 	    "last %zu and GPU0's worker woke it before their ends, at least %zu times (%.0f)", n - learning,
 	    (n - learning) / 2, after[0] - before[0]);
-	if (ra)
-		gpx_deregister(c, ra);
-	if (rb)
-		gpx_deregister(c, rb);
-	cuMemFree(a);
-	cuMemFree(b);
+	long_pair_free(c, &p);
 }
 
 /*
@@ -537,30 +553,25 @@ test_loop_early_wake(gpx_conn *c)
  * so that each sleep is cut short before the record comes (gpx_doorbells_early_total).
  * Before, a call that found the client spinning was dropped, and the record itself woke it
  * (within GPU0, Python's page copies of 2 GiB spent 74 us on the client's side, against
- * 10-15 us with a wait that spins throughout).  The copy's length is measured first, the spin set from it (GPX_WAIT_SPIN_US,
- * read when a connection is made); the copies land.
+ * 10-15 us with a wait that spins throughout).  The copy's length is measured first, the
+ * spin set from it (GPX_WAIT_SPIN_US, read when a connection is made); the copies land.
  */
 void
 test_wake_after_spin(const char *sock, gpx_conn *c)
 {
 	const size_t size = 1u << 30, n = 8;
-	CUdeviceptr a = 0, b = 0;
-	gpx_region ra = 0, rb = 0, sa = 0, sb = 0;
+	gpx_region sa = 0, sb = 0;
 	gpx_conn *s = NULL;
 	double t = 1e9, before = -1, after = -1;
-	bool good;
-	char us[32], *page;
+	struct long_pair p;
+	int got = long_pair(c, size, &p);
+	bool good = got > 0;
+	char us[32];
 
-	CK(cuCtxSetCurrent(ctx[0]));
-	if (cuMemAlloc(&a, size) != CUDA_SUCCESS || cuMemAlloc(&b, size) != CUDA_SUCCESS) {
-		tap_skip(2, "no 2 GiB free on GPU0 for the long copies");
-		if (a != 0)
-			cuMemFree(a);
+	if (got < 0)
 		return;
-	}
-	good = gpx_register_cuda(c, (void *)a, size, 0, &ra) == 0 && gpx_register_cuda(c, (void *)b, size, 0, &rb) == 0;
 	for (int i = 0; i < 4 && good; i++) {      /* (the worker learns the rate of such copies too) */
-		double d = long_copy(c, a, b, ra, rb, size, 0x10ad0000u + (uint32_t)i);
+		double d = long_copy(c, p.a, p.b, p.ra, p.rb, size, 0x10ad0000u + (uint32_t)i);
 		good = d > 0;
 		t = d > 0 && d < t ? d : t;
 	}
@@ -572,17 +583,13 @@ test_wake_after_spin(const char *sock, gpx_conn *c)
 	}
 	snprintf(us, sizeof(us), "%.0f", t * 1e6 - 120);
 	setenv("GPX_WAIT_SPIN_US", us, 1);
-	good = good && gpx_connect(sock, "spin-then-sleep", &s) == 0 && gpx_register_cuda(s, (void *)a, size, 0, &sa) == 0 &&
-	    gpx_register_cuda(s, (void *)b, size, 0, &sb) == 0;
+	good = good && gpx_connect(sock, "spin-then-sleep", &s) == 0 && gpx_register_cuda(s, (void *)p.a, size, 0, &sa) == 0 &&
+	    gpx_register_cuda(s, (void *)p.b, size, 0, &sb) == 0;
 	unsetenv("GPX_WAIT_SPIN_US");
-	page = harness_metrics(the_harness);
-	before = page ? metrics_sample(page, "gpx_doorbells_early_total") : -1;
-	free(page);
+	before = harness_metric(the_harness, "gpx_doorbells_early_total");
 	for (size_t i = 0; i < n && good; i++)
-		good = long_copy(s, a, b, sa, sb, size, 0x5ee90000u + (uint32_t)i) > 0;
-	page = harness_metrics(the_harness);
-	after = page ? metrics_sample(page, "gpx_doorbells_early_total") : -1;
-	free(page);
+		good = long_copy(s, p.a, p.b, sa, sb, size, 0x5ee90000u + (uint32_t)i) > 0;
+	after = harness_metric(the_harness, "gpx_doorbells_early_total");
 	ok(good, "%zu copies of 1 GiB within GPU0 (%.0f us each) by a client whose wait spins %s us: each in place", n,
 	    t * 1e6, us);
 	ok(before >= 0 && after - before >= (double)(n - 2), "... its sleeps were cut short before the records came, "
@@ -593,12 +600,7 @@ out:
 	if (sb)
 		gpx_deregister(s, sb);
 	gpx_close(s);
-	if (ra)
-		gpx_deregister(c, ra);
-	if (rb)
-		gpx_deregister(c, rb);
-	cuMemFree(a);
-	cuMemFree(b);
+	long_pair_free(c, &p);
 }
 
 /*
