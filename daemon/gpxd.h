@@ -614,6 +614,18 @@ struct job {
 	void *priv;                  /* back end state */
 };
 
+/*
+ * A pair's two sides as the copy worker of the GPU that runs it issues them (gpu-copy.c), kept
+ * beside a kept batch whose pairs all take that GPU's path (xfer.c), one per pair: found at
+ * the first job, read by the next, so that a weight push of the same tensors walks only its
+ * segments (338 pairs took 11-12 us to find again each time; gpu1-h100-launch-walk.txt).
+ * Zero until found; only that GPU's worker writes them.  Charged with the batch's pairs.
+ */
+struct gpu_pair_at {
+	uint64_t src, dst;
+	uint32_t flags;
+};
+
 /* A piece of a job handed to one worker: `bytes` from segment `seg` at offset `off` on. */
 struct chunk {
 	struct job *job;
@@ -642,6 +654,9 @@ struct chunk_source {
 	/* As done, failed, for a chunk that found no memory: its job ends ENOMEM, not EIO. */
 	void (*nomem)(struct chunk *c);
 	uint32_t (*pair_of)(const struct job *, uint32_t seg);
+	/* The sides of job j's pairs kept for its GPU (struct gpu_pair_at, j->npairs of them), or
+	 * NULL: none kept for it. */
+	struct gpu_pair_at *(*pairs_at)(const struct job *j);
 	/* Waits up to ns, or until a new job comes for the path: a worker whose chunks are due later. */
 	void (*nap)(enum path_kind, uint64_t ns);
 	/* Waits up to ns, or until a new job comes or a request for the path is built

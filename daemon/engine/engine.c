@@ -109,6 +109,16 @@ engine_pair_of(const struct job *j, uint32_t seg)
 	return lo;
 }
 
+/* Job j's pairs' sides kept for its GPU: j takes every pair of a kept batch, in its order. */
+static struct gpu_pair_at *
+engine_pairs_at(const struct job *j)
+{
+	uint32_t np;
+	struct gpu_pair_at *at = j->kept != NULL ? xfer_pairs_at(j->kept, &np) : NULL;
+
+	return at != NULL && np == j->npairs ? at : NULL;
+}
+
 bool
 engine_has_work(enum path_kind p)
 {
@@ -373,6 +383,7 @@ engine_init(int nthreads, uint64_t chunk)
 		.done = engine_chunks_done,
 		.nomem = engine_chunk_nomem,
 		.pair_of = engine_pair_of,
+		.pairs_at = engine_pairs_at,
 		.nap = engine_nap,
 		.ending = loop_wake_early,
 		.idle = engine_idle,

@@ -104,6 +104,8 @@ int xfer_pairs_charge(struct xfer_pairs **kp, struct charge *, uint64_t bytes, c
 void xfer_pairs_unref(struct xfer_pairs *);
 void xfer_pairs_init(void);
 void xfer_pairs_counts(uint64_t *lists, uint64_t *taken);   /* lists kept, batches taken from one */
+/* Where p keeps its pairs' sides for its GPU (chunk_source.pairs_at), and how many pairs. */
+struct gpu_pair_at *xfer_pairs_at(struct xfer_pairs *p, uint32_t *np);
 /*
  * Loop thread: a Transfer's jobs in *out (several for a batch over several paths, linked by
  * gnext), or a refusal (<0, err set).  When later is not NULL and the request's lists are long

@@ -561,6 +561,7 @@ struct xfer_pairs {
 	struct gpx_wire_pair *pr;    /* np of each, in the same allocation as the struct */
 	struct jpair *jp;
 	enum path_kind *path;
+	struct gpu_pair_at *at;      /* np, where every pair takes one GPU's path; else NULL */
 };
 static TAILQ_HEAD(, xfer_pairs) kept = TAILQ_HEAD_INITIALIZER(kept);
 static atomic_uint_fast64_t kept_lists, kept_taken;     /* for the metrics */
@@ -573,6 +574,13 @@ xfer_pairs_counts(uint64_t *lists, uint64_t *taken)
 }
 
 #define PAIRS_KEEP_MIN 16            /* fewer pairs are resolved again each time */
+
+struct gpu_pair_at *
+xfer_pairs_at(struct xfer_pairs *p, uint32_t *np)
+{
+	*np = p->np;
+	return p->at;
+}
 
 void
 xfer_pairs_unref(struct xfer_pairs *p)
@@ -691,7 +699,11 @@ static void
 pairs_keep(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint32_t np, const struct jpair *jp,
     const enum path_kind *path, uint64_t nsegs)
 {
-	const uint64_t bytes = sizeof(struct xfer_pairs) + np * (sizeof(*pr) + sizeof(*jp) + sizeof(*path));
+	bool one_gpu = np > 0 && path[0] >= PATH_GPU0 && path[0] < PATH_GPU0 + GPX_MAX_GPUS;
+	for (uint32_t q = 1; q < np && one_gpu; q++)
+		one_gpu = path[q] == path[0];
+	const uint64_t bytes = sizeof(struct xfer_pairs) + np * (sizeof(*pr) + sizeof(*jp) + sizeof(*path)) +
+	    (one_gpu ? np * sizeof(struct gpu_pair_at) : 0);
 	struct charge ch = { .cq = c->cq, .entries = c->entries, .user = c->user, .entry = true, .optional = true,
 	    .what = "batch pairs kept" };
 	struct xfer_pairs *p = NULL;
@@ -718,10 +730,12 @@ pairs_keep(const struct xfer_from *c, const struct gpx_wire_pair *pr, uint32_t n
 		return;          /* (not kept: the next batch resolves its pairs again) */
 	if ((p = calloc(1, bytes)) == NULL)
 		goto fail;
-	_Static_assert(sizeof(struct xfer_pairs) % _Alignof(struct gpx_wire_pair) == 0 &&
+	_Static_assert(sizeof(struct xfer_pairs) % _Alignof(struct gpu_pair_at) == 0 &&
+	    sizeof(struct gpu_pair_at) % _Alignof(struct gpx_wire_pair) == 0 &&
 	    sizeof(struct gpx_wire_pair) % _Alignof(struct jpair) == 0 &&
 	    sizeof(struct jpair) % _Alignof(enum path_kind) == 0, "each array of a kept list stays aligned");
-	p->pr = (struct gpx_wire_pair *)(p + 1);
+	p->at = one_gpu ? (struct gpu_pair_at *)(p + 1) : NULL;      /* (zero: none found yet) */
+	p->pr = (struct gpx_wire_pair *)((struct gpu_pair_at *)(p + 1) + (one_gpu ? np : 0));
 	p->jp = (struct jpair *)(p->pr + np);
 	p->path = (enum path_kind *)(p->jp + np);
 	memcpy(p->pr, pr, np * sizeof(*pr));

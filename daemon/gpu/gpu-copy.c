@@ -316,6 +316,34 @@ pair_addrs(const struct jpair *p, int dev, uint64_t *src, uint64_t *dst, bool *p
 	}
 }
 
+/* A pair's sides for GPU dev as issue_segs takes them (struct gpu_pair_at's flags). */
+enum { PA_FOUND = 1, PA_PEER = 2, PA_KERNEL = 4, PA_LOCAL = 8, PA_GPUS = 16 };
+
+/*
+ * Pair p of job j for GPU dev's copies: its sides' addresses (pair_addrs), whether the kernel
+ * reaches both, whether both are dev's own memory, whether both are GPU memory; from at[p]
+ * where the job's pairs are kept with their sides (at: chunks->pairs_at), found there the
+ * first time.
+ */
+static struct gpu_pair_at
+pair_at(const struct job *j, struct gpu_pair_at *at, uint32_t p, int dev)
+{
+	const struct jpair *jp = &j->pairs[p];
+	struct gpu_pair_at a;
+	bool peer;
+
+	if (at != NULL && at[p].flags & PA_FOUND)
+		return at[p];
+	pair_addrs(jp, dev, &a.src, &a.dst, &peer);
+	a.flags = PA_FOUND | (peer ? PA_PEER : 0) |
+	    (kernel_reach(jp->src, dev) && kernel_reach(jp->dst, dev) ? PA_KERNEL : 0) |
+	    (jp->src->dev == dev && jp->dst->dev == dev ? PA_LOCAL : 0) |
+	    (jp->src->dev != DEV_HOST && jp->dst->dev != DEV_HOST ? PA_GPUS : 0);
+	if (at != NULL)
+		at[p] = a;
+	return a;
+}
+
 /* Stream s's completion word, as a launch that writes it takes its address, and the value the
  * next chunk issued on s writes there (its start mark, with stage clocks, the same value). */
 static uint64_t
@@ -496,6 +524,8 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, enum split
 	const uint64_t tbytes = tiles && split == SPLIT_LOCAL ? side_kernel_bytes(c) : c->bytes;
 	const uint64_t tile = tiles ? tile_size(tbytes, KSEG_MAX - pieces) : 0;
 	struct gpu_kseg *k = g->kstage[slot];
+	struct gpu_pair_at *sides = chunks->pairs_at(j);
+	const bool kernel = !ce && g->kernel_ok && gcfg()->sm_copy;
 	uint32_t nk = 0, cur = UINT32_MAX;
 	uint64_t src = 0, dst = 0, off, len, kbytes = 0, cebytes = 0, split_kbytes = 0;
 	bool peer = false, reach = false, local = false, link = false, bulk2 = false;
@@ -507,14 +537,15 @@ issue_segs(struct gdev *g, struct chunk *c, int slot, int s, bool ce, enum split
 	while (r == 0 && walk_next(&wk, &w, &off, &len)) {
 		const uint32_t p = wk.p;
 		if (p != cur) {
-			const struct jpair *jp = &j->pairs[p];
+			const struct gpu_pair_at a = pair_at(j, sides, p, g->index);
 			cur = p;
-			pair_addrs(jp, g->index, &src, &dst, &peer);
-			reach = !ce && g->kernel_ok && gcfg()->sm_copy && kernel_reach(jp->src, g->index) &&
-			    kernel_reach(jp->dst, g->index);
-			local = reach && !peer && jp->src->dev == g->index && jp->dst->dev == g->index;
+			src = a.src;
+			dst = a.dst;
+			peer = a.flags & PA_PEER;
+			reach = kernel && a.flags & PA_KERNEL;
+			local = reach && !peer && a.flags & PA_LOCAL;
 			/* (both GPUs' memory mapped here, at least one side another GPU's) */
-			link = reach && !peer && !local && jp->src->dev != DEV_HOST && jp->dst->dev != DEV_HOST;
+			link = reach && !peer && !local && a.flags & PA_GPUS;
 		}
 		if (len == 0)
 			continue;

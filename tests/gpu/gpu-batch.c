@@ -4,9 +4,10 @@
  * push (hundreds of tensors of every size: within a GPU those of 16 MiB and more on the copy
  * engines of two streams and the rest in tiles of one launch beside them, between GPUs half on
  * a copy engine and half in the kernel), between VMM and cudaMalloc memory, on one GPU and
- * between two; and one batch whose
- * pairs run on different paths (host to host, host to GPU, GPU to host, GPU to GPU), which
- * gpxd splits and completes once.  Every byte is checked against its source.
+ * between two; a push made again and again with the same pairs (kept resolved by gpxd, with
+ * their sides for the GPU that runs them); and one batch whose pairs run on different paths
+ * (host to host, host to GPU, GPU to host, GPU to GPU), which gpxd splits and completes once.
+ * Every byte is checked against its source.
  *
  * Run by tests/gpu-batch.test, which skips without a GPU.
  */
@@ -194,6 +195,69 @@ test_weights(const struct harness *h, gpx_conn *c, int sdev, int ddev, int n, bo
 	free(segs);
 }
 
+/*
+ * A weight push made again and again with the same pairs: gpxd keeps them resolved from the
+ * second push on (xfer.c), and with them each pair's sides as GPU ddev's worker issues them,
+ * found at the third and read from the fourth (gpu-copy.c pair_at).  n tensors of 64 KiB, each
+ * push with new bytes in every source, verified; then the same tensors paired the other way
+ * round (tensor k into n - 1 - k), a kept list of their own, pushed and verified as often.
+ */
+static void
+test_pushed_again(const struct harness *h, gpx_conn *c, int sdev, int ddev, int n)
+{
+	const size_t len = 64u << 10;
+	struct dbuf *src = calloc(n, sizeof(*src)), *dst = calloc(n, sizeof(*dst));
+	struct gpx_pair *pr = calloc(n, sizeof(*pr));
+	struct gpx_seg *segs = calloc(n, sizeof(*segs));
+	const double taken0 = harness_metric(h, "gpx_batch_pairs_taken_total");
+	int good[2] = { 0, 0 }, bad = -1, r = 0;
+
+	if (src == NULL || dst == NULL || pr == NULL || segs == NULL)
+		tap_bail("out of memory");
+	for (int k = 0; k < n; k++) {
+		dbuf_new(&src[k], c, ctx[sdev], sdev, len, k % 2 == 0, &seed);
+		dbuf_new(&dst[k], c, ctx[ddev], ddev, len, k % 2 == 1, NULL);
+		segs[k] = (struct gpx_seg){ 8 * (k % 5), 16 * (k % 3), len - 64 };
+	}
+	for (int way = 0; way < 2; way++)
+		for (int push = 0; push < 4 && r == 0 && bad < 0; push++) {
+			uint64_t bytes = 0;
+			for (int k = 0; k < n; k++) {
+				const int to = way ? n - 1 - k : k;
+				pr[k] = (struct gpx_pair){ src[k].r, dst[to].r, 0, 0, k, 1 };
+				for (size_t i = 0; i < len; i += 8) {
+					uint64_t x = xorshift(&seed);
+					memcpy(src[k].host + i, &x, 8);
+				}
+				CK(cuCtxSetCurrent(src[k].ctx));
+				CK(cuMemcpyHtoD(src[k].d, src[k].host, len));
+				memcpy(dst[to].host + segs[k].dst_offset, src[k].host + segs[k].src_offset, segs[k].length);
+			}
+			r = gpx_copy_batch(c, pr, n, segs, n, 400 + 4 * way + push);
+			r = r < 0 ? r : wait_tag(c, 400 + 4 * way + push, &bytes);
+			for (int k = 0; k < n && r == 0 && bad < 0; k++)
+				if (!dbuf_holds(&dst[k], dst[k].host))
+					bad = k;
+			good[way] += r == 0 && bad < 0 && bytes == (uint64_t)n * (len - 64);
+		}
+	const double taken1 = harness_metric(h, "gpx_batch_pairs_taken_total");
+	ok(good[0] == 4 && good[1] == 4 && taken0 >= 0 && taken1 - taken0 >= 4, "a push of %d tensors GPU%d -> GPU%d "
+	    "four times, then paired the other way round four times: every byte in place each time (%d and %d of 4), "
+	    "%.0f of them from the pairs kept", n, sdev, ddev, good[0], good[1], taken1 - taken0);
+	if (bad >= 0)
+		diag("tensor %d differs", bad);
+	if (r != 0)
+		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
+	for (int k = 0; k < n; k++) {
+		dbuf_free(c, &src[k]);
+		dbuf_free(c, &dst[k]);
+	}
+	free(src);
+	free(dst);
+	free(pr);
+	free(segs);
+}
+
 /* One batch over four paths' kinds of pair: host -> host, host -> GPU, GPU -> host, GPU -> GPU. */
 static void
 test_paths(gpx_conn *c)
@@ -260,14 +324,16 @@ main(void)
 	test_kv(c, 0, 0, 4, 2048, 4096, 2048, false, true);
 	test_weights(&h, c, 0, 0, 300, false);
 	test_weights(&h, c, 0, 0, 200, true);
+	test_pushed_again(&h, c, 0, 0, 40);
 	test_paths(c);
 	if (ndev > 1) {
 		test_kv(c, 0, 1, 32, 512, 32768, 400, true, false);
 		test_kv(c, 1, 0, 8, 2048, 4096, 2048, false, false);
 		test_kv(c, 0, 1, 32, 512, 32768, 400, true, true);
 		test_weights(&h, c, 0, 1, 300, false);
+		test_pushed_again(&h, c, 0, 1, 40);
 	} else
-		tap_skip(5, "one GPU: no batch between two");
+		tap_skip(6, "one GPU: no batch between two");
 	gpx_close(c);
 	harness_finish(&h);
 	return tap_done();
