@@ -60,8 +60,13 @@ wait_for() {
 	done
 	return 1
 }
-# hold TAG NODE SEED NAME...: a client of NODE holding exports, until release TAG.
+# hold TAG NODE SEED NAME...: a client of NODE holding exports, until release TAG; it
+# returns once the exports are answered ("ready" in $T/TAG.out).  hold_start: the same,
+# returning at once.
 hold() {
+	hold_start "$@" && wait_for 10 grep -q '^ready' "$T/$1.out"
+}
+hold_start() {
 	tag=$1 node=$2 seed=$3
 	shift 3
 	mkfifo "$T/$tag.in"
@@ -71,7 +76,6 @@ hold() {
 	echo $! > "$T/$tag.cpid")
 	exec {fd}> "$T/$tag.in"
 	eval "fd_$tag=$fd"
-	wait_for 10 grep -q '^ready' "$T/$tag.out"
 }
 # stream TAG NODE NAME: a client of NODE copying from NAME once stream_go TAG is said.
 stream() {
