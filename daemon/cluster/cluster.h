@@ -47,8 +47,9 @@ bool cluster_running(void);
 
 /*
  * conn-export.c: an export open to peers becomes a cluster name.  The answer comes through
- * done (status 0, or a gpx status and why), exactly once, maybe before this returns.  While
- * it waits, a withdrawal of the export (cluster_name_drop) is remembered.
+ * done (status 0, or a gpx status and why), exactly once, maybe before this returns.  A
+ * withdrawal of the export while it waits (cluster_name_drop) answers it at once,
+ * GPX__STATUS__EREVOKED: done is never called after the drop.
  */
 typedef void (*cluster_done_fn)(void *arg, int status, const char *msg);
 void cluster_name_add(const char *name, uid_t uid, cluster_done_fn done, void *arg);

@@ -190,10 +190,16 @@ struct mine {
 	TAILQ_ENTRY(mine) entry;
 	enum mstate st;
 	uid_t uid;
-	cluster_done_fn done;        /* while waiting: the exporter's answer */
+	cluster_done_fn done;        /* while waiting: the exporter's answer (NULL once given) */
 	void *arg;
 	struct etcd_call *unput;     /* MINE_UNPUT: the delete in flight, NULL: to send */
-	struct mine *then;           /* MINE_UNPUT: a new claim of the name, made once it is deleted */
+	/*
+	 * MINE_UNPUT: a new export of the name (MINE_WAIT, its claim not sent), claimed once the
+	 * key is deleted.  Withdrawn before that, it gives way (cluster_name_drop), so that the
+	 * next export of the name waits here in its place: claimed at once, it could be taken by
+	 * this delete, which etcd may carry out after it.
+	 */
+	struct mine *then;
 	double settle;               /* MINE_UNPUT: the delete is sent again until then (0: once) */
 	char name[65];
 };
@@ -229,27 +235,36 @@ name_value(uid_t uid)
 
 static void mine_claim(struct mine *m);
 
+/* m is done with etcd: it goes, and the new claim of its name waiting behind it is sent. */
+static void
+mine_free(struct mine *m)
+{
+	struct mine *then = m->then;
+
+	TAILQ_REMOVE(&mines, m, entry);
+	free(m);
+	if (then != NULL)
+		mine_claim(then);
+}
+
 /* The delete of a withdrawn name's key: done, or sent again at a later tick (unless the
  * name is claimed anew meanwhile: the claim goes instead). */
 static void
 on_unput(void *arg, int err, struct json_object *r, const char *why)
 {
-	struct mine *m = arg, *then = m->then;
+	struct mine *m = arg;
 
 	(void)r;
 	m->unput = NULL;
 	if (err == ETCD_REFUSED)
 		log_warnx("cluster: name %s: etcd refused its delete: %s", m->name, why);
-	else if (err < 0 && then == NULL) {
+	else if (err < 0 && m->then == NULL) {
 		log_debug("cluster", "name %s: delete: %s; again later", m->name, why);
 		return;
 	}
-	else if (then == NULL && now_s() < m->settle)
+	else if (m->then == NULL && now_s() < m->settle)
 		return;                     /* (sent again at the next tick) */
-	TAILQ_REMOVE(&mines, m, entry);
-	free(m);
-	if (then != NULL)
-		mine_claim(then);
+	mine_free(m);
 }
 
 /* A name withdrawn: its key goes from etcd now, or at a later tick when this finds no memory. */
@@ -304,18 +319,21 @@ on_claimed(void *arg, int err, struct json_object *r, const char *why)
 	if (err == CLAIM_HELD) {
 		holder(why, node, sizeof(node));
 		snprintf(msg, sizeof(msg), "the name %s is held in the cluster by node %s", m->name, node);
-		TAILQ_REMOVE(&mines, m, entry);
-		free(m);
-		done(darg, GPX__STATUS__EEXIST, msg);
+		mine_free(m);
+		if (done != NULL)
+			done(darg, GPX__STATUS__EEXIST, msg);
 		return;
 	}
-	/* Withdrawn while etcd answered, or the answer lost: the key may be ours now, and goes. */
+	/*
+	 * Withdrawn while etcd answered (its exporter has had its answer: cluster_name_drop), or
+	 * the answer lost: the key may be ours now, and goes.
+	 */
 	if (err < 0)
 		m->settle = now_s() + UNPUT_SETTLE_S;
 	mine_unput(m);
-	if (err == 0)
-		done(darg, GPX__STATUS__EREVOKED, "the export was withdrawn");
-	else if (err == ETCD_NOMEM)
+	if (done == NULL)
+		return;
+	if (err == ETCD_NOMEM)
 		done(darg, GPX__STATUS__ENOMEM, "out of memory");
 	else {
 		snprintf(msg, sizeof(msg), "cluster store unreachable: %s", why);
@@ -381,19 +399,41 @@ mine_claim(struct mine *m)
 	free(v);
 }
 
+/*
+ * The export of the name is gone.  One still waiting for etcd has its answer now: its export
+ * was withdrawn.  (The answer never comes after the drop: the exporter's record of the wait
+ * names the export, which a new export of the name may replace.)
+ */
 void
 cluster_name_drop(const char *name)
 {
-	struct mine *m;
+	struct mine *m, *u;
+	cluster_done_fn done;
+	void *darg;
 
 	if (!cluster_running() || (m = mine_find(name)) == NULL)
 		return;
-	if (m->st == MINE_WAIT) {
-		m->st = MINE_DROPPED;
+	if (m->st == MINE_HELD) {
+		mine_unput(m);
 		return;
 	}
-	if (m->st == MINE_HELD)
-		mine_unput(m);
+	if (m->st != MINE_WAIT)
+		return;
+	done = m->done;
+	darg = m->arg;
+	m->done = NULL;
+	TAILQ_FOREACH(u, &mines, entry)
+		if (u->then == m)
+			break;
+	if (u != NULL) {
+		/* its claim not sent: it gives way, the next export of the name waits behind u */
+		u->then = NULL;
+		TAILQ_REMOVE(&mines, m, entry);
+		free(m);
+	} else
+		m->st = MINE_DROPPED;     /* its claim's answer says whether the key goes */
+	if (done != NULL)
+		done(darg, GPX__STATUS__EREVOKED, "the export was withdrawn");
 }
 
 /* A name claimed again under a new lease: kept, or lost to another node meanwhile. */

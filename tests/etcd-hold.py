@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+# etcd-hold.py: a TCP proxy between one gpxd and etcd's JSON gateway (plain HTTP/1.1) that
+# holds back every transaction deleting a key under .../names/ for a set time before it
+# passes it on, and relays everything else at once, both ways.  Used by
+# tests/cluster-race.test to make a withdrawn name's delete arrive late, in a known order.
+#
+#   etcd-hold.py LISTEN_PORT ETCD_PORT HOLD_SECONDS LOG
+#
+# It listens on 127.0.0.1:LISTEN_PORT and appends a line to LOG for each name key it sees in
+# a request, with the time (time.monotonic(), seconds):
+#   T listening
+#   T claim KEY          a transaction putting KEY (a claim) went on to etcd
+#   T hold KEY           a transaction deleting KEY came: held for HOLD_SECONDS
+#   T release KEY        ... and went on to etcd now
+# Requests are read whole (headers, then Content-Length bytes) before they go on; a request
+# of another shape (chunked) ends the parsing of its connection, whose bytes are then relayed
+# as they come.  curl sends one request at a time on a connection, so a held request holds
+# nothing but its own connection: curl opens another for the calls made meanwhile.
+import base64
+import json
+import socket
+import sys
+import threading
+import time
+
+listen_port, etcd_port, hold_s, log_path = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+log_lock = threading.Lock()
+
+
+def log(what):
+    with log_lock, open(log_path, "a") as f:
+        f.write("%.3f %s\n" % (time.monotonic(), what))
+
+
+def name_keys(body, op):
+    """The keys under .../names/ that a transaction's success list gives to op."""
+    try:
+        t = json.loads(body)
+        keys = [base64.b64decode(o[op]["key"]).decode() for o in t.get("success", []) if op in o]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
+    return [k for k in keys if "/names/" in k]
+
+
+def pipe_back(src, dst):
+    """etcd's answers, as they come."""
+    try:
+        while True:
+            b = src.recv(65536)
+            if not b:
+                break
+            dst.sendall(b)
+    except OSError:
+        pass
+    for s in (dst, src):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def read_request(cli, buf):
+    """One whole request from cli (bytes already read in buf): (request, rest), or (None, buf)
+    at the end of the stream or for a request this does not parse."""
+    while b"\r\n\r\n" not in buf:
+        b = cli.recv(65536)
+        if not b:
+            return None, buf
+        buf += b
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    length = None
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v.strip())
+        elif k.strip().lower() == b"transfer-encoding":
+            return None, buf
+    if length is None:
+        length = 0
+    while len(rest) < length:
+        b = cli.recv(65536)
+        if not b:
+            return None, buf
+        rest += b
+    return head + b"\r\n\r\n" + rest[:length], rest[length:]
+
+
+def serve(cli):
+    try:
+        up = socket.create_connection(("127.0.0.1", etcd_port))
+    except OSError:
+        cli.close()
+        return
+    threading.Thread(target=pipe_back, args=(up, cli), daemon=True).start()
+    buf = b""
+    try:
+        while True:
+            rq, buf = read_request(cli, buf)
+            if rq is None:
+                break
+            body = rq.partition(b"\r\n\r\n")[2]
+            held = name_keys(body, "request_delete_range")
+            for k in held:
+                log("hold " + k)
+            if held:
+                time.sleep(hold_s)
+                for k in held:
+                    log("release " + k)
+            for k in name_keys(body, "request_put"):
+                log("claim " + k)
+            up.sendall(rq)
+        # the rest, unparsed, as it comes
+        if buf:
+            up.sendall(buf)
+        while True:
+            b = cli.recv(65536)
+            if not b:
+                break
+            up.sendall(b)
+    except OSError:
+        pass
+    for s in (up, cli):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def main():
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", listen_port))
+    srv.listen(64)
+    log("listening")
+    while True:
+        cli, _ = srv.accept()
+        threading.Thread(target=serve, args=(cli,), daemon=True).start()
+
+
+main()
