@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 # etcd-hold.py: a TCP proxy between one gpxd and etcd's JSON gateway (plain HTTP/1.1) that
-# holds back every transaction deleting a key under .../names/ for a set time before it
-# passes it on, and relays everything else at once, both ways.  Used by
-# tests/cluster-race.test to make a withdrawn name's delete arrive late, in a known order.
+# holds back the transactions on keys under .../names/ of the kinds MODE_FILE names for a set
+# time before it passes them on, and relays everything else at once, both ways.  Used by
+# tests/cluster-race.test to make a name's claim or delete arrive late, in a known order.
 #
-#   etcd-hold.py LISTEN_PORT ETCD_PORT HOLD_SECONDS LOG
+#   etcd-hold.py LISTEN_PORT ETCD_PORT HOLD_SECONDS LOG MODE_FILE
 #
+# MODE_FILE, read at each request, holds the kinds to hold back: "delete" (a transaction
+# deleting a name's key: a withdrawal), "claim" (one putting it), both, or neither (no file).
 # It listens on 127.0.0.1:LISTEN_PORT and appends a line to LOG for each name key it sees in
 # a request, with the time (time.monotonic(), seconds):
 #   T listening
-#   T claim KEY          a transaction putting KEY (a claim) went on to etcd
-#   T hold KEY           a transaction deleting KEY came: held for HOLD_SECONDS
-#   T release KEY        ... and went on to etcd now
+#   T pass OP KEY        a transaction of kind OP (claim, delete) on KEY went on to etcd
+#   T hold OP KEY        ... came, and is held for HOLD_SECONDS
+#   T release OP KEY     ... and went on to etcd now
 # Requests are read whole (headers, then Content-Length bytes) before they go on; a request
 # of another shape (chunked) ends the parsing of its connection, whose bytes are then relayed
 # as they come.  curl sends one request at a time on a connection, so a held request holds
@@ -23,7 +25,8 @@ import sys
 import threading
 import time
 
-listen_port, etcd_port, hold_s, log_path = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+listen_port, etcd_port, hold_s, log_path, mode_path = (int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]),
+                                                       sys.argv[4], sys.argv[5])
 log_lock = threading.Lock()
 
 
@@ -40,6 +43,15 @@ def name_keys(body, op):
     except (ValueError, KeyError, TypeError, AttributeError):
         return []
     return [k for k in keys if "/names/" in k]
+
+
+def holding():
+    """The kinds of transaction to hold back now."""
+    try:
+        with open(mode_path) as f:
+            return f.read().split()
+    except OSError:
+        return []
 
 
 def pipe_back(src, dst):
@@ -99,15 +111,16 @@ def serve(cli):
             if rq is None:
                 break
             body = rq.partition(b"\r\n\r\n")[2]
-            held = name_keys(body, "request_delete_range")
-            for k in held:
-                log("hold " + k)
-            if held:
+            ops = [("claim", k) for k in name_keys(body, "request_put")] + \
+                [("delete", k) for k in name_keys(body, "request_delete_range")]
+            kinds = holding()
+            hold = any(op in kinds for op, _ in ops)
+            for op, k in ops:
+                log("%s %s %s" % ("hold" if hold else "pass", op, k))
+            if hold:
                 time.sleep(hold_s)
-                for k in held:
-                    log("release " + k)
-            for k in name_keys(body, "request_put"):
-                log("claim " + k)
+                for op, k in ops:
+                    log("release %s %s" % (op, k))
             up.sendall(rq)
         # the rest, unparsed, as it comes
         if buf:

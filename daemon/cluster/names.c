@@ -176,7 +176,13 @@ cluster_self(void)
 
 /* ---- ours ---- */
 
-/* MINE_UNPUT: withdrawn, its key still to be deleted (kept until etcd has said so). */
+/*
+ * MINE_WAIT: an export waiting for its claim's answer (or a claim again under a new lease);
+ * MINE_HELD: claimed; MINE_DROPPED: withdrawn with its claim in flight, whose answer says
+ * whether the key goes; MINE_UNPUT: withdrawn, its key still to be deleted (kept until etcd
+ * has said so).  A name has one record of its export (waiting or held) at most, and one of
+ * an earlier export still busy with etcd (dropped or unput) at most.
+ */
 enum mstate { MINE_WAIT, MINE_HELD, MINE_DROPPED, MINE_UNPUT };
 
 /*
@@ -194,10 +200,11 @@ struct mine {
 	void *arg;
 	struct etcd_call *unput;     /* MINE_UNPUT: the delete in flight, NULL: to send */
 	/*
-	 * MINE_UNPUT: a new export of the name (MINE_WAIT, its claim not sent), claimed once the
-	 * key is deleted.  Withdrawn before that, it gives way (cluster_name_drop), so that the
-	 * next export of the name waits here in its place: claimed at once, it could be taken by
-	 * this delete, which etcd may carry out after it.
+	 * MINE_DROPPED, MINE_UNPUT: a new export of the name (MINE_WAIT, its claim not sent),
+	 * claimed once this record is done with etcd.  Claimed at once, its key could be taken by
+	 * this record's delete, which etcd may carry out after the claim (both are this node's,
+	 * under its lease).  Withdrawn before that, it gives way (cluster_name_drop), so that the
+	 * next export of the name waits here in its place.
 	 */
 	struct mine *then;
 	double settle;               /* MINE_UNPUT: the delete is sent again until then (0: once) */
@@ -205,14 +212,14 @@ struct mine {
 };
 static TAILQ_HEAD(, mine) mines = TAILQ_HEAD_INITIALIZER(mines);
 
-/* The name's record, but for one withdrawn. */
+/* The record of the name's export, waiting or held: not one of an export withdrawn. */
 static struct mine *
 mine_find(const char *name)
 {
 	struct mine *m;
 
 	TAILQ_FOREACH(m, &mines, entry)
-		if (m->st != MINE_UNPUT && strcmp(m->name, name) == 0)
+		if ((m->st == MINE_WAIT || m->st == MINE_HELD) && strcmp(m->name, name) == 0)
 			return m;
 	return NULL;
 }
@@ -370,11 +377,16 @@ cluster_name_add(const char *name, uid_t uid, cluster_done_fn done, void *arg)
 	m->done = done;
 	m->arg = arg;
 	TAILQ_INSERT_TAIL(&mines, m, entry);
-	/* the key of an earlier export of the name still being deleted: claimed once it is */
+	/*
+	 * An earlier export of the name with a call to etcd in flight (its claim, or the delete
+	 * of its key): claimed once that is done.  (Its then is free: an export waiting there
+	 * is the name's export, and a second one is refused before it comes here.)
+	 */
 	TAILQ_FOREACH(u, &mines, entry)
-		if (u->st == MINE_UNPUT && u->then == NULL && strcmp(u->name, name) == 0)
+		if ((u->st == MINE_DROPPED || u->st == MINE_UNPUT) && u->then == NULL &&
+		    strcmp(u->name, name) == 0)
 			break;
-	if (u != NULL && u->unput != NULL) {
+	if (u != NULL && (u->st == MINE_DROPPED || u->unput != NULL)) {
 		u->then = m;
 		return;
 	}
@@ -448,8 +460,7 @@ on_reclaimed(void *arg, int err, struct json_object *r, const char *why)
 		holder(why, node, sizeof(node));
 		log_warnx("cluster: name %s was taken by node %s while etcd was away: the export stays, "
 		    "for this node only", m->name, node);
-		TAILQ_REMOVE(&mines, m, entry);
-		free(m);
+		mine_free(m);
 	} else if (m->st == MINE_DROPPED)
 		mine_unput(m);          /* (withdrawn while etcd answered, or did not) */
 	else
