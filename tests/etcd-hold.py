@@ -7,7 +7,8 @@
 #   etcd-hold.py LISTEN_PORT ETCD_PORT HOLD_SECONDS LOG MODE_FILE
 #
 # MODE_FILE, read at each request, holds the kinds to hold back: "delete" (a transaction
-# deleting a name's key: a withdrawal), "claim" (one putting it), both, or neither (no file).
+# deleting a name's key: a withdrawal), "claim" (one putting it), "revoke" (the revoke of a
+# lease, KEY "lease": gpxd's stop), any of them, or none (no file).
 # It listens on 127.0.0.1:LISTEN_PORT and appends a line to LOG for each name key it sees in
 # a request, with the time (time.monotonic(), seconds):
 #   T listening
@@ -113,6 +114,8 @@ def serve(cli):
             body = rq.partition(b"\r\n\r\n")[2]
             ops = [("claim", k) for k in name_keys(body, "request_put")] + \
                 [("delete", k) for k in name_keys(body, "request_delete_range")]
+            if rq.split(b" ", 2)[1] == b"/v3/lease/revoke":
+                ops.append(("revoke", "lease"))
             kinds = holding()
             hold = any(op in kinds for op, _ in ops)
             for op, k in ops:

@@ -129,6 +129,6 @@ void names_fail_waiting(const char *why);    /* etcd went away: waiting registra
 void names_tick(void);                       /* the session is up: withdrawn names' keys deleted again */
 size_t names_count(void);
 uint32_t names_of_uid(uid_t);
-void names_stop(void);
+void names_stop(void);                       /* at the stop, after etcd_shutdown */
 
 #endif

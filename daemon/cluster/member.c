@@ -432,10 +432,13 @@ sync_all(void)
 		go_down(0, "out of memory");
 }
 
+/* A claim in flight: listed, so that one etcd_shutdown leaves unanswered is freed at the stop. */
 struct claim {
+	TAILQ_ENTRY(claim) entry;
 	etcd_fn done;
 	void *arg;
 };
+static TAILQ_HEAD(, claim) claims = TAILQ_HEAD_INITIALIZER(claims);
 
 static void
 on_claim(void *arg, int err, struct json_object *r, const char *why)
@@ -445,6 +448,7 @@ on_claim(void *arg, int err, struct json_object *r, const char *why)
 	etcd_fn done = cl->done;
 	void *darg = cl->arg;
 
+	TAILQ_REMOVE(&claims, cl, entry);
 	free(cl);
 	if (err < 0) {
 		done(darg, err, NULL, why);
@@ -546,7 +550,9 @@ member_claim(const char *key, const char *value, etcd_fn done, void *arg)
 	if (etcd_post("/v3/kv/txn", b, 5, on_claim, cl) == NULL) {
 		free(cl);
 		done(arg, ETCD_NOMEM, NULL, "out of memory");
+		return;
 	}
+	TAILQ_INSERT_TAIL(&claims, cl, entry);     /* (its answer comes in a later turn) */
 }
 
 struct etcd_call *
@@ -895,6 +901,7 @@ void
 cluster_stop(void)
 {
 	struct cnode *n;
+	struct claim *cl;
 	bool done = false;
 
 	if (!running)
@@ -904,7 +911,6 @@ cluster_stop(void)
 	etcd_cancel(watch_call);
 	etcd_cancel(ka_call);
 	step_call = watch_call = ka_call = NULL;
-	names_stop();
 	/* Our keys go now rather than at the lease's end: the others see us leave at once. */
 	if (mb.lease != 0 && mb.state == M_UP) {
 		struct json_object *b = json_object_new_object();
@@ -920,7 +926,18 @@ cluster_stop(void)
 	}
 	event_free(tick_ev);
 	tick_ev = NULL;
+	/*
+	 * The names' records go once no call of theirs can be answered: freed before the
+	 * revoke, a record whose claim or delete was answered while the revoke was waited for
+	 * was used and freed again.  etcd_shutdown drops the calls still in flight, unanswered:
+	 * their member_claim records are freed here.
+	 */
 	etcd_shutdown();
+	names_stop();
+	while ((cl = TAILQ_FIRST(&claims)) != NULL) {
+		TAILQ_REMOVE(&claims, cl, entry);
+		free(cl);
+	}
 	while ((n = TAILQ_FIRST(&cnodes)) != NULL) {
 		TAILQ_REMOVE(&cnodes, n, entry);
 		free(n->value);

@@ -491,6 +491,7 @@ names_fail_waiting(const char *why)
 	(void)why;       /* their calls fail by themselves, each within its timeout */
 }
 
+/* At the stop, after etcd_shutdown: every call is gone (m->unput too), none will be answered. */
 void
 names_stop(void)
 {
@@ -498,7 +499,6 @@ names_stop(void)
 
 	while ((m = TAILQ_FIRST(&mines)) != NULL) {
 		TAILQ_REMOVE(&mines, m, entry);
-		etcd_cancel(m->unput);
 		if (m->done != NULL)
 			m->done(m->arg, GPX__STATUS__ESHUTDOWN, "the daemon is stopping");
 		free(m);
