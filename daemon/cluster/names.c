@@ -458,8 +458,9 @@ on_reclaimed(void *arg, int err, struct json_object *r, const char *why)
 	(void)r;
 	if (err == CLAIM_HELD) {
 		holder(why, node, sizeof(node));
-		log_warnx("cluster: name %s was taken by node %s while etcd was away: the export stays, "
-		    "for this node only", m->name, node);
+		log_warnx("cluster: name %s was taken by node %s while etcd was away: %s", m->name, node,
+		    m->st == MINE_DROPPED ? "its export here, since withdrawn, leaves it to that node" :
+		    "the export stays, for this node only");
 		mine_free(m);
 	} else if (m->st == MINE_DROPPED)
 		mine_unput(m);          /* (withdrawn while etcd answered, or did not) */
