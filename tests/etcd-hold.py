@@ -55,8 +55,9 @@ def holding():
         return []
 
 
-def pipe_back(src, dst):
-    """etcd's answers, as they come."""
+def relay(src, dst):
+    """The bytes of src to dst as they come (etcd's answers; a client's bytes once they are not
+    parsed); then both ends shut."""
     try:
         while True:
             b = src.recv(65536)
@@ -104,7 +105,7 @@ def serve(cli):
     except OSError:
         cli.close()
         return
-    threading.Thread(target=pipe_back, args=(up, cli), daemon=True).start()
+    threading.Thread(target=relay, args=(up, cli), daemon=True).start()
     buf = b""
     try:
         while True:
@@ -125,21 +126,11 @@ def serve(cli):
                 for op, k in ops:
                     log("release %s %s" % (op, k))
             up.sendall(rq)
-        # the rest, unparsed, as it comes
         if buf:
             up.sendall(buf)
-        while True:
-            b = cli.recv(65536)
-            if not b:
-                break
-            up.sendall(b)
     except OSError:
         pass
-    for s in (up, cli):
-        try:
-            s.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+    relay(cli, up)        # the rest, unparsed (at once over, where the connection failed)
 
 
 def main():
