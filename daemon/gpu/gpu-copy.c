@@ -763,6 +763,7 @@ static bool
 few_segs(struct gdev *g, const struct chunk *c, struct gpu_kseg *k, uint32_t *nk)
 {
 	const struct job *j = c->job;
+	struct gpu_pair_at *sides = chunks->pairs_at(j);
 	uint32_t n = *nk, cur = UINT32_MAX;
 	uint64_t src = 0, dst = 0, off, len;
 	const struct gpx_wire_seg *w;
@@ -773,12 +774,13 @@ few_segs(struct gdev *g, const struct chunk *c, struct gpu_kseg *k, uint32_t *nk
 	walk_start(&wk, c);
 	while (walk_next(&wk, &w, &off, &len)) {
 		if (wk.p != cur) {
-			const struct jpair *jp = &j->pairs[wk.p];
-			if (!kernel_reach(jp->src, g->index) || !kernel_reach(jp->dst, g->index))
+			/* (where the kernel reaches both sides, they are its own addresses: not PA_PEER) */
+			const struct gpu_pair_at a = pair_at(j, sides, wk.p, g->index);
+			if (!(a.flags & PA_KERNEL))
 				return false;
 			cur = wk.p;
-			src = addr_on(jp->src, g->index);
-			dst = addr_on(jp->dst, g->index);
+			src = a.src;
+			dst = a.dst;
 		}
 		if (len == 0)
 			continue;

@@ -92,12 +92,7 @@ test_kv(gpx_conn *c, int sdev, int ddev, int layers, uint32_t blocks, uint32_t b
 	    table ? ", its block numbers in a table on the GPU" : "");
 	if (r < 0)
 		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
-	for (int k = 0; k < np; k++) {
-		dbuf_free(c, &src[k]);
-		dbuf_free(c, &dst[k]);
-	}
-	free(src);
-	free(dst);
+	dbufs_free(c, src, dst, np);
 	free(pr);
 	free(sp);
 	free(dp);
@@ -185,12 +180,7 @@ test_weights(const struct harness *h, gpx_conn *c, int sdev, int ddev, int n, bo
 		    (unsigned long long)segs[bad].src_offset);
 	if (r < 0)
 		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
-	for (int k = 0; k < n; k++) {
-		dbuf_free(c, &src[k]);
-		dbuf_free(c, &dst[k]);
-	}
-	free(src);
-	free(dst);
+	dbufs_free(c, src, dst, n);
 	free(pr);
 	free(segs);
 }
@@ -248,12 +238,7 @@ test_pushed_again(const struct harness *h, gpx_conn *c, int sdev, int ddev, int 
 		diag("tensor %d differs", bad);
 	if (r != 0)
 		diag("%s: %s", gpx_strerror(r), gpx_last_error(c));
-	for (int k = 0; k < n; k++) {
-		dbuf_free(c, &src[k]);
-		dbuf_free(c, &dst[k]);
-	}
-	free(src);
-	free(dst);
+	dbufs_free(c, src, dst, n);
 	free(pr);
 	free(segs);
 }

@@ -157,4 +157,16 @@ dbuf_free(gpx_conn *c, struct dbuf *b)
 	free(b->host);
 }
 
+/* The pairs' buffers src[0..n) and dst[0..n), and the two arrays. */
+static inline void
+dbufs_free(gpx_conn *c, struct dbuf *src, struct dbuf *dst, int n)
+{
+	for (int k = 0; k < n; k++) {
+		dbuf_free(c, &src[k]);
+		dbuf_free(c, &dst[k]);
+	}
+	free(src);
+	free(dst);
+}
+
 #endif
