@@ -202,7 +202,8 @@ mod_exec(PyObject *m)
 	    (st->s_dtype = intern("dtype")) == NULL || (st->s_is_signed = intern("is_signed")) == NULL ||
 	    (st->s_is_floating_point = intern("is_floating_point")) == NULL ||
 	    (st->s_is_complex = intern("is_complex")) == NULL || (st->s_wait = intern("wait")) == NULL ||
-	    (st->s_close = intern("close")) == NULL)
+	    (st->s_close = intern("close")) == NULL || (st->s_is_cuda = intern("is_cuda")) == NULL ||
+	    (st->s_is_cpu = intern("is_cpu")) == NULL)
 		return -1;
 	if (PyModule_AddStringConstant(m, "__version__", PACKAGE_VERSION) < 0 ||
 	    PyModule_AddIntConstant(m, "API_VERSION", GPX_API_VERSION) < 0 ||
@@ -225,6 +226,8 @@ mod_traverse(PyObject *m, visitproc visit, void *arg)
 	Py_VISIT(st->batch_type);
 	Py_VISIT(st->completion_type);
 	Py_VISIT(st->error);
+	for (int i = 0; i < INT_DTYPES; i++)
+		Py_VISIT(st->int_dtypes[i].dtype);
 	for (int i = 0; i < ERR_SLOTS; i++)
 		Py_VISIT(st->errors[i]);
 	Py_VISIT(st->await_hook);
@@ -263,6 +266,10 @@ mod_clear(PyObject *m)
 	Py_CLEAR(st->s_is_complex);
 	Py_CLEAR(st->s_wait);
 	Py_CLEAR(st->s_close);
+	Py_CLEAR(st->s_is_cuda);
+	Py_CLEAR(st->s_is_cpu);
+	for (int i = 0; i < INT_DTYPES; i++)
+		Py_CLEAR(st->int_dtypes[i].dtype);
 	return 0;
 }
 

@@ -40,6 +40,8 @@
 /* Error codes of gpx.h (1..18 and 100..102) packed into one table index. */
 #define ERR_SLOTS 22
 
+#define INT_DTYPES 8             /* integer dtypes kept by mem_int_tensor */
+
 /* Per-module state: the types, the exception classes and interned attribute names. */
 struct modstate {
 	PyTypeObject *conn_type;
@@ -54,7 +56,12 @@ struct modstate {
 	/* attribute names looked up on tensors and arrays */
 	PyObject *s_data_ptr, *s_device, *s_type, *s_is_contiguous, *s_nbytes, *s_numel,
 	    *s_element_size, *s_cai, *s_dlpack, *s_dtype, *s_is_signed, *s_is_floating_point,
-	    *s_is_complex, *s_wait, *s_close;
+	    *s_is_complex, *s_wait, *s_close, *s_is_cuda, *s_is_cpu;
+	/*
+	 * The integer dtypes of the CPU tensors read as lists so far (torch's dtype objects are
+	 * singletons): each one's size and sign, asked once (mem_int_tensor).
+	 */
+	struct { PyObject *dtype; uint8_t size; bool is_signed; } int_dtypes[INT_DTYPES];
 };
 
 /* gpx.HostBuffer: a memfd made by gpx_host_alloc, mapped here, with the buffer protocol. */

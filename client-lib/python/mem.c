@@ -110,29 +110,62 @@ empty_or_long(PyObject *obj, uint64_t len)
  * A torch tensor (or anything that answers data_ptr(), device.type, is_contiguous() and
  * nbytes or numel() and element_size()).  *cpu says whether it lives in host memory.
  */
+/* o.name as a truth value: 1 or 0, 2 when o has no such attribute, -1 on another error. */
 static int
-tensor_memory(struct modstate *st, PyObject *t, const char *what, uint64_t *ptr, uint64_t *nbytes,
-    bool *cpu)
+opt_bool(PyObject *o, PyObject *name)
 {
-	PyObject *dev, *type, *nb;
-	uint64_t numel, esize;
-	int c, r;
+	PyObject *a;
+	int r = opt_attr(o, name, &a);
 
+	if (r <= 0)
+		return r < 0 ? -1 : 2;
+	r = PyObject_IsTrue(a);
+	Py_DECREF(a);
+	return r;
+}
+
+/*
+ * Whether tensor t is in CUDA memory (1) or host memory (0); else ValueError (-1).  torch's
+ * is_cuda and is_cpu answer in ~0.1 us each, where device.type builds a device object first
+ * (~0.65 us on an H100's host): a page list's submission read two tensors this way.  Objects
+ * without them are asked for device.type.
+ */
+static int
+tensor_where(struct modstate *st, PyObject *t, const char *what)
+{
+	PyObject *dev, *type;
+	int c, h;
+
+	if ((c = opt_bool(t, st->s_is_cuda)) < 0 || c == 1)
+		return c;
+	if ((h = opt_bool(t, st->s_is_cpu)) < 0 || (c == 0 && h == 1))
+		return h < 0 ? -1 : 0;
 	if ((dev = PyObject_GetAttr(t, st->s_device)) == NULL)
 		return -1;
 	type = PyObject_GetAttr(dev, st->s_type);
 	Py_DECREF(dev);
 	if (type == NULL)
 		return -1;
-	bool is_cuda = PyUnicode_Check(type) && PyUnicode_CompareWithASCIIString(type, "cuda") == 0;
-	*cpu = PyUnicode_Check(type) && PyUnicode_CompareWithASCIIString(type, "cpu") == 0;
-	if (!is_cuda && !*cpu) {
+	c = PyUnicode_Check(type) && PyUnicode_CompareWithASCIIString(type, "cuda") == 0 ? 1 :
+	    PyUnicode_Check(type) && PyUnicode_CompareWithASCIIString(type, "cpu") == 0 ? 0 : -1;
+	if (c < 0)
 		PyErr_Format(PyExc_ValueError, "%s: a tensor on device type %R: gpx takes CUDA tensors, and "
 		    "CPU tensors in a gpx.HostBuffer", what, type);
-		Py_DECREF(type);
-		return -1;
-	}
 	Py_DECREF(type);
+	return c;
+}
+
+static int
+tensor_memory(struct modstate *st, PyObject *t, const char *what, uint64_t *ptr, uint64_t *nbytes,
+    bool *cpu)
+{
+	PyObject *nb;
+	uint64_t numel, esize;
+	int c, r;
+
+	if ((c = tensor_where(st, t, what)) < 0)
+		return -1;
+	*cpu = c == 0;
 	if ((c = call_bool(t, st->s_is_contiguous)) < 0)
 		return -1;
 	if (!c) {
@@ -447,6 +480,45 @@ mem_release(struct mem_desc *d)
 	Py_CLEAR(d->obj);
 }
 
+/*
+ * Tensor o's dtype, when an integer one: its size and sign (1), or 0 when it is not an integer
+ * (-1 on error).  Asked of the dtype once, then kept (st->int_dtypes): its three attributes and
+ * element_size() cost ~1 us a list.
+ */
+static int
+int_dtype(struct modstate *st, PyObject *o, uint64_t *size, bool *is_signed)
+{
+	PyObject *dt = PyObject_GetAttr(o, st->s_dtype);
+	int fl, cx, sg, k, r = 1;
+
+	if (dt == NULL)
+		return -1;
+	for (k = 0; k < INT_DTYPES && st->int_dtypes[k].dtype != NULL; k++)
+		if (st->int_dtypes[k].dtype == dt) {
+			*size = st->int_dtypes[k].size;
+			*is_signed = st->int_dtypes[k].is_signed;
+			Py_DECREF(dt);
+			return 1;
+		}
+	if ((fl = attr2_bool(o, st->s_dtype, st->s_is_floating_point)) < 0 ||
+	    (cx = attr2_bool(o, st->s_dtype, st->s_is_complex)) < 0 ||
+	    (sg = attr2_bool(o, st->s_dtype, st->s_is_signed)) < 0 ||
+	    call_u64(o, st->s_element_size, "element_size()", size) < 0)
+		r = -1;
+	else if (fl || cx || *size == 0 || *size > 8)
+		r = 0;
+	else {
+		*is_signed = sg;
+		if (k < INT_DTYPES) {    /* (beyond INT_DTYPES of them, asked each time) */
+			st->int_dtypes[k].dtype = Py_NewRef(dt);
+			st->int_dtypes[k].size = (uint8_t)*size;
+			st->int_dtypes[k].is_signed = sg;
+		}
+	}
+	Py_DECREF(dt);
+	return r;
+}
+
 /* A CPU tensor of integers of `size` bytes, read through its data pointer: 1, 0 (not a tensor), -1. */
 int
 mem_int_tensor(struct modstate *st, PyObject *o, const char *what, size_t size, const void **p,
@@ -455,28 +527,24 @@ mem_int_tensor(struct modstate *st, PyObject *o, const char *what, size_t size, 
 	uint64_t ptr, nbytes, esize;
 	PyObject *a;
 	bool cpu;
-	int r, fl, cx, sg;
+	int r;
 
 	if ((r = opt_attr(o, st->s_data_ptr, &a)) <= 0)
 		return r;
 	Py_DECREF(a);
-	if (tensor_memory(st, o, what, &ptr, &nbytes, &cpu) < 0 ||
-	    call_u64(o, st->s_element_size, "element_size()", &esize) < 0)
+	if ((r = int_dtype(st, o, &esize, is_signed)) < 0)
+		return -1;
+	if (r == 0 || esize != size) {
+		PyErr_Format(PyExc_TypeError, "%s must hold %zu-byte integers", what, size);
+		return -1;
+	}
+	if (tensor_memory(st, o, what, &ptr, &nbytes, &cpu) < 0)
 		return -1;
 	if (!cpu) {
 		PyErr_Format(PyExc_ValueError, "%s must be in host memory (a CPU tensor or array)", what);
 		return -1;
 	}
-	if ((fl = attr2_bool(o, st->s_dtype, st->s_is_floating_point)) < 0 ||
-	    (cx = attr2_bool(o, st->s_dtype, st->s_is_complex)) < 0 ||
-	    (sg = attr2_bool(o, st->s_dtype, st->s_is_signed)) < 0)
-		return -1;
-	if (esize != size || fl || cx) {
-		PyErr_Format(PyExc_TypeError, "%s must hold %zu-byte integers", what, size);
-		return -1;
-	}
 	*p = (const void *)(uintptr_t)ptr;
 	*items = nbytes / size;
-	*is_signed = sg;
 	return 1;
 }

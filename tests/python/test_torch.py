@@ -41,6 +41,19 @@ def test_cpu_tensor_in_a_host_buffer(conn):
     with pytest.raises(TypeError, match="4-byte"):
         conn.copy_pages(src, dst, 1024, torch.tensor([1.0], dtype=torch.float32), [0])
     assert conn.copyv(src, dst, torch.tensor([[0, 0, 8]], dtype=torch.int64)).wait() == 8
+    # The dtypes of the lists met so far are kept: each still answers for its own size, its sign
+    # (a uint32 list after the int32 ones: 4294967295, not -1) and the tensor for its layout.
+    for _ in range(2):
+        with pytest.raises(TypeError, match="4-byte"):
+            conn.copy_pages(src, dst, 1024, torch.tensor([1], dtype=torch.int16), [0])
+        with pytest.raises(ValueError, match="negative"):
+            conn.copy_pages(src, dst, 1024, torch.tensor([-1], dtype=torch.int32), [0])
+        with pytest.raises(Exception) as e:
+            conn.copy_pages(src, dst, 1024, torch.tensor([-1], dtype=torch.int32).view(torch.uint32), [0]).wait()
+        assert "negative" not in str(e.value)
+        with pytest.raises(ValueError, match="contiguous"):
+            conn.copy_pages(src, dst, 1024, torch.tensor([3, 9, 0, 9], dtype=torch.int32)[::2], [6, 7])
+        assert conn.copy_pages(src, dst, 1024, torch.tensor([3, 0], dtype=torch.int32), [6, 7]).wait() == 2048
 
 
 def test_cpu_tensors_gpxd_cannot_map(conn):

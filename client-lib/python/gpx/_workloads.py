@@ -468,6 +468,17 @@ def _kv_decode(sock, devs, nblocks, layers, prefix, sizes, runs, alloc, gpxd, me
             r["gpx"] = _median_time(gpx_way, runs)
             r["gpx_cpu"] = cpu.stop() if cpu else None
             r["stages"] = bench.stage_lines(before, bench.scrape(metrics), r["gpx"])
+            # The client's side of a round trip: its submission until it returns, beside the
+            # program's own launch until it returns; the rest of that side is its wake-up.
+            r["submit"] = _submit_time(lambda: c.copy_pages_batch(batch, BLOCK_BYTES, sp, dp), runs * 10)
+            if fused is not None:
+                lt = []
+                for _ in range(runs * 10):
+                    t0 = time.perf_counter()
+                    fused.launch(kstream)
+                    lt.append(time.perf_counter() - t0)
+                    kstream.synchronize()
+                r["launch"] = statistics.median(lt)
             # Each request after ~1 ms of the program's own GPU work (finished first: gpxd's
             # copies are not ordered with the program's streams), fused and gpx in turn.
             after = {"fused": [], "gpx": []}
@@ -587,6 +598,8 @@ def _kv_print(results, have_fused, reps, devs, layers, nblocks, alloc, runs):
                  if r.get("gpx_cpu") is not None else ""))
         if r["stages"]:
             print("        gpxd per transfer: " + "; ".join(r["stages"]))
+        print(f"        of the client's side: copy_pages_batch until it returns {r['submit'] * 1e6:.1f} us"
+              + (f" (the fused kernel's launch until it returns {r['launch'] * 1e6:.1f} us)" if "launch" in r else ""))
         a = r["after"]
         if "fused" in a:
             ra = a["fused"] / a["gpx"]
