@@ -1,24 +1,30 @@
 #!/usr/bin/env python3
 # etcd-hold.py: a TCP proxy between one gpxd and etcd's JSON gateway (plain HTTP/1.1) that
-# holds back the transactions on keys under .../names/ of the kinds MODE_FILE names for a set
-# time before it passes them on, and relays everything else at once, both ways.  Used by
-# tests/cluster-race.test to make a name's claim or delete arrive late, in a known order.
+# holds back the transactions on keys under .../names/, and the calls on leases, of the kinds
+# MODE_FILE names for a set time before it passes them on, and relays everything else at once,
+# both ways.  Used by tests/cluster-race.test to make a name's claim or delete arrive late, in
+# a known order.
 #
 #   etcd-hold.py LISTEN_PORT ETCD_PORT HOLD_SECONDS LOG MODE_FILE
 #
 # MODE_FILE, read at each request, holds the kinds to hold back: "delete" (a transaction
 # deleting a name's key: a withdrawal), "claim" (one putting it), "revoke" (the revoke of a
-# lease, KEY "lease": gpxd's stop), any of them, or none (no file).
+# lease, KEY "lease": gpxd's stop), "ttl" (a lease's time to live asked, KEY "lease": gpxctl
+# cluster), any of them, or none (no file).  KIND:SECONDS holds that kind for SECONDS rather
+# than HOLD_SECONDS: longer than gpxd waits for its answer, a request is carried out by etcd
+# after gpxd has given it up.
 # It listens on 127.0.0.1:LISTEN_PORT and appends a line to LOG for each name key it sees in
 # a request, with the time (time.monotonic(), seconds):
 #   T listening
-#   T pass OP KEY        a transaction of kind OP (claim, delete) on KEY went on to etcd
-#   T hold OP KEY        ... came, and is held for HOLD_SECONDS
+#   T pass OP KEY        a request of kind OP (claim, delete, revoke, ttl) on KEY went on to etcd
+#   T hold OP KEY        ... came, and is held for HOLD_SECONDS (or its KIND:SECONDS)
 #   T release OP KEY     ... and went on to etcd now
 # Requests are read whole (headers, then Content-Length bytes) before they go on; a request
 # of another shape (chunked) ends the parsing of its connection, whose bytes are then relayed
 # as they come.  curl sends one request at a time on a connection, so a held request holds
-# nothing but its own connection: curl opens another for the calls made meanwhile.
+# nothing but its own connection: curl opens another for the calls made meanwhile.  A client
+# that closes its connection leaves what it sent to go on: the connection to etcd is shut
+# once etcd has answered (or after 5 s), as etcd may drop a request whose client is gone.
 import base64
 import json
 import socket
@@ -47,12 +53,17 @@ def name_keys(body, op):
 
 
 def holding():
-    """The kinds of transaction to hold back now."""
+    """The kinds of request to hold back now: {kind: seconds}."""
     try:
         with open(mode_path) as f:
-            return f.read().split()
+            words = f.read().split()
     except OSError:
-        return []
+        return {}
+    kinds = {}
+    for w in words:
+        k, _, t = w.partition(":")
+        kinds[k] = float(t) if t else hold_s
+    return kinds
 
 
 def relay(src, dst):
@@ -105,7 +116,8 @@ def serve(cli):
     except OSError:
         cli.close()
         return
-    threading.Thread(target=relay, args=(up, cli), daemon=True).start()
+    answers = threading.Thread(target=relay, args=(up, cli), daemon=True)
+    answers.start()
     buf = b""
     try:
         while True:
@@ -115,14 +127,17 @@ def serve(cli):
             body = rq.partition(b"\r\n\r\n")[2]
             ops = [("claim", k) for k in name_keys(body, "request_put")] + \
                 [("delete", k) for k in name_keys(body, "request_delete_range")]
-            if rq.split(b" ", 2)[1] == b"/v3/lease/revoke":
+            path = rq.split(b" ", 2)[1]
+            if path == b"/v3/lease/revoke":
                 ops.append(("revoke", "lease"))
+            elif path == b"/v3/lease/timetolive":
+                ops.append(("ttl", "lease"))
             kinds = holding()
-            hold = any(op in kinds for op, _ in ops)
+            hold = max([kinds[op] for op, _ in ops if op in kinds], default=None)
             for op, k in ops:
-                log("%s %s %s" % ("hold" if hold else "pass", op, k))
-            if hold:
-                time.sleep(hold_s)
+                log("%s %s %s" % ("pass" if hold is None else "hold", op, k))
+            if hold is not None:
+                time.sleep(hold)
                 for op, k in ops:
                     log("release %s %s" % (op, k))
             up.sendall(rq)
@@ -130,6 +145,8 @@ def serve(cli):
             up.sendall(buf)
     except OSError:
         pass
+    if not buf:
+        answers.join(5)   # the client gone: etcd's answer to what it sent, which ends the relay
     relay(cli, up)        # the rest, unparsed (at once over, where the connection failed)
 
 
