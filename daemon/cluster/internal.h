@@ -12,7 +12,8 @@
  * Keys, under [cluster] prefix (P):
  *   P/nodes/NODE   {"name","listen":[...],"transports":[...],"rdma":[...],"gpus":[...],
  *                   "proto","version","start"}
- *   P/names/NAME   {"node","uid"}
+ *   P/names/NAME   {"node","uid","claim"} (claim: the claim's number in its node's daemon,
+ *                   which makes each claim's value its own; readers need only "node", "uid")
  * Both under this node's lease: when it ends, etcd deletes them and every watcher hears it.
  * Everything read from etcd is a hint written by anyone who can write there: checked before
  * use, and a node dialled through it still proves the fabric's key.
@@ -97,12 +98,15 @@ struct member {
 	double t_renewed;            /* the lease's last keep-alive that etcd answered */
 };
 extern struct member mb;
-/* A key of ours under the lease: put when nobody holds it (create_revision 0); done gets
- * 0, or CLAIM_HELD with the holder's value in why (a JSON text), or another error. */
+/* A key of ours under the lease: put when nobody holds it (create_revision 0), or when it
+ * is ours under another value (an earlier claim's: taken over); done gets 0 (also when it is
+ * ours with this value already), or CLAIM_HELD with the holder's value in why (a JSON text),
+ * or another error. */
 void member_claim(const char *key, const char *value, etcd_fn done, void *arg);
-/* Deletes a key while it is ours (under our lease): the call, whose done says how it went
- * (err 0 also when the key was not ours), or NULL when it found no memory (done not called). */
-struct etcd_call *member_unput(const char *key, etcd_fn done, void *arg);
+/* Deletes a key while it is ours (under our lease) and holds value: the call, whose done says
+ * how it went (err 0 also when the key was not that), or NULL when it found no memory (done
+ * not called). */
+struct etcd_call *member_unput(const char *key, const char *value, etcd_fn done, void *arg);
 /* The nodes known, from the watch. */
 struct cnode {
 	TAILQ_ENTRY(cnode) entry;

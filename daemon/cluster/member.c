@@ -432,53 +432,43 @@ sync_all(void)
 		go_down(0, "out of memory");
 }
 
-/* A claim in flight: listed, so that one etcd_shutdown leaves unanswered is freed at the stop. */
+/*
+ * A claim in flight: listed, so that one etcd_shutdown leaves unanswered is freed at the stop.
+ * Its key and value are kept for the transactions after the first.
+ */
 struct claim {
 	TAILQ_ENTRY(claim) entry;
+	char *key, *value;
+	unsigned tries;              /* transactions sent */
 	etcd_fn done;
 	void *arg;
 };
 static TAILQ_HEAD(, claim) claims = TAILQ_HEAD_INITIALIZER(claims);
 
+/*
+ * Transactions of one claim at most: each after the first follows a change of the key that
+ * came between (an earlier claim's delete, or its late put, carried out meanwhile).
+ */
+#define CLAIM_TRIES 4
+
 static void
-on_claim(void *arg, int err, struct json_object *r, const char *why)
+claim_free(struct claim *cl)
 {
-	struct claim *cl = arg;
-	struct json_object *t, *rs, *rr, *kvs, *kv;
+	free(cl->key);
+	free(cl->value);
+	free(cl);
+}
+
+/* The claim is answered: err 0, or CLAIM_HELD with the holder's value in why, or another error. */
+static void
+claim_end(struct claim *cl, int err, struct json_object *r, const char *why)
+{
 	etcd_fn done = cl->done;
 	void *darg = cl->arg;
 
 	TAILQ_REMOVE(&claims, cl, entry);
-	free(cl);
-	if (err < 0) {
-		done(darg, err, NULL, why);
-		return;
-	}
-	if (json_object_object_get_ex(r, "succeeded", &t) && json_object_get_boolean(t)) {
-		done(darg, 0, r, "");
-		return;
-	}
-	/* Held: by ourselves under this lease (put again after a watch saw it), or by another. */
-	if (json_object_object_get_ex(r, "responses", &rs) && json_object_array_length(rs) > 0 &&
-	    json_object_object_get_ex(json_object_array_get_idx(rs, 0), "response_range", &rr) &&
-	    json_object_object_get_ex(rr, "kvs", &kvs) && json_object_array_length(kvs) > 0) {
-		kv = json_object_array_get_idx(kvs, 0);
-		if (js_int(kv, "lease") == mb.lease && mb.lease != 0) {
-			done(darg, 0, r, "");
-			return;
-		}
-		size_t vl;
-		const char *v64 = js_str(kv, "value");
-		char *v = v64 ? b64_dec(v64, &vl) : NULL;
-		if (v == NULL && v64 != NULL && errno == ENOMEM) {
-			done(darg, ETCD_NOMEM, NULL, "out of memory");
-			return;
-		}
-		done(darg, CLAIM_HELD, NULL, v ? v : "");
-		free(v);
-		return;
-	}
-	done(darg, CLAIM_HELD, NULL, "");
+	claim_free(cl);
+	done(darg, err, r, why);
 }
 
 /* {"NAME": {"key": KEY}}: one request of a transaction's list, or NULL (no memory). */
@@ -494,25 +484,39 @@ txn_op(const char *name, const char *key)
 	return o;
 }
 
-/* {"compare": [{"key": KEY, "target": TARGET, FIELD: VALUE}], "success": [OP], "failure": [OP]} */
+/*
+ * list with {"key": KEY, "target": TARGET, FIELD: VALUE} added: a transaction's compares, all
+ * of which must hold; NULL when list or value is, or an allocation failed (list is freed).
+ */
 static struct json_object *
-txn(const char *key, const char *target, const char *field, struct json_object *value,
-    struct json_object *success, struct json_object *failure)
+compare(struct json_object *list, const char *key, const char *target, const char *field, const char *value)
 {
-	struct json_object *b = json_object_new_object(), *cmp = json_object_new_object();
-	struct json_object *ca = json_object_new_array(), *sa = json_object_new_array();
+	struct json_object *c = json_object_new_object();
+	bool good = list != NULL && value != NULL && js_add(c, "key", jkey(key)) &&
+	    js_add(c, "target", json_object_new_string(target)) && js_add(c, field, json_object_new_string(value));
+
+	if (good && js_push(list, c))
+		return list;
+	if (!good)
+		json_object_put(c);
+	json_object_put(list);
+	return NULL;
+}
+
+/* {"compare": COMPARES, "success": [OP], "failure": [OP]}, all three taken over (failure may
+ * be NULL); NULL when compares or success is, or an allocation failed. */
+static struct json_object *
+txn(struct json_object *compares, struct json_object *success, struct json_object *failure)
+{
+	struct json_object *b = json_object_new_object(), *sa = json_object_new_array();
 	struct json_object *fa = failure != NULL ? json_object_new_array() : NULL;
-	bool good = js_add(cmp, "key", jkey(key)) && js_add(cmp, "target", json_object_new_string(target)) &&
-	    js_add(cmp, field, json_object_get(value)) && js_push(ca, json_object_get(cmp)) &&
-	    js_add(b, "compare", json_object_get(ca)) && js_push(sa, json_object_get(success)) &&
-	    js_add(b, "success", json_object_get(sa)) &&
+	bool good = compares != NULL && js_add(b, "compare", json_object_get(compares)) &&
+	    js_push(sa, json_object_get(success)) && js_add(b, "success", json_object_get(sa)) &&
 	    (failure == NULL || (js_push(fa, json_object_get(failure)) && js_add(b, "failure", json_object_get(fa))));
 
-	json_object_put(cmp);
-	json_object_put(ca);
 	json_object_put(sa);
 	json_object_put(fa);
-	json_object_put(value);
+	json_object_put(compares);
 	json_object_put(success);
 	json_object_put(failure);
 	if (!good) {
@@ -522,48 +526,113 @@ txn(const char *key, const char *target, const char *field, struct json_object *
 	return b;
 }
 
-void
-member_claim(const char *key, const char *value, etcd_fn done, void *arg)
-{
-	struct json_object *put = txn_op("request_put", key), *p = NULL, *b;
-	struct claim *cl = malloc(sizeof(*cl));
-	char *v = b64_enc(value, strlen(value));
+static void on_claim(void *, int, struct json_object *, const char *);
 
-	/* created where no one holds it, under our lease; else who holds it */
+/*
+ * The claim's transaction: its key put under our lease where no one holds it (rev 0), or where
+ * it is still as it was at revision rev (a key of ours, of another value: taken over); else
+ * the key as it is.  false when it found no memory.
+ */
+static bool
+claim_send(struct claim *cl, int64_t rev)
+{
+	struct json_object *put = txn_op("request_put", cl->key), *p = NULL, *b;
+	char *v = b64_enc(cl->value, strlen(cl->value)), r[32];
+
+	snprintf(r, sizeof(r), "%lld", (long long)rev);
 	if (put != NULL && json_object_object_get_ex(put, "request_put", &p) &&
 	    (v == NULL || !js_add(p, "value", json_object_new_string(v)) ||
 	    !js_add(p, "lease", json_object_new_int64(mb.lease))))
 		p = NULL;
-	b = txn(key, "CREATE", "create_revision", json_object_new_string("0"), p != NULL ? put : NULL,
-	    txn_op("request_range", key));
+	b = txn(compare(json_object_new_array(), cl->key, rev ? "MOD" : "CREATE",
+	    rev ? "mod_revision" : "create_revision", r), p != NULL ? put : NULL, txn_op("request_range", cl->key));
 	if (p == NULL)
 		json_object_put(put);
 	free(v);
-	if (cl == NULL || b == NULL) {
-		free(cl);
-		json_object_put(b);
+	cl->tries++;
+	return b != NULL && etcd_post("/v3/kv/txn", b, 5, on_claim, cl) != NULL;
+}
+
+/*
+ * A claim's transaction answered.  The key held: by this claim already (claimed again under the
+ * same lease), by another node, or by this node under another value, left by an earlier claim
+ * of the key that is done with here, whose delete etcd may still carry out (a delete given up
+ * here, or refused) or whose put came late: taken over, so that no delete of that claim, which
+ * holds on its value, can take the key from this one.  Gone since the last try: claimed again.
+ */
+static void
+on_claim(void *arg, int err, struct json_object *r, const char *why)
+{
+	struct claim *cl = arg;
+	struct json_object *t, *rs, *rr, *kvs, *kv = NULL;
+	const char *v64;
+	char *v = NULL;
+	size_t vl;
+
+	if (err < 0) {
+		claim_end(cl, err, NULL, why);
+		return;
+	}
+	if (json_object_object_get_ex(r, "succeeded", &t) && json_object_get_boolean(t)) {
+		claim_end(cl, 0, r, "");
+		return;
+	}
+	if (json_object_object_get_ex(r, "responses", &rs) && json_object_array_length(rs) > 0 &&
+	    json_object_object_get_ex(json_object_array_get_idx(rs, 0), "response_range", &rr) &&
+	    json_object_object_get_ex(rr, "kvs", &kvs) && json_object_array_length(kvs) > 0)
+		kv = json_object_array_get_idx(kvs, 0);
+	if ((v64 = js_str(kv, "value")) != NULL && (v = b64_dec(v64, &vl)) == NULL && errno == ENOMEM) {
+		claim_end(cl, ETCD_NOMEM, NULL, "out of memory");
+		return;
+	}
+	bool ours = kv != NULL && mb.lease != 0 && js_int(kv, "lease") == mb.lease;
+	if (ours && v != NULL && strcmp(v, cl->value) == 0)
+		claim_end(cl, 0, r, "");
+	else if (kv != NULL && !ours)
+		claim_end(cl, CLAIM_HELD, NULL, v != NULL ? v : "");
+	else if (cl->tries >= CLAIM_TRIES)
+		claim_end(cl, ETCD_REFUSED, NULL, "the key changed under every try");
+	else {
+		if (kv != NULL)
+			log_debug("cluster", "%s: this node's, of an earlier claim: taken over", cl->key);
+		if (!claim_send(cl, kv != NULL ? js_int(kv, "mod_revision") : 0))
+			claim_end(cl, ETCD_NOMEM, NULL, "out of memory");
+	}
+	free(v);
+}
+
+void
+member_claim(const char *key, const char *value, etcd_fn done, void *arg)
+{
+	struct claim *cl = calloc(1, sizeof(*cl));
+
+	if (cl == NULL || (cl->key = strdup(key)) == NULL || (cl->value = strdup(value)) == NULL) {
+		if (cl != NULL)
+			claim_free(cl);
 		done(arg, ETCD_NOMEM, NULL, "out of memory");
 		return;
 	}
 	cl->done = done;
 	cl->arg = arg;
-	if (etcd_post("/v3/kv/txn", b, 5, on_claim, cl) == NULL) {
-		free(cl);
-		done(arg, ETCD_NOMEM, NULL, "out of memory");
-		return;
-	}
 	TAILQ_INSERT_TAIL(&claims, cl, entry);     /* (its answer comes in a later turn) */
+	if (!claim_send(cl, 0))
+		claim_end(cl, ETCD_NOMEM, NULL, "out of memory");
 }
 
 struct etcd_call *
-member_unput(const char *key, etcd_fn done, void *arg)
+member_unput(const char *key, const char *value, etcd_fn done, void *arg)
 {
-	char id[32];
+	char id[32], *v = b64_enc(value, strlen(value));
+	struct json_object *b;
 
-	/* only while it is ours: a key claimed again by another node meanwhile stays */
+	/*
+	 * only while it is ours and still this claim's: a key claimed again meanwhile, by another
+	 * node or by a later claim of this node (which may come before etcd carries this out), stays
+	 */
 	snprintf(id, sizeof(id), "%lld", (long long)mb.lease);
-	struct json_object *b = txn(key, "LEASE", "lease", json_object_new_string(id),
+	b = txn(compare(compare(json_object_new_array(), key, "LEASE", "lease", id), key, "VALUE", "value", v),
 	    txn_op("request_delete_range", key), NULL);
+	free(v);
 	return b != NULL ? etcd_post("/v3/kv/txn", b, 5, done, arg) : NULL;
 }
 
@@ -936,7 +1005,7 @@ cluster_stop(void)
 	names_stop();
 	while ((cl = TAILQ_FIRST(&claims)) != NULL) {
 		TAILQ_REMOVE(&claims, cl, entry);
-		free(cl);
+		claim_free(cl);
 	}
 	while ((n = TAILQ_FIRST(&cnodes)) != NULL) {
 		TAILQ_REMOVE(&cnodes, n, entry);

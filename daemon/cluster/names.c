@@ -2,10 +2,12 @@
  * Cluster names.  Ours: an export open to peers is claimed in etcd under our lease
  * (P/names/NAME, created only where no one holds it: etcd decides, in one transaction, never a
  * read before a write), withdrawn with the export, claimed again under a new lease after etcd
- * was away.  Everyone's: the watch keeps a table of name -> node, from which an import of a
- * bare name finds its node, and gpxd dials that node's fabric address on demand.  The
- * address is a hint: the fabric's handshake still proves the shared key, and the node that
- * answers must be the node that etcd named.
+ * was away.  Each claim's value is its own ({"node","uid","claim"}, the claim's number in this
+ * daemon), and a withdrawal deletes the key only while it holds that value: a delete etcd
+ * carries out late never takes the key of a later claim of the name.  Everyone's: the watch
+ * keeps a table of name -> node, from which an import of a bare name finds its node, and gpxd
+ * dials that node's fabric address on demand.  The address is a hint: the fabric's handshake
+ * still proves the shared key, and the node that answers must be the node that etcd named.
  */
 #include "config.h"
 
@@ -187,30 +189,36 @@ enum mstate { MINE_WAIT, MINE_HELD, MINE_DROPPED, MINE_UNPUT };
 
 /*
  * A claim that failed here (out of memory, etcd slow) may have reached etcd all the same, and
- * be carried out after the delete that withdraws it, which a new connection can overtake:
- * that delete is sent again, at every tick, for this long.  (A claim failed by curl with its
- * request sent left its name in etcd, under this node's lease, for good.)
+ * be carried out after the delete that withdraws it, which a new connection can overtake (the
+ * delete, finding no key of its claim, does nothing): that delete is sent again, at every
+ * tick, for this long.  (A claim failed by curl with its request sent left its name in etcd,
+ * under this node's lease, for good, unless the name is claimed here again.)
  */
 #define UNPUT_SETTLE_S 1.0
 struct mine {
 	TAILQ_ENTRY(mine) entry;
 	enum mstate st;
 	uid_t uid;
+	uint64_t claim;              /* this export's claim, in its key's value: unique here */
 	cluster_done_fn done;        /* while waiting: the exporter's answer (NULL once given) */
 	void *arg;
 	struct etcd_call *unput;     /* MINE_UNPUT: the delete in flight, NULL: to send */
 	/*
 	 * MINE_DROPPED, MINE_UNPUT: a new export of the name (MINE_WAIT, its claim not sent),
-	 * claimed once this record is done with etcd.  Claimed at once, its key could be taken by
-	 * this record's delete, which etcd may carry out after the claim (both are this node's,
-	 * under its lease).  Withdrawn before that, it gives way (cluster_name_drop), so that the
-	 * next export of the name waits here in its place.
+	 * claimed once this record is done with etcd.  Claimed at once behind a claim (a
+	 * MINE_DROPPED record), its key could be lost: that claim, coming after it, finds the key
+	 * this node's under another value and takes it over (member_claim), and the delete that
+	 * follows removes it.  Behind a delete (MINE_UNPUT), which holds on this record's value,
+	 * it would find this record's key still there and take it over: a transaction more, and a
+	 * key that changes hands under the other nodes' eyes.  Withdrawn before that, it gives way
+	 * (cluster_name_drop), so that the next export of the name waits here in its place.
 	 */
 	struct mine *then;
 	double settle;               /* MINE_UNPUT: the delete is sent again until then (0: once) */
 	char name[65];
 };
 static TAILQ_HEAD(, mine) mines = TAILQ_HEAD_INITIALIZER(mines);
+static uint64_t claims;                  /* claims made: the last one's number */
 
 /* The record of the name's export, waiting or held: not one of an export withdrawn. */
 static struct mine *
@@ -232,12 +240,14 @@ name_key(const char *name)
 	return asprintf(&k, "%s/names/%s", mb.prefix, name) < 0 ? NULL : k;
 }
 
+/* The value of m's key: this node, the exporter's uid, and m's claim, which no other has. */
 static char *
-name_value(uid_t uid)
+name_value(const struct mine *m)
 {
 	char *v;
 
-	return asprintf(&v, "{\"node\":\"%s\",\"uid\":%u}", mb.self, (unsigned)uid) < 0 ? NULL : v;
+	return asprintf(&v, "{\"node\":\"%s\",\"uid\":%u,\"claim\":%llu}", mb.self, (unsigned)m->uid,
+	    (unsigned long long)m->claim) < 0 ? NULL : v;
 }
 
 static void mine_claim(struct mine *m);
@@ -254,8 +264,13 @@ mine_free(struct mine *m)
 		mine_claim(then);
 }
 
-/* The delete of a withdrawn name's key: done, or sent again at a later tick (unless the
- * name is claimed anew meanwhile: the claim goes instead). */
+/*
+ * The delete of a withdrawn name's key: done (also when the key was not this record's: not
+ * there, or another claim's), or sent again at a later tick.  Unless the name is claimed anew
+ * meanwhile: the claim goes instead, and takes over a key this record's claim leaves.  A
+ * delete given up here may still be carried out by etcd, later: it takes nothing but this
+ * record's key.
+ */
 static void
 on_unput(void *arg, int err, struct json_object *r, const char *why)
 {
@@ -278,13 +293,14 @@ on_unput(void *arg, int err, struct json_object *r, const char *why)
 static void
 mine_unput(struct mine *m)
 {
-	char *k = name_key(m->name);
+	char *k = name_key(m->name), *v = name_value(m);
 
 	m->st = MINE_UNPUT;
 	m->done = NULL;
-	if (k != NULL)
-		m->unput = member_unput(k, on_unput, m);
+	if (k != NULL && v != NULL)
+		m->unput = member_unput(k, v, on_unput, m);
 	free(k);
+	free(v);
 }
 
 void
@@ -374,6 +390,7 @@ cluster_name_add(const char *name, uid_t uid, cluster_done_fn done, void *arg)
 	}
 	snprintf(m->name, sizeof(m->name), "%s", name);
 	m->uid = uid;
+	m->claim = ++claims;
 	m->done = done;
 	m->arg = arg;
 	TAILQ_INSERT_TAIL(&mines, m, entry);
@@ -391,7 +408,7 @@ cluster_name_add(const char *name, uid_t uid, cluster_done_fn done, void *arg)
 		return;
 	}
 	if (u != NULL) {
-		TAILQ_REMOVE(&mines, u, entry);      /* (not sent: the claim makes it ours anyway) */
+		TAILQ_REMOVE(&mines, u, entry);      /* (not sent: the claim takes its key over anyway) */
 		free(u);
 	}
 	mine_claim(m);
@@ -401,7 +418,7 @@ cluster_name_add(const char *name, uid_t uid, cluster_done_fn done, void *arg)
 static void
 mine_claim(struct mine *m)
 {
-	char *k = name_key(m->name), *v = name_value(m->uid);
+	char *k = name_key(m->name), *v = name_value(m);
 
 	if (k == NULL || v == NULL)
 		on_claimed(m, ETCD_NOMEM, NULL, "out of memory");
@@ -476,7 +493,7 @@ names_reclaim(void)
 	TAILQ_FOREACH(m, &mines, entry) {
 		if (m->st != MINE_HELD)
 			continue;
-		char *k = name_key(m->name), *v = name_value(m->uid);
+		char *k = name_key(m->name), *v = name_value(m);
 		if (k != NULL && v != NULL) {
 			m->st = MINE_WAIT;
 			member_claim(k, v, on_reclaimed, m);
