@@ -487,6 +487,7 @@ levent_stop(int status)
 	log_info("stopping: %u transfers in flight end with ESHUTDOWN", engine_inflight());
 	event_del(listen_ev);
 	engine_cancel_all(GPX__STATUS__ESHUTDOWN);
+	cluster_stopping();
 	stop_deadline = now_s() + 5;
 	event_add(stop_ev, &tv);
 }

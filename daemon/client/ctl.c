@@ -385,14 +385,14 @@ struct cwait {
 
 /* Q_CLUSTER's answer (cluster.h): json NULL when this node is in no cluster, or refused. */
 static void
-cluster_answered(void *arg, int status, char *json)
+cluster_answered(void *arg, int status, const char *why, char *json)
 {
 	struct cwait *w = arg;
 	Gpx__QueryReply q = GPX__QUERY_REPLY__INIT;
 
 	conn_settle(w->c);
 	if (w->c->state != CONN_DEAD && status != 0)
-		conn_reply(w->c, w->seq, status, "out of memory building the reply", NULL, NULL, 0);
+		conn_reply(w->c, w->seq, status, why, NULL, NULL, 0);
 	else if (w->c->state != CONN_DEAD) {
 		q.cluster = json != NULL ? json : (char *)"";
 		send_query_reply(w->c, w->seq, &q);

@@ -9,11 +9,11 @@
  * A reload checks [cluster] like every section, but its values take effect at restart.
  *
  * Everything here runs on the loop thread.  Calls into the cluster come from levent.c
- * (start, stop), main.c (the keys, through conf_add_section), client/conn-export.c (exports
- * by name, imports by bare name), client/export.c (a name withdrawn), ctl.c and metrics.c; the
- * cluster calls down only: the fabric's hooks, the GPU back end (how many GPUs) and the core
- * (names, log, conf, the clock).  Its answers to a connection go through the callbacks handed
- * down with a request.
+ * (start, the stop's beginning, stop), main.c (the keys, through conf_add_section),
+ * client/conn-export.c (exports by name, imports by bare name), client/export.c (a name
+ * withdrawn), ctl.c and metrics.c; the cluster calls down only: the fabric's hooks, the GPU
+ * back end (how many GPUs) and the core (names, log, conf, the clock).  Its answers to a
+ * connection go through the callbacks handed down with a request.
  */
 #ifndef GPX_CLUSTER_CLUSTER_H
 #define GPX_CLUSTER_CLUSTER_H
@@ -68,10 +68,13 @@ bool cluster_import(struct fabric_import *rq);
 /* metrics.c: the cluster's lines (Prometheus text) appended to out. */
 void cluster_metrics(struct evbuffer *out);
 /* ctl.c: the nodes for gpxctl cluster, as JSON text (malloc'ed; NULL when off), with each
- * lease's time left asked of etcd first: done gets it with status 0, or status
- * GPX__STATUS__ENOMEM and no text when an allocation failed on the way; once, maybe before
- * this returns. */
-void cluster_nodes_query(void (*done)(void *arg, int status, char *json), void *arg);
+ * lease's time left asked of etcd first: done gets it with status 0, or a status and why and
+ * no text (GPX__STATUS__ENOMEM: an allocation failed on the way; GPX__STATUS__ESHUTDOWN:
+ * gpxd is stopping); once, maybe before this returns. */
+void cluster_nodes_query(void (*done)(void *arg, int status, const char *why, char *json), void *arg);
+/* levent.c, as the stop begins (clients still connected): the queries of cluster_nodes_query
+ * waiting for etcd are answered GPX__STATUS__ESHUTDOWN now, and those that come later at once. */
+void cluster_stopping(void);
 /* The node holding a cluster name, NULL when none (gpxctl exports). */
 const char *cluster_name_node(const char *name);
 /* Every cluster name held by another node (gpxctl exports); fn may not change the names. */

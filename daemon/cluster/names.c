@@ -618,17 +618,26 @@ metric(struct evbuffer *b, const char *name, const char *type, const char *help,
 		evbuffer_add_printf(b, "%s %.9g\n", name, v);
 }
 
-/* gpxctl cluster: every node's lease asked about at once, the answer when all have come. */
-struct nquery {
-	void (*done)(void *arg, int status, char *json);
-	void *arg;
-	unsigned waiting;
-	bool failed;                 /* an allocation failed: the answer is ENOMEM */
-};
+/*
+ * gpxctl cluster: every node's lease asked about at once, the answer when all have come.  The
+ * queries waiting are listed, with their calls, so that the stop answers them.
+ */
 struct nask {
+	TAILQ_ENTRY(nask) entry;
 	struct nquery *q;
+	struct etcd_call *call;
 	char node[CLUSTER_NODE_MAX + 1];
 };
+struct nquery {
+	TAILQ_ENTRY(nquery) entry;
+	void (*done)(void *arg, int status, const char *why, char *json);
+	void *arg;
+	TAILQ_HEAD(, nask) asks;     /* the calls in flight */
+	unsigned waiting;            /* the calls, and the query's own making */
+	bool failed;                 /* an allocation failed: the answer is ENOMEM */
+};
+static TAILQ_HEAD(, nquery) nqueries = TAILQ_HEAD_INITIALIZER(nqueries);
+static bool stopping;                    /* cluster_stopping: queries are answered ESHUTDOWN */
 
 /* One answer less to wait for: the last gives the nodes, or ENOMEM. */
 static void
@@ -638,8 +647,10 @@ nquery_put(struct nquery *q)
 
 	if (--q->waiting > 0)
 		return;
+	TAILQ_REMOVE(&nqueries, q, entry);
 	json = q->failed ? NULL : nodes_json();
-	q->done(q->arg, json != NULL ? 0 : GPX__STATUS__ENOMEM, json);
+	q->done(q->arg, json != NULL ? 0 : GPX__STATUS__ENOMEM, json != NULL ? "" : "out of memory building the reply",
+	    json);
 	free(q);
 }
 
@@ -656,27 +667,34 @@ on_ttl(void *arg, int err, struct json_object *r, const char *why)
 		q->failed = true;
 	else if (n != NULL)
 		n->ttl_left = err == 0 && js_int(r, "TTL") > 0 ? js_int(r, "TTL") : -1;
+	TAILQ_REMOVE(&q->asks, a, entry);
 	free(a);
 	nquery_put(q);
 }
 
 void
-cluster_nodes_query(void (*done)(void *arg, int status, char *json), void *arg)
+cluster_nodes_query(void (*done)(void *arg, int status, const char *why, char *json), void *arg)
 {
 	struct nquery *q;
 	struct cnode *n;
 
 	if (!cluster_running()) {
-		done(arg, 0, NULL);
+		done(arg, 0, "", NULL);
+		return;
+	}
+	if (stopping) {
+		done(arg, GPX__STATUS__ESHUTDOWN, "gpxd is stopping", NULL);
 		return;
 	}
 	if ((q = calloc(1, sizeof(*q))) == NULL) {
-		done(arg, GPX__STATUS__ENOMEM, NULL);
+		done(arg, GPX__STATUS__ENOMEM, "out of memory building the reply", NULL);
 		return;
 	}
 	q->done = done;
 	q->arg = arg;
 	q->waiting = 1;
+	TAILQ_INIT(&q->asks);
+	TAILQ_INSERT_TAIL(&nqueries, q, entry);
 	/* (etcd away: the times left as last known) */
 	TAILQ_FOREACH(n, &cnodes, entry) {
 		if (mb.state != M_UP)
@@ -693,15 +711,34 @@ cluster_nodes_query(void (*done)(void *arg, int status, char *json), void *arg)
 		}
 		a->q = q;
 		snprintf(a->node, sizeof(a->node), "%s", n->name);
-		q->waiting++;
-		if (etcd_post("/v3/lease/timetolive", b, 2, on_ttl, a) == NULL) {
-			q->waiting--;
+		if ((a->call = etcd_post("/v3/lease/timetolive", b, 2, on_ttl, a)) == NULL) {
 			free(a);
 			q->failed = true;
 			break;
 		}
+		TAILQ_INSERT_TAIL(&q->asks, a, entry);
+		q->waiting++;
 	}
 	nquery_put(q);
+}
+
+void
+cluster_stopping(void)
+{
+	struct nquery *q;
+	struct nask *a;
+
+	stopping = true;
+	while ((q = TAILQ_FIRST(&nqueries)) != NULL) {
+		TAILQ_REMOVE(&nqueries, q, entry);
+		while ((a = TAILQ_FIRST(&q->asks)) != NULL) {
+			TAILQ_REMOVE(&q->asks, a, entry);
+			etcd_cancel(a->call);
+			free(a);
+		}
+		q->done(q->arg, GPX__STATUS__ESHUTDOWN, "gpxd is stopping", NULL);
+		free(q);
+	}
 }
 
 void

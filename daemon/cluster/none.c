@@ -55,9 +55,14 @@ cluster_metrics(struct evbuffer *out)
 }
 
 void
-cluster_nodes_query(void (*done)(void *arg, int status, char *json), void *arg)
+cluster_nodes_query(void (*done)(void *arg, int status, const char *why, char *json), void *arg)
 {
-	done(arg, 0, NULL);
+	done(arg, 0, "", NULL);
+}
+
+void
+cluster_stopping(void)
+{
 }
 
 void
