@@ -300,6 +300,7 @@ fabric_rdma_init(struct event_base *b, char *why, size_t whylen)
 			goto off;
 		}
 	nonblock(rdevs.ech->fd);
+	rqp_release_start();
 	if ((rdevs.cm_ev = event_new(b, rdevs.ech->fd, EV_READ | EV_PERSIST, rqp_cm, NULL)) == NULL) {
 		snprintf(why, whylen, "out of memory");
 		fabric_rdma_shutdown();
@@ -335,22 +336,27 @@ fabric_rdma_shutdown(void)
 	rmr_shutdown();
 	if (rdevs.cm_ev != NULL)
 		event_free(rdevs.cm_ev);
+	for (int i = 0; i < rdevs.n; i++) {
+		if (rdevs.d[i].cq_ev != NULL)
+			event_free(rdevs.d[i].cq_ev);
+		if (rdevs.d[i].async_ev != NULL)
+			event_free(rdevs.d[i].async_ev);
+	}
 	if (rdevs.listen_id != NULL)
 		rdma_destroy_id(rdevs.listen_id);
-	if (rdevs.ech != NULL)
-		rdma_destroy_event_channel(rdevs.ech);
-	for (int i = 0; i < rdevs.n; i++) {
-		struct rdev *d = &rdevs.d[i];
-		if (d->cq_ev != NULL)
-			event_free(d->cq_ev);
-		if (d->async_ev != NULL)
-			event_free(d->async_ev);
-		if (d->cq != NULL)
-			ibv_destroy_cq(d->cq);
-		if (d->cc != NULL)
-			ibv_destroy_comp_channel(d->cc);
-		if (d->pd != NULL)
-			ibv_dealloc_pd(d->pd);
+	/* Ids still being let go of need the channel and their devices: the process ends with them. */
+	if (rqp_release_stop(2.0)) {
+		if (rdevs.ech != NULL)
+			rdma_destroy_event_channel(rdevs.ech);
+		for (int i = 0; i < rdevs.n; i++) {
+			struct rdev *d = &rdevs.d[i];
+			if (d->cq != NULL)
+				ibv_destroy_cq(d->cq);
+			if (d->cc != NULL)
+				ibv_destroy_comp_channel(d->cc);
+			if (d->pd != NULL)
+				ibv_dealloc_pd(d->pd);
+		}
 	}
 	memset(&rdevs, 0, sizeof(rdevs));
 }

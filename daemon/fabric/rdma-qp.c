@@ -22,9 +22,11 @@
 
 #include <errno.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <arpa/inet.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -58,20 +60,152 @@ struct rdma_welcome {
 #define WELCOME_MIN offsetof(struct rdma_welcome, box)
 _Static_assert(sizeof(struct rdma_hello) <= 56, "rdma_cm private data of a request");
 
+/* ---- connection ids let go of off the loop ---- */
+
+/*
+ * rdma_destroy_id waits in the kernel until the connection manager lets go of the id, which
+ * after a peer vanished can be as long as the manager's own retries (other rdma_cm programs
+ * have been seen waiting there).  Once, when the link under one rail went down during a
+ * stream of copies (tests/vm-rdma.test, Soft-RoCE), the teardown of the peer's queue pairs
+ * held the event loop for 52 s: the copies the link had failed, every client and the
+ * cluster's lease (which ended) waited with it.  The ids of queue pairs torn down go to a
+ * thread of their own, which destroys them one after the other; their queue pairs are
+ * destroyed on the loop first (qp_teardown), so that no device touches a chunk's buffer once
+ * the chunk has failed.  An id given away has no context: its events still reaching the loop
+ * are acked and dropped (rqp_cm), and its destruction waits for those acks, never for the
+ * loop.  Each teardown call that takes longer than SLOW_S, on the loop or on that thread, is
+ * logged with its time, so that what waits is named.
+ */
+#define RELEASE_MAX 256               /* ids waiting for the thread; beyond, destroyed here */
+#define SLOW_S 0.5
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;          /* work for the thread; the thread idle, for rqp_release_stop */
+	pthread_t thread;
+	bool running, quit, busy;
+	struct rdma_cm_id *q[RELEASE_MAX];
+	unsigned head, n;
+} rel = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+/* Logs a teardown call that took longer than SLOW_S. */
+static void
+slow(const char *call, double t0)
+{
+	double dt = now_s() - t0;
+
+	if (dt > SLOW_S)
+		log_warnx("fabric: %s took %.1f s", call, dt);
+}
+
+static void *
+release_main(void *unused)
+{
+	(void)unused;
+	thread_name("rdma-ids");
+	pthread_mutex_lock(&rel.lock);
+	for (;;) {
+		while (rel.n == 0 && !rel.quit)
+			pthread_cond_wait(&rel.cond, &rel.lock);
+		if (rel.n == 0)
+			break;
+		struct rdma_cm_id *id = rel.q[rel.head];
+		rel.head = (rel.head + 1) % RELEASE_MAX;
+		rel.n--;
+		rel.busy = true;
+		pthread_mutex_unlock(&rel.lock);
+		double t0 = now_s();
+		rdma_destroy_id(id);
+		slow("letting go of an rdma connection id (its own thread)", t0);
+		pthread_mutex_lock(&rel.lock);
+		rel.busy = false;
+		pthread_cond_broadcast(&rel.cond);
+	}
+	pthread_mutex_unlock(&rel.lock);
+	return NULL;
+}
+
+void
+rqp_release_start(void)
+{
+	rel.quit = false;
+	if (pthread_create(&rel.thread, NULL, release_main, NULL) == 0)
+		rel.running = true;
+	else
+		log_warnx("fabric: no thread to let go of rdma connection ids: the loop does it");
+}
+
+bool
+rqp_release_stop(double wait_s)
+{
+	const double end = now_s() + wait_s;
+	bool idle;
+
+	if (!rel.running)
+		return true;
+	pthread_mutex_lock(&rel.lock);
+	rel.quit = true;
+	pthread_cond_broadcast(&rel.cond);
+	while (!(idle = rel.n == 0 && !rel.busy) && now_s() < end) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 50000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&rel.cond, &rel.lock, &ts);
+	}
+	pthread_mutex_unlock(&rel.lock);
+	if (!idle) {
+		log_warnx("fabric: %u rdma connection ids still being let go of at the stop: left to the kernel",
+		    rel.n + rel.busy);
+		return false;
+	}
+	pthread_join(rel.thread, NULL);
+	rel.running = false;
+	return true;
+}
+
+/* Id goes: to the thread, its context cleared first (loop thread). */
+static void
+id_release(struct rdma_cm_id *id)
+{
+	id->context = NULL;
+	pthread_mutex_lock(&rel.lock);
+	if (rel.running && !rel.quit && rel.n < RELEASE_MAX) {
+		rel.q[(rel.head + rel.n) % RELEASE_MAX] = id;
+		rel.n++;
+		pthread_cond_broadcast(&rel.cond);
+		id = NULL;
+	}
+	pthread_mutex_unlock(&rel.lock);
+	if (id != NULL) {
+		double t0 = now_s();
+		rdma_destroy_id(id);
+		slow("letting go of an rdma connection id (the loop)", t0);
+	}
+}
+
 /* ---- queue pairs ---- */
 
 static void
 qp_teardown(struct rqp *q)
 {
+	double t0;
+
 	if (q->id == NULL)
 		return;
+	t0 = now_s();
 	if (q->up)
 		rdma_disconnect(q->id);
+	slow("rdma_disconnect", t0);
 	if (q->id->qp != NULL) {
+		t0 = now_s();
 		rdma_destroy_qp(q->id);
+		slow("destroying an rdma queue pair", t0);
 		rdevs.d[q->dev].cq_used -= RQP_DEPTH + RQP_NOTES;     /* counted by qp_create */
 	}
-	rdma_destroy_id(q->id);
+	id_release(q->id);
 	/* The queue pair is gone: the device writes no more into its mailbox. */
 	if (q->box_mr != NULL)
 		ibv_dereg_mr(q->box_mr);
@@ -244,7 +378,7 @@ on_request(struct rdma_cm_id *id, const uint8_t *pd, size_t pdl)
 			inet_ntop(AF_INET6, &((struct sockaddr_in6 *)sa)->sin6_addr, a, sizeof(a));
 		log_warnx("fabric: rdma connection request from %s refused: %s", a, why);
 		rdma_reject(id, NULL, 0);
-		rdma_destroy_id(id);
+		id_release(id);
 		return;
 	}
 	struct rqp *q = &p->rdma->qp[idx];
@@ -267,10 +401,10 @@ on_request(struct rdma_cm_id *id, const uint8_t *pd, size_t pdl)
 	}
 }
 
+/* One event of the channel; q: its id's context as it was before the event was acked. */
 static void
-cm_event(const struct rdma_cm_event *e, const uint8_t *pd, size_t pdl)
+cm_event(const struct rdma_cm_event *e, struct rqp *q, const uint8_t *pd, size_t pdl)
 {
-	struct rqp *q = e->id != NULL ? e->id->context : NULL;
 	struct rdma_conn_param cp;
 	struct rdma_hello h;
 	struct rdma_welcome w;
@@ -340,8 +474,13 @@ rqp_cm(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	(void)arg;
 	while (rdevs.ech != NULL && rdma_get_cm_event(rdevs.ech, &ev) == 0) {
-		/* Acked before acting: acting may destroy the id, which waits for its events' acks. */
+		/*
+		 * Acked before acting: acting may destroy the id, which waits for its events' acks.
+		 * Its context is read before: an id given away (id_release) may be freed by its
+		 * thread once this event is acked.
+		 */
 		struct rdma_cm_event e = *ev;
+		struct rqp *q = ev->event != RDMA_CM_EVENT_CONNECT_REQUEST && ev->id != NULL ? ev->id->context : NULL;
 		uint8_t pd[64];
 		size_t pdl = 0;
 		if ((e.event == RDMA_CM_EVENT_CONNECT_REQUEST || e.event == RDMA_CM_EVENT_ESTABLISHED) &&
@@ -350,7 +489,7 @@ rqp_cm(evutil_socket_t fd, short what, void *arg)
 			memcpy(pd, ev->param.conn.private_data, pdl);
 		}
 		rdma_ack_cm_event(ev);
-		cm_event(&e, pd, pdl);
+		cm_event(&e, q, pd, pdl);
 	}
 }
 

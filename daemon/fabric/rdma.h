@@ -23,7 +23,9 @@
  *
  * Threads: everything runs on the loop thread (the completion channels, the async-event fds
  * and the rdma_cm event channel are watched by the libevent loop; nothing blocks), except
- * fabric_rdma_region_gone, which takes the registration lock.
+ * fabric_rdma_region_gone, which takes the registration lock, and the destruction of the
+ * connection ids of queue pairs torn down, which may block in the kernel for as long as the
+ * connection manager waits for a peer gone (rdma-qp.c: a thread of its own).
  *
  * Failures: a work completion in error, a queue pair or port error (async events), the
  * peer's disconnection or the control connection going down all end in peer_kill, which
@@ -154,6 +156,11 @@ void rqp_fail(struct rqp *q, const char *why);
 struct rqp *rqp_by_num(const struct rdev *d, uint32_t num);
 /* Loop thread: the rdma_cm event channel is readable. */
 void rqp_cm(evutil_socket_t fd, short what, void *arg);
+/* The thread that lets go of connection ids off the loop: started with the channel, and
+ * stopped after the peers, waiting up to wait_s for its ids; false when some are still going
+ * (the channel must then stay). */
+void rqp_release_start(void);
+bool rqp_release_stop(double wait_s);
 
 /* ---- rdma-mr.c ---- */
 /* The cached registration of a local region on device d, made on first use; NULL if it cannot be. */
