@@ -6,6 +6,9 @@
  * strdup): the one that takes the count from 1 to 0 returns NULL with errno ENOMEM, and every
  * other is served by libc.  The test writes the count through its own mapping of the file and
  * reads it back to learn whether that allocation came.  Without GPX_FAILALLOC nothing fails.
+ * The next four bytes, when above 0, become the count once that allocation has failed: a
+ * second failure, in what the first sets off (a key of the cluster's watch that found no
+ * memory has every key read again), with no race between the two.
  * Allocations the NVIDIA driver's libraries make themselves are neither failed nor counted:
  * the driver is not gpxd, and on an H100 (driver 580.159.04) one failed inside
  * cuMemHostRegister crashed the driver itself.  Nor, for the cluster's calls to etcd, are
@@ -150,7 +153,7 @@ failalloc_init(void)
 		under_set = true;
 		find_function(fn);
 	}
-	m = mmap(NULL, sizeof(*countdown), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	m = mmap(NULL, 2 * sizeof(*countdown), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
 	if (m != MAP_FAILED)
 		countdown = m;
@@ -235,8 +238,11 @@ fail_now(const void *caller)
 	    under("json_tokener_parse_ex") || (from_lib(caller, "libcurl") && under("curl_multi_socket_action")))
 		return false;
 	while (v > 0)
-		if (atomic_compare_exchange_weak(countdown, &v, v - 1))
+		if (atomic_compare_exchange_weak(countdown, &v, v - 1)) {
+			if (v == 1)
+				atomic_store(countdown, atomic_exchange(&countdown[1], 0));   /* the second, if any */
 			return v == 1;
+		}
 	return false;
 }
 
