@@ -29,7 +29,12 @@
  * every 211th of them all, libcurl's among them (each start takes up to a second: all would
  * take many minutes); each start either comes up, joins the cluster with its record whole
  * and stops cleanly, or exits non-zero with a line saying it found no memory, never by a
- * signal, and etcd is left no node's record cut short.
+ * signal, and etcd is left no node's record cut short.  After A's checks, a third gpxd C whose
+ * allocations count only below kv_seen (a key of a range or of the watch), connected with B
+ * by an import: a key of its watch finds no memory (ghost's, put again), which has every key
+ * read again, with C's 1st, 2nd, ... allocation in that range failing in turn
+ * (tests/failalloc.c's second count): C takes no node for gone and its connection with B
+ * stands, the same epoch.
  *
  * The admin group's lookup (without --cluster): a gpxd of its own whose getgrnam finds no
  * memory when armed (glibc's finds the group all the same after any one failed allocation,
@@ -1190,6 +1195,162 @@ cs_start_each(const char *shim, const char *path, const char *key, const char *s
 	    kept ? "no record cut short in etcd" : "a record CUT SHORT in etcd");
 }
 
+/* ---- every key read again: C's allocations below kv_seen failing in turn ---- */
+
+/* A third gpxd, C, node afc-c, whose allocations count only below kv_seen (a key of the range or the watch). */
+struct rr {
+	struct harness hc;
+	gpx_conn *c;                      /* a client of C */
+	_Atomic int32_t *count;           /* C's: [0] the watch's key, [1] then the range's */
+	char path[160];
+};
+
+/* Lines of h's log that hold needle. */
+static int
+log_lines(const struct harness *h, const char *needle)
+{
+	char line[2048];
+	int n = 0;
+	FILE *f = fopen(h->log, "re");
+
+	while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+		n += strstr(line, needle) != NULL;
+	if (f != NULL)
+		fclose(f);
+	return n;
+}
+
+/* The epoch of C's ready connection with node, or 0. */
+static uint32_t
+rr_epoch(struct rr *q, const char *node)
+{
+	void *buf = NULL;
+	size_t len = 0;
+	uint32_t e = 0;
+
+	if (gpx_query(q->c, GPX_Q_PEERS, &buf, &len) == 0) {
+		Gpx__QueryReply *r = gpx__query_reply__unpack(NULL, len, buf);
+		for (size_t i = 0; r != NULL && i < r->n_peers; i++)
+			if (strcmp(r->peers[i]->node, node) == 0 && strcmp(r->peers[i]->state, "ready") == 0)
+				e = r->peers[i]->epoch;
+		if (r != NULL)
+			gpx__query_reply__free_unpacked(r, NULL);
+	}
+	free(buf);
+	return e;
+}
+
+/* C started with its own count, a node of the cluster, connected with B by an import of afc.b: 0 or -1. */
+static int
+rr_open(struct rr *q, const char *shim, const char *key)
+{
+	char conf[512];
+	gpx_region imp;
+	uint64_t len;
+	int fd, r;
+
+	snprintf(q->path, sizeof(q->path), "%s/gpx-failalloc.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+	if ((fd = mkstemp(q->path)) < 0 || ftruncate(fd, 4096) < 0 ||
+	    (q->count = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		diag("C's count: %s", strerror(errno));
+		return -1;
+	}
+	close(fd);
+	cl_conf(conf, sizeof(conf), "afc-c", key);
+	setenv("LD_PRELOAD", shim, 1);
+	setenv("GPX_FAILALLOC", q->path, 1);
+	setenv("GPX_FAILALLOC_UNDER", "kv_seen", 1);
+	r = harness_start(&q->hc, conf);
+	unsetenv("LD_PRELOAD");
+	unsetenv("GPX_FAILALLOC");
+	unsetenv("GPX_FAILALLOC_UNDER");
+	if (r < 0 || gpx_connect(q->hc.sock, "alloc-fail-reread", &q->c) < 0) {
+		diag("gpxd C: %s", gpx_last_error(NULL));
+		return -1;
+	}
+	if ((r = gpx_import(q->c, "afc.b", &imp, &len)) < 0 || (r = gpx_deregister(q->c, imp)) < 0) {
+		diag("C's import of afc.b: %s", gpx_strerror(r));
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * One key of C's watch finds no memory (ghost's, put again), which has every key read again,
+ * with C's n-th allocation below kv_seen failing in that range: 1 when the range made fewer,
+ * 0 when it is over (C's read again as often as the failures asked), -1 when the watch never
+ * lost the key.  *lost: the nodes C took for gone meanwhile.
+ */
+static int
+rr_once(struct rr *q, int n, int *lost)
+{
+	char out[512];
+	int base = log_lines(&q->hc, "every key read again"), reads = base, quiet = 0;
+
+	atomic_store(&q->count[1], n);
+	atomic_store(&q->count[0], 1);
+	if (etcdctl(out, sizeof(out), "put %s/nodes/ghost '{\"name\":\"ghost\",\"listen\":[]}'", CL_PREFIX) < 0)
+		diag("etcdctl: %s", out);
+	/* read again at C's next tick, and at the one after while a key of it found no memory:
+	 * over once three ticks pass without */
+	for (int i = 0; i < 100 && (reads == base || quiet < 3); i++) {
+		usleep(100000);
+		int k = log_lines(&q->hc, "every key read again");
+		quiet = k > reads ? 0 : quiet + 1;
+		reads = k;
+	}
+	int32_t left = atomic_exchange(&q->count[0], 0), second = atomic_exchange(&q->count[1], 0);
+	*lost = log_lines(&q->hc, "gone while etcd was away");
+	return second > 0 ? -1 : left > 0;
+}
+
+/*
+ * C's 1st, 2nd, ... allocation below kv_seen in a range of every key (one its watch's lost key
+ * set off) failing in turn, until the range makes fewer: each time C takes no node for gone
+ * (a node's key it found no memory for is one it knows still) and its connection with B
+ * stands, the same epoch, through it all.  One check.
+ */
+static void
+rr_each(const char *shim, const char *key)
+{
+	struct rr q = { .c = NULL };
+	int n, r = 0, lost = 0, first = 0;
+	uint32_t e0 = 0, e;
+
+	asking = "every key read again";
+	if (rr_open(&q, shim, key) < 0 || (e0 = rr_epoch(&q, "afc-b")) == 0) {
+		ok(false, "every key read again: no gpxd C connected with B");
+		gpx_close(q.c);
+		harness_cleanup(&q.hc);
+		return;
+	}
+	for (n = 1; n <= 200; n++) {
+		failing = n;
+		alarm(60);
+		r = rr_once(&q, n, &lost);
+		alarm(0);
+		if (first == 0 && (lost > 0 || rr_epoch(&q, "afc-b") != e0))
+			first = n;
+		if (r != 0)
+			break;
+	}
+	e = rr_epoch(&q, "afc-b");
+	if (first > 0)
+		diag("with allocation %d below kv_seen failing first", first);
+	ok(r == 1 && n - 1 >= 10 && lost == 0 && e == e0,
+	    "every key read again after a key of the watch found no memory: each of C's %d allocations below "
+	    "kv_seen in the range failed in turn: %d nodes taken for gone%s, C's connection with B %s (epoch %08x, "
+	    "then %08x)", n - 1, lost, r < 0 ? ", the watch never lost its key" : "", e == e0 ? "kept" : "LOST",
+	    e0, e);
+	if (lost > 0 || e != e0 || r < 0)
+		harness_dump_log(&q.hc);
+	gpx_close(q.c);
+	harness_stop(&q.hc);
+	harness_cleanup(&q.hc);
+	munmap((void *)q.count, 4096);
+	unlink(q.path);
+}
+
 static int
 cluster_main(const char *shim, const char *path, const char *key)
 {
@@ -1241,6 +1402,7 @@ cluster_main(const char *shim, const char *path, const char *key)
 	ok(gpxd_alive(&ha) && cl_json(k.cq, &json) == 0 && cl_nodes(json, &left, &ghost) == k.nodes,
 	    "A answers the cluster query after them all");
 	free(json);
+	rr_each(shim, key);
 	gpx_close(k.cq);
 	rm_close(m);
 	munmap((void *)countdown, 4096);
