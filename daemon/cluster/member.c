@@ -369,11 +369,14 @@ on_range(void *arg, int err, struct json_object *r, const char *why)
 	TAILQ_FOREACH(n, &cnodes, entry)
 		n->stale = true;
 	names_forget_all();
+	lost = false;                /* this range is every key: set again by one it loses */
 	if (json_object_object_get_ex(r, "kvs", &kvs) && json_object_is_type(kvs, json_type_array))
 		for (size_t i = 0; i < json_object_array_length(kvs); i++)
 			kv_seen(json_object_array_get_idx(kvs, i), false);
+	/* A node whose key found no memory here is not gone: the next range tells (its
+	 * connections, and the transfers through them, stand meanwhile). */
 	TAILQ_FOREACH_SAFE(n, &cnodes, entry, nt)
-		if (n->stale)
+		if (n->stale && !lost)
 			node_del(n, "gone while etcd was away");
 	int64_t rev = json_object_object_get_ex(r, "header", &hdr) ? js_int(hdr, "revision") : 0;
 	char *k0, *k1;
