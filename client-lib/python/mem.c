@@ -29,6 +29,20 @@ opt_attr(PyObject *o, PyObject *name, PyObject **out)
 	return 0;
 }
 
+/* o.name as a truth value: 1 or 0, 2 when o has no such attribute, -1 on another error. */
+static int
+opt_bool(PyObject *o, PyObject *name)
+{
+	PyObject *a;
+	int r = opt_attr(o, name, &a);
+
+	if (r <= 0)
+		return r < 0 ? -1 : 2;
+	r = PyObject_IsTrue(a);
+	Py_DECREF(a);
+	return r;
+}
+
 /* The result of o.name() as a truth value: 1, 0 or -1. */
 static int
 call_bool(PyObject *o, PyObject *name)
@@ -107,24 +121,6 @@ empty_or_long(PyObject *obj, uint64_t len)
 }
 
 /*
- * A torch tensor (or anything that answers data_ptr(), device.type, is_contiguous() and
- * nbytes or numel() and element_size()).  *cpu says whether it lives in host memory.
- */
-/* o.name as a truth value: 1 or 0, 2 when o has no such attribute, -1 on another error. */
-static int
-opt_bool(PyObject *o, PyObject *name)
-{
-	PyObject *a;
-	int r = opt_attr(o, name, &a);
-
-	if (r <= 0)
-		return r < 0 ? -1 : 2;
-	r = PyObject_IsTrue(a);
-	Py_DECREF(a);
-	return r;
-}
-
-/*
  * Whether tensor t is in CUDA memory (1) or host memory (0); else ValueError (-1).  torch's
  * is_cuda and is_cpu answer in ~0.1 us each, where device.type builds a device object first
  * (~0.65 us on an H100's host): a page list's submission read two tensors this way.  Objects
@@ -155,6 +151,11 @@ tensor_where(struct modstate *st, PyObject *t, const char *what)
 	return c;
 }
 
+/*
+ * A torch tensor (or anything that answers data_ptr(), is_cuda and is_cpu or device.type,
+ * is_contiguous() and nbytes or numel() and element_size()).  *cpu says whether it lives in
+ * host memory.
+ */
 static int
 tensor_memory(struct modstate *st, PyObject *t, const char *what, uint64_t *ptr, uint64_t *nbytes,
     bool *cpu)
