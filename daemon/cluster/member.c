@@ -191,6 +191,23 @@ node_put(const char *name, const char *v, size_t len, int64_t lease)
 	json_object_put(o);
 }
 
+/*
+ * Our key is gone from etcd: our lease ended (we were stopped or cut off longer than it) or
+ * someone deleted it.  Join again, with a new lease if it is gone.
+ */
+static void
+self_deleted(void)
+{
+	struct cnode *n = member_node(mb.self);
+
+	if (n != NULL) {
+		TAILQ_REMOVE(&cnodes, n, entry);
+		free(n->value);
+		free(n);
+	}
+	go_down(0, "this node's key was deleted");
+}
+
 /* A key of the prefix, put (v) or deleted (v NULL), from the range or the watch. */
 static void
 key_seen(const char *key, const char *v, size_t len, int64_t lease)
@@ -220,15 +237,8 @@ key_seen(const char *key, const char *v, size_t len, int64_t lease)
 	}
 	struct cnode *n = member_node(rest);
 	if (strcmp(rest, mb.self) == 0) {
-		/* Our lease ended (we were stopped or cut off longer than it) or someone
-		 * deleted our key: join again, with a new lease if it is gone. */
-		if (n != NULL) {
-			TAILQ_REMOVE(&cnodes, n, entry);
-			free(n->value);
-			free(n);
-		}
 		if (mb.state == M_UP)
-			go_down(0, "this node's key was deleted");
+			self_deleted();
 		return;
 	}
 	if (n != NULL)
@@ -373,6 +383,12 @@ on_range(void *arg, int err, struct json_object *r, const char *why)
 	if (json_object_object_get_ex(r, "kvs", &kvs) && json_object_is_type(kvs, json_type_array))
 		for (size_t i = 0; i < json_object_array_length(kvs); i++)
 			kv_seen(json_object_array_get_idx(kvs, i), false);
+	/* Our key not among every key: deleted while the watch lost that event, or before this
+	 * range of a join; as the watch's delete of it. */
+	if (!lost && ((n = member_node(mb.self)) == NULL || n->stale)) {
+		self_deleted();
+		return;
+	}
 	/* A node whose key found no memory here is not gone: the next range tells (its
 	 * connections, and the transfers through them, stand meanwhile). */
 	TAILQ_FOREACH_SAFE(n, &cnodes, entry, nt)
