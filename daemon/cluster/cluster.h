@@ -73,7 +73,8 @@ void cluster_metrics(struct evbuffer *out);
  * gpxd is stopping); once, maybe before this returns. */
 void cluster_nodes_query(void (*done)(void *arg, int status, const char *why, char *json), void *arg);
 /* levent.c, as the stop begins (clients still connected): the queries of cluster_nodes_query
- * waiting for etcd are answered GPX__STATUS__ESHUTDOWN now, and those that come later at once. */
+ * and the exports of cluster_name_add waiting for etcd are answered GPX__STATUS__ESHUTDOWN now,
+ * and those that come later at once. */
 void cluster_stopping(void);
 /* The node holding a cluster name, NULL when none (gpxctl exports). */
 const char *cluster_name_node(const char *name);

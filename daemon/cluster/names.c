@@ -219,6 +219,7 @@ struct mine {
 };
 static TAILQ_HEAD(, mine) mines = TAILQ_HEAD_INITIALIZER(mines);
 static uint64_t claims;                  /* claims made: the last one's number */
+static bool stopping;                    /* cluster_stopping: exports and queries answered ESHUTDOWN */
 
 /* The record of the name's export, waiting or held: not one of an export withdrawn. */
 static struct mine *
@@ -371,6 +372,10 @@ cluster_name_add(const char *name, uid_t uid, cluster_done_fn done, void *arg)
 	struct mine *m, *u;
 	uint32_t n = names_of_uid(uid);
 
+	if (stopping) {
+		done(arg, GPX__STATUS__ESHUTDOWN, "gpxd is stopping");
+		return;
+	}
 	if (mb.state != M_UP) {
 		snprintf(msg, sizeof(msg), "cluster store unreachable: %s", mb.why[0] ? mb.why : "joining");
 		done(arg, GPX__STATUS__EIO, msg);
@@ -429,27 +434,17 @@ mine_claim(struct mine *m)
 }
 
 /*
- * The export of the name is gone.  One still waiting for etcd has its answer now: its export
- * was withdrawn.  (The answer never comes after the drop: the exporter's record of the wait
- * names the export, which a new export of the name may replace.)
+ * The export waiting in m is done with: its exporter (if it still waits) is answered st and
+ * why, last, as that answer may withdraw the export (cluster_name_drop), which then finds no
+ * record of it.
  */
-void
-cluster_name_drop(const char *name)
+static void
+mine_give_up(struct mine *m, int st, const char *why)
 {
-	struct mine *m, *u;
-	cluster_done_fn done;
-	void *darg;
+	cluster_done_fn done = m->done;
+	void *darg = m->arg;
+	struct mine *u;
 
-	if (!cluster_running() || (m = mine_find(name)) == NULL)
-		return;
-	if (m->st == MINE_HELD) {
-		mine_unput(m);
-		return;
-	}
-	if (m->st != MINE_WAIT)
-		return;
-	done = m->done;
-	darg = m->arg;
 	m->done = NULL;
 	TAILQ_FOREACH(u, &mines, entry)
 		if (u->then == m)
@@ -462,7 +457,25 @@ cluster_name_drop(const char *name)
 	} else
 		m->st = MINE_DROPPED;     /* its claim's answer says whether the key goes */
 	if (done != NULL)
-		done(darg, GPX__STATUS__EREVOKED, "the export was withdrawn");
+		done(darg, st, why);
+}
+
+/*
+ * The export of the name is gone.  One still waiting for etcd has its answer now: its export
+ * was withdrawn.  (The answer never comes after the drop: the exporter's record of the wait
+ * names the export, which a new export of the name may replace.)
+ */
+void
+cluster_name_drop(const char *name)
+{
+	struct mine *m;
+
+	if (!cluster_running() || (m = mine_find(name)) == NULL)
+		return;
+	if (m->st == MINE_HELD)
+		mine_unput(m);
+	else if (m->st == MINE_WAIT)
+		mine_give_up(m, GPX__STATUS__EREVOKED, "the export was withdrawn");
 }
 
 /* A name claimed again under a new lease: kept, or lost to another node meanwhile. */
@@ -509,7 +522,10 @@ names_fail_waiting(const char *why)
 	(void)why;       /* their calls fail by themselves, each within its timeout */
 }
 
-/* At the stop, after etcd_shutdown: every call is gone (m->unput too), none will be answered. */
+/*
+ * At the stop, after etcd_shutdown: every call is gone (m->unput too), none will be answered.
+ * No exporter waits here: cluster_stopping answered them all, and refused the exports after.
+ */
 void
 names_stop(void)
 {
@@ -517,8 +533,6 @@ names_stop(void)
 
 	while ((m = TAILQ_FIRST(&mines)) != NULL) {
 		TAILQ_REMOVE(&mines, m, entry);
-		if (m->done != NULL)
-			m->done(m->arg, GPX__STATUS__ESHUTDOWN, "the daemon is stopping");
 		free(m);
 	}
 	names_forget_all();
@@ -637,7 +651,6 @@ struct nquery {
 	bool failed;                 /* an allocation failed: the answer is ENOMEM */
 };
 static TAILQ_HEAD(, nquery) nqueries = TAILQ_HEAD_INITIALIZER(nqueries);
-static bool stopping;                    /* cluster_stopping: queries are answered ESHUTDOWN */
 
 /* One answer less to wait for: the last gives the nodes, or ENOMEM. */
 static void
@@ -727,8 +740,19 @@ cluster_stopping(void)
 {
 	struct nquery *q;
 	struct nask *a;
+	struct mine *m;
 
 	stopping = true;
+	/* Exports waiting for etcd: answered now, their claims given up as at a withdrawal.  An
+	 * answer may withdraw its export and change the list: walked again from its head. */
+	for (;;) {
+		TAILQ_FOREACH(m, &mines, entry)
+			if (m->st == MINE_WAIT && m->done != NULL)
+				break;
+		if (m == NULL)
+			break;
+		mine_give_up(m, GPX__STATUS__ESHUTDOWN, "gpxd is stopping");
+	}
 	while ((q = TAILQ_FIRST(&nqueries)) != NULL) {
 		TAILQ_REMOVE(&nqueries, q, entry);
 		while ((a = TAILQ_FIRST(&q->asks)) != NULL) {
