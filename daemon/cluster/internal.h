@@ -43,6 +43,7 @@ struct etcd_call;
 #define ETCD_TIMEDOUT (-3)
 #define CLAIM_HELD (-4)              /* member_claim: another holds the key */
 #define ETCD_NOMEM (-5)              /* an allocation here failed: the call was not made, or its answer lost */
+#define CLAIM_CHANGED (-6)           /* member_claim: the key changed under each of its transactions */
 typedef void (*etcd_fn)(void *arg, int err, struct json_object *reply, const char *why);
 /* One JSON object of a streaming reply (the watch). */
 typedef void (*etcd_msg_fn)(void *arg, struct json_object *msg);
@@ -101,7 +102,7 @@ extern struct member mb;
 /* A key of ours under the lease: put when nobody holds it (create_revision 0), or when it
  * is ours under another value (an earlier claim's: taken over); done gets 0 (also when it is
  * ours with this value already), or CLAIM_HELD with the holder's value in why (a JSON text),
- * or another error. */
+ * or CLAIM_CHANGED, or another error. */
 void member_claim(const char *key, const char *value, etcd_fn done, void *arg);
 /* Deletes a key while it is ours (under our lease) and holds value: the call, whose done says
  * how it went (err 0 also when the key was not that), or NULL when it found no memory (done

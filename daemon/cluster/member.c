@@ -585,7 +585,7 @@ on_claim(void *arg, int err, struct json_object *r, const char *why)
 	struct claim *cl = arg;
 	struct json_object *t, *rs, *rr, *kvs, *kv = NULL;
 	const char *v64;
-	char *v = NULL;
+	char *v = NULL, msg[400];
 	size_t vl;
 
 	if (err < 0) {
@@ -609,9 +609,10 @@ on_claim(void *arg, int err, struct json_object *r, const char *why)
 		claim_end(cl, 0, r, "");
 	else if (kv != NULL && !ours)
 		claim_end(cl, CLAIM_HELD, NULL, v != NULL ? v : "");
-	else if (cl->tries >= CLAIM_TRIES)
-		claim_end(cl, ETCD_REFUSED, NULL, "the key changed under every try");
-	else {
+	else if (cl->tries >= CLAIM_TRIES) {
+		snprintf(msg, sizeof(msg), "its key %s changed under each of %u tries", cl->key, cl->tries);
+		claim_end(cl, CLAIM_CHANGED, NULL, msg);
+	} else {
 		if (kv != NULL)
 			log_debug("cluster", "%s: this node's, of an earlier claim: taken over", cl->key);
 		if (!claim_send(cl, kv != NULL ? js_int(kv, "mod_revision") : 0))

@@ -359,7 +359,10 @@ on_claimed(void *arg, int err, struct json_object *r, const char *why)
 		return;
 	if (err == ETCD_NOMEM)
 		done(darg, GPX__STATUS__ENOMEM, "out of memory");
-	else {
+	else if (err == CLAIM_CHANGED) {
+		snprintf(msg, sizeof(msg), "the name %s was not claimed in the cluster: %s", m->name, why);
+		done(darg, GPX__STATUS__EIO, msg);
+	} else {
 		snprintf(msg, sizeof(msg), "cluster store unreachable: %s", why);
 		done(darg, GPX__STATUS__EIO, msg);
 	}
