@@ -1,22 +1,24 @@
 #!/usr/bin/env python3
 # etcd-hold.py: a TCP proxy between one gpxd and etcd's JSON gateway (plain HTTP/1.1) that
-# holds back the transactions on keys under .../names/, and the calls on leases, of the kinds
-# MODE_FILE names for a set time before it passes them on, and relays everything else at once,
-# both ways.  Used by tests/cluster-race.test to make a name's claim or delete arrive late, in
-# a known order.
+# holds back the transactions on keys under .../names/, the calls on leases, and range reads,
+# of the kinds MODE_FILE names for a set time before it passes them on, and relays everything
+# else at once, both ways.  Used by tests/cluster-race.test to make a name's claim or delete
+# arrive late, in a known order, and by tests/cluster-own-key.test to keep a read of every
+# key in flight.
 #
 #   etcd-hold.py LISTEN_PORT ETCD_PORT HOLD_SECONDS LOG MODE_FILE
 #
 # MODE_FILE, read at each request, holds the kinds to hold back: "delete" (a transaction
 # deleting a name's key: a withdrawal), "claim" (one putting it), "revoke" (the revoke of a
 # lease, KEY "lease": gpxd's stop), "ttl" (a lease's time to live asked, KEY "lease": gpxctl
-# cluster), any of them, or none (no file).  KIND:SECONDS holds that kind for SECONDS rather
-# than HOLD_SECONDS: longer than gpxd waits for its answer, a request is carried out by etcd
-# after gpxd has given it up.
-# It listens on 127.0.0.1:LISTEN_PORT and appends a line to LOG for each name key it sees in
-# a request, with the time (time.monotonic(), seconds):
+# cluster), "range" (a range read, KEY its first key: "P/" for every key under prefix P, as a
+# join and a read of every key again ask), any of them, or none (no file).  KIND:SECONDS holds
+# that kind for SECONDS rather than HOLD_SECONDS: longer than gpxd waits for its answer, a
+# request is carried out by etcd after gpxd has given it up.
+# It listens on 127.0.0.1:LISTEN_PORT and appends a line to LOG for each name key, lease call
+# or range it sees in a request, with the time (time.monotonic(), seconds):
 #   T listening
-#   T pass OP KEY        a request of kind OP (claim, delete, revoke, ttl) on KEY went on to etcd
+#   T pass OP KEY        a request of kind OP (claim, delete, revoke, ttl, range) on KEY went on to etcd
 #   T hold OP KEY        ... came, and is held for HOLD_SECONDS (or its KIND:SECONDS)
 #   T release OP KEY     ... and went on to etcd now
 # Requests are read whole (headers, then Content-Length bytes) before they go on; a request
@@ -50,6 +52,14 @@ def name_keys(body, op):
     except (ValueError, KeyError, TypeError, AttributeError):
         return []
     return [k for k in keys if "/names/" in k]
+
+
+def range_key(body):
+    """The first key of a range read, or "?" where the body does not say."""
+    try:
+        return base64.b64decode(json.loads(body)["key"]).decode()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "?"
 
 
 def holding():
@@ -132,6 +142,8 @@ def serve(cli):
                 ops.append(("revoke", "lease"))
             elif path == b"/v3/lease/timetolive":
                 ops.append(("ttl", "lease"))
+            elif path == b"/v3/kv/range":
+                ops.append(("range", range_key(body)))
             kinds = holding()
             hold = max([kinds[op] for op, _ in ops if op in kinds], default=None)
             for op, k in ops:
