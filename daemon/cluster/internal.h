@@ -124,11 +124,13 @@ extern struct cnode_list cnodes;
 struct cnode *member_node(const char *name);
 /* A key the watch (or a range) told of was lost for want of memory: every key is read again. */
 void member_lost(void);
+/* Every key is to be read again, or its range is in flight: names may be missing till it ends. */
+bool member_rereading(void);
 
 /* ---- names.c ---- */
 /* The watch, or the range of a resync, saw a name key: put (value) or deleted (NULL). */
 void names_seen(const char *name, const char *value, size_t len);
-void names_forget_all(void);                 /* before a resync */
+void names_forget_all(void);                 /* a range of every key answered: before its keys */
 void names_reclaim(void);                    /* a new lease: our names again under it */
 void names_fail_waiting(const char *why);    /* etcd went away: waiting registrations fail */
 void names_tick(void);                       /* the session is up: withdrawn names' keys deleted again */

@@ -376,6 +376,7 @@ on_range(void *arg, int err, struct json_object *r, const char *why)
 		go_down(err, "%s", why);
 		return;
 	}
+	/* Forgotten only now, every key in hand: till here an import finds what it knew. */
 	TAILQ_FOREACH(n, &cnodes, entry)
 		n->stale = true;
 	names_forget_all();
@@ -878,6 +879,13 @@ void
 member_lost(void)
 {
 	lost = true;
+}
+
+bool
+member_rereading(void)
+{
+	/* (up, step_call is only that range: the steps of a join are done) */
+	return mb.state == M_UP && (lost || step_call != NULL);
 }
 
 /* ---- start and stop ---- */

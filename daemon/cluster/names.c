@@ -576,7 +576,11 @@ cluster_import(struct fabric_import *rq)
 		if (member_node(node) == NULL || strcmp(node, mb.self) == 0)
 			return false;        /* the fabric's: a configured peer, or its error */
 		rq->export_name = colon + 1;
-	} else
+	} else if (member_rereading())
+		/* (its key may be one that found no memory: not known missing till the range ends) */
+		return answer(rq, GPX__STATUS__ENOMEM, "no export %s on this node; the cluster's names are being "
+		    "read again after an allocation failure: retry%s", name, "");
+	else
 		return answer(rq, GPX__STATUS__ENOENT, "no export %s on this node or in the cluster%s", name, "");
 	if ((n = member_node(node)) == NULL)
 		return answer(rq, GPX__STATUS__EIO, "%s is held by node %s, which is not in the cluster now", name,
