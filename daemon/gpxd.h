@@ -511,6 +511,7 @@ int cq_reserve(struct cq *);
 /* A hint (budget_warm): the lines cq_reserve reads and writes, the client's tail among them. */
 void cq_warm(const struct cq *);
 void cq_unreserve(struct cq *);
+bool cq_busy(struct cq *);           /* whether transfers it accepted are still to be posted */
 /* Posts the record of a reserved transfer and rings the doorbell (unless the client spins). */
 void cq_post(struct cq *, uint64_t tag, int status, uint64_t bytes);
 /*

@@ -379,15 +379,21 @@ wd_cb(evutil_socket_t fd, short what, void *arg)
 	user_log_tick(false);
 	/*
 	 * Connections that never said Hello are closed after HELLO_TIMEOUT_S; idle ones (nothing
-	 * received for idle_timeout seconds, when configured) too.
+	 * received for idle_timeout seconds, when configured) too.  A connection with transfers in
+	 * flight, or operations on a task thread, is not idle, however long it says nothing (a
+	 * client waits for a long copy): its idle time starts again from the tick that finds it so.
 	 */
 	struct conn *c, *t;
 	double now = now_s();
 	TAILQ_FOREACH_SAFE(c, &conns, entry, t) {
 		if (c->state == CONN_HELLO && now - c->t_connect > HELLO_TIMEOUT_S)
 			conn_kill(c, "no Hello in time");
-		else if (cfg->idle_timeout_s > 0 && now - c->t_last > cfg->idle_timeout_s)
-			conn_kill(c, "idle timeout");
+		else if (cfg->idle_timeout_s > 0 && now - c->t_last > cfg->idle_timeout_s) {
+			if (c->pending > 0 || (c->cq != NULL && cq_busy(c->cq)))
+				c->t_last = now;
+			else
+				conn_kill(c, "idle timeout");
+		}
 	}
 	loop_turn_end(t0);
 }

@@ -306,6 +306,28 @@ test_limits(void)
 	    "(%d submitted, the third: %s; %d others ended otherwise than whole or cancelled)", sub,
 	    s503 == 0 ? "whole" : gpx_strerror(s503), other);
 	buf_free(&lb);
+
+	/*
+	 * A client that sends nothing while a copy of its runs is not idle: a copy of 256 GiB
+	 * (8,192 segments of 32 MiB, tens of seconds for two copy workers) is left running for
+	 * idle_timeout and a margin, then cancelled; the cancel must reach gpxd and the copy end
+	 * cancelled (or whole), not with the connection gone.
+	 */
+	static struct gpx_seg huge[8192];
+	struct buf hb;
+	if (buf_new(&hb, 64 << 20) < 0 || buf_reg(busy, &hb, 0) < 0)
+		tap_bail("cannot set up the long copy");
+	for (int i = 0; i < 8192; i++)
+		huge[i] = (struct gpx_seg){ 0, 32 << 20, 32 << 20 };
+	int hsub = gpx_copyv(busy, hb.r, hb.r, huge, 8192, 601);
+	usleep((useconds_t)((idle + late) * 1e6));
+	int hcancel = hsub == 0 ? gpx_cancel(busy, 601) : hsub;
+	int hw = hsub == 0 ? gpx_wait_tag(busy, 601, &lc, WAIT_MS) : hsub;
+	ok(hsub == 0 && hcancel == 0 && hw == 0 && (lc.status == 0 || lc.status == -GPX_ECANCELED),
+	    "a client silent for %.0f s while its copy runs is not idle: the copy is cancelled then, not cut off "
+	    "(submit: %s, cancel: %s, the copy: %s)", idle + late, gpx_strerror(hsub), gpx_strerror(hcancel),
+	    gpx_strerror(hw != 0 ? hw : lc.status));
+	buf_free(&hb);
 	gpx_close(busy);
 	buf_free(&bb);
 	close(s1);

@@ -161,6 +161,17 @@ cq_warm(const struct cq *q)
 	__builtin_prefetch(&q->ring->tail, 0);
 }
 
+bool
+cq_busy(struct cq *q)
+{
+	bool busy;
+
+	pthread_mutex_lock(&q->lock);
+	busy = q->inflight > 0;
+	pthread_mutex_unlock(&q->lock);
+	return busy;
+}
+
 void
 cq_unreserve(struct cq *q)
 {
